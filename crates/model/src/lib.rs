@@ -1,0 +1,1 @@
+//! DeepSeek V4 model: config, weights, forward pass, KV state, synthetic models.

@@ -1,0 +1,66 @@
+//! Quantized tensor formats and CPU kernels.
+//! API CONTRACT (the model crate codes against this; keep signatures stable):
+//!
+//! - `dequantize(ty, bytes, out)`: scalar reference dequantization, bit-exact vs gguf-py.
+//! - `quantize(ty, src) -> Vec<u8>`: quantizers (F32, F16, BF16, Q8_0, Q2_K, Q4_K, IQ2_XXS, Q8_K).
+//! - `MatRef`: a row-major matrix view over (possibly quantized) bytes: `rows` rows of `cols` elements.
+//! - `matvec(w, x, y)`: y = W·x, fast SIMD path, multithreaded over rows (rayon), activation quantized
+//!   internally where that is how the fast path works.
+//! - `matmul(w, x, n, y)`: batched, x is n×cols, y is n×rows (weights streamed once for all n).
+//! - `Precision::Exact` variants compute with f32 activations on dequantized weights (reference path).
+pub use ds4_gguf::GgmlType;
+
+mod error;
+pub use error::QuantError;
+
+/// How a mat-vec treats activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// Fast path: activations quantized to Q8_0/Q8_K where the weight type's kernel uses that.
+    #[default]
+    Fast,
+    /// Reference path: weights dequantized to f32, dot in f32 with f32 activations.
+    Exact,
+}
+
+/// Row-major matrix view: `rows` rows, each `cols` elements of type `ty` (GGUF `[cols, rows]`).
+#[derive(Debug, Clone, Copy)]
+pub struct MatRef<'a> {
+    pub ty: GgmlType,
+    pub data: &'a [u8],
+    pub rows: usize,
+    pub cols: usize,
+}
+
+impl<'a> MatRef<'a> {
+    /// Checks that `data` holds exactly rows × row_bytes(cols).
+    pub fn new(ty: GgmlType, data: &'a [u8], rows: usize, cols: usize) -> Result<Self, QuantError> {
+        let rb = ty.row_bytes(cols).ok_or(QuantError::BadShape { ty: ty.name(), cols })?;
+        if data.len() != rb * rows {
+            return Err(QuantError::BadLength { expected: rb * rows, got: data.len() });
+        }
+        Ok(Self { ty, data, rows, cols })
+    }
+    pub fn row_bytes(&self) -> usize { self.ty.row_bytes(self.cols).unwrap_or(0) }
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+    /// Rows [r0, r1) as a sub-matrix (e.g. one expert of a 3-D expert tensor).
+    pub fn rows_slice(&self, r0: usize, r1: usize) -> MatRef<'a> {
+        let rb = self.row_bytes();
+        MatRef { ty: self.ty, data: &self.data[r0 * rb..r1 * rb], rows: r1 - r0, cols: self.cols }
+    }
+}
+
+/// Scalar reference dequantization of `out.len()` elements.
+pub fn dequantize(_ty: GgmlType, _bytes: &[u8], _out: &mut [f32]) -> Result<(), QuantError> { todo!() }
+
+/// Quantize `src` (length multiple of the block size) to `ty`.
+pub fn quantize(_ty: GgmlType, _src: &[f32]) -> Result<Vec<u8>, QuantError> { todo!() }
+
+/// y = W·x (y.len() == rows, x.len() == cols). Multithreaded over rows.
+pub fn matvec(_w: &MatRef, _x: &[f32], _y: &mut [f32], _p: Precision) { todo!() }
+
+/// Batched: x is n×cols (row-major, token-major), y is n×rows.
+pub fn matmul(_w: &MatRef, _x: &[f32], _n: usize, _y: &mut [f32], _p: Precision) { todo!() }

@@ -1,0 +1,1 @@
+//! Tokenizer, chat rendering, DSML parsing, sampling.
