@@ -15,6 +15,9 @@ mod error;
 
 pub use error::GgufError;
 pub use types::GgmlType;
-pub use value::{MetaValue, MetaType};
-pub use reader::{GgufFile, TensorInfo};
+pub use value::{Abbrev, MetaType, MetaValue};
+pub use reader::{
+    tensor_n_bytes, GgufFile, TensorInfo, DEFAULT_ALIGNMENT, GGUF_MAGIC, GGUF_VERSION, MAX_ARRAY_DEPTH,
+    MAX_DIMS, MAX_META_VALUES,
+};
 pub use writer::{GgufWriter, TensorStream};
