@@ -1,1 +1,20 @@
 //! DeepSeek V4 model: config, weights, forward pass, KV state, synthetic models.
+pub mod attention;
+pub mod compressor;
+pub mod config;
+pub mod error;
+pub mod hc;
+pub mod kv;
+pub mod moe;
+pub mod ops;
+pub mod qat;
+pub mod rope;
+pub mod stage;
+pub mod synth;
+pub mod weights;
+
+pub use config::Config;
+pub use error::{ModelError, Result};
+pub use kv::KvState;
+pub use stage::{Logits, Options, Stage};
+pub use weights::{LayerRange, Weights};

@@ -1,0 +1,103 @@
+//! Per-layer attention state: raw sliding window, compressed rows, indexer rows, compressor frontiers.
+use crate::config::Config;
+use crate::weights::LayerRange;
+
+/// Sliding state of one compressor: `rows` candidate rows of `width` channels (kv and score).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressorState {
+    pub ratio: usize,
+    pub width: usize,
+    pub kv: Vec<f32>,
+    pub score: Vec<f32>,
+}
+
+impl CompressorState {
+    pub fn new(ratio: usize, coff: usize, d: usize) -> Self {
+        // Overlapping windows (ratio 4) keep the previous window's rows too.
+        let rows = if ratio == 4 { 2 * ratio } else { ratio };
+        let width = coff * d;
+        Self { ratio, width, kv: vec![0.0; rows * width], score: vec![f32::NEG_INFINITY; rows * width] }
+    }
+    pub fn bytes(&self) -> usize { (self.kv.len() + self.score.len()) * 4 }
+}
+
+/// Growing list of fixed-width rows with a capacity set up front.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rows {
+    pub width: usize,
+    pub n: usize,
+    pub data: Vec<f32>,
+}
+
+impl Rows {
+    pub fn with_capacity(width: usize, cap: usize) -> Self {
+        Self { width, n: 0, data: Vec::with_capacity(width * cap) }
+    }
+    pub fn push(&mut self, row: &[f32]) {
+        debug_assert_eq!(row.len(), self.width);
+        self.data.extend_from_slice(row);
+        self.n += 1;
+    }
+    pub fn row(&self, i: usize) -> &[f32] { &self.data[i * self.width..(i + 1) * self.width] }
+    pub fn truncate(&mut self, n: usize) {
+        self.n = n.min(self.n);
+        self.data.truncate(self.n * self.width);
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerKv {
+    pub ratio: usize,
+    /// Ring of `swa` rows: position p lives at row p % swa.
+    pub raw: Vec<f32>,
+    pub comp: Option<Rows>,
+    pub comp_state: Option<CompressorState>,
+    pub idx: Option<Rows>,
+    pub idx_state: Option<CompressorState>,
+}
+
+/// The KV state of a stage: every owned layer, and the number of positions consumed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvState {
+    pub pos: usize,
+    pub ctx: usize,
+    pub first_layer: usize,
+    pub layers: Vec<LayerKv>,
+}
+
+impl KvState {
+    pub fn new(cfg: &Config, range: LayerRange, ctx: usize) -> Self {
+        let layers = (range.first..=range.last)
+            .map(|il| {
+                let ratio = cfg.ratio(il);
+                let coff = cfg.compress_coff(il);
+                let cap = if ratio == 0 { 0 } else { ctx / ratio + 2 };
+                LayerKv {
+                    ratio,
+                    raw: vec![0.0; cfg.swa * cfg.head_dim],
+                    comp: (ratio != 0).then(|| Rows::with_capacity(cfg.head_dim, cap)),
+                    comp_state: (ratio != 0).then(|| CompressorState::new(ratio, coff, cfg.head_dim)),
+                    idx: (ratio == 4).then(|| Rows::with_capacity(cfg.idx_dim, cap)),
+                    idx_state: (ratio == 4).then(|| CompressorState::new(ratio, coff, cfg.idx_dim)),
+                }
+            })
+            .collect();
+        Self { pos: 0, ctx, first_layer: range.first, layers }
+    }
+
+    pub fn layer(&mut self, il: usize) -> &mut LayerKv { &mut self.layers[il - self.first_layer] }
+
+    /// Bytes held by the state (what a snapshot copies).
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                l.raw.len() * 4
+                    + l.comp.as_ref().map_or(0, |r| r.data.len() * 4)
+                    + l.idx.as_ref().map_or(0, |r| r.data.len() * 4)
+                    + l.comp_state.as_ref().map_or(0, |s| s.bytes())
+                    + l.idx_state.as_ref().map_or(0, |s| s.bytes())
+            })
+            .sum()
+    }
+}

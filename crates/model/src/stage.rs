@@ -1,0 +1,544 @@
+//! A stage: the forward pass over an owned layer range (plus embedding and head when owned).
+//! Prefill and decode are the same code: a batch of `n` consecutive tokens (decode is n = 1).
+use crate::attention::{attend_head, indexer_scores, top_k_indices};
+use crate::compressor;
+use crate::config::Config;
+use crate::error::{ModelError, Result};
+use crate::hc::{self, HcMix};
+use crate::kv::KvState;
+use crate::moe;
+use crate::ops::rms_norm;
+use crate::qat;
+use crate::rope::Rope;
+use crate::weights::{LayerWeights, Mat, Weights};
+use ds4_quant::{matmul, Precision};
+use rayon::prelude::*;
+
+/// Numerical options of a stage.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    pub precision: Precision,
+    /// FP8 KV and Hadamard+FP4 indexer simulation (as the official model and ds4). Tests against
+    /// transformers switch it off because transformers omits these steps.
+    pub qat: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self { Self { precision: Precision::Fast, qat: true } }
+}
+
+/// Which logits a forward call produces (only a stage that owns the head produces any).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+/// Scratch buffers, grown to the largest batch seen and then reused (decode allocates nothing).
+#[derive(Default)]
+struct Work {
+    x: Vec<f32>,      // n × hc_dim (HC streams)
+    flat: Vec<f32>,   // n × hc_dim
+    mix: Vec<f32>,    // n × hc_mix
+    cur: Vec<f32>,    // n × embd
+    xn: Vec<f32>,     // n × embd
+    qr: Vec<f32>,     // n × q_lora
+    q: Vec<f32>,      // n × q_dim
+    kvb: Vec<f32>,    // n × head_dim
+    ck: Vec<f32>,     // n × coff·D
+    cg: Vec<f32>,     // n × coff·D
+    ik: Vec<f32>,     // n × coff·idx_dim
+    ig: Vec<f32>,     // n × coff·idx_dim
+    iq: Vec<f32>,     // n × idx_heads·idx_dim
+    iw: Vec<f32>,     // n × idx_heads
+    lin: Vec<f32>,    // (swa-1+n) × head_dim, raw rows in position order
+    ncomp: Vec<usize>,
+    sel: Vec<Vec<u32>>,
+    o: Vec<f32>,      // n × q_dim
+    grp_in: Vec<f32>, // n × hpg·D
+    grp_out: Vec<f32>, // n × o_lora
+    low: Vec<f32>,    // n × groups·o_lora
+    y: Vec<f32>,      // n × embd
+    tmp: Vec<f32>,    // hc_dim
+    mixes: Vec<HcMix>,
+    rlog: Vec<f32>,   // n × n_expert
+    eids: Vec<u32>,   // n × used
+    ew: Vec<f32>,     // n × used
+    ex_tok: Vec<u32>,
+    ex_w: Vec<f32>,
+    ex_in: Vec<f32>,
+    ex_a: Vec<f32>,
+    ex_b: Vec<f32>,
+    ex_out: Vec<f32>,
+    logits: Vec<f32>,
+    row: Vec<f32>,
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    v.resize(n, 0.0);
+}
+
+pub struct Stage {
+    pub cfg: Config,
+    pub w: Weights,
+    pub opts: Options,
+    ropes: Vec<Rope>,
+    work: Work,
+}
+
+impl Stage {
+    pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
+        let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
+        Self { cfg, w, opts, ropes, work: Work::default() }
+    }
+
+    pub fn new_kv(&self, ctx: usize) -> KvState {
+        KvState::new(&self.cfg, self.w.range, ctx)
+    }
+
+    /// The HC streams after the last forward call (n × hc_dim): what a non-final stage hands on.
+    pub fn hidden(&self, n: usize) -> &[f32] {
+        &self.work.x[..n * self.cfg.hc_dim()]
+    }
+
+    /// Runs `tokens` (consecutive positions starting at `kv.pos`) through the stage.
+    /// `hidden_in` replaces the embedding for stages that don't start at layer 0.
+    /// Returns the requested logits (rows of n_vocab), empty for `Logits::None` or headless stages.
+    pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        let cfg = self.cfg.clone();
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(&[]);
+        }
+        if kv.pos + n > kv.ctx {
+            return Err(ModelError::Invalid(format!("context full: {} + {} tokens exceeds ctx {}", kv.pos, n, kv.ctx)));
+        }
+        let hd = cfg.hc_dim();
+        grow(&mut self.work.x, n * hd);
+        match (hidden_in, self.w.embed.is_some()) {
+            (Some(h), _) => {
+                if h.len() != n * hd {
+                    return Err(ModelError::Invalid(format!("hidden input has {} floats, expected {}", h.len(), n * hd)));
+                }
+                self.work.x.copy_from_slice(h);
+            }
+            (None, true) => {
+                let e = cfg.n_embd;
+                grow(&mut self.work.row, e);
+                for (i, &t) in tokens.iter().enumerate() {
+                    self.w.embed_row(t, &mut self.work.row)?;
+                    for s in 0..cfg.n_hc {
+                        let o = i * hd + s * e;
+                        self.work.x[o..o + e].copy_from_slice(&self.work.row);
+                    }
+                }
+            }
+            (None, false) => return Err(ModelError::Invalid("stage without embedding needs a hidden-state input".into())),
+        }
+        for il in self.w.range.first..=self.w.range.last {
+            self.attention_block(il, kv, n)?;
+            self.ffn_block(il, tokens, n)?;
+        }
+        kv.pos += n;
+        if want == Logits::None || self.w.head.is_none() {
+            return Ok(&[]);
+        }
+        let rows: Vec<usize> = if want == Logits::Last { vec![n - 1] } else { (0..n).collect() };
+        self.head(&rows)?;
+        Ok(&self.work.logits[..rows.len() * cfg.n_vocab])
+    }
+
+    fn mm(&self, m: &Mat, x: &[f32], n: usize, y: &mut [f32]) {
+        matmul(&self.w.mat(m), x, n, y, self.opts.precision);
+    }
+
+    /// HC-pre for all tokens into `work.cur`, mixes into `work.mixes`.
+    fn hc_pre(&mut self, lw_hc: &crate::weights::HcWeights, n: usize) {
+        let cfg = &self.cfg;
+        let (hd, e, nm) = (cfg.hc_dim(), cfg.n_embd, cfg.hc_mix());
+        let wk = &mut self.work;
+        grow(&mut wk.flat, n * hd);
+        grow(&mut wk.mix, n * nm);
+        grow(&mut wk.cur, n * e);
+        for i in 0..n {
+            hc::flat_norm(&wk.x[i * hd..(i + 1) * hd], &mut wk.flat[i * hd..(i + 1) * hd], cfg.rms_eps);
+        }
+        matmul(&self.w.mat(&lw_hc.fn_), &wk.flat, n, &mut wk.mix, self.opts.precision);
+        wk.mixes.resize(n, HcMix::default());
+        for i in 0..n {
+            wk.mixes[i] = hc::pre_from_mix(
+                &wk.mix[i * nm..(i + 1) * nm],
+                &lw_hc.scale,
+                &lw_hc.base,
+                cfg.n_hc,
+                cfg.sinkhorn_iters,
+                cfg.hc_eps,
+                &wk.x[i * hd..(i + 1) * hd],
+                &mut wk.cur[i * e..(i + 1) * e],
+            );
+        }
+    }
+
+    /// HC-post of `work.y` into the streams.
+    fn hc_post(&mut self, n: usize) {
+        let cfg = &self.cfg;
+        let (hd, e) = (cfg.hc_dim(), cfg.n_embd);
+        let wk = &mut self.work;
+        grow(&mut wk.tmp, hd);
+        for i in 0..n {
+            hc::post(&wk.mixes[i], cfg.n_hc, &wk.y[i * e..(i + 1) * e], &mut wk.x[i * hd..(i + 1) * hd], &mut wk.tmp);
+        }
+    }
+
+    fn attention_block(&mut self, il: usize, kv: &mut KvState, n: usize) -> Result<()> {
+        let lw = self.w.layer(il).clone();
+        let cfg = self.cfg.clone();
+        let rope = self.ropes[il - self.w.range.first].clone();
+        let (e, d, nh) = (cfg.n_embd, cfg.head_dim, cfg.n_head);
+        let qd = cfg.q_dim();
+        let pos0 = kv.pos;
+        let qat_on = self.opts.qat;
+
+        self.hc_pre(&lw.hc_attn, n);
+        {
+            let wk = &mut self.work;
+            grow(&mut wk.xn, n * e);
+            wk.xn.copy_from_slice(&wk.cur[..n * e]);
+            for i in 0..n {
+                rms_norm(&mut wk.xn[i * e..(i + 1) * e], Some(&lw.attn_norm), cfg.rms_eps);
+            }
+        }
+        // Q path: low rank, norm, expand, per-head unweighted norm, rope.
+        let mut qr = std::mem::take(&mut self.work.qr);
+        let mut q = std::mem::take(&mut self.work.q);
+        let mut kvb = std::mem::take(&mut self.work.kvb);
+        grow(&mut qr, n * cfg.q_lora);
+        grow(&mut q, n * qd);
+        grow(&mut kvb, n * d);
+        self.mm(&lw.q_a, &self.work.xn, n, &mut qr);
+        for i in 0..n {
+            rms_norm(&mut qr[i * cfg.q_lora..(i + 1) * cfg.q_lora], Some(&lw.q_a_norm), cfg.rms_eps);
+        }
+        self.mm(&lw.q_b, &qr, n, &mut q);
+        q.par_chunks_mut(d).enumerate().for_each(|(k, h)| {
+            rms_norm(h, None, cfg.rms_eps);
+            rope.apply(h, pos0 + k / nh, false);
+        });
+        // Shared KV row: project, norm, rope, FP8 on the non-rope part.
+        self.mm(&lw.kv, &self.work.xn, n, &mut kvb);
+        for i in 0..n {
+            let r = &mut kvb[i * d..(i + 1) * d];
+            rms_norm(r, Some(&lw.kv_norm), cfg.rms_eps);
+            rope.apply(r, pos0 + i, false);
+            if qat_on {
+                qat::fp8_simulate(&mut r[..cfg.nope_dim()], 64);
+            }
+        }
+
+        // Raw rows in position order: the previous swa-1 positions from the ring, then this batch.
+        let swa = cfg.swa;
+        let prev = pos0.min(swa - 1);
+        let lkv = kv.layer(il);
+        {
+            let lin = &mut self.work.lin;
+            grow(lin, (prev + n) * d);
+            for j in 0..prev {
+                let p = pos0 - prev + j;
+                let src = (p % swa) * d;
+                lin[j * d..(j + 1) * d].copy_from_slice(&lkv.raw[src..src + d]);
+            }
+            lin[prev * d..(prev + n) * d].copy_from_slice(&kvb);
+            for i in n.saturating_sub(swa)..n {
+                let p = pos0 + i;
+                let dst = (p % swa) * d;
+                lkv.raw[dst..dst + d].copy_from_slice(&kvb[i * d..(i + 1) * d]);
+            }
+        }
+
+        // Compressors (sequential in position) and, for ratio-4 layers, the indexer selection.
+        self.work.ncomp.clear();
+        self.work.sel.resize(n, Vec::new());
+        if let Some(cw) = &lw.comp {
+            let coff = cfg.compress_coff(il);
+            let wd = coff * d;
+            let mut ck = std::mem::take(&mut self.work.ck);
+            let mut cg = std::mem::take(&mut self.work.cg);
+            grow(&mut ck, n * wd);
+            grow(&mut cg, n * wd);
+            self.mm(&cw.kv, &self.work.xn, n, &mut ck);
+            self.mm(&cw.gate, &self.work.xn, n, &mut cg);
+            let mut idx_proj = None;
+            if let Some(iw) = &lw.indexer {
+                let id = cfg.idx_dim;
+                let mut ik = std::mem::take(&mut self.work.ik);
+                let mut ig = std::mem::take(&mut self.work.ig);
+                grow(&mut ik, n * coff * id);
+                grow(&mut ig, n * coff * id);
+                self.mm(&iw.comp.kv, &self.work.xn, n, &mut ik);
+                self.mm(&iw.comp.gate, &self.work.xn, n, &mut ig);
+                idx_proj = Some((ik, ig));
+            }
+            let mut row = vec![0f32; d];
+            let mut irow = vec![0f32; cfg.idx_dim];
+            for i in 0..n {
+                let pos = pos0 + i;
+                let st = lkv.comp_state.as_mut().expect("compressor state");
+                if compressor::push(st, pos, &ck[i * wd..(i + 1) * wd], &cg[i * wd..(i + 1) * wd], &cw.ape, &cw.norm, cfg.rms_eps, &rope, &mut row) {
+                    if qat_on {
+                        qat::fp8_simulate(&mut row[..cfg.nope_dim()], 64);
+                    }
+                    lkv.comp.as_mut().expect("compressed rows").push(&row);
+                }
+                if let (Some(iw), Some((ik, ig))) = (&lw.indexer, &idx_proj) {
+                    let iwd = coff * cfg.idx_dim;
+                    let ist = lkv.idx_state.as_mut().expect("indexer state");
+                    if compressor::push(ist, pos, &ik[i * iwd..(i + 1) * iwd], &ig[i * iwd..(i + 1) * iwd], &iw.comp.ape, &iw.comp.norm, cfg.rms_eps, &rope, &mut irow) {
+                        if qat_on {
+                            qat::hadamard(&mut irow);
+                            qat::fp4_simulate(&mut irow, 32);
+                        }
+                        lkv.idx.as_mut().expect("indexer rows").push(&irow);
+                    }
+                }
+                self.work.ncomp.push(lkv.comp.as_ref().map_or(0, |c| c.n));
+            }
+            self.work.ck = ck;
+            self.work.cg = cg;
+            if let Some((ik, ig)) = idx_proj {
+                self.work.ik = ik;
+                self.work.ig = ig;
+            }
+        } else {
+            self.work.ncomp.resize(n, 0);
+        }
+
+        // Indexer top-k for tokens that see more compressed rows than top_k.
+        if let Some(iw) = &lw.indexer {
+            let needs = self.work.ncomp.iter().any(|&c| c > cfg.idx_topk);
+            if needs {
+                let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
+                let mut iq = std::mem::take(&mut self.work.iq);
+                let mut iwt = std::mem::take(&mut self.work.iw);
+                grow(&mut iq, n * ih * id);
+                grow(&mut iwt, n * ih);
+                self.mm(&iw.q_b, &qr, n, &mut iq);
+                self.mm(&iw.proj, &self.work.xn, n, &mut iwt);
+                let wscale = 1.0 / ((id * ih) as f32).sqrt();
+                iq.par_chunks_mut(id).enumerate().for_each(|(k, h)| {
+                    rope.apply(h, pos0 + k / ih, false);
+                    if qat_on {
+                        qat::hadamard(h);
+                        qat::fp4_simulate(h, 32);
+                    }
+                });
+                iwt.iter_mut().for_each(|v| *v *= wscale);
+                let keys = &lkv.idx.as_ref().expect("indexer rows").data;
+                let ncomp = &self.work.ncomp;
+                let topk = cfg.idx_topk;
+                self.work.sel.par_iter_mut().enumerate().for_each_init(Vec::new, |scores, (i, sel)| {
+                    let nc = ncomp[i];
+                    if nc > topk {
+                        indexer_scores(&iq[i * ih * id..(i + 1) * ih * id], &iwt[i * ih..(i + 1) * ih], keys, id, nc, scores);
+                        top_k_indices(scores, topk, sel);
+                    } else {
+                        sel.clear();
+                    }
+                });
+                self.work.iq = iq;
+                self.work.iw = iwt;
+            } else {
+                self.work.sel.iter_mut().for_each(|s| s.clear());
+            }
+        }
+
+        // Attention of every (token, head) pair.
+        let mut o = std::mem::take(&mut self.work.o);
+        grow(&mut o, n * qd);
+        {
+            let lin = &self.work.lin;
+            let comp = lkv.comp.as_ref();
+            let ncomp = &self.work.ncomp;
+            let sel = &self.work.sel;
+            let topk = cfg.idx_topk;
+            let is_idx = lw.indexer.is_some();
+            o.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (k, out)| {
+                let (i, h) = (k / nh, k % nh);
+                let lo = (prev + i + 1).saturating_sub(swa);
+                let raw = (lo..=prev + i).map(|j| &lin[j * d..(j + 1) * d]);
+                let nc = ncomp[i];
+                let qh = &q[i * qd + h * d..i * qd + (h + 1) * d];
+                let sink = lw.sinks[h];
+                match comp {
+                    Some(c) if is_idx && nc > topk => {
+                        let rows = raw.chain(sel[i].iter().map(|&r| c.row(r as usize)));
+                        attend_head(qh, rows, sink, scores, out);
+                    }
+                    Some(c) => {
+                        let rows = raw.chain((0..nc).map(|r| c.row(r)));
+                        attend_head(qh, rows, sink, scores, out);
+                    }
+                    None => attend_head(qh, raw, sink, scores, out),
+                }
+                rope.apply(out, pos0 + i, true);
+            });
+        }
+
+        // Grouped low-rank output projection, then the second projection.
+        let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
+        let gin = hpg * d;
+        {
+            let wk = &mut self.work;
+            grow(&mut wk.grp_in, n * gin);
+            grow(&mut wk.grp_out, n * ol);
+            grow(&mut wk.low, n * g * ol);
+            grow(&mut wk.y, n * e);
+        }
+        let out_a = self.w.mat(&lw.out_a);
+        for gi in 0..g {
+            let wk = &mut self.work;
+            for i in 0..n {
+                wk.grp_in[i * gin..(i + 1) * gin].copy_from_slice(&o[i * qd + gi * gin..i * qd + (gi + 1) * gin]);
+            }
+            let sub = out_a.rows_slice(gi * ol, (gi + 1) * ol);
+            matmul(&sub, &wk.grp_in, n, &mut wk.grp_out, self.opts.precision);
+            for i in 0..n {
+                wk.low[i * g * ol + gi * ol..i * g * ol + (gi + 1) * ol].copy_from_slice(&wk.grp_out[i * ol..(i + 1) * ol]);
+            }
+        }
+        let mut y = std::mem::take(&mut self.work.y);
+        self.mm(&lw.out_b, &self.work.low, n, &mut y);
+        self.work.y = y;
+        self.work.qr = qr;
+        self.work.q = q;
+        self.work.kvb = kvb;
+        self.work.o = o;
+        self.hc_post(n);
+        Ok(())
+    }
+
+    fn ffn_block(&mut self, il: usize, tokens: &[u32], n: usize) -> Result<()> {
+        let lw: LayerWeights = self.w.layer(il).clone();
+        let cfg = self.cfg.clone();
+        let (e, ne, k, ff) = (cfg.n_embd, cfg.n_expert, cfg.n_expert_used, cfg.ff_exp);
+        let clamp = cfg.swiglu_clamp[il];
+        self.hc_pre(&lw.hc_ffn, n);
+        let mut xn = std::mem::take(&mut self.work.xn);
+        grow(&mut xn, n * e);
+        xn.copy_from_slice(&self.work.cur[..n * e]);
+        for i in 0..n {
+            rms_norm(&mut xn[i * e..(i + 1) * e], Some(&lw.ffn_norm), cfg.rms_eps);
+        }
+        // Router.
+        let mut rlog = std::mem::take(&mut self.work.rlog);
+        grow(&mut rlog, n * ne);
+        self.mm(&lw.gate_inp, &xn, n, &mut rlog);
+        let wk = &mut self.work;
+        wk.eids.resize(n * k, 0);
+        grow(&mut wk.ew, n * k);
+        for i in 0..n {
+            let hash = lw.tid2eid.as_ref().map(|t| {
+                let tok = tokens[i] as usize;
+                &t[tok * k..(tok + 1) * k]
+            });
+            if hash.is_some() && tokens[i] as usize >= cfg.n_vocab {
+                return Err(ModelError::Invalid(format!("token id {} is outside the vocabulary", tokens[i])));
+            }
+            moe::route(
+                &rlog[i * ne..(i + 1) * ne],
+                lw.exp_bias.as_deref(),
+                hash,
+                k,
+                cfg.expert_weights_norm,
+                cfg.expert_weights_scale,
+                &mut wk.eids[i * k..(i + 1) * k],
+                &mut wk.ew[i * k..(i + 1) * k],
+            );
+        }
+        wk.rlog = rlog;
+        // Routed experts, grouped by expert over the batch.
+        grow(&mut wk.y, n * e);
+        wk.y.fill(0.0);
+        for ex in 0..ne {
+            wk.ex_tok.clear();
+            wk.ex_w.clear();
+            for i in 0..n {
+                for s in 0..k {
+                    if wk.eids[i * k + s] as usize == ex {
+                        wk.ex_tok.push(i as u32);
+                        wk.ex_w.push(wk.ew[i * k + s]);
+                    }
+                }
+            }
+            let m = wk.ex_tok.len();
+            if m == 0 {
+                continue;
+            }
+            grow(&mut wk.ex_in, m * e);
+            for (j, &i) in wk.ex_tok.iter().enumerate() {
+                let i = i as usize;
+                wk.ex_in[j * e..(j + 1) * e].copy_from_slice(&xn[i * e..(i + 1) * e]);
+            }
+            grow(&mut wk.ex_a, m * ff);
+            grow(&mut wk.ex_b, m * ff);
+            grow(&mut wk.ex_out, m * e);
+            let p = self.opts.precision;
+            matmul(&self.w.expert(&lw.gate_exps, ex), &wk.ex_in, m, &mut wk.ex_a, p);
+            matmul(&self.w.expert(&lw.up_exps, ex), &wk.ex_in, m, &mut wk.ex_b, p);
+            for j in 0..m {
+                let wt = wk.ex_w[j];
+                for c in 0..ff {
+                    let idx = j * ff + c;
+                    wk.ex_a[idx] = moe::swiglu_clamped(wk.ex_a[idx], wk.ex_b[idx], clamp) * wt;
+                }
+            }
+            matmul(&self.w.expert(&lw.down_exps, ex), &wk.ex_a, m, &mut wk.ex_out, p);
+            for (j, &i) in wk.ex_tok.iter().enumerate() {
+                let i = i as usize;
+                let src = &wk.ex_out[j * e..(j + 1) * e];
+                wk.y[i * e..(i + 1) * e].iter_mut().zip(src).for_each(|(d, &s)| *d += s);
+            }
+        }
+        // Shared expert, weight 1.
+        if let Some([g, u, dn]) = &lw.shared {
+            let p = self.opts.precision;
+            grow(&mut wk.ex_a, n * ff);
+            grow(&mut wk.ex_b, n * ff);
+            grow(&mut wk.ex_out, n * e);
+            matmul(&self.w.mat(g), &xn, n, &mut wk.ex_a, p);
+            matmul(&self.w.mat(u), &xn, n, &mut wk.ex_b, p);
+            for idx in 0..n * ff {
+                wk.ex_a[idx] = moe::swiglu_clamped(wk.ex_a[idx], wk.ex_b[idx], clamp);
+            }
+            matmul(&self.w.mat(dn), &wk.ex_a[..n * ff], n, &mut wk.ex_out[..n * e], p);
+            wk.y.iter_mut().zip(&wk.ex_out[..n * e]).for_each(|(d, &s)| *d += s);
+        }
+        self.work.xn = xn;
+        self.hc_post(n);
+        Ok(())
+    }
+
+    fn head(&mut self, rows: &[usize]) -> Result<()> {
+        let cfg = &self.cfg;
+        let hw = self.w.head.as_ref().expect("head");
+        let (hd, e, v) = (cfg.hc_dim(), cfg.n_embd, cfg.n_vocab);
+        let m = rows.len();
+        let wk = &mut self.work;
+        grow(&mut wk.flat, m * hd);
+        grow(&mut wk.mix, m * cfg.n_hc);
+        grow(&mut wk.cur, m * e);
+        for (j, &i) in rows.iter().enumerate() {
+            hc::flat_norm(&wk.x[i * hd..(i + 1) * hd], &mut wk.flat[j * hd..(j + 1) * hd], cfg.rms_eps);
+        }
+        let p = self.opts.precision;
+        matmul(&self.w.mat(&hw.hc_fn), &wk.flat[..m * hd], m, &mut wk.mix[..m * cfg.n_hc], p);
+        for (j, &i) in rows.iter().enumerate() {
+            let out = &mut wk.cur[j * e..(j + 1) * e];
+            hc::head_collapse(&wk.mix[j * cfg.n_hc..(j + 1) * cfg.n_hc], hw.hc_scale[0], &hw.hc_base, cfg.hc_eps, &wk.x[i * hd..(i + 1) * hd], out);
+            rms_norm(out, Some(&hw.norm), cfg.rms_eps);
+        }
+        grow(&mut wk.logits, m * v);
+        matmul(&self.w.mat(&hw.output), &wk.cur[..m * e], m, &mut wk.logits, p);
+        Ok(())
+    }
+}

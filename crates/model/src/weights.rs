@@ -1,0 +1,323 @@
+//! Binding of ds4-named GGUF tensors to the parts of a stage (a layer range, plus embedding/head).
+use crate::config::Config;
+use crate::error::{ModelError, Result};
+use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
+use ds4_quant::MatRef;
+use std::sync::Arc;
+
+/// A matrix (or a stack of expert matrices) living in the mapped file.
+#[derive(Debug, Clone)]
+pub struct Mat {
+    pub ty: GgmlType,
+    /// Output rows per matrix.
+    pub rows: usize,
+    /// Input columns.
+    pub cols: usize,
+    /// Number of stacked matrices (experts); 1 for plain matrices.
+    pub n_mat: usize,
+    /// Absolute byte range in the file.
+    pub start: usize,
+    pub len: usize,
+}
+
+impl Mat {
+    pub fn bytes_per_mat(&self) -> usize { self.len / self.n_mat }
+}
+
+/// Compressor weights (attention or indexer).
+#[derive(Debug, Clone)]
+pub struct CompressorWeights {
+    /// `ratio` rows of `coff·D` position biases.
+    pub ape: Vec<f32>,
+    pub kv: Mat,
+    pub gate: Mat,
+    pub norm: Vec<f32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct IndexerWeights {
+    pub q_b: Mat,
+    pub proj: Mat,
+    pub comp: CompressorWeights,
+}
+
+/// Hyper-connection mixing parameters of one sub-layer.
+#[derive(Debug, Clone)]
+pub struct HcWeights {
+    pub fn_: Mat,
+    pub scale: Vec<f32>,
+    pub base: Vec<f32>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LayerWeights {
+    pub il: usize,
+    pub hc_attn: HcWeights,
+    pub attn_norm: Vec<f32>,
+    pub q_a: Mat,
+    pub q_a_norm: Vec<f32>,
+    pub q_b: Mat,
+    pub kv: Mat,
+    pub kv_norm: Vec<f32>,
+    pub sinks: Vec<f32>,
+    pub out_a: Mat,
+    pub out_b: Mat,
+    pub comp: Option<CompressorWeights>,
+    pub indexer: Option<IndexerWeights>,
+    pub hc_ffn: HcWeights,
+    pub ffn_norm: Vec<f32>,
+    pub gate_inp: Mat,
+    pub exp_bias: Option<Vec<f32>>,
+    /// Hash routing table: `n_vocab` rows of `n_expert_used` expert ids.
+    pub tid2eid: Option<Vec<u32>>,
+    pub gate_exps: Mat,
+    pub up_exps: Mat,
+    pub down_exps: Mat,
+    pub shared: Option<[Mat; 3]>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HeadWeights {
+    pub hc_fn: Mat,
+    pub hc_scale: Vec<f32>,
+    pub hc_base: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub output: Mat,
+}
+
+/// Inclusive layer range of a stage, with the optional ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LayerRange {
+    pub first: usize,
+    pub last: usize,
+    pub embed: bool,
+    pub head: bool,
+}
+
+impl LayerRange {
+    pub fn full(cfg: &Config) -> Self {
+        Self { first: 0, last: cfg.n_layer - 1, embed: true, head: true }
+    }
+    pub fn contains(&self, il: usize) -> bool { il >= self.first && il <= self.last }
+}
+
+/// All weights a stage owns, bound to the mapped file.
+pub struct Weights {
+    pub file: Arc<GgufFile>,
+    pub range: LayerRange,
+    pub embed: Option<Mat>,
+    pub layers: Vec<LayerWeights>,
+    pub head: Option<HeadWeights>,
+}
+
+impl Weights {
+    pub fn mat<'a>(&'a self, m: &Mat) -> MatRef<'a> {
+        MatRef { ty: m.ty, data: &self.file.bytes()[m.start..m.start + m.len], rows: m.rows * m.n_mat, cols: m.cols }
+    }
+    /// Matrix `e` of a stacked expert tensor.
+    pub fn expert<'a>(&'a self, m: &Mat, e: usize) -> MatRef<'a> {
+        let b = m.bytes_per_mat();
+        let s = m.start + e * b;
+        MatRef { ty: m.ty, data: &self.file.bytes()[s..s + b], rows: m.rows, cols: m.cols }
+    }
+
+    pub fn layer(&self, il: usize) -> &LayerWeights {
+        &self.layers[il - self.range.first]
+    }
+
+    pub fn bind(file: Arc<GgufFile>, cfg: &Config, range: LayerRange) -> Result<Self> {
+        if range.first > range.last || range.last >= cfg.n_layer {
+            return Err(ModelError::Invalid(format!(
+                "layer range {}:{} is outside the model's {} layers",
+                range.first, range.last, cfg.n_layer
+            )));
+        }
+        let b = Binder { f: &file, cfg };
+        let embed = if range.embed { Some(b.mat("token_embd.weight", cfg.n_vocab, cfg.n_embd, 1)?) } else { None };
+        let mut layers = Vec::with_capacity(range.last - range.first + 1);
+        for il in range.first..=range.last {
+            layers.push(b.layer(il)?);
+        }
+        let head = if range.head {
+            Some(HeadWeights {
+                hc_fn: b.mat("output_hc_fn.weight", cfg.n_hc, cfg.hc_dim(), 1)?,
+                hc_scale: b.vec("output_hc_scale.weight", 1)?,
+                hc_base: b.vec("output_hc_base.weight", cfg.n_hc)?,
+                norm: b.vec("output_norm.weight", cfg.n_embd)?,
+                output: b.mat("output.weight", cfg.n_vocab, cfg.n_embd, 1)?,
+            })
+        } else {
+            None
+        };
+        Ok(Self { file: file.clone(), range, embed, layers, head })
+    }
+
+    /// Embedding row of `token` as f32.
+    pub fn embed_row(&self, token: u32, out: &mut [f32]) -> Result<()> {
+        let m = self.embed.as_ref().ok_or_else(|| ModelError::Invalid("this stage has no embedding".into()))?;
+        let t = token as usize;
+        if t >= m.rows {
+            return Err(ModelError::Invalid(format!("token id {t} is outside the vocabulary ({})", m.rows)));
+        }
+        let rb = m.ty.row_bytes(m.cols).unwrap_or(0);
+        let s = m.start + t * rb;
+        ds4_quant::dequantize(m.ty, &self.file.bytes()[s..s + rb], out)?;
+        Ok(())
+    }
+}
+
+struct Binder<'a> {
+    f: &'a GgufFile,
+    cfg: &'a Config,
+}
+
+const MATRIX_TYPES: &[GgmlType] =
+    &[GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
+const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
+
+impl<'a> Binder<'a> {
+    fn info(&self, name: &str) -> Result<&'a TensorInfo> {
+        self.f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), problem: "missing from the model file".into() })
+    }
+
+    fn check_dims(&self, t: &TensorInfo, want: &[u64]) -> Result<()> {
+        if t.dims != want {
+            return Err(ModelError::Tensor {
+                name: t.name.clone(),
+                problem: format!("expected dims {:?}, found {:?}", want, t.dims),
+            });
+        }
+        Ok(())
+    }
+
+    fn abs_range(&self, t: &TensorInfo) -> (usize, usize) {
+        ((self.f.data_offset() + t.offset) as usize, t.n_bytes as usize)
+    }
+
+    /// `n_mat` stacked matrices of `rows`×`cols`; GGUF dims `[cols, rows(, n_mat)]`.
+    fn mat(&self, name: &str, rows: usize, cols: usize, n_mat: usize) -> Result<Mat> {
+        let t = self.info(name)?;
+        let want: Vec<u64> = if n_mat == 1 { vec![cols as u64, rows as u64] } else { vec![cols as u64, rows as u64, n_mat as u64] };
+        self.check_dims(t, &want)?;
+        if !MATRIX_TYPES.contains(&t.ty) {
+            return Err(ModelError::Tensor { name: name.into(), problem: format!("type {} is not a supported matrix type", t.ty.name()) });
+        }
+        let (start, len) = self.abs_range(t);
+        Ok(Mat { ty: t.ty, rows, cols, n_mat, start, len })
+    }
+
+    /// A small float vector (norms, biases, scales), converted to f32 at load. Accepts `[n]` or `[a, b]` with a·b = n.
+    fn vec(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let t = self.info(name)?;
+        if t.n_elems() != n as u64 {
+            return Err(ModelError::Tensor { name: name.into(), problem: format!("expected {n} elements, found dims {:?}", t.dims) });
+        }
+        if !VECTOR_TYPES.contains(&t.ty) {
+            return Err(ModelError::Tensor { name: name.into(), problem: format!("type {} is not a float type", t.ty.name()) });
+        }
+        let mut out = vec![0f32; n];
+        ds4_quant::dequantize(t.ty, self.f.tensor_data(t), &mut out)?;
+        Ok(out)
+    }
+
+    fn hc(&self, p: &str, kind: &str) -> Result<HcWeights> {
+        let cfg = self.cfg;
+        Ok(HcWeights {
+            fn_: self.mat(&format!("{p}hc_{kind}_fn.weight"), cfg.hc_mix(), cfg.hc_dim(), 1)?,
+            scale: self.vec(&format!("{p}hc_{kind}_scale.weight"), 3)?,
+            base: self.vec(&format!("{p}hc_{kind}_base.weight"), cfg.hc_mix())?,
+        })
+    }
+
+    fn compressor(&self, p: &str, prefix: &str, ratio: usize, coff: usize, d: usize) -> Result<CompressorWeights> {
+        let cfg = self.cfg;
+        let w = coff * d;
+        Ok(CompressorWeights {
+            ape: self.vec(&format!("{p}{prefix}_ape.weight"), w * ratio)?,
+            kv: self.mat(&format!("{p}{prefix}_kv.weight"), w, cfg.n_embd, 1)?,
+            gate: self.mat(&format!("{p}{prefix}_gate.weight"), w, cfg.n_embd, 1)?,
+            norm: self.vec(&format!("{p}{prefix}_norm.weight"), d)?,
+        })
+    }
+
+    fn layer(&self, il: usize) -> Result<LayerWeights> {
+        let cfg = self.cfg;
+        let p = format!("blk.{il}.");
+        let n = |s: &str| format!("{p}{s}");
+        let ratio = cfg.ratio(il);
+        let coff = cfg.compress_coff(il);
+        let comp = if ratio != 0 { Some(self.compressor(&p, "attn_compressor", ratio, coff, cfg.head_dim)?) } else { None };
+        let indexer = if ratio == 4 {
+            Some(IndexerWeights {
+                q_b: self.mat(&n("indexer.attn_q_b.weight"), cfg.idx_heads * cfg.idx_dim, cfg.q_lora, 1)?,
+                proj: self.mat(&n("indexer.proj.weight"), cfg.idx_heads, cfg.n_embd, 1)?,
+                comp: self.compressor(&p, "indexer_compressor", ratio, coff, cfg.idx_dim)?,
+            })
+        } else {
+            None
+        };
+        let tid2eid = if cfg.is_hash_layer(il) { Some(self.tid2eid(&n("ffn_gate_tid2eid.weight"))?) } else { None };
+        let exp_bias = if cfg.is_hash_layer(il) {
+            None
+        } else if self.f.tensor(&n("exp_probs_b.bias")).is_some() {
+            Some(self.vec(&n("exp_probs_b.bias"), cfg.n_expert)?)
+        } else {
+            None
+        };
+        let shared = if cfg.n_shared > 0 {
+            Some([
+                self.mat(&n("ffn_gate_shexp.weight"), cfg.ff_exp, cfg.n_embd, 1)?,
+                self.mat(&n("ffn_up_shexp.weight"), cfg.ff_exp, cfg.n_embd, 1)?,
+                self.mat(&n("ffn_down_shexp.weight"), cfg.n_embd, cfg.ff_exp, 1)?,
+            ])
+        } else {
+            None
+        };
+        let gate_exps = self.mat(&n("ffn_gate_exps.weight"), cfg.ff_exp, cfg.n_embd, cfg.n_expert)?;
+        let up_exps = self.mat(&n("ffn_up_exps.weight"), cfg.ff_exp, cfg.n_embd, cfg.n_expert)?;
+        let down_exps = self.mat(&n("ffn_down_exps.weight"), cfg.n_embd, cfg.ff_exp, cfg.n_expert)?;
+        Ok(LayerWeights {
+            il,
+            hc_attn: self.hc(&p, "attn")?,
+            attn_norm: self.vec(&n("attn_norm.weight"), cfg.n_embd)?,
+            q_a: self.mat(&n("attn_q_a.weight"), cfg.q_lora, cfg.n_embd, 1)?,
+            q_a_norm: self.vec(&n("attn_q_a_norm.weight"), cfg.q_lora)?,
+            q_b: self.mat(&n("attn_q_b.weight"), cfg.q_dim(), cfg.q_lora, 1)?,
+            kv: self.mat(&n("attn_kv.weight"), cfg.head_dim, cfg.n_embd, 1)?,
+            kv_norm: self.vec(&n("attn_kv_a_norm.weight"), cfg.head_dim)?,
+            sinks: self.vec(&n("attn_sinks.weight"), cfg.n_head)?,
+            out_a: self.mat(&n("attn_output_a.weight"), cfg.o_groups * cfg.o_lora, cfg.heads_per_group() * cfg.head_dim, 1)?,
+            out_b: self.mat(&n("attn_output_b.weight"), cfg.n_embd, cfg.o_groups * cfg.o_lora, 1)?,
+            comp,
+            indexer,
+            hc_ffn: self.hc(&p, "ffn")?,
+            ffn_norm: self.vec(&n("ffn_norm.weight"), cfg.n_embd)?,
+            gate_inp: self.mat(&n("ffn_gate_inp.weight"), cfg.n_expert, cfg.n_embd, 1)?,
+            exp_bias,
+            tid2eid,
+            gate_exps,
+            up_exps,
+            down_exps,
+            shared,
+        })
+    }
+
+    fn tid2eid(&self, name: &str) -> Result<Vec<u32>> {
+        let cfg = self.cfg;
+        let t = self.info(name)?;
+        self.check_dims(t, &[cfg.n_expert_used as u64, cfg.n_vocab as u64])?;
+        if t.ty != GgmlType::I32 {
+            return Err(ModelError::Tensor { name: name.into(), problem: format!("expected I32, found {}", t.ty.name()) });
+        }
+        let data = self.f.tensor_data(t);
+        let mut out = Vec::with_capacity(cfg.n_expert_used * cfg.n_vocab);
+        for c in data.chunks_exact(4) {
+            let v = i32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            if v < 0 || v as usize >= cfg.n_expert {
+                return Err(ModelError::Tensor { name: name.into(), problem: format!("expert id {v} outside 0..{}", cfg.n_expert) });
+            }
+            out.push(v as u32);
+        }
+        Ok(out)
+    }
+}
