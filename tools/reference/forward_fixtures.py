@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Reference fixtures for the DwarfStar forward pass, from transformers' DeepseekV4ForCausalLM.
+
+Independent reference: transformers==5.17.0 (`DeepseekV4ForCausalLM`), torch==2.15.0, float32, CPU.
+Our engine is never used to produce an expected value.
+
+Usage (venv at .venv-ref, see HF_MAPPING.md):
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-f32
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/release/ds4-gguf
+
+Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically.
+
+Output of `tiny-f32` (crates/model/tests/fixtures/hf_tiny/):
+    config.json          official-style config (compress_ratios, num_hash_layers, rope_scaling, qk_rope_head_dim)
+    model.safetensors    every parameter and persistent buffer under its IN-MEMORY name
+                         (model.named_parameters() + persistent buffers; NOT save_pretrained names)
+    reference.json       index: tokens, positions, file names, dtypes, shapes, margins (see "format" in it)
+    logits.bin           f32 LE [n_logit_pos, vocab]       logits at `logit_positions`
+    hc_states.bin        f32 LE [n_layers+1, n_state_pos, hc_mult, hidden]
+                         index 0 = HC state entering layer 0 (embedding broadcast to the streams),
+                         index l+1 = HC state after layer l (after its FFN HC-post), at `state_positions`
+    router_margin.bin    f32 LE [n_layers, seq_len]  top-k margin of the router at every position:
+                         sorted(sqrtsoftplus(logit)+bias)[k-1] - [k]; +inf on hash-routed layers
+    indexer_margin.bin   f32 LE [n_layers, seq_len]  top-k margin of the indexer among the causally visible
+                         compressed rows: sorted(score)[topk-1] - [topk] when visible > index_topk, else +inf;
+                         +inf on layers without an indexer
+"""
+import argparse
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import torch
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FIX_DIR = os.path.join(REPO, "crates", "model", "tests", "fixtures")
+
+# ---------------------------------------------------------------------------------------------
+# configs
+
+
+def tiny_f32_config():
+    # Layer map: il0 ratio 0 (hash-routed), il1 ratio 4 (hash-routed), il2 ratio 128 (biased top-k),
+    # il3 ratio 4 (biased top-k). Real ratios 4 and 128; YaRN explicit (HF otherwise uses plain RoPE);
+    # qk_rope_head_dim = 64 as in Flash so the YaRN ramp (low 15, high 25) is the real one.
+    return {
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "model_type": "deepseek_v4",
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 16,
+        "o_groups": 2,
+        "o_lora_rank": 16,
+        "n_routed_experts": 6,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 1,
+        "scoring_func": "sqrtsoftplus",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.5,
+        "swiglu_limit": 10.0,
+        "num_hash_layers": 2,
+        "compress_ratios": [0, 4, 128, 4],
+        "compress_rope_theta": 160000.0,
+        "rope_theta": 10000.0,
+        "rope_scaling": {
+            "type": "yarn",
+            "factor": 16,
+            "original_max_position_embeddings": 65536,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        "max_position_embeddings": 1048576,
+        "sliding_window": 32,
+        "index_n_heads": 16,
+        "index_head_dim": 128,
+        "index_topk": 16,
+        "hc_mult": 4,
+        "hc_sinkhorn_iters": 20,
+        "hc_eps": 1e-6,
+        "rms_norm_eps": 1e-6,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "num_nextn_predict_layers": 0,
+        "torch_dtype": "float32",
+    }
+
+
+def tiny_q_config():
+    # hidden and moe_intermediate are multiples of 256 (Q4_K / Q2_K / IQ2_XXS blocks).
+    c = tiny_f32_config()
+    c.update({
+        "vocab_size": 128,
+        "hidden_size": 256,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": 3,
+        "compress_ratios": [0, 4, 128],
+        "num_hash_layers": 1,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "num_attention_heads": 2,
+        "o_groups": 1,
+        "q_lora_rank": 32,
+        "index_n_heads": 16,
+        "index_head_dim": 64,
+        "index_topk": 8,
+    })
+    return c
+
+
+SEQ_LEN_F32 = 640   # 5 ratio-128 windows, 160 ratio-4 windows, window 32 wraps 20 times
+SEQ_LEN_Q = 160
+
+
+# ---------------------------------------------------------------------------------------------
+# model construction
+
+
+def build_model(cfg_dict, seed):
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    torch.manual_seed(seed)
+    kw = {k: v for k, v in cfg_dict.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    cfg = DeepseekV4Config(**kw)
+    cfg._attn_implementation = "eager"
+    model = DeepseekV4ForCausalLM(cfg).float().eval()
+    g = torch.Generator().manual_seed(seed + 1)
+
+    def rn(shape, std):
+        return torch.randn(shape, generator=g, dtype=torch.float32) * std
+
+    with torch.no_grad():
+        for name, p in sorted(model.named_parameters(), key=lambda t: t[0]):
+            shp = tuple(p.shape)
+            if name.endswith("embed_tokens.weight"):
+                p.copy_(rn(shp, 1.0))
+            elif name.endswith("experts.gate_up_proj"):
+                # std 4/sqrt(in): some gate/up pre-activations exceed the swiglu clamp (10)
+                p.copy_(rn(shp, 4.0 / math.sqrt(shp[-1])))
+            elif name.endswith("experts.down_proj"):
+                p.copy_(rn(shp, 1.0 / math.sqrt(shp[-1])))
+            elif name.endswith("shared_experts.gate_proj.weight") or name.endswith("shared_experts.up_proj.weight"):
+                p.copy_(rn(shp, 4.0 / math.sqrt(shp[-1])))
+            elif name.endswith("norm.weight"):
+                # every RMSNorm weight perturbed away from 1
+                p.copy_(1.0 + rn(shp, 0.2))
+            elif name.endswith("self_attn.sinks"):
+                p.copy_(rn(shp, 1.0))
+            elif name.endswith("_hc.fn") or name.endswith("hc_head.hc_fn"):
+                p.copy_(rn(shp, 0.1))
+            elif name.endswith("_hc.base") or name.endswith("hc_head.hc_base"):
+                p.copy_(rn(shp, 0.5))
+            elif name.endswith("_hc.scale") or name.endswith("hc_head.hc_scale"):
+                p.copy_(1.0 + rn(shp, 0.3))
+            elif name.endswith("position_bias"):
+                p.copy_(rn(shp, 0.5))
+            elif p.dim() == 2:
+                # plain linear weights [out, in]
+                p.copy_(rn(shp, 1.0 / math.sqrt(shp[-1])))
+            else:
+                raise RuntimeError(f"unhandled parameter {name} {shp}")
+        n_exp = cfg.n_routed_experts
+        k = cfg.num_experts_per_tok
+        for name, b in sorted(model.named_buffers(), key=lambda t: t[0]):
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(rn(tuple(b.shape), 0.1))
+            elif name.endswith("tid2eid"):
+                rows = [torch.randperm(n_exp, generator=g)[:k] for _ in range(b.shape[0])]
+                b.copy_(torch.stack(rows).to(torch.long))
+    # sanity: lm_head is not tied to the embedding
+    assert model.lm_head.weight.data_ptr() != model.model.embed_tokens.weight.data_ptr()
+    return model, cfg
+
+
+def in_memory_state(model):
+    """Parameters + persistent buffers under their in-memory names (what the converter reads)."""
+    sd = model.state_dict()
+    return {k: v.detach().contiguous().clone() for k, v in sorted(sd.items())}
+
+
+# ---------------------------------------------------------------------------------------------
+# running with probes
+
+
+def run_with_probes(model, cfg, tokens):
+    """Full-sequence float32 forward (use_cache=False). Returns logits [S, V], hc states list
+    (n_layers+1) of [S, hc, hidden], router margins [L, S], indexer margins [L, S]."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as M
+
+    L = cfg.num_hidden_layers
+    S = tokens.shape[1]
+    states = [None] * (L + 1)
+    router_margin = np.full((L, S), np.inf, dtype=np.float32)
+    indexer_margin = np.full((L, S), np.inf, dtype=np.float32)
+    hooks = []
+
+    def layer_pre(idx):
+        def f(mod, args, kwargs):
+            if idx == 0:
+                hs = args[0] if args else kwargs["hidden_states"]
+                states[0] = hs[0].detach().clone()
+        return f
+
+    def layer_post(idx):
+        def f(mod, args, kwargs, out):
+            o = out[0] if isinstance(out, tuple) else out
+            states[idx + 1] = o[0].detach().clone()
+        return f
+
+    def router_hook(idx):
+        def f(mod, args, out):
+            if isinstance(mod, M.DeepseekV4HashRouter):
+                return
+            hs = args[0]
+            flat = hs.reshape(-1, mod.hidden_dim)
+            scores = mod.score_fn(torch.nn.functional.linear(flat, mod.weight))
+            biased = (scores + mod.e_score_correction_bias).double()
+            srt = torch.sort(biased, dim=-1, descending=True).values
+            k = mod.top_k
+            if srt.shape[-1] > k:
+                router_margin[idx] = (srt[:, k - 1] - srt[:, k]).float().numpy()
+        return f
+
+    def scorer_hook(idx, index_topk, ratio):
+        def f(mod, args, out):
+            sc = out[0].double()  # [S, T]
+            T = sc.shape[-1]
+            for t in range(S):
+                vis = min((t + 1) // ratio, T)
+                if vis > index_topk:
+                    srt = torch.sort(sc[t, :vis], descending=True).values
+                    indexer_margin[idx, t] = float(srt[index_topk - 1] - srt[index_topk])
+        return f
+
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.register_forward_pre_hook(layer_pre(i), with_kwargs=True))
+        hooks.append(layer.register_forward_hook(layer_post(i), with_kwargs=True))
+        hooks.append(layer.mlp.gate.register_forward_hook(router_hook(i)))
+        comp = layer.self_attn.compressor
+        if comp is not None and hasattr(comp, "indexer"):
+            hooks.append(comp.indexer.scorer.register_forward_hook(
+                scorer_hook(i, cfg.index_topk, comp.indexer.compress_rate)))
+    with torch.no_grad():
+        out = model(input_ids=tokens, use_cache=False)
+    for h in hooks:
+        h.remove()
+    logits = out.logits[0].detach().float()
+    return logits, states, router_margin, indexer_margin
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+
+
+def f32_bytes(arr):
+    a = np.ascontiguousarray(np.asarray(arr, dtype="<f4"))
+    return a.tobytes()
+
+
+def write_bytes(path, data):
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def write_json(path, obj):
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True, allow_nan=False)
+        f.write("\n")
+
+
+def save_safetensors(path, tensors):
+    from safetensors.torch import save_file
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def finite_or_none(x):
+    return None if not math.isfinite(x) else float(x)
+
+
+def pick_logit_positions(S, cfg):
+    W = cfg.sliding_window
+    pos = {0, 1, 2, 3, 4, W - 2, W - 1, W, W + 1, 2 * W - 1, 2 * W}
+    for e in range(127, S, 128):
+        pos |= {e, e + 1}
+    pos |= {67, 68, 200, 301, 450, S - 2, S - 1}
+    pos = sorted(p for p in pos if 0 <= p < S)
+    return pos
+
+
+def cmd_tiny_f32(args):
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    cfg_dict = tiny_f32_config()
+    model, cfg = build_model(cfg_dict, seed=20260501)
+    out_dir = os.path.join(FIX_DIR, "hf_tiny")
+    os.makedirs(out_dir, exist_ok=True)
+
+    g = torch.Generator().manual_seed(777)
+    S = SEQ_LEN_F32
+    tokens = torch.randint(0, cfg.vocab_size, (1, S), generator=g, dtype=torch.long)
+
+    logits, states, rmargin, imargin = run_with_probes(model, cfg, tokens)
+    L = cfg.num_hidden_layers
+    logit_pos = pick_logit_positions(S, cfg)
+    state_pos = [0, 31, 127, 128, 383, S - 1]
+
+    write_json(os.path.join(out_dir, "config.json"), cfg_dict)
+    save_safetensors(os.path.join(out_dir, "model.safetensors"), in_memory_state(model))
+    write_bytes(os.path.join(out_dir, "logits.bin"), f32_bytes(logits[logit_pos].numpy()))
+    hc = np.stack([states[l][state_pos].numpy() for l in range(L + 1)])  # [L+1, P, hc, hidden]
+    write_bytes(os.path.join(out_dir, "hc_states.bin"), f32_bytes(hc))
+    write_bytes(os.path.join(out_dir, "router_margin.bin"), f32_bytes(rmargin))
+    write_bytes(os.path.join(out_dir, "indexer_margin.bin"), f32_bytes(imargin))
+
+    # per stored position: margins at that position, and the minimum over all positions <= it
+    # (a near-tie at an earlier position changes the KV rows this position attends to)
+    per_pos = {}
+    for p in sorted(set(logit_pos) | set(state_pos)):
+        per_pos[str(p)] = {
+            "router_margin": [finite_or_none(rmargin[l, p]) for l in range(L)],
+            "indexer_margin": [finite_or_none(imargin[l, p]) for l in range(L)],
+            "router_margin_min_upto": [finite_or_none(rmargin[l, : p + 1].min()) for l in range(L)],
+            "indexer_margin_min_upto": [finite_or_none(imargin[l, : p + 1].min()) for l in range(L)],
+        }
+    index = {
+        "generator": "tools/reference/forward_fixtures.py tiny-f32",
+        "reference": "transformers 5.17.0 DeepseekV4ForCausalLM, torch 2.15.0, float32, CPU, eager, use_cache=False, "
+                     "one forward over the whole sequence (prefill)",
+        "format": "all .bin files are raw little-endian float32, C order, shapes below; +inf = not applicable",
+        "seq_len": S,
+        "tokens": tokens[0].tolist(),
+        "vocab_size": cfg.vocab_size,
+        "n_layers": L,
+        "hc_mult": cfg.hc_mult,
+        "hidden_size": cfg.hidden_size,
+        "layer_compress_ratios": cfg_dict["compress_ratios"],
+        "layer_hash_routed": [t == "hash_moe" for t in cfg.mlp_layer_types],
+        "logit_positions": logit_pos,
+        "state_positions": state_pos,
+        "files": {
+            "logits": {"file": "logits.bin", "shape": [len(logit_pos), cfg.vocab_size],
+                       "meaning": "logits[i] = model logits at position logit_positions[i]"},
+            "hc_states": {"file": "hc_states.bin", "shape": [L + 1, len(state_pos), cfg.hc_mult, cfg.hidden_size],
+                          "meaning": "[0] = HC state entering layer 0 (embedding copied to every stream); "
+                                     "[l+1] = HC state after layer l; stream-major X[s][d] at state_positions[j]"},
+            "router_margin": {"file": "router_margin.bin", "shape": [L, S],
+                              "meaning": "sorted desc (sqrt(softplus(logit)) + exp_probs_b)[k-1] - [k]; "
+                                         "+inf on hash-routed layers"},
+            "indexer_margin": {"file": "indexer_margin.bin", "shape": [L, S],
+                               "meaning": "sorted desc indexer score over visible rows [(t+1)//4]: "
+                                          "[topk-1] - [topk] when visible > index_topk; +inf otherwise / no indexer"},
+        },
+        "margins_at": per_pos,
+        "logits_summary": {
+            "argmax": [int(logits[p].argmax()) for p in logit_pos],
+            "max_abs": float(logits[logit_pos].abs().max()),
+        },
+    }
+    write_json(os.path.join(out_dir, "reference.json"), index)
+    print(f"tiny-f32: wrote {out_dir}")
+    for fn in sorted(os.listdir(out_dir)):
+        print(f"  {fn}: {os.path.getsize(os.path.join(out_dir, fn))} bytes")
+    print(f"  min router margin {np.min(rmargin):.3e}, min indexer margin {np.min(imargin):.3e}")
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny-q: HF checkpoint -> our converter (quantized experts) -> GGUF -> gguf-py dequant -> HF logits
+
+
+def cmd_tiny_q(args):
+    import gguf
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    cfg_dict = tiny_q_config()
+    model, cfg = build_model(cfg_dict, seed=20260502)
+    out_dir = os.path.join(FIX_DIR, "hf_tiny_q")
+    os.makedirs(out_dir, exist_ok=True)
+    ckpt = args.ckpt_dir or os.path.join(REPO, "tools", "reference", ".cache", "hf_tiny_q")
+    os.makedirs(ckpt, exist_ok=True)
+    write_json(os.path.join(ckpt, "config.json"), cfg_dict)
+    save_safetensors(os.path.join(ckpt, "model.safetensors"), in_memory_state(model))
+    write_json(os.path.join(out_dir, "config.json"), cfg_dict)
+
+    g = torch.Generator().manual_seed(778)
+    S = SEQ_LEN_Q
+    tokens = torch.randint(0, cfg.vocab_size, (1, S), generator=g, dtype=torch.long)
+    logit_pos = [0, 1, 3, 4, 31, 32, 63, 64, 127, 128, 159]
+    result = {
+        "generator": "tools/reference/forward_fixtures.py tiny-q",
+        "reference": "transformers 5.17.0 float32 CPU; routed expert weights replaced by the gguf-py "
+                     "(gguf==0.19.0) dequantization of the expert tensors of the converted GGUF; every other "
+                     "weight as in the checkpoint (the GGUF's non-expert tensors are not used)",
+        "format": "logits_<mix>.bin: raw little-endian float32 [n_logit_pos, vocab]",
+        "seq_len": S,
+        "tokens": tokens[0].tolist(),
+        "vocab_size": cfg.vocab_size,
+        "logit_positions": logit_pos,
+        "mixes": {},
+    }
+    for mix in args.mixes.split(","):
+        gguf_path = os.path.join(out_dir, f"tiny_q_{mix}.gguf")
+        subprocess.run([args.convert_bin, "convert", ckpt, gguf_path, "--mix", mix], check=True)
+        reader = gguf.GGUFReader(gguf_path)
+        by_name = {t.name: t for t in reader.tensors}
+        with torch.no_grad():
+            for il, layer in enumerate(model.model.layers):
+                ex = layer.mlp.experts
+                types = {}
+                deq = {}
+                for part in ("gate", "up", "down"):
+                    t = by_name[f"blk.{il}.ffn_{part}_exps.weight"]
+                    types[part] = t.tensor_type.name
+                    arr = gguf.quants.dequantize(t.data, t.tensor_type)
+                    # GGUF dims [in, out, n_expert] -> numpy [n_expert, out, in]
+                    ne = [int(x) for x in t.shape]
+                    deq[part] = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(ne[2], ne[1], ne[0]))
+                ex.gate_up_proj.copy_(torch.cat([deq["gate"], deq["up"]], dim=1))
+                ex.down_proj.copy_(deq["down"])
+                result["mixes"].setdefault(mix, {})[f"blk.{il}"] = types
+            out = model(input_ids=tokens, use_cache=False)
+        logits = out.logits[0][logit_pos].float().numpy()
+        write_bytes(os.path.join(out_dir, f"logits_{mix}.bin"), f32_bytes(logits))
+        result["mixes"][mix]["gguf"] = os.path.basename(gguf_path)
+        result["mixes"][mix]["logits"] = f"logits_{mix}.bin"
+        # reload the pristine experts for the next mix
+        model, cfg = build_model(cfg_dict, seed=20260502)
+    write_json(os.path.join(out_dir, "reference.json"), result)
+    for fn in sorted(os.listdir(out_dir)):
+        print(f"  {fn}: {os.path.getsize(os.path.join(out_dir, fn))} bytes")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("tiny-f32")
+    q = sub.add_parser("tiny-q")
+    q.add_argument("--convert-bin", required=True, help="path of the ds4-gguf binary (has `convert`)")
+    q.add_argument("--mixes", default="q4,q2")
+    q.add_argument("--ckpt-dir", default=None, help="where to write the (uncommitted) HF checkpoint")
+    args = ap.parse_args()
+    if args.cmd == "tiny-f32":
+        cmd_tiny_f32(args)
+    else:
+        cmd_tiny_q(args)
+
+
+if __name__ == "__main__":
+    main()
