@@ -13,6 +13,23 @@ pub use ds4_gguf::GgmlType;
 mod error;
 pub use error::QuantError;
 
+pub mod blocks;
+mod dequant;
+pub mod iq2xxs_tables;
+pub mod kernels;
+mod matvec;
+mod quantize;
+mod quant_k;
+mod quant_iq2xxs;
+pub mod random;
+pub use random::{random_valid_blocks, random_valid_iq2xxs_blocks};
+
+pub use dequant::{
+    dequant_block_iq2_xxs, dequant_block_q2_k, dequant_block_q4_k, dequant_block_q8_0, dequant_block_q8_k,
+};
+pub use kernels::{detect_isa, Isa, Kernels};
+pub use quantize::{quantize_row_q8_0, quantize_row_q8_k};
+
 /// How a mat-vec treats activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
@@ -53,14 +70,23 @@ impl<'a> MatRef<'a> {
     }
 }
 
-/// Scalar reference dequantization of `out.len()` elements.
-pub fn dequantize(_ty: GgmlType, _bytes: &[u8], _out: &mut [f32]) -> Result<(), QuantError> { todo!() }
+/// Scalar reference dequantization of `out.len()` elements (bit-exact vs gguf-py).
+/// I32 is converted to f32 numerically.
+pub fn dequantize(ty: GgmlType, bytes: &[u8], out: &mut [f32]) -> Result<(), QuantError> {
+    dequant::dequantize(ty, bytes, out)
+}
 
 /// Quantize `src` (length multiple of the block size) to `ty`.
-pub fn quantize(_ty: GgmlType, _src: &[f32]) -> Result<Vec<u8>, QuantError> { todo!() }
+pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
+    quantize::quantize(ty, src)
+}
 
-/// y = W·x (y.len() == rows, x.len() == cols). Multithreaded over rows.
-pub fn matvec(_w: &MatRef, _x: &[f32], _y: &mut [f32], _p: Precision) { todo!() }
+/// y = W·x (y.len() == rows, x.len() == cols). Multithreaded over rows (rayon's current pool).
+pub fn matvec(w: &MatRef, x: &[f32], y: &mut [f32], p: Precision) {
+    matvec::matvec(w, x, y, p)
+}
 
 /// Batched: x is n×cols (row-major, token-major), y is n×rows.
-pub fn matmul(_w: &MatRef, _x: &[f32], _n: usize, _y: &mut [f32], _p: Precision) { todo!() }
+pub fn matmul(w: &MatRef, x: &[f32], n: usize, y: &mut [f32], p: Precision) {
+    matvec::matmul(w, x, n, y, p)
+}

@@ -1,0 +1,306 @@
+//! AVX2 + FMA + F16C kernels (x86-64). Same integer partial sums per block as the scalar
+//! reference; float accumulation order differs.
+#![cfg(target_arch = "x86_64")]
+
+use core::arch::x86_64::*;
+
+use crate::blocks::*;
+use crate::iq2xxs_tables::IQ2XXS_GRID;
+use crate::kernels::IQ2_SIGN_MASKS;
+
+#[inline(always)]
+pub(crate) fn ld256(p: &[u8; 32]) -> __m256i {
+    // SAFETY: `p` is exactly 32 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_si256(p.as_ptr() as *const __m256i) }
+}
+
+#[inline(always)]
+pub(crate) fn ld128(p: &[u8; 16]) -> __m128i {
+    // SAFETY: `p` is exactly 16 readable bytes; loadu has no alignment requirement.
+    unsafe { _mm_loadu_si128(p.as_ptr() as *const __m128i) }
+}
+
+#[inline(always)]
+pub(crate) fn a32(s: &[u8], o: usize) -> &[u8; 32] {
+    s[o..o + 32].try_into().unwrap()
+}
+
+#[inline(always)]
+pub(crate) fn a16(s: &[u8], o: usize) -> &[u8; 16] {
+    s[o..o + 16].try_into().unwrap()
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum256(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn hsum256_i32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// Signed 8-bit dot of 32 pairs as 8 i32 lanes (ggml's sign/maddubs trick).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) fn dot_i8x32(w: __m256i, a: __m256i) -> __m256i {
+    let aw = _mm256_sign_epi8(w, w);
+    let sa = _mm256_sign_epi8(a, w);
+    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1))
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)) {
+        let s = dot_i8x32(ld256(a32(bw, 2)), ld256(a32(ba, 2)));
+        let d = _mm256_set1_ps(f16_at(bw, 0) * f16_at(ba, 0));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+    }
+    hsum256(acc)
+}
+
+/// Shuffle masks picking i16 scale 2j (low lane) and 2j+1 (high lane) from a duplicated
+/// 8×i16 vector.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn q2k_scale_shuffle(j: usize) -> __m256i {
+    let lo = (4 * j) as i8;
+    let hi = (4 * j + 2) as i8;
+    _mm256_setr_epi8(
+        lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1, lo, lo + 1,
+        hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1, hi, hi + 1,
+    )
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    let m3 = _mm256_set1_epi8(3);
+    let m4 = _mm_set1_epi8(15);
+    let shuf = [q2k_scale_shuffle(0), q2k_scale_shuffle(1), q2k_scale_shuffle(2), q2k_scale_shuffle(3)];
+    for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let da = f32_at(ba, 0);
+        let d = f16_at(bw, 80) * da;
+        let dmin = f16_at(bw, 82) * da;
+        let sc = ld128(a16(bw, 0));
+        let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
+        let bsums = ld256(a32(ba, 4 + QK_K));
+        let pm = _mm256_madd_epi16(mins, bsums);
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+        let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, m4));
+        let mut isum = _mm256_setzero_si256();
+        for h in 0..2 {
+            let sv = if h == 0 {
+                _mm256_permute2x128_si256::<0x00>(sc16, sc16)
+            } else {
+                _mm256_permute2x128_si256::<0x11>(sc16, sc16)
+            };
+            let q = ld256(a32(bw, 16 + 32 * h));
+            let q8 = 4 + 128 * h;
+            let q0 = _mm256_and_si256(q, m3);
+            let q1 = _mm256_and_si256(_mm256_srli_epi16::<2>(q), m3);
+            let q2 = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m3);
+            let q3 = _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3);
+            let p0 = _mm256_maddubs_epi16(q0, ld256(a32(ba, q8)));
+            let p1 = _mm256_maddubs_epi16(q1, ld256(a32(ba, q8 + 32)));
+            let p2 = _mm256_maddubs_epi16(q2, ld256(a32(ba, q8 + 64)));
+            let p3 = _mm256_maddubs_epi16(q3, ld256(a32(ba, q8 + 96)));
+            let p0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sv, shuf[0]));
+            let p1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sv, shuf[1]));
+            let p2 = _mm256_madd_epi16(p2, _mm256_shuffle_epi8(sv, shuf[2]));
+            let p3 = _mm256_madd_epi16(p3, _mm256_shuffle_epi8(sv, shuf[3]));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    hsum256(acc) - hsum256(accm)
+}
+
+/// The 8 Q4_K 6-bit scales and mins of a block, as two u32x2 (ggml-style unpacking).
+#[inline(always)]
+pub(crate) fn q4k_unpack_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut m = [0u8; 8];
+    for j in 0..8 {
+        let (a, b) = q4k_scale_min(j, s);
+        sc[j] = a;
+        m[j] = b;
+    }
+    (sc, m)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut accm = _mm256_setzero_ps();
+    let m4 = _mm256_set1_epi8(15);
+    for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let da = f32_at(ba, 0);
+        let d = f16_at(bw, 0) * da;
+        let dmin = f16_at(bw, 2) * da;
+        let (sc, m) = q4k_unpack_scales(&bw[4..16]);
+        // mins: each min covers two bsums (16-element halves of its 32-element sub-block).
+        let m16 = _mm256_cvtepu8_epi16(_mm_set_epi8(
+            m[7] as i8, m[7] as i8, m[6] as i8, m[6] as i8, m[5] as i8, m[5] as i8, m[4] as i8, m[4] as i8,
+            m[3] as i8, m[3] as i8, m[2] as i8, m[2] as i8, m[1] as i8, m[1] as i8, m[0] as i8, m[0] as i8,
+        ));
+        let pm = _mm256_madd_epi16(m16, ld256(a32(ba, 4 + QK_K)));
+        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+        let mut isum = _mm256_setzero_si256();
+        for j in 0..4 {
+            let q = ld256(a32(bw, 16 + 32 * j));
+            let lo = _mm256_and_si256(q, m4);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
+            let p0 = _mm256_maddubs_epi16(lo, ld256(a32(ba, 4 + 64 * j)));
+            let p1 = _mm256_maddubs_epi16(hi, ld256(a32(ba, 4 + 64 * j + 32)));
+            let p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j] as i16));
+            let p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1] as i16));
+            isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    hsum256(acc) - hsum256(accm)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let d = f16_at(bw, 0) * f32_at(ba, 0) * 0.125;
+        let mut isum = _mm256_setzero_si256();
+        for g in 0..8 {
+            let a0 = u32_at(bw, 2 + 8 * g);
+            let a1 = u32_at(bw, 6 + 8 * g);
+            let grid = _mm256_set_epi64x(
+                IQ2XXS_GRID[(a0 >> 24) as usize] as i64,
+                IQ2XXS_GRID[((a0 >> 16) & 255) as usize] as i64,
+                IQ2XXS_GRID[((a0 >> 8) & 255) as usize] as i64,
+                IQ2XXS_GRID[(a0 & 255) as usize] as i64,
+            );
+            let signs = _mm256_set_epi64x(
+                IQ2_SIGN_MASKS[((a1 >> 21) & 127) as usize] as i64,
+                IQ2_SIGN_MASKS[((a1 >> 14) & 127) as usize] as i64,
+                IQ2_SIGN_MASKS[((a1 >> 7) & 127) as usize] as i64,
+                IQ2_SIGN_MASKS[(a1 & 127) as usize] as i64,
+            );
+            let q8 = _mm256_sign_epi8(ld256(a32(ba, 4 + 32 * g)), signs);
+            let p = _mm256_maddubs_epi16(grid, q8);
+            let ls = (2 * (a1 >> 28) + 1) as i16;
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+    }
+    hsum256(acc)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+fn f32_impl(w: &[u8], x: &[f32]) -> f32 {
+    let n = x.len();
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut i = 0;
+    while i + 32 <= n {
+        for k in 0..4 {
+            let wv = ldps_u8(&w[4 * (i + 8 * k)..4 * (i + 8 * k) + 32]);
+            let xv = ldps(&x[i + 8 * k..i + 8 * k + 8]);
+            acc[k] = _mm256_fmadd_ps(wv, xv, acc[k]);
+        }
+        i += 32;
+    }
+    while i + 8 <= n {
+        acc[0] = _mm256_fmadd_ps(ldps_u8(&w[4 * i..4 * i + 32]), ldps(&x[i..i + 8]), acc[0]);
+        i += 8;
+    }
+    let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+    let mut r = hsum256(s);
+    while i < n {
+        r += f32_at(w, 4 * i) * x[i];
+        i += 1;
+    }
+    r
+}
+
+#[inline(always)]
+fn ldps(x: &[f32]) -> __m256 {
+    assert!(x.len() >= 8);
+    // SAFETY: asserted at least 8 readable f32s; loadu has no alignment requirement.
+    unsafe { _mm256_loadu_ps(x.as_ptr()) }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn ldps_u8(w: &[u8]) -> __m256 {
+    _mm256_castsi256_ps(ld256(w[..32].try_into().unwrap()))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld_f16x8(w: &[u8]) -> __m256 {
+    _mm256_cvtph_ps(ld128(w[..16].try_into().unwrap()))
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn ld_bf16x8(w: &[u8]) -> __m256 {
+    let v = _mm256_cvtepu16_epi32(ld128(w[..16].try_into().unwrap()));
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v))
+}
+
+macro_rules! half_dot {
+    ($name:ident, $load:ident, $scalar:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        fn $name(w: &[u8], x: &[f32]) -> f32 {
+            let n = x.len();
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i + 32 <= n {
+                for k in 0..4 {
+                    let o = i + 8 * k;
+                    acc[k] = _mm256_fmadd_ps($load(&w[2 * o..2 * o + 16]), ldps(&x[o..o + 8]), acc[k]);
+                }
+                i += 32;
+            }
+            while i + 8 <= n {
+                acc[0] = _mm256_fmadd_ps($load(&w[2 * i..2 * i + 16]), ldps(&x[i..i + 8]), acc[0]);
+                i += 8;
+            }
+            let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
+            let mut r = hsum256(s);
+            while i < n {
+                r += $scalar(w, 2 * i) * x[i];
+                i += 1;
+            }
+            r
+        }
+    };
+}
+half_dot!(f16_impl, ld_f16x8, f16_at);
+half_dot!(bf16_impl, ld_bf16x8, bf16_at);
+
+// Safe entry points. They are only reachable through `Kernels::for_isa(Isa::Avx2)`, which
+// checks `is_x86_feature_detected!` for avx2, fma and f16c first.
+macro_rules! entry {
+    ($pub:ident, $imp:ident, $act:ty) => {
+        pub(crate) fn $pub(w: &[u8], a: &$act) -> f32 {
+            debug_assert!(crate::kernels::Isa::Avx2.available());
+            // SAFETY: this function is only handed out after avx2+fma+f16c were detected at runtime.
+            unsafe { $imp(w, a) }
+        }
+    };
+}
+entry!(dot_q8_0_q8_0, q8_0_impl, [u8]);
+entry!(dot_q2_k_q8_k, q2_k_impl, [u8]);
+entry!(dot_q4_k_q8_k, q4_k_impl, [u8]);
+entry!(dot_iq2_xxs_q8_k, iq2_xxs_impl, [u8]);
+entry!(dot_f32, f32_impl, [f32]);
+entry!(dot_f16, f16_impl, [f32]);
+entry!(dot_bf16, bf16_impl, [f32]);

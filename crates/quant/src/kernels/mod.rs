@@ -1,0 +1,156 @@
+//! Dot-product kernels (weight row × activation row) and runtime ISA dispatch.
+
+use std::sync::OnceLock;
+
+pub mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Instruction-set level of a kernel table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Isa {
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL/DQ/VNNI (plus the AVX2 set).
+    Avx512,
+}
+
+impl Isa {
+    /// Whether this machine can run kernels of this level.
+    pub fn available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => {
+                Isa::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512dq")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+    pub fn all() -> [Isa; 3] {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+    }
+}
+
+/// Best ISA level of this machine (detected once). `DS4_QUANT_ISA=scalar|avx2|avx512` caps it.
+pub fn detect_isa() -> Isa {
+    static ISA: OnceLock<Isa> = OnceLock::new();
+    *ISA.get_or_init(|| {
+        let best = [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar);
+        match std::env::var("DS4_QUANT_ISA").ok().as_deref() {
+            Some("scalar") => Isa::Scalar,
+            Some("avx2") if Isa::Avx2.available() => Isa::Avx2,
+            _ => best,
+        }
+    })
+}
+
+pub type DotQ = fn(&[u8], &[u8]) -> f32;
+pub type DotF = fn(&[u8], &[f32]) -> f32;
+
+/// One ISA's set of dot-product kernels. Quantized kernels take (weight row bytes, activation
+/// row bytes); the activation is Q8_0 for Q8_0 weights and Q8_K for Q2_K/Q4_K/IQ2_XXS.
+pub struct Kernels {
+    pub isa: Isa,
+    pub q8_0: DotQ,
+    pub q2_k: DotQ,
+    pub q4_k: DotQ,
+    pub iq2_xxs: DotQ,
+    pub f32: DotF,
+    pub f16: DotF,
+    pub bf16: DotF,
+}
+
+static SCALAR: Kernels = Kernels {
+    isa: Isa::Scalar,
+    q8_0: scalar::dot_q8_0_q8_0,
+    q2_k: scalar::dot_q2_k_q8_k,
+    q4_k: scalar::dot_q4_k_q8_k,
+    iq2_xxs: scalar::dot_iq2_xxs_q8_k,
+    f32: scalar::dot_f32,
+    f16: scalar::dot_f16,
+    bf16: scalar::dot_bf16,
+};
+
+#[cfg(target_arch = "x86_64")]
+static AVX2: Kernels = Kernels {
+    isa: Isa::Avx2,
+    q8_0: avx2::dot_q8_0_q8_0,
+    q2_k: avx2::dot_q2_k_q8_k,
+    q4_k: avx2::dot_q4_k_q8_k,
+    iq2_xxs: avx2::dot_iq2_xxs_q8_k,
+    f32: avx2::dot_f32,
+    f16: avx2::dot_f16,
+    bf16: avx2::dot_bf16,
+};
+
+#[cfg(target_arch = "x86_64")]
+static AVX512: Kernels = Kernels {
+    isa: Isa::Avx512,
+    q8_0: avx512::dot_q8_0_q8_0,
+    q2_k: avx512::dot_q2_k_q8_k,
+    q4_k: avx512::dot_q4_k_q8_k,
+    iq2_xxs: avx512::dot_iq2_xxs_q8_k,
+    f32: avx512::dot_f32,
+    f16: avx512::dot_f16,
+    bf16: avx512::dot_bf16,
+};
+
+impl Kernels {
+    /// The kernel table of `isa`, or None when this machine lacks it.
+    pub fn for_isa(isa: Isa) -> Option<&'static Kernels> {
+        if !isa.available() {
+            return None;
+        }
+        match isa {
+            Isa::Scalar => Some(&SCALAR),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Some(&AVX2),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Some(&AVX512),
+            #[allow(unreachable_patterns)]
+            _ => None,
+        }
+    }
+    /// The table of `detect_isa()`.
+    pub fn best() -> &'static Kernels {
+        Kernels::for_isa(detect_isa()).unwrap_or(&SCALAR)
+    }
+}
+
+const fn make_sign_masks() -> [u64; 128] {
+    let ks = crate::iq2xxs_tables::KSIGNS_IQ2XS_CONST;
+    let mut out = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        let mut v = 0u64;
+        let mut j = 0;
+        while j < 8 {
+            let b: u64 = if ks[i] & (1 << j) != 0 { 0xFF } else { 0x01 };
+            v |= b << (8 * j);
+            j += 1;
+        }
+        out[i] = v;
+        i += 1;
+    }
+    out
+}
+
+/// Per sign index: 8 bytes of +1 (0x01) or −1 (0xFF), for `_mm256_sign_epi8`.
+#[allow(dead_code)]
+pub(crate) static IQ2_SIGN_MASKS: [u64; 128] = make_sign_masks();
