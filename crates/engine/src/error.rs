@@ -1,0 +1,15 @@
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ds4_model::ModelError),
+    #[error(transparent)]
+    Gguf(#[from] ds4_gguf::GgufError),
+    #[error("tokenizer: {0}")]
+    Tokenizer(#[from] ds4_tokenizer::TokenizerError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,10 @@
+//! Engine: model loading (with the embedded default), sessions, prefill/decode/generation, statistics.
+mod default_model;
+mod engine;
+mod error;
+mod session;
+
+pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};
+pub use engine::{Engine, LoadOptions};
+pub use error::EngineError;
+pub use session::{GenStats, Session, StopReason};

@@ -1,0 +1,138 @@
+//! A conversation's state on the engine: KV cache, token history, prefill and generation loops.
+use crate::engine::Engine;
+use crate::error::EngineError;
+use ds4_model::{KvState, Logits};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    Eos,
+    MaxTokens,
+    Cancelled,
+    /// The caller's token callback asked to stop (e.g. a stop string matched).
+    Caller,
+    ContextFull,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct GenStats {
+    pub prompt_tokens: usize,
+    pub prefilled_tokens: usize,
+    pub prefill_time: Duration,
+    pub gen_tokens: usize,
+    pub gen_time: Duration,
+}
+
+impl GenStats {
+    pub fn prefill_tps(&self) -> f64 { rate(self.prefilled_tokens, self.prefill_time) }
+    pub fn gen_tps(&self) -> f64 { rate(self.gen_tokens, self.gen_time) }
+}
+
+fn rate(n: usize, t: Duration) -> f64 {
+    if t.as_secs_f64() > 0.0 { n as f64 / t.as_secs_f64() } else { 0.0 }
+}
+
+pub struct Session {
+    pub kv: KvState,
+    pub tokens: Vec<u32>,
+    /// Logits after the last consumed token (empty before the first).
+    pub logits: Vec<f32>,
+    pub prefill_chunk: usize,
+}
+
+impl Session {
+    pub fn new(engine: &Engine) -> Self {
+        Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: 256 }
+    }
+
+    pub fn reset(&mut self, engine: &Engine) {
+        self.kv = engine.stage.new_kv(engine.ctx);
+        self.tokens.clear();
+        self.logits.clear();
+    }
+
+    /// Makes the session hold exactly `prompt`: keeps a common prefix when `prompt` extends the history,
+    /// otherwise starts over. Returns the number of tokens actually prefilled.
+    pub fn sync(
+        &mut self,
+        engine: &mut Engine,
+        prompt: &[u32],
+        progress: &mut dyn FnMut(usize, usize),
+        cancel: &AtomicBool,
+    ) -> Result<usize, EngineError> {
+        if prompt.len() > engine.ctx {
+            return Err(EngineError::Invalid(format!("prompt has {} tokens, context is {}", prompt.len(), engine.ctx)));
+        }
+        let reuse = prompt.starts_with(&self.tokens) && !self.tokens.is_empty() && prompt.len() > self.tokens.len();
+        if !reuse {
+            self.reset(engine);
+        }
+        let start = self.tokens.len();
+        let todo = &prompt[start..];
+        let total = todo.len();
+        let mut done = 0;
+        for chunk in todo.chunks(self.prefill_chunk.max(1)) {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(EngineError::Invalid("cancelled".into()));
+            }
+            let l = engine.stage.forward(&mut self.kv, chunk, None, Logits::Last)?;
+            self.logits.clear();
+            self.logits.extend_from_slice(l);
+            self.tokens.extend_from_slice(chunk);
+            done += chunk.len();
+            progress(done, total);
+        }
+        Ok(total)
+    }
+
+    /// Feeds one token and refreshes the logits.
+    pub fn step(&mut self, engine: &mut Engine, token: u32) -> Result<(), EngineError> {
+        let l = engine.stage.forward(&mut self.kv, std::slice::from_ref(&token), None, Logits::Last)?;
+        self.logits.clear();
+        self.logits.extend_from_slice(l);
+        self.tokens.push(token);
+        Ok(())
+    }
+
+    /// Samples up to `max_tokens` tokens. `on_token` returns false to stop.
+    pub fn generate(
+        &mut self,
+        engine: &mut Engine,
+        max_tokens: usize,
+        eos: Option<u32>,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, EngineError> {
+        if self.logits.is_empty() {
+            return Err(EngineError::Invalid("nothing to continue from: empty prompt".into()));
+        }
+        let t0 = Instant::now();
+        let mut reason = StopReason::MaxTokens;
+        for _ in 0..max_tokens {
+            if cancel.load(Ordering::Relaxed) {
+                reason = StopReason::Cancelled;
+                break;
+            }
+            let tok = sample(&self.logits);
+            stats.gen_tokens += 1;
+            if Some(tok) == eos {
+                reason = StopReason::Eos;
+                break;
+            }
+            if !on_token(tok) {
+                reason = StopReason::Caller;
+                break;
+            }
+            if self.tokens.len() >= engine.ctx {
+                reason = StopReason::ContextFull;
+                break;
+            }
+            self.step(engine, tok)?;
+        }
+        stats.gen_time += t0.elapsed();
+        Ok(reason)
+    }
+}
