@@ -11,6 +11,7 @@ pub mod byte_level;
 pub mod chat;
 pub mod dsml;
 mod error;
+mod json_scan;
 pub mod sampling;
 pub mod special;
 mod stream_decode;
