@@ -57,3 +57,35 @@ pub fn q4k_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
 pub fn nearest_int(x: f32) -> i32 {
     x.round_ties_even() as i32
 }
+
+/// f16 bits → f32 with plain integer/float ops (exact for every finite f16, including
+/// subnormals; inf/NaN take the `half` path). Used by the SIMD kernels for block scales:
+/// it has no runtime feature dispatch and no false dependency on a vector register.
+#[inline(always)]
+pub fn f16_bits_to_f32(h: u16) -> f32 {
+    let mag = (h & 0x7fff) as u32;
+    if mag >= 0x7c00 {
+        return f16::from_bits(h).to_f32();
+    }
+    // Place exponent+mantissa in f32 position, then rescale the exponent bias by 2^112.
+    let v = f32::from_bits(mag << 13) * f32::from_bits(0x7780_0000);
+    f32::from_bits(v.to_bits() | (((h & 0x8000) as u32) << 16))
+}
+
+#[inline(always)]
+pub fn f16_at_fast(b: &[u8], off: usize) -> f32 {
+    f16_bits_to_f32(u16::from_le_bytes([b[off], b[off + 1]]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    #[test]
+    fn f16_bits_to_f32_matches_half_for_all_values() {
+        for h in 0..=u16::MAX {
+            let want = f16::from_bits(h).to_f32();
+            let got = f16_bits_to_f32(h);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{h:#x}");
+        }
+    }
+}

@@ -62,7 +62,7 @@ fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)) {
         let s = dot_i8x32(ld256(a32(bw, 2)), ld256(a32(ba, 2)));
-        let d = _mm256_set1_ps(f16_at(bw, 0) * f16_at(ba, 0));
+        let d = _mm256_set1_ps(f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
     }
     hsum256(acc)
@@ -90,8 +90,8 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let shuf = [q2k_scale_shuffle(0), q2k_scale_shuffle(1), q2k_scale_shuffle(2), q2k_scale_shuffle(3)];
     for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
         let da = f32_at(ba, 0);
-        let d = f16_at(bw, 80) * da;
-        let dmin = f16_at(bw, 82) * da;
+        let d = f16_at_fast(bw, 80) * da;
+        let dmin = f16_at_fast(bw, 82) * da;
         let sc = ld128(a16(bw, 0));
         let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
         let bsums = ld256(a32(ba, 4 + QK_K));
@@ -146,8 +146,8 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let m4 = _mm256_set1_epi8(15);
     for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
         let da = f32_at(ba, 0);
-        let d = f16_at(bw, 0) * da;
-        let dmin = f16_at(bw, 2) * da;
+        let d = f16_at_fast(bw, 0) * da;
+        let dmin = f16_at_fast(bw, 2) * da;
         let (sc, m) = q4k_unpack_scales(&bw[4..16]);
         // mins: each min covers two bsums (16-element halves of its 32-element sub-block).
         let m16 = _mm256_cvtepu8_epi16(_mm_set_epi8(
@@ -176,7 +176,7 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
 fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
-        let d = f16_at(bw, 0) * f32_at(ba, 0) * 0.125;
+        let d = f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125;
         let mut isum = _mm256_setzero_si256();
         for g in 0..8 {
             let a0 = u32_at(bw, 2 + 8 * g);
