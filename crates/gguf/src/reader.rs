@@ -462,12 +462,12 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
     let rem = cur.remaining() as u64;
     if n_kv > rem / MIN_KV {
         return Err(invalid(format!(
-            "metadata count {n_kv} cannot fit in the {rem} bytes after the header"
+            "metadata count {n_kv} cannot fit in the {rem} bytes after the header (truncated or corrupt file)"
         )));
     }
     if n_tensors > rem / MIN_TI {
         return Err(invalid(format!(
-            "tensor count {n_tensors} cannot fit in the {rem} bytes after the header"
+            "tensor count {n_tensors} cannot fit in the {rem} bytes after the header (truncated or corrupt file)"
         )));
     }
     if n_kv.saturating_mul(MIN_KV).saturating_add(n_tensors.saturating_mul(MIN_TI)) > rem {

@@ -119,13 +119,16 @@ impl MetaValue {
         }
     }
 
-    /// Human-readable type, e.g. `u32`, `array<str>`, `array<array<i32>>` (inner type from the first element).
+    /// Human-readable type, e.g. `u32`, `array<str>`, `array<array<i32>>` (`array<array<mixed>>` when the
+    /// nested arrays differ in type).
     pub fn type_name(&self) -> String {
         match self {
             Self::Array(t, items) => {
                 if *t == MetaType::Array {
-                    match items.first() {
-                        Some(first) => format!("array<{}>", first.type_name()),
+                    let first = items.first().map(|f| f.type_name());
+                    match first {
+                        Some(f) if items.iter().skip(1).all(|it| it.type_name() == f) => format!("array<{f}>"),
+                        Some(_) => "array<array<mixed>>".to_string(),
                         None => "array<array>".to_string(),
                     }
                 } else {

@@ -96,7 +96,8 @@ fn reads_gguf_py_fixture_exactly() {
     let t = f.tensor("w.q8_0").unwrap();
     assert_eq!((t.ty, t.dims.clone(), t.n_bytes), (GgmlType::Q8_0, vec![64, 4], 4 * 2 * 34));
     let n = f.get("n.mixed").unwrap();
-    assert_eq!(n.type_name(), "array<array<i32>>");
+    assert_eq!(n.type_name(), "array<array<mixed>>");
+    assert_eq!(f.get("n.depth3").unwrap().type_name(), "array<array<array<i32>>>");
 }
 
 fn venv_python() -> Option<PathBuf> {
