@@ -20,7 +20,7 @@ impl Default for LoadOptions {
 
 pub struct Engine {
     pub stage: Stage,
-    pub tokenizer: Option<Tokenizer>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
     pub ctx: usize,
 }
 
@@ -39,14 +39,14 @@ impl Engine {
         let file = Arc::new(GgufFile::open(path)?);
         let cfg = Config::from_gguf(&file)?;
         let range = opts.layers.unwrap_or_else(|| LayerRange::full(&cfg));
-        let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Tokenizer::from_gguf(&file)?) } else { None };
+        let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };
         let weights = Weights::bind(file, &cfg, range)?;
         Ok(Self { stage: Stage::new(cfg, weights, opts.options), tokenizer, ctx: opts.ctx })
     }
 
     pub fn cfg(&self) -> &Config { &self.stage.cfg }
 
-    pub fn tokenizer(&self) -> Result<&Tokenizer, EngineError> {
-        self.tokenizer.as_ref().ok_or_else(|| EngineError::Invalid("the model file carries no tokenizer".into()))
+    pub fn tokenizer(&self) -> Result<Arc<Tokenizer>, EngineError> {
+        self.tokenizer.clone().ok_or_else(|| EngineError::Invalid("the model file carries no tokenizer".into()))
     }
 }

@@ -85,12 +85,15 @@ pub struct Stage {
     pub opts: Options,
     ropes: Vec<Rope>,
     work: Work,
+    /// When set, the HC streams after every layer of each forward call are appended here (debugging and
+    /// layer-by-layer comparison with a reference).
+    pub trace: Option<Vec<Vec<f32>>>,
 }
 
 impl Stage {
     pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
         let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
-        Self { cfg, w, opts, ropes, work: Work::default() }
+        Self { cfg, w, opts, ropes, work: Work::default(), trace: None }
     }
 
     pub fn new_kv(&self, ctx: usize) -> KvState {
@@ -139,6 +142,9 @@ impl Stage {
         for il in self.w.range.first..=self.w.range.last {
             self.attention_block(il, kv, n)?;
             self.ffn_block(il, tokens, n)?;
+            if let Some(t) = self.trace.as_mut() {
+                t.push(self.work.x[..n * hd].to_vec());
+            }
         }
         kv.pos += n;
         if want == Logits::None || self.w.head.is_none() {

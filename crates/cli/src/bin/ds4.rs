@@ -1,0 +1,349 @@
+//! `ds4`: one-shot generation (`-p`, `--prompt-file`) and interactive multi-turn chat.
+use clap::Parser;
+use ds4_engine::{resolve_model, Engine, GenStats, LoadOptions, ModelSource, Session, StopReason};
+use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
+use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
+use ds4_tokenizer::StreamDecoder;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version)]
+struct Args {
+    /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
+    #[arg(short = 'm', long = "model")]
+    model: Option<PathBuf>,
+    /// Prompt for one-shot mode; without -p/--prompt-file an interactive chat starts.
+    #[arg(short = 'p', long = "prompt")]
+    prompt: Option<String>,
+    /// Read the one-shot prompt from a file.
+    #[arg(long = "prompt-file", conflicts_with = "prompt")]
+    prompt_file: Option<PathBuf>,
+    /// Context size in tokens.
+    #[arg(short = 'c', long = "ctx", default_value_t = 32768)]
+    ctx: usize,
+    /// Maximum tokens to generate per answer.
+    #[arg(short = 'n', long = "tokens", default_value_t = 512)]
+    tokens: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long = "temp", default_value_t = 1.0)]
+    temp: f32,
+    #[arg(long = "top-k", default_value_t = 0)]
+    top_k: usize,
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    min_p: f32,
+    #[arg(long = "seed", default_value_t = 0)]
+    seed: u64,
+    /// Thinking mode (default).
+    #[arg(long = "think", conflicts_with_all = ["nothink", "think_max"])]
+    think: bool,
+    /// Non-thinking mode.
+    #[arg(long = "nothink", conflicts_with = "think_max")]
+    nothink: bool,
+    /// Think Max (needs --ctx >= 393216, else falls back to thinking).
+    #[arg(long = "think-max")]
+    think_max: bool,
+    /// System prompt.
+    #[arg(long = "system")]
+    system: Option<String>,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    /// Prompt tokens per prefill batch.
+    #[arg(long = "prefill-chunk", default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Verbose diagnostics on stderr.
+    #[arg(long = "debug")]
+    debug: bool,
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ds4: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn mode_of(a: &Args) -> ThinkMode {
+    if a.nothink {
+        ThinkMode::None
+    } else if a.think_max {
+        ThinkMode::Max
+    } else {
+        ThinkMode::High
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if args.prefill_chunk == 0 {
+        return Err("--prefill-chunk must be at least 1".into());
+    }
+    if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
+        return Err("--temp must be >= 0, --top-p and --min-p within [0, 1]".into());
+    }
+    let prompt = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => Some(p.clone()),
+        (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?),
+        _ => None,
+    };
+    let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
+    if let ModelSource::EmbeddedDefault(p) = &src {
+        eprintln!("ds4: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
+    }
+    let t0 = Instant::now();
+    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
+    let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if args.debug {
+        let c = eng.cfg();
+        eprintln!(
+            "ds4: loaded {} in {:.2}s: {} layers, embd {}, vocab {}, {} experts (top {}), threads {}",
+            src.path().display(),
+            t0.elapsed().as_secs_f64(),
+            c.n_layer,
+            c.n_embd,
+            c.n_vocab,
+            c.n_expert,
+            c.n_expert_used,
+            rayon::current_num_threads()
+        );
+    }
+    eng.tokenizer().map_err(|e| e.to_string())?;
+    let cancel = Arc::new(AtomicBool::new(false));
+    let generating = Arc::new(AtomicBool::new(false));
+    {
+        let (c, g) = (cancel.clone(), generating.clone());
+        ctrlc::set_handler(move || {
+            if g.load(Ordering::SeqCst) {
+                c.store(true, Ordering::SeqCst);
+            } else {
+                eprintln!();
+                std::process::exit(130);
+            }
+        })
+        .map_err(|e| format!("cannot install the Ctrl+C handler: {e}"))?;
+    }
+    let mut chat = Chat::new(&args, &eng);
+    match prompt {
+        Some(p) => {
+            let stats = chat.turn(&mut eng, &p, &cancel, &generating)?;
+            print_stats(&stats);
+            Ok(())
+        }
+        None => interactive(&mut eng, &mut chat, &cancel, &generating),
+    }
+}
+
+/// A multi-turn conversation kept as tokens, so each turn only prefills what is new.
+struct Chat {
+    session: Session,
+    mode: ThinkMode,
+    system: Option<String>,
+    sampler: Sampler,
+    max_tokens: usize,
+    debug: bool,
+}
+
+impl Chat {
+    fn new(a: &Args, eng: &Engine) -> Self {
+        let mut session = Session::new(eng);
+        session.prefill_chunk = a.prefill_chunk;
+        let cfg = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
+        Self { session, mode: mode_of(a), system: a.system.clone(), sampler: Sampler::with_capacity(cfg, eng.cfg().n_vocab), max_tokens: a.tokens, debug: a.debug }
+    }
+
+    /// Renders the next user turn as tokens appended to the conversation.
+    fn prompt_tokens(&self, eng: &Engine, user: &str) -> Result<Vec<u32>, String> {
+        let tok = eng.tokenizer().map_err(|e| e.to_string())?;
+        let ids = tok.chat_ids().map_err(|e| e.to_string())?;
+        let ropts = RenderOptions { mode: self.mode, ctx: eng.ctx as u64, ..RenderOptions::default() };
+        if self.session.tokens.is_empty() {
+            let mut msgs = Vec::new();
+            if let Some(s) = &self.system {
+                msgs.push(Message::system(s.clone()));
+            }
+            msgs.push(Message::user(user.to_string()));
+            return Ok(tok.encode(&render_chat(&msgs, &ropts)));
+        }
+        // Later turns: the previous answer is closed with EOS, then a new user turn opens the reply.
+        let mut t = self.session.tokens.clone();
+        if t.last() != Some(&ids.eos) {
+            t.push(ids.eos);
+        }
+        let opener = if self.mode.effective(eng.ctx as u64).thinking() { "<think>" } else { "</think>" };
+        t.extend(tok.encode(&format!("<｜User｜>{user}<｜Assistant｜>{opener}")));
+        Ok(t)
+    }
+
+    fn turn(&mut self, eng: &mut Engine, user: &str, cancel: &AtomicBool, generating: &AtomicBool) -> Result<GenStats, String> {
+        if self.mode == ThinkMode::Max && self.mode.effective(eng.ctx as u64) != ThinkMode::Max {
+            eprintln!("ds4: --think-max needs --ctx >= 393216; using normal thinking");
+        }
+        let prompt = self.prompt_tokens(eng, user)?;
+        if prompt.len() >= eng.ctx {
+            return Err(format!("prompt has {} tokens, which does not fit --ctx {}", prompt.len(), eng.ctx));
+        }
+        let mut stats = GenStats { prompt_tokens: prompt.len(), ..GenStats::default() };
+        cancel.store(false, Ordering::SeqCst);
+        generating.store(true, Ordering::SeqCst);
+        let new = prompt.len() - common_prefix(&self.session.tokens, &prompt);
+        let bar = (new > self.session.prefill_chunk).then(|| {
+            let b = ProgressBar::new(new as u64);
+            b.set_style(ProgressStyle::with_template("prefill {bar:40} {pos}/{len} tokens ({per_sec})").unwrap());
+            b
+        });
+        let t0 = Instant::now();
+        let res = self.session.sync(eng, &prompt, &mut |d, _| {
+            if let Some(b) = &bar {
+                b.set_position(d as u64);
+            }
+        }, cancel);
+        if let Some(b) = bar {
+            b.finish_and_clear();
+        }
+        stats.prefill_time = t0.elapsed();
+        match res {
+            Ok(n) => stats.prefilled_tokens = n,
+            Err(e) => {
+                generating.store(false, Ordering::SeqCst);
+                self.session.reset(eng);
+                if cancel.load(Ordering::SeqCst) {
+                    eprintln!("\n[prefill interrupted]");
+                    return Ok(stats);
+                }
+                return Err(e.to_string());
+            }
+        }
+        let tok = eng.tokenizer().map_err(|e| e.to_string())?;
+        let ids = tok.chat_ids().map_err(|e| e.to_string())?;
+        let mut dec = StreamDecoder::new();
+        let mut out = std::io::stdout().lock();
+        let sampler = &mut self.sampler;
+        let reason = self
+            .session
+            .generate(
+                eng,
+                self.max_tokens,
+                Some(ids.eos),
+                &mut |l| sampler.sample(l),
+                &mut |t| {
+                    let piece = if tok.is_added(t) { tok.token_text(t) } else { dec.push(&tok, t) };
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                    true
+                },
+                cancel,
+                &mut stats,
+            )
+            .map_err(|e| e.to_string())?;
+        let rest = dec.finish();
+        let _ = out.write_all(rest.as_bytes());
+        let _ = writeln!(out);
+        generating.store(false, Ordering::SeqCst);
+        if reason == StopReason::Cancelled {
+            eprintln!("[generation interrupted]");
+        }
+        if self.debug {
+            eprintln!("ds4: stop reason {reason:?}, session {} tokens", self.session.tokens.len());
+        }
+        Ok(stats)
+    }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    if b.starts_with(a) { a.len() } else { 0 }
+}
+
+fn print_stats(s: &GenStats) {
+    eprintln!(
+        "prompt: {} tokens, prefill {:.2} t/s | generated: {} tokens, {:.2} t/s",
+        s.prompt_tokens,
+        s.prefill_tps(),
+        s.gen_tokens,
+        s.gen_tps()
+    );
+}
+
+const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /read FILE  /quit";
+
+fn interactive(eng: &mut Engine, chat: &mut Chat, cancel: &AtomicBool, generating: &AtomicBool) -> Result<(), String> {
+    eprintln!("ds4 interactive chat ({HELP}); Ctrl+C stops a generation");
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    loop {
+        eprint!("> ");
+        let _ = std::io::stderr().flush();
+        line.clear();
+        if stdin.lock().read_line(&mut line).map_err(|e| e.to_string())? == 0 {
+            return Ok(());
+        }
+        let input = line.trim_end_matches(['\n', '\r']);
+        let mut words = input.split_whitespace();
+        let text = match words.next() {
+            None => continue,
+            Some("/quit") | Some("/exit") => return Ok(()),
+            Some("/help") => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            Some("/think") => {
+                set_mode(chat, eng, ThinkMode::High);
+                continue;
+            }
+            Some("/think-max") => {
+                set_mode(chat, eng, ThinkMode::Max);
+                continue;
+            }
+            Some("/nothink") => {
+                set_mode(chat, eng, ThinkMode::None);
+                continue;
+            }
+            Some("/ctx") => {
+                match words.next().and_then(|w| w.parse::<usize>().ok()) {
+                    Some(n) if n > 0 => {
+                        eng.ctx = n;
+                        chat.session = Session::new(eng);
+                        eprintln!("context set to {n} tokens; conversation cleared");
+                    }
+                    _ => eprintln!("usage: /ctx N (a positive number of tokens)"),
+                }
+                continue;
+            }
+            Some("/read") => {
+                let path = input["/read".len()..].trim();
+                match std::fs::read_to_string(path) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        eprintln!("cannot read {path}: {e}");
+                        continue;
+                    }
+                }
+            }
+            Some(w) if w.starts_with('/') => {
+                eprintln!("unknown command {w}; {HELP}");
+                continue;
+            }
+            Some(_) => input.to_string(),
+        };
+        match chat.turn(eng, &text, cancel, generating) {
+            Ok(s) => print_stats(&s),
+            Err(e) => eprintln!("ds4: {e}"),
+        }
+    }
+}
+
+fn set_mode(chat: &mut Chat, eng: &Engine, m: ThinkMode) {
+    chat.mode = m;
+    chat.session.reset(eng);
+    eprintln!("mode: {m:?} (conversation cleared)");
+}

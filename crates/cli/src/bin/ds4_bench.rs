@@ -1,0 +1,122 @@
+//! `ds4-bench`: prefill and decode throughput at growing context frontiers, as CSV
+//! (`ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes`).
+//! Method: prefill incrementally to each frontier, snapshot the KV state, generate greedily, restore.
+use clap::Parser;
+use ds4_engine::{resolve_model, Engine, GenStats, LoadOptions, ModelSource, Session};
+use ds4_tokenizer::sampling::argmax;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+#[derive(Parser, Debug)]
+#[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version)]
+struct Args {
+    #[arg(short = 'm', long = "model")]
+    model: Option<PathBuf>,
+    /// Text whose tokens fill the context (repeated if shorter than --ctx-max).
+    #[arg(long = "prompt-file")]
+    prompt_file: PathBuf,
+    #[arg(long = "ctx-start", default_value_t = 512)]
+    ctx_start: usize,
+    #[arg(long = "ctx-max", default_value_t = 4096)]
+    ctx_max: usize,
+    /// Frontier step (additive).
+    #[arg(long = "step-incr", conflicts_with = "step_mul")]
+    step_incr: Option<usize>,
+    /// Frontier step (multiplicative, > 1).
+    #[arg(long = "step-mul")]
+    step_mul: Option<f64>,
+    #[arg(long = "gen-tokens", default_value_t = 32)]
+    gen_tokens: usize,
+    #[arg(short = 't', long = "threads")]
+    threads: Option<usize>,
+    #[arg(long = "prefill-chunk", default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Write the CSV here instead of stdout.
+    #[arg(long = "csv")]
+    csv: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    match run(a) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ds4-bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Context frontiers from start to max (inclusive when reached exactly).
+fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
+    if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
+        return Err("need 0 < --ctx-start <= --ctx-max".into());
+    }
+    let mut v = vec![a.ctx_start];
+    loop {
+        let cur = *v.last().unwrap();
+        let next = match (a.step_incr, a.step_mul) {
+            (Some(0), _) => return Err("--step-incr must be positive".into()),
+            (Some(s), _) => cur + s,
+            (None, Some(m)) if m > 1.0 => ((cur as f64) * m).ceil() as usize,
+            (None, Some(_)) => return Err("--step-mul must be > 1".into()),
+            (None, None) => cur * 2,
+        };
+        if next > a.ctx_max {
+            break;
+        }
+        v.push(next);
+    }
+    Ok(v)
+}
+
+fn run(a: Args) -> Result<(), String> {
+    if a.prefill_chunk == 0 {
+        return Err("--prefill-chunk must be at least 1".into());
+    }
+    let fr = frontiers(&a)?;
+    let text = std::fs::read_to_string(&a.prompt_file).map_err(|e| format!("cannot read {}: {e}", a.prompt_file.display()))?;
+    let src = resolve_model(a.model.as_deref()).map_err(|e| e.to_string())?;
+    if let ModelSource::EmbeddedDefault(p) = &src {
+        eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
+    }
+    let ctx = a.ctx_max + a.gen_tokens + 1;
+    let opts = LoadOptions { ctx, threads: a.threads, ..LoadOptions::default() };
+    let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    let tok = eng.tokenizer().map_err(|e| e.to_string())?;
+    let base = tok.encode(&text);
+    if base.is_empty() {
+        return Err("the prompt file has no tokens".into());
+    }
+    if base.len() < a.ctx_max {
+        eprintln!("ds4-bench: prompt has {} tokens; repeating it to reach {}", base.len(), a.ctx_max);
+    }
+    let toks: Vec<u32> = base.iter().cycle().take(a.ctx_max).copied().collect();
+    let mut out: Box<dyn Write> = match &a.csv {
+        Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
+        None => Box::new(std::io::stdout()),
+    };
+    writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes").map_err(|e| e.to_string())?;
+    let mut s = Session::new(&eng);
+    s.prefill_chunk = a.prefill_chunk;
+    let never = AtomicBool::new(false);
+    let mut done = 0;
+    for &f in &fr {
+        let t0 = Instant::now();
+        let n = s.sync(&mut eng, &toks[..f], &mut |_, _| {}, &never).map_err(|e| e.to_string())?;
+        let pt = t0.elapsed().as_secs_f64();
+        debug_assert_eq!(n, f - done);
+        done = f;
+        let kv_bytes = s.kv.bytes();
+        let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
+        let mut st = GenStats::default();
+        s.generate(&mut eng, a.gen_tokens, None, &mut |l| argmax(l), &mut |_| true, &never, &mut st).map_err(|e| e.to_string())?;
+        (s.kv, s.tokens, s.logits) = snap;
+        writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
+        out.flush().map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
