@@ -28,6 +28,8 @@ pub use dequant::{
     dequant_block_iq2_xxs, dequant_block_q2_k, dequant_block_q4_k, dequant_block_q8_0, dequant_block_q8_k,
 };
 pub use kernels::{detect_isa, Isa, Kernels};
+pub use quant_iq2xxs::{quantize_iq2_xxs, quantize_row_iq2_xxs};
+pub use quant_k::{quantize_row_q2_k, quantize_row_q4_k};
 pub use quantize::{quantize_row_q8_0, quantize_row_q8_k};
 
 /// How a mat-vec treats activations.

@@ -36,3 +36,31 @@ fn q8_0_q8_k_q2_k_q4_k_bit_exact_vs_ggml() {
         assert_eq!(diff, 0, "{}: {diff}/{total} blocks differ from ggml", r.name);
     }
 }
+
+/// Weighted relative error sqrt(Σ im·(q−x)² / Σ im·x²).
+fn wrel_err(q: &[u8], src: &[f32], im: &[f32]) -> f64 {
+    let mut d = vec![0f32; src.len()];
+    dequantize(GgmlType::IQ2_XXS, q, &mut d).unwrap();
+    let n = im.len();
+    let (mut num, mut den) = (0f64, 0f64);
+    for (i, (&a, &b)) in d.iter().zip(src).enumerate() {
+        num += im[i % n] as f64 * ((a - b) as f64).powi(2);
+        den += im[i % n] as f64 * (b as f64).powi(2);
+    }
+    (num / den).sqrt()
+}
+
+/// Our IQ2_XXS quantizer is not ggml's algorithm: we compare quality, not bytes.
+#[test]
+fn iq2_xxs_error_close_to_ggml() {
+    for r in common::load("quantize.bin").iter().filter(|r| r.ty == GgmlType::IQ2_XXS as u32) {
+        let src = r.f32s("src");
+        let im = r.f32s("imatrix");
+        let npr = r.u32("n_per_row") as usize;
+        let ours = ds4_quant::quantize_iq2_xxs(&src, npr, Some(&im));
+        let (e_ours, e_ggml) = (wrel_err(&ours, &src, &im), wrel_err(r.bytes("q"), &src, &im));
+        let (u_ours, u_ggml) = (rel_err(GgmlType::IQ2_XXS, &ours, &src), rel_err(GgmlType::IQ2_XXS, r.bytes("q"), &src));
+        eprintln!("{}: weighted rel err ours {e_ours:.4} ggml {e_ggml:.4}; plain ours {u_ours:.4} ggml {u_ggml:.4}", r.name);
+        assert!(e_ours <= 1.10 * e_ggml, "{}: ours {e_ours} vs ggml {e_ggml}", r.name);
+    }
+}
