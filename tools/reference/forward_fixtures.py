@@ -6,7 +6,7 @@ Our engine is never used to produce an expected value.
 
 Usage (venv at .venv-ref, see HF_MAPPING.md):
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-f32
-    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/release/ds4-gguf
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/debug/ds4-gguf --mixes q4
 
 Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically.
 
@@ -98,22 +98,25 @@ def tiny_f32_config():
 
 
 def tiny_q_config():
-    # hidden and moe_intermediate are multiples of 256 (Q4_K / Q2_K / IQ2_XXS blocks).
+    # hidden and moe_intermediate are multiples of 256 (Q4_K / Q2_K / IQ2_XXS blocks), every other
+    # Q8_0 row a multiple of 32; one CSA layer (compressor + indexer), biased top-k routing. Small so
+    # that the committed GGUFs stay ~1.5 MB each.
     c = tiny_f32_config()
     c.update({
         "vocab_size": 128,
         "hidden_size": 256,
         "moe_intermediate_size": 256,
-        "num_hidden_layers": 3,
-        "compress_ratios": [0, 4, 128],
-        "num_hash_layers": 1,
+        "num_hidden_layers": 1,
+        "compress_ratios": [4],
+        "num_hash_layers": 0,
         "n_routed_experts": 4,
         "num_experts_per_tok": 2,
         "num_attention_heads": 2,
         "o_groups": 1,
+        "o_lora_rank": 32,
         "q_lora_rank": 32,
         "index_n_heads": 16,
-        "index_head_dim": 64,
+        "index_head_dim": 128,
         "index_topk": 8,
     })
     return c
@@ -378,6 +381,45 @@ def cmd_tiny_f32(args):
 # tiny-q: HF checkpoint -> our converter (quantized experts) -> GGUF -> gguf-py dequant -> HF logits
 
 
+def gguf_to_hf(name):
+    """GGUF tensor name -> (in-memory HF name, None | 'gate' | 'up'). Inverse of HF_MAPPING.md section 1."""
+    top = {
+        "token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
+        "output_norm.weight": "model.norm.weight", "output_hc_fn.weight": "model.hc_head.hc_fn",
+        "output_hc_base.weight": "model.hc_head.hc_base", "output_hc_scale.weight": "model.hc_head.hc_scale",
+    }
+    if name in top:
+        return top[name], None
+    _, il, rest = name.split(".", 2)
+    per = {
+        "hc_attn_fn.weight": "attn_hc.fn", "hc_attn_scale.weight": "attn_hc.scale", "hc_attn_base.weight": "attn_hc.base",
+        "hc_ffn_fn.weight": "ffn_hc.fn", "hc_ffn_scale.weight": "ffn_hc.scale", "hc_ffn_base.weight": "ffn_hc.base",
+        "attn_norm.weight": "input_layernorm.weight", "ffn_norm.weight": "post_attention_layernorm.weight",
+        "attn_q_a.weight": "self_attn.q_a_proj.weight", "attn_q_a_norm.weight": "self_attn.q_a_norm.weight",
+        "attn_q_b.weight": "self_attn.q_b_proj.weight", "attn_kv.weight": "self_attn.kv_proj.weight",
+        "attn_kv_a_norm.weight": "self_attn.kv_norm.weight", "attn_sinks.weight": "self_attn.sinks",
+        "attn_output_a.weight": "self_attn.o_a_proj.weight", "attn_output_b.weight": "self_attn.o_b_proj.weight",
+        "attn_compressor_ape.weight": "self_attn.compressor.position_bias",
+        "attn_compressor_kv.weight": "self_attn.compressor.kv_proj.weight",
+        "attn_compressor_gate.weight": "self_attn.compressor.gate_proj.weight",
+        "attn_compressor_norm.weight": "self_attn.compressor.kv_norm.weight",
+        "indexer.attn_q_b.weight": "self_attn.compressor.indexer.q_b_proj.weight",
+        "indexer.proj.weight": "self_attn.compressor.indexer.scorer.weights_proj.weight",
+        "indexer_compressor_ape.weight": "self_attn.compressor.indexer.position_bias",
+        "indexer_compressor_kv.weight": "self_attn.compressor.indexer.kv_proj.weight",
+        "indexer_compressor_gate.weight": "self_attn.compressor.indexer.gate_proj.weight",
+        "indexer_compressor_norm.weight": "self_attn.compressor.indexer.kv_norm.weight",
+        "ffn_gate_inp.weight": "mlp.gate.weight", "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+        "ffn_gate_tid2eid.weight": "mlp.gate.tid2eid", "ffn_down_exps.weight": "mlp.experts.down_proj",
+        "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+        "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+        "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight",
+    }
+    if rest in ("ffn_gate_exps.weight", "ffn_up_exps.weight"):
+        return f"model.layers.{il}.mlp.experts.gate_up_proj", rest.split("_")[1]
+    return f"model.layers.{il}.{per[rest]}", None
+
+
 def cmd_tiny_q(args):
     import gguf
 
@@ -399,9 +441,9 @@ def cmd_tiny_q(args):
     logit_pos = [0, 1, 3, 4, 31, 32, 63, 64, 127, 128, 159]
     result = {
         "generator": "tools/reference/forward_fixtures.py tiny-q",
-        "reference": "transformers 5.17.0 float32 CPU; routed expert weights replaced by the gguf-py "
-                     "(gguf==0.19.0) dequantization of the expert tensors of the converted GGUF; every other "
-                     "weight as in the checkpoint (the GGUF's non-expert tensors are not used)",
+        "reference": "transformers 5.17.0 float32 CPU, with EVERY weight replaced by the gguf-py (gguf==0.19.0) "
+                     "dequantization of the corresponding tensor of the converted GGUF (experts Q4_K etc., "
+                     "attention/shared/output Q8_0, F16 tensors as F16): the HF math on exactly the GGUF's weights",
         "format": "logits_<mix>.bin: raw little-endian float32 [n_logit_pos, vocab]",
         "seq_len": S,
         "tokens": tokens[0].tolist(),
@@ -415,20 +457,29 @@ def cmd_tiny_q(args):
         reader = gguf.GGUFReader(gguf_path)
         by_name = {t.name: t for t in reader.tensors}
         with torch.no_grad():
-            for il, layer in enumerate(model.model.layers):
-                ex = layer.mlp.experts
-                types = {}
-                deq = {}
-                for part in ("gate", "up", "down"):
-                    t = by_name[f"blk.{il}.ffn_{part}_exps.weight"]
-                    types[part] = t.tensor_type.name
+            sd = model.state_dict()
+            loaded = set()
+            for t in reader.tensors:
+                hf, part = gguf_to_hf(t.name)
+                ne = [int(x) for x in t.shape]
+                if t.tensor_type == gguf.GGMLQuantizationType.I32:
+                    arr = torch.from_numpy(np.array(t.data, dtype=np.int64).reshape(list(reversed(ne))))
+                else:
                     arr = gguf.quants.dequantize(t.data, t.tensor_type)
-                    # GGUF dims [in, out, n_expert] -> numpy [n_expert, out, in]
-                    ne = [int(x) for x in t.shape]
-                    deq[part] = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(ne[2], ne[1], ne[0]))
-                ex.gate_up_proj.copy_(torch.cat([deq["gate"], deq["up"]], dim=1))
-                ex.down_proj.copy_(deq["down"])
-                result["mixes"].setdefault(mix, {})[f"blk.{il}"] = types
+                    arr = torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(list(reversed(ne))))
+                dst = sd[hf]
+                if part is None:
+                    dst.copy_(arr.reshape(dst.shape))
+                else:
+                    inter = dst.shape[1] // 2
+                    rows = slice(0, inter) if part == "gate" else slice(inter, 2 * inter)
+                    dst[:, rows, :].copy_(arr)
+                loaded.add((hf, part))
+            missing = [k for k in sd if (k, None) not in loaded and not k.endswith("gate_up_proj")]
+            assert not missing, f"GGUF lacks tensors for {missing}"
+            for il in range(cfg.num_hidden_layers):
+                result["mixes"].setdefault(mix, {})[f"blk.{il}"] = {
+                    p: by_name[f"blk.{il}.ffn_{p}_exps.weight"].tensor_type.name for p in ("gate", "up", "down")}
             out = model(input_ids=tokens, use_cache=False)
         logits = out.logits[0][logit_pos].float().numpy()
         write_bytes(os.path.join(out_dir, f"logits_{mix}.bin"), f32_bytes(logits))
