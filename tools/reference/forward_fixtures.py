@@ -6,7 +6,7 @@ Our engine is never used to produce an expected value.
 
 Usage (venv at .venv-ref, see HF_MAPPING.md):
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-f32
-    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/debug/ds4-gguf --mixes q4
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/debug/ds4-gguf --mixes q4,q2
 
 Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically.
 
