@@ -126,7 +126,7 @@ impl Sampler {
         if logits.is_empty() {
             return 0;
         }
-        if greedy || self.force_greedy || !(c.temperature > 0.0) || c.top_k == 1 {
+        if greedy || self.force_greedy || c.temperature.is_nan() || c.temperature <= 0.0 || c.top_k == 1 {
             return argmax(logits);
         }
         let max = key(logits[argmax(logits) as usize]);
