@@ -39,15 +39,6 @@ pub(crate) fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn hsum256_i32(v: __m256i) -> i32 {
-    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
-    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
-    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01>(s));
-    _mm_cvtsi128_si32(s)
-}
-
 /// Signed 8-bit dot of 32 pairs as 8 i32 lanes (ggml's sign/maddubs trick).
 #[inline]
 #[target_feature(enable = "avx2,fma")]
@@ -126,19 +117,6 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
     hsum256(acc) - hsum256(accm)
 }
 
-/// The 8 Q4_K 6-bit scales and mins of a block, as two u32x2 (ggml-style unpacking).
-#[inline(always)]
-pub(crate) fn q4k_unpack_scales(s: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut m = [0u8; 8];
-    for j in 0..8 {
-        let (a, b) = q4k_scale_min(j, s);
-        sc[j] = a;
-        m[j] = b;
-    }
-    (sc, m)
-}
-
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
@@ -148,14 +126,20 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
         let da = f32_at(ba, 0);
         let d = f16_at_fast(bw, 0) * da;
         let dmin = f16_at_fast(bw, 2) * da;
-        let (sc, m) = q4k_unpack_scales(&bw[4..16]);
-        // mins: each min covers two bsums (16-element halves of its 32-element sub-block).
-        let m16 = _mm256_cvtepu8_epi16(_mm_set_epi8(
-            m[7] as i8, m[7] as i8, m[6] as i8, m[6] as i8, m[5] as i8, m[5] as i8, m[4] as i8, m[4] as i8,
-            m[3] as i8, m[3] as i8, m[2] as i8, m[2] as i8, m[1] as i8, m[1] as i8, m[0] as i8, m[0] as i8,
-        ));
-        let pm = _mm256_madd_epi16(m16, ld256(a32(ba, 4 + QK_K)));
+        // 6-bit scales/mins unpacked with word ops: bytes 0..3 of `sc`/`mn` are sub-blocks 0..3.
+        let u0 = u32_at(bw, 4);
+        let u1 = u32_at(bw, 8);
+        let u2 = u32_at(bw, 12);
+        let sc = (u0 & 0x3f3f_3f3f) as u64 | ((((u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4)) as u64) << 32);
+        let mn = (u1 & 0x3f3f_3f3f) as u64 | (((((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4)) as u64) << 32);
+        let bs = ld256(a32(ba, 4 + QK_K));
+        // Sum adjacent bsum pairs (the two 16-halves of each 32-sub-block) → 8 i16.
+        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+        let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
+        let pm = _mm256_castsi128_si256(_mm_madd_epi16(m16, bs8));
+        let pm = _mm256_inserti128_si256::<1>(pm, _mm_setzero_si128());
         accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+        let sc = sc.to_le_bytes();
         let mut isum = _mm256_setzero_si256();
         for j in 0..4 {
             let q = ld256(a32(bw, 16 + 32 * j));
