@@ -5,8 +5,20 @@ use ds4_gguf::{GgmlType, GgufWriter, MetaType, MetaValue};
 use half::f16;
 use std::path::Path;
 
-/// Named shapes.
+/// Named shapes; `flash:N` / `pro:N` keep the real dimensions with only the first N layers.
 pub fn shape(name: &str) -> Result<Config> {
+    if let Some((base, n)) = name.split_once(':') {
+        let n: usize = n.parse().map_err(|_| ModelError::Invalid(format!("shape `{name}`: `{n}` is not a layer count")))?;
+        let mut c = shape(base)?;
+        if base == "tiny" || n == 0 || n > c.n_layer {
+            return Err(ModelError::Invalid(format!("shape `{name}`: expected flash:N or pro:N with 1 <= N <= {}", c.n_layer)));
+        }
+        c.n_layer = n;
+        c.compress_ratios.truncate(n);
+        c.swiglu_clamp.truncate(n);
+        c.n_hash_layer = c.n_hash_layer.min(n);
+        return Ok(c);
+    }
     let base = |n_layer: usize, ratios: Vec<usize>| Config {
         n_layer,
         n_embd: 4096,
@@ -297,7 +309,7 @@ pub struct SynthSpec<'a> {
 pub fn write(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize)) -> Result<Config> {
     let mut cfg = shape(spec.shape)?;
     if let Some(v) = spec.vocab {
-        if cfg.n_vocab == 0 || spec.shape == "tiny" {
+        if cfg.n_vocab == 0 || spec.shape.starts_with("tiny") {
             cfg.n_vocab = v.tokens.len();
         } else if v.tokens.len() != cfg.n_vocab {
             return Err(ModelError::Invalid(format!("vocabulary has {} tokens, shape `{}` needs {}", v.tokens.len(), spec.shape, cfg.n_vocab)));
@@ -325,7 +337,7 @@ pub fn write(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize
         w.add_tensor_info(&t.name, t.ty, &t.dims)?;
     }
     let mut stream = w.begin(out)?;
-    let quantize_real = spec.shape == "tiny";
+    let quantize_real = spec.shape.starts_with("tiny");
     for (i, t) in tensors.iter().enumerate() {
         progress(i, tensors.len());
         emit(&mut stream, t, spec.seed, quantize_real)?;

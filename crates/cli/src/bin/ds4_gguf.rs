@@ -6,6 +6,8 @@ use std::process::ExitCode;
 mod gguf_inspect;
 #[path = "../gguf_convert.rs"]
 mod gguf_convert;
+#[path = "../gguf_synth.rs"]
+mod gguf_synth;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-gguf", version, about = "DwarfStar GGUF tools")]
@@ -20,6 +22,8 @@ enum Command {
     Inspect(gguf_inspect::InspectArgs),
     /// Convert a transformers DeepSeek-V4 checkpoint to a ds4-layout GGUF.
     Convert(gguf_convert::ConvertArgs),
+    /// Write a deterministic synthetic model (tiny, flash or pro shape) in the ds4 layout.
+    Synth(gguf_synth::SynthArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +31,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Inspect(args) => gguf_inspect::run(args),
         Command::Convert(args) => gguf_convert::run(args),
+        Command::Synth(args) => gguf_synth::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
