@@ -184,6 +184,11 @@ impl GgufFile {
             _ => &[],
         }
     }
+    /// Absolute byte range of a tensor's data in the file (for map plans that map only some tensors).
+    pub fn tensor_file_range(&self, t: &TensorInfo) -> std::ops::Range<u64> {
+        let start = self.data_offset.saturating_add(t.offset);
+        start..start.saturating_add(t.n_bytes)
+    }
     /// Bytes of the named tensor, or an error naming it when absent.
     pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], GgufError> {
         let t = self.tensor(name).ok_or_else(|| GgufError::Tensor {

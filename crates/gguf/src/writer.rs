@@ -7,6 +7,9 @@ use std::path::{Path, PathBuf};
 
 const ALIGN_KEY: &str = "general.alignment";
 
+/// (name, offset relative to the data section, bytes)
+type Span = (String, u64, u64);
+
 struct TensorDecl {
     name: String,
     ty: GgmlType,
@@ -121,7 +124,7 @@ impl GgufWriter {
 
     /// Header + metadata + tensor directory + padding to the data section, and the tensors' spans
     /// (offset relative to the data section, bytes).
-    fn encode_head(&mut self) -> Result<(Vec<u8>, Vec<(String, u64, u64)>, u64), GgufError> {
+    fn encode_head(&mut self) -> Result<(Vec<u8>, Vec<Span>, u64), GgufError> {
         if let Some(e) = self.deferred.take() {
             return Err(e);
         }
@@ -282,8 +285,7 @@ pub struct TensorStream {
     out: Option<BufWriter<File>>,
     tmp_path: PathBuf,
     path: PathBuf,
-    /// (name, offset relative to data section, bytes)
-    spans: Vec<(String, u64, u64)>,
+    spans: Vec<Span>,
     align: u64,
     /// Index of the first tensor not yet complete.
     cur: usize,

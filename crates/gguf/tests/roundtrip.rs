@@ -237,3 +237,26 @@ fn display_abbrev() {
     assert_eq!(v.type_name(), "array<u32>");
     assert_eq!(MetaValue::Str("a\"b".into()).to_string(), "\"a\\\"b\"");
 }
+
+#[test]
+fn alignment_from_kv_and_open_errors() {
+    let mut w = GgufWriter::new();
+    w.add_kv("general.alignment", MetaValue::U32(256));
+    w.add_tensor_info("a", GgmlType::F32, &[3]).unwrap();
+    w.add_tensor_info("b", GgmlType::F32, &[3]).unwrap();
+    let f = GgufFile::from_bytes(w.to_bytes(&[&[1; 12], &[2; 12]]).unwrap()).unwrap();
+    assert_eq!(f.alignment(), 256);
+    assert_eq!(f.data_offset(), 256);
+    assert_eq!(f.tensor("b").unwrap().offset, 256);
+    assert_eq!(f.tensor_file_range(f.tensor("b").unwrap()), 512..524);
+    assert_eq!(f.tensor_bytes("b").unwrap(), &[2; 12]);
+    assert!(matches!(f.tensor_bytes("zz"), Err(GgufError::Tensor { .. })));
+
+    let dir = tmpdir();
+    let empty = dir.join("empty.gguf");
+    std::fs::write(&empty, b"").unwrap();
+    assert!(GgufFile::open(&empty).unwrap_err().to_string().contains("empty"));
+    assert!(GgufFile::open(&dir).is_err());
+    assert!(matches!(GgufFile::open(dir.join("missing.gguf")), Err(GgufError::Io { .. })));
+    std::fs::remove_dir_all(&dir).ok();
+}
