@@ -28,17 +28,8 @@ pub struct SynthArgs {
 
 /// Parses `A:B` / `A:output` against `n_layer`; returns (first, last, owns_output).
 pub fn parse_layers(s: &str, n_layer: usize) -> Result<(usize, usize, bool)> {
-    let (a, b) = s.split_once(':').with_context(|| format!("--layers `{s}`: expected A:B or A:output"))?;
-    let first: usize = a.parse().with_context(|| format!("--layers `{s}`: `{a}` is not a layer number"))?;
-    let (last, head) = if b == "output" {
-        (n_layer - 1, true)
-    } else {
-        (b.parse().with_context(|| format!("--layers `{s}`: `{b}` is not a layer number or `output`"))?, false)
-    };
-    if first > last || last >= n_layer {
-        bail!("--layers `{s}`: the model has layers 0..{}", n_layer - 1);
-    }
-    Ok((first, last, head))
+    let r = ds4_model::LayerRange::parse(s, n_layer)?;
+    Ok((r.first, r.last, r.head))
 }
 
 pub fn run(a: &SynthArgs) -> Result<()> {

@@ -2,6 +2,7 @@
 mod default_model;
 mod engine;
 mod error;
+pub mod membw;
 mod session;
 
 pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};

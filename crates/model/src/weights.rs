@@ -99,6 +99,28 @@ impl LayerRange {
         Self { first: 0, last: cfg.n_layer - 1, embed: true, head: true }
     }
     pub fn contains(&self, il: usize) -> bool { il >= self.first && il <= self.last }
+
+    /// Parses the C engine's `A:B` (inclusive) or `A:output` (through the last layer, with the head).
+    /// The embedding belongs to a range that starts at layer 0.
+    pub fn parse(s: &str, n_layer: usize) -> Result<Self> {
+        let bad = |why: String| ModelError::Invalid(format!("--layers `{s}`: {why}"));
+        let (a, b) = s.split_once(':').ok_or_else(|| bad("expected A:B or A:output".into()))?;
+        let first: usize = a.trim().parse().map_err(|_| bad(format!("`{a}` is not a layer number")))?;
+        let (last, head) = if b.trim() == "output" {
+            (n_layer.saturating_sub(1), true)
+        } else {
+            (b.trim().parse().map_err(|_| bad(format!("`{b}` is not a layer number or `output`")))?, false)
+        };
+        if first > last || last >= n_layer {
+            return Err(bad(format!("the model has layers 0..{}", n_layer.saturating_sub(1))));
+        }
+        Ok(Self { first, last, embed: first == 0, head })
+    }
+
+    /// `A:B` or `A:output`, as parsed.
+    pub fn label(&self) -> String {
+        if self.head { format!("{}:output", self.first) } else { format!("{}:{}", self.first, self.last) }
+    }
 }
 
 /// All weights a stage owns, bound to the mapped file.
@@ -119,6 +141,37 @@ impl Weights {
         let b = m.bytes_per_mat();
         let s = m.start + e * b;
         MatRef { ty: m.ty, data: &self.file.bytes()[s..s + b], rows: m.rows, cols: m.cols }
+    }
+
+    /// Weight bytes one decode step reads: every dense matrix of the owned layers, `n_expert_used`
+    /// experts' matrices per layer, the head, one embedding row. `indexer_active` says whether the
+    /// indexer scores rows (more compressed rows than its top-k).
+    pub fn decode_bytes(&self, n_expert_used: usize, indexer_active: bool) -> u64 {
+        let mut b = 0usize;
+        for l in &self.layers {
+            b += l.hc_attn.fn_.len + l.hc_ffn.fn_.len + l.q_a.len + l.q_b.len + l.kv.len + l.out_a.len + l.out_b.len;
+            b += l.gate_inp.len;
+            if let Some(c) = &l.comp {
+                b += c.kv.len + c.gate.len;
+            }
+            if let Some(i) = &l.indexer {
+                b += i.comp.kv.len + i.comp.gate.len;
+                if indexer_active {
+                    b += i.q_b.len + i.proj.len;
+                }
+            }
+            if let Some(sh) = &l.shared {
+                b += sh.iter().map(|m| m.len).sum::<usize>();
+            }
+            b += n_expert_used * (l.gate_exps.bytes_per_mat() + l.up_exps.bytes_per_mat() + l.down_exps.bytes_per_mat());
+        }
+        if let Some(h) = &self.head {
+            b += h.hc_fn.len + h.output.len;
+        }
+        if let Some(e) = &self.embed {
+            b += e.len / e.rows.max(1);
+        }
+        b as u64
     }
 
     pub fn layer(&self, il: usize) -> &LayerWeights {

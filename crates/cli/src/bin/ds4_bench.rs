@@ -34,6 +34,9 @@ struct Args {
     threads: Option<usize>,
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
+    /// Also measure this machine's read bandwidth and report decode as a fraction of it (stderr).
+    #[arg(long = "bandwidth")]
+    bandwidth: bool,
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
@@ -116,6 +119,18 @@ fn run(a: Args) -> Result<(), String> {
         s.generate(&mut eng, a.gen_tokens, None, &mut |l| argmax(l), &mut |_| true, &never, &mut st).map_err(|e| e.to_string())?;
         (s.kv, s.tokens, s.logits) = snap;
         writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
+        if a.bandwidth {
+            let cfg = eng.cfg().clone();
+            let bpt = eng.stage.w.decode_bytes(cfg.n_expert_used, f / 4 > cfg.idx_topk) as f64;
+            let bw = ds4_engine::membw::read_bandwidth_gbps(1024, 3);
+            let eff = bpt * st.gen_tps() / 1e9;
+            eprintln!(
+                "ctx {f}: decode reads {:.1} MiB of weights per token; {:.2} t/s = {eff:.2} GB/s; read bandwidth {bw:.2} GB/s; ratio {:.3}",
+                bpt / (1u64 << 20) as f64,
+                st.gen_tps(),
+                eff / bw
+            );
+        }
         out.flush().map_err(|e| e.to_string())?;
     }
     Ok(())
