@@ -73,6 +73,17 @@ struct Work {
     ex_out: Vec<f32>,
     logits: Vec<f32>,
     row: Vec<f32>,
+    crow: Vec<f32>,   // D (compressed row being emitted)
+    irow: Vec<f32>,   // idx_dim
+}
+
+thread_local! {
+    /// Per-thread score scratch for attention and indexer scoring (grows once, then reused).
+    static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+fn with_scores<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    SCORES.with(|c| f(&mut c.borrow_mut()))
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -109,50 +120,65 @@ impl Stage {
     /// `hidden_in` replaces the embedding for stages that don't start at layer 0.
     /// Returns the requested logits (rows of n_vocab), empty for `Logits::None` or headless stages.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
-        let cfg = self.cfg.clone();
+        let mut wk = std::mem::take(&mut self.work);
+        let res = self.forward_in(&mut wk, kv, tokens, hidden_in, want);
+        self.work = wk;
+        let m = res?;
+        Ok(&self.work.logits[..m * self.cfg.n_vocab])
+    }
+
+    fn forward_in(&mut self, wk: &mut Work, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<usize> {
+        let cfg = &self.cfg;
         let n = tokens.len();
         if n == 0 {
-            return Ok(&[]);
+            return Ok(0);
         }
         if kv.pos + n > kv.ctx {
             return Err(ModelError::Invalid(format!("context full: {} + {} tokens exceeds ctx {}", kv.pos, n, kv.ctx)));
         }
         let hd = cfg.hc_dim();
-        grow(&mut self.work.x, n * hd);
+        grow(&mut wk.x, n * hd);
         match (hidden_in, self.w.embed.is_some()) {
             (Some(h), _) => {
                 if h.len() != n * hd {
                     return Err(ModelError::Invalid(format!("hidden input has {} floats, expected {}", h.len(), n * hd)));
                 }
-                self.work.x.copy_from_slice(h);
+                wk.x.copy_from_slice(h);
             }
             (None, true) => {
                 let e = cfg.n_embd;
-                grow(&mut self.work.row, e);
+                grow(&mut wk.row, e);
                 for (i, &t) in tokens.iter().enumerate() {
-                    self.w.embed_row(t, &mut self.work.row)?;
+                    self.w.embed_row(t, &mut wk.row)?;
                     for s in 0..cfg.n_hc {
                         let o = i * hd + s * e;
-                        self.work.x[o..o + e].copy_from_slice(&self.work.row);
+                        wk.x[o..o + e].copy_from_slice(&wk.row);
                     }
                 }
             }
             (None, false) => return Err(ModelError::Invalid("stage without embedding needs a hidden-state input".into())),
         }
+        self.run_layers(wk, kv, tokens, want)
+    }
+
+    /// All owned layers, then the head; returns how many logit rows were produced.
+    fn run_layers(&mut self, wk: &mut Work, kv: &mut KvState, tokens: &[u32], want: Logits) -> Result<usize> {
+        let n = tokens.len();
+        let hd = self.cfg.hc_dim();
         for il in self.w.range.first..=self.w.range.last {
-            self.attention_block(il, kv, n)?;
-            self.ffn_block(il, tokens, n)?;
+            self.attention_block(wk, il, kv, n)?;
+            self.ffn_block(wk, il, tokens, n)?;
             if let Some(t) = self.trace.as_mut() {
-                t.push(self.work.x[..n * hd].to_vec());
+                t.push(wk.x[..n * hd].to_vec());
             }
         }
         kv.pos += n;
         if want == Logits::None || self.w.head.is_none() {
-            return Ok(&[]);
+            return Ok(0);
         }
-        let rows: Vec<usize> = if want == Logits::Last { vec![n - 1] } else { (0..n).collect() };
-        self.head(&rows)?;
-        Ok(&self.work.logits[..rows.len() * cfg.n_vocab])
+        let rows = if want == Logits::Last { n - 1..n } else { 0..n };
+        self.head(wk, rows.clone())?;
+        Ok(rows.len())
     }
 
     fn mm(&self, m: &Mat, x: &[f32], n: usize, y: &mut [f32]) {
@@ -160,10 +186,9 @@ impl Stage {
     }
 
     /// HC-pre for all tokens into `work.cur`, mixes into `work.mixes`.
-    fn hc_pre(&mut self, lw_hc: &crate::weights::HcWeights, n: usize) {
+    fn hc_pre(&self, wk: &mut Work, lw_hc: &crate::weights::HcWeights, n: usize) {
         let cfg = &self.cfg;
         let (hd, e, nm) = (cfg.hc_dim(), cfg.n_embd, cfg.hc_mix());
-        let wk = &mut self.work;
         grow(&mut wk.flat, n * hd);
         grow(&mut wk.mix, n * nm);
         grow(&mut wk.cur, n * e);
@@ -187,42 +212,40 @@ impl Stage {
     }
 
     /// HC-post of `work.y` into the streams.
-    fn hc_post(&mut self, n: usize) {
+    fn hc_post(&self, wk: &mut Work, n: usize) {
         let cfg = &self.cfg;
         let (hd, e) = (cfg.hc_dim(), cfg.n_embd);
-        let wk = &mut self.work;
         grow(&mut wk.tmp, hd);
         for i in 0..n {
             hc::post(&wk.mixes[i], cfg.n_hc, &wk.y[i * e..(i + 1) * e], &mut wk.x[i * hd..(i + 1) * hd], &mut wk.tmp);
         }
     }
 
-    fn attention_block(&mut self, il: usize, kv: &mut KvState, n: usize) -> Result<()> {
-        let lw = self.w.layer(il).clone();
-        let cfg = self.cfg.clone();
-        let rope = self.ropes[il - self.w.range.first].clone();
+    fn attention_block(&self, wk: &mut Work, il: usize, kv: &mut KvState, n: usize) -> Result<()> {
+        let lw = self.w.layer(il);
+        let cfg = &self.cfg;
+        let rope = &self.ropes[il - self.w.range.first];
         let (e, d, nh) = (cfg.n_embd, cfg.head_dim, cfg.n_head);
         let qd = cfg.q_dim();
         let pos0 = kv.pos;
         let qat_on = self.opts.qat;
 
-        self.hc_pre(&lw.hc_attn, n);
+        self.hc_pre(wk, &lw.hc_attn, n);
         {
-            let wk = &mut self.work;
-            grow(&mut wk.xn, n * e);
+                grow(&mut wk.xn, n * e);
             wk.xn.copy_from_slice(&wk.cur[..n * e]);
             for i in 0..n {
                 rms_norm(&mut wk.xn[i * e..(i + 1) * e], Some(&lw.attn_norm), cfg.rms_eps);
             }
         }
         // Q path: low rank, norm, expand, per-head unweighted norm, rope.
-        let mut qr = std::mem::take(&mut self.work.qr);
-        let mut q = std::mem::take(&mut self.work.q);
-        let mut kvb = std::mem::take(&mut self.work.kvb);
+        let mut qr = std::mem::take(&mut wk.qr);
+        let mut q = std::mem::take(&mut wk.q);
+        let mut kvb = std::mem::take(&mut wk.kvb);
         grow(&mut qr, n * cfg.q_lora);
         grow(&mut q, n * qd);
         grow(&mut kvb, n * d);
-        self.mm(&lw.q_a, &self.work.xn, n, &mut qr);
+        self.mm(&lw.q_a, &wk.xn, n, &mut qr);
         for i in 0..n {
             rms_norm(&mut qr[i * cfg.q_lora..(i + 1) * cfg.q_lora], Some(&lw.q_a_norm), cfg.rms_eps);
         }
@@ -232,7 +255,7 @@ impl Stage {
             rope.apply(h, pos0 + k / nh, false);
         });
         // Shared KV row: project, norm, rope, FP8 on the non-rope part.
-        self.mm(&lw.kv, &self.work.xn, n, &mut kvb);
+        self.mm(&lw.kv, &wk.xn, n, &mut kvb);
         for i in 0..n {
             let r = &mut kvb[i * d..(i + 1) * d];
             rms_norm(r, Some(&lw.kv_norm), cfg.rms_eps);
@@ -247,7 +270,7 @@ impl Stage {
         let prev = pos0.min(swa - 1);
         let lkv = kv.layer(il);
         {
-            let lin = &mut self.work.lin;
+            let lin = &mut wk.lin;
             grow(lin, (prev + n) * d);
             for j in 0..prev {
                 let p = pos0 - prev + j;
@@ -263,30 +286,32 @@ impl Stage {
         }
 
         // Compressors (sequential in position) and, for ratio-4 layers, the indexer selection.
-        self.work.ncomp.clear();
-        self.work.sel.resize(n, Vec::new());
+        wk.ncomp.clear();
+        wk.sel.resize(n, Vec::new());
         if let Some(cw) = &lw.comp {
             let coff = cfg.compress_coff(il);
             let wd = coff * d;
-            let mut ck = std::mem::take(&mut self.work.ck);
-            let mut cg = std::mem::take(&mut self.work.cg);
+            let mut ck = std::mem::take(&mut wk.ck);
+            let mut cg = std::mem::take(&mut wk.cg);
             grow(&mut ck, n * wd);
             grow(&mut cg, n * wd);
-            self.mm(&cw.kv, &self.work.xn, n, &mut ck);
-            self.mm(&cw.gate, &self.work.xn, n, &mut cg);
+            self.mm(&cw.kv, &wk.xn, n, &mut ck);
+            self.mm(&cw.gate, &wk.xn, n, &mut cg);
             let mut idx_proj = None;
             if let Some(iw) = &lw.indexer {
                 let id = cfg.idx_dim;
-                let mut ik = std::mem::take(&mut self.work.ik);
-                let mut ig = std::mem::take(&mut self.work.ig);
+                let mut ik = std::mem::take(&mut wk.ik);
+                let mut ig = std::mem::take(&mut wk.ig);
                 grow(&mut ik, n * coff * id);
                 grow(&mut ig, n * coff * id);
-                self.mm(&iw.comp.kv, &self.work.xn, n, &mut ik);
-                self.mm(&iw.comp.gate, &self.work.xn, n, &mut ig);
+                self.mm(&iw.comp.kv, &wk.xn, n, &mut ik);
+                self.mm(&iw.comp.gate, &wk.xn, n, &mut ig);
                 idx_proj = Some((ik, ig));
             }
-            let mut row = vec![0f32; d];
-            let mut irow = vec![0f32; cfg.idx_dim];
+            let mut row = std::mem::take(&mut wk.crow);
+            let mut irow = std::mem::take(&mut wk.irow);
+            grow(&mut row, d);
+            grow(&mut irow, cfg.idx_dim);
             for i in 0..n {
                 let pos = pos0 + i;
                 let st = lkv.comp_state.as_mut().expect("compressor state");
@@ -307,29 +332,31 @@ impl Stage {
                         lkv.idx.as_mut().expect("indexer rows").push(&irow);
                     }
                 }
-                self.work.ncomp.push(lkv.comp.as_ref().map_or(0, |c| c.n));
+                wk.ncomp.push(lkv.comp.as_ref().map_or(0, |c| c.n));
             }
-            self.work.ck = ck;
-            self.work.cg = cg;
+            wk.ck = ck;
+            wk.cg = cg;
+            wk.crow = row;
+            wk.irow = irow;
             if let Some((ik, ig)) = idx_proj {
-                self.work.ik = ik;
-                self.work.ig = ig;
+                wk.ik = ik;
+                wk.ig = ig;
             }
         } else {
-            self.work.ncomp.resize(n, 0);
+            wk.ncomp.resize(n, 0);
         }
 
         // Indexer top-k for tokens that see more compressed rows than top_k.
         if let Some(iw) = &lw.indexer {
-            let needs = self.work.ncomp.iter().any(|&c| c > cfg.idx_topk);
+            let needs = wk.ncomp.iter().any(|&c| c > cfg.idx_topk);
             if needs {
                 let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
-                let mut iq = std::mem::take(&mut self.work.iq);
-                let mut iwt = std::mem::take(&mut self.work.iw);
+                let mut iq = std::mem::take(&mut wk.iq);
+                let mut iwt = std::mem::take(&mut wk.iw);
                 grow(&mut iq, n * ih * id);
                 grow(&mut iwt, n * ih);
                 self.mm(&iw.q_b, &qr, n, &mut iq);
-                self.mm(&iw.proj, &self.work.xn, n, &mut iwt);
+                self.mm(&iw.proj, &wk.xn, n, &mut iwt);
                 let wscale = 1.0 / ((id * ih) as f32).sqrt();
                 iq.par_chunks_mut(id).enumerate().for_each(|(k, h)| {
                     rope.apply(h, pos0 + k / ih, false);
@@ -340,9 +367,9 @@ impl Stage {
                 });
                 iwt.iter_mut().for_each(|v| *v *= wscale);
                 let keys = &lkv.idx.as_ref().expect("indexer rows").data;
-                let ncomp = &self.work.ncomp;
+                let ncomp = &wk.ncomp;
                 let topk = cfg.idx_topk;
-                self.work.sel.par_iter_mut().enumerate().for_each_init(Vec::new, |scores, (i, sel)| {
+                wk.sel.par_iter_mut().enumerate().for_each(|(i, sel)| with_scores(|scores| {
                     let nc = ncomp[i];
                     if nc > topk {
                         indexer_scores(&iq[i * ih * id..(i + 1) * ih * id], &iwt[i * ih..(i + 1) * ih], keys, id, nc, scores);
@@ -350,25 +377,25 @@ impl Stage {
                     } else {
                         sel.clear();
                     }
-                });
-                self.work.iq = iq;
-                self.work.iw = iwt;
+                }));
+                wk.iq = iq;
+                wk.iw = iwt;
             } else {
-                self.work.sel.iter_mut().for_each(|s| s.clear());
+                wk.sel.iter_mut().for_each(|s| s.clear());
             }
         }
 
         // Attention of every (token, head) pair.
-        let mut o = std::mem::take(&mut self.work.o);
+        let mut o = std::mem::take(&mut wk.o);
         grow(&mut o, n * qd);
         {
-            let lin = &self.work.lin;
+            let lin = &wk.lin;
             let comp = lkv.comp.as_ref();
-            let ncomp = &self.work.ncomp;
-            let sel = &self.work.sel;
+            let ncomp = &wk.ncomp;
+            let sel = &wk.sel;
             let topk = cfg.idx_topk;
             let is_idx = lw.indexer.is_some();
-            o.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (k, out)| {
+            o.par_chunks_mut(d).enumerate().for_each(|(k, out)| with_scores(|scores| {
                 let (i, h) = (k / nh, k % nh);
                 let lo = (prev + i + 1).saturating_sub(swa);
                 let raw = (lo..=prev + i).map(|j| &lin[j * d..(j + 1) * d]);
@@ -387,23 +414,21 @@ impl Stage {
                     None => attend_head(qh, raw, sink, scores, out),
                 }
                 rope.apply(out, pos0 + i, true);
-            });
+            }));
         }
 
         // Grouped low-rank output projection, then the second projection.
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
         let gin = hpg * d;
         {
-            let wk = &mut self.work;
-            grow(&mut wk.grp_in, n * gin);
+                grow(&mut wk.grp_in, n * gin);
             grow(&mut wk.grp_out, n * ol);
             grow(&mut wk.low, n * g * ol);
             grow(&mut wk.y, n * e);
         }
         let out_a = self.w.mat(&lw.out_a);
         for gi in 0..g {
-            let wk = &mut self.work;
-            for i in 0..n {
+                for i in 0..n {
                 wk.grp_in[i * gin..(i + 1) * gin].copy_from_slice(&o[i * qd + gi * gin..i * qd + (gi + 1) * gin]);
             }
             let sub = out_a.rows_slice(gi * ol, (gi + 1) * ol);
@@ -412,34 +437,33 @@ impl Stage {
                 wk.low[i * g * ol + gi * ol..i * g * ol + (gi + 1) * ol].copy_from_slice(&wk.grp_out[i * ol..(i + 1) * ol]);
             }
         }
-        let mut y = std::mem::take(&mut self.work.y);
-        self.mm(&lw.out_b, &self.work.low, n, &mut y);
-        self.work.y = y;
-        self.work.qr = qr;
-        self.work.q = q;
-        self.work.kvb = kvb;
-        self.work.o = o;
-        self.hc_post(n);
+        let mut y = std::mem::take(&mut wk.y);
+        self.mm(&lw.out_b, &wk.low, n, &mut y);
+        wk.y = y;
+        wk.qr = qr;
+        wk.q = q;
+        wk.kvb = kvb;
+        wk.o = o;
+        self.hc_post(wk, n);
         Ok(())
     }
 
-    fn ffn_block(&mut self, il: usize, tokens: &[u32], n: usize) -> Result<()> {
-        let lw: LayerWeights = self.w.layer(il).clone();
-        let cfg = self.cfg.clone();
+    fn ffn_block(&self, wk: &mut Work, il: usize, tokens: &[u32], n: usize) -> Result<()> {
+        let lw: &LayerWeights = self.w.layer(il);
+        let cfg = &self.cfg;
         let (e, ne, k, ff) = (cfg.n_embd, cfg.n_expert, cfg.n_expert_used, cfg.ff_exp);
         let clamp = cfg.swiglu_clamp[il];
-        self.hc_pre(&lw.hc_ffn, n);
-        let mut xn = std::mem::take(&mut self.work.xn);
+        self.hc_pre(wk, &lw.hc_ffn, n);
+        let mut xn = std::mem::take(&mut wk.xn);
         grow(&mut xn, n * e);
-        xn.copy_from_slice(&self.work.cur[..n * e]);
+        xn.copy_from_slice(&wk.cur[..n * e]);
         for i in 0..n {
             rms_norm(&mut xn[i * e..(i + 1) * e], Some(&lw.ffn_norm), cfg.rms_eps);
         }
         // Router.
-        let mut rlog = std::mem::take(&mut self.work.rlog);
+        let mut rlog = std::mem::take(&mut wk.rlog);
         grow(&mut rlog, n * ne);
         self.mm(&lw.gate_inp, &xn, n, &mut rlog);
-        let wk = &mut self.work;
         wk.eids.resize(n * k, 0);
         grow(&mut wk.ew, n * k);
         for i in 0..n {
@@ -519,26 +543,25 @@ impl Stage {
             matmul(&self.w.mat(dn), &wk.ex_a[..n * ff], n, &mut wk.ex_out[..n * e], p);
             wk.y.iter_mut().zip(&wk.ex_out[..n * e]).for_each(|(d, &s)| *d += s);
         }
-        self.work.xn = xn;
-        self.hc_post(n);
+        wk.xn = xn;
+        self.hc_post(wk, n);
         Ok(())
     }
 
-    fn head(&mut self, rows: &[usize]) -> Result<()> {
+    fn head(&self, wk: &mut Work, rows: std::ops::Range<usize>) -> Result<()> {
         let cfg = &self.cfg;
         let hw = self.w.head.as_ref().expect("head");
         let (hd, e, v) = (cfg.hc_dim(), cfg.n_embd, cfg.n_vocab);
         let m = rows.len();
-        let wk = &mut self.work;
         grow(&mut wk.flat, m * hd);
         grow(&mut wk.mix, m * cfg.n_hc);
         grow(&mut wk.cur, m * e);
-        for (j, &i) in rows.iter().enumerate() {
+        for (j, i) in rows.clone().enumerate() {
             hc::flat_norm(&wk.x[i * hd..(i + 1) * hd], &mut wk.flat[j * hd..(j + 1) * hd], cfg.rms_eps);
         }
         let p = self.opts.precision;
         matmul(&self.w.mat(&hw.hc_fn), &wk.flat[..m * hd], m, &mut wk.mix[..m * cfg.n_hc], p);
-        for (j, &i) in rows.iter().enumerate() {
+        for (j, i) in rows.clone().enumerate() {
             let out = &mut wk.cur[j * e..(j + 1) * e];
             hc::head_collapse(&wk.mix[j * cfg.n_hc..(j + 1) * cfg.n_hc], hw.hc_scale[0], &hw.hc_base, cfg.hc_eps, &wk.x[i * hd..(i + 1) * hd], out);
             rms_norm(out, Some(&hw.norm), cfg.rms_eps);
