@@ -1,0 +1,123 @@
+//! Command line of `ds4-server` (flags follow the C engine, spec §5.1, plus `--api-key`, `--max-queue`).
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug, Clone)]
+#[command(name = "ds4-server", about = "DwarfStar: OpenAI- and Anthropic-compatible HTTP server for DeepSeek V4", version)]
+pub struct Args {
+    /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
+    #[arg(short = 'm', long = "model")]
+    pub model: Option<PathBuf>,
+    /// Context size in tokens (all KV is allocated for it).
+    #[arg(short = 'c', long = "ctx", default_value_t = 32768)]
+    pub ctx: usize,
+    /// Default maximum output tokens when a request sets no limit.
+    #[arg(short = 'n', long = "tokens", default_value_t = 393216)]
+    pub tokens: usize,
+    /// Bind address (IPv4; `localhost` means 127.0.0.1).
+    #[arg(long = "host", default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long = "port", default_value_t = 8000)]
+    pub port: u16,
+    /// Allow cross-origin requests (Access-Control-Allow-Origin: *).
+    #[arg(long = "cors")]
+    pub cors: bool,
+    /// CPU threads (default: all cores).
+    #[arg(short = 't', long = "threads")]
+    pub threads: Option<usize>,
+    /// Append a human-readable per-request trace (rendered prompts, cache decisions, output) to FILE.
+    #[arg(long = "trace")]
+    pub trace: Option<PathBuf>,
+    /// Default sampling temperature (requests may override; 0 = greedy).
+    #[arg(long = "temp", default_value_t = 1.0)]
+    pub temp: f32,
+    #[arg(long = "top-k", default_value_t = 0)]
+    pub top_k: usize,
+    #[arg(long = "top-p", default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long = "min-p", default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long = "seed", default_value_t = 0)]
+    pub seed: u64,
+    /// Thinking mode by default (the default).
+    #[arg(long = "think", conflicts_with_all = ["nothink", "think_max"])]
+    pub think: bool,
+    /// Direct replies by default (requests can still ask for thinking).
+    #[arg(long = "nothink", conflicts_with = "think_max")]
+    pub nothink: bool,
+    /// Think Max by default (needs --ctx >= 393216, else normal thinking).
+    #[arg(long = "think-max")]
+    pub think_max: bool,
+    /// Require `Authorization: Bearer KEY` or `x-api-key: KEY` on every endpoint except /health.
+    #[arg(long = "api-key", env = "DS4_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Requests allowed to wait for the worker; more get 503. 0 = no limit.
+    #[arg(long = "max-queue", default_value_t = 64)]
+    pub max_queue: usize,
+    /// Largest accepted request body in bytes.
+    #[arg(long = "max-body-bytes", default_value_t = 64 << 20)]
+    pub max_body_bytes: usize,
+    /// Prompt tokens per prefill batch.
+    #[arg(long = "prefill-chunk", default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).
+    #[arg(long = "kv-snapshots", default_value_t = 8)]
+    pub kv_snapshots: usize,
+    /// Size of the tool-id → sampled DSML map.
+    #[arg(long = "tool-memory-max-ids", default_value_t = 100000)]
+    pub tool_memory_max_ids: usize,
+    /// Render history tool calls canonically instead of replaying the sampled DSML.
+    #[arg(long = "disable-exact-dsml-tool-replay")]
+    pub disable_exact_dsml_tool_replay: bool,
+    /// Seconds between `: prefill` SSE keep-alive comments.
+    #[arg(long = "keepalive-secs", default_value_t = 5)]
+    pub keepalive_secs: u64,
+    /// TEST ONLY: JSON file of scripted replies `[{"when": "substring", "output": "text"}, ...]`. When
+    /// the last message of a request contains `when`, the tokens of `output` are emitted instead of
+    /// sampled ones (still run through the model, so KV state, streaming and tool-call parsing are real).
+    /// Lets tests drive tool calls with a random-weights model. Never use in production.
+    #[arg(long = "test-script")]
+    pub test_script: Option<PathBuf>,
+}
+
+impl Args {
+    /// Checks values clap cannot; the message names the flag.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ctx < 16 {
+            return Err("--ctx must be at least 16".into());
+        }
+        if self.tokens == 0 {
+            return Err("--tokens must be at least 1".into());
+        }
+        if self.prefill_chunk == 0 {
+            return Err("--prefill-chunk must be at least 1".into());
+        }
+        if !(self.temp >= 0.0 && self.temp.is_finite()) {
+            return Err("--temp must be a finite number >= 0".into());
+        }
+        if !(0.0..=1.0).contains(&self.top_p) {
+            return Err("--top-p must be within [0, 1]".into());
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return Err("--min-p must be within [0, 1]".into());
+        }
+        if self.keepalive_secs == 0 {
+            return Err("--keepalive-secs must be at least 1".into());
+        }
+        if self.max_body_bytes < 1024 {
+            return Err("--max-body-bytes must be at least 1024".into());
+        }
+        if matches!(&self.api_key, Some(k) if k.is_empty()) {
+            return Err("--api-key must not be empty".into());
+        }
+        Ok(())
+    }
+
+    pub fn bind_host(&self) -> String {
+        if self.host == "localhost" {
+            "127.0.0.1".into()
+        } else {
+            self.host.clone()
+        }
+    }
+}

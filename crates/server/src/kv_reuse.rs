@@ -1,0 +1,181 @@
+//! Live KV reuse (spec §5.7). One live session; a new prompt is matched against it in this order:
+//! 1. token prefix: the prompt extends (or equals) the live tokens → prefill only the suffix;
+//! 2. rendered-text prefix: the live tokens decode to a prefix of the new rendered prompt → keep them and
+//!    tokenize only the text suffix (covers tokenizations that differ at the boundary);
+//! 3. snapshot: the longest kept snapshot whose tokens prefix the prompt is restored (KV state cannot be
+//!    truncated in place — ring window and compressor state — so rewinds go through copies);
+//! 4. cold prefill.
+//! Snapshots are taken while prefilling, at the start of the first and last user turns (shared system
+//! prompt, edited last message) and at the end of the prompt (regenerate), bounded in number (LRU).
+use ds4_engine::{Engine, EngineError, Session};
+use ds4_model::KvState;
+use ds4_tokenizer::Tokenizer;
+use std::sync::atomic::AtomicBool;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Extend,
+    Exact,
+    TextPrefix,
+    Snapshot,
+    Cold,
+}
+
+impl Decision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Decision::Extend => "extend",
+            Decision::Exact => "exact",
+            Decision::TextPrefix => "text-prefix",
+            Decision::Snapshot => "snapshot",
+            Decision::Cold => "cold",
+        }
+    }
+}
+
+struct Snapshot {
+    tokens: Vec<u32>,
+    kv: KvState,
+    logits: Vec<f32>,
+    last_used: u64,
+}
+
+pub struct LiveKv {
+    pub session: Session,
+    snaps: Vec<Snapshot>,
+    max_snaps: usize,
+    clock: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    /// The prompt actually in the session (differs from the request's tokens after a text-prefix match).
+    pub prompt: Vec<u32>,
+    pub cached: usize,
+    pub prefilled: usize,
+    pub decision: Decision,
+    /// Longest common token prefix with the live session before the request (for the miss log).
+    pub live_common: usize,
+    pub live_len: usize,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl LiveKv {
+    pub fn new(session: Session, max_snaps: usize) -> Self {
+        Self { session, snaps: Vec::new(), max_snaps, clock: 0 }
+    }
+
+    pub fn snapshot_count(&self) -> usize {
+        self.snaps.len()
+    }
+
+    pub fn snapshot_bytes(&self) -> usize {
+        self.snaps.iter().map(|s| s.kv.bytes() + s.logits.len() * 4 + s.tokens.len() * 4).sum()
+    }
+
+    /// Forgets everything (after an engine failure left the state unknown).
+    pub fn reset(&mut self, engine: &Engine) {
+        self.session.reset(engine);
+        self.snaps.clear();
+    }
+
+    fn take_snapshot(&mut self) {
+        if self.max_snaps == 0 || self.session.logits.is_empty() {
+            return;
+        }
+        self.clock += 1;
+        if let Some(s) = self.snaps.iter_mut().find(|s| s.tokens == self.session.tokens) {
+            s.last_used = self.clock;
+            return;
+        }
+        if self.snaps.len() >= self.max_snaps {
+            if let Some(i) = self.snaps.iter().enumerate().min_by_key(|(_, s)| s.last_used).map(|(i, _)| i) {
+                self.snaps.swap_remove(i);
+            }
+        }
+        self.snaps.push(Snapshot {
+            tokens: self.session.tokens.clone(),
+            kv: self.session.kv.clone(),
+            logits: self.session.logits.clone(),
+            last_used: self.clock,
+        });
+    }
+
+    /// Chooses how to reuse state for `prompt` (see module docs) and prefills what is missing, taking
+    /// snapshots at `points` (token positions) on the way. `rendered` is the prompt's text, for the
+    /// text-prefix match. On error the session is left consistent (tokens match the KV state).
+    pub fn prepare(
+        &mut self,
+        engine: &mut Engine,
+        tok: &Tokenizer,
+        mut prompt: Vec<u32>,
+        rendered: Option<&str>,
+        points: &[usize],
+        progress: &mut dyn FnMut(usize, usize),
+        cancel: &AtomicBool,
+    ) -> Result<Prepared, EngineError> {
+        let live_len = self.session.tokens.len();
+        let live_common = common_prefix(&self.session.tokens, &prompt);
+        let have_live = live_len > 0 && !self.session.logits.is_empty();
+        let mut decision = Decision::Cold;
+        if have_live && live_common == live_len {
+            decision = if prompt.len() == live_len { Decision::Exact } else { Decision::Extend };
+        } else if let (true, Some(text)) = (have_live, rendered) {
+            let live_text = tok.decode(&self.session.tokens);
+            if !live_text.contains('\u{FFFD}') && text.len() > live_text.len() && text.starts_with(&live_text) {
+                let suffix = tok.encode(&text[live_text.len()..]);
+                if !suffix.is_empty() {
+                    prompt = self.session.tokens.clone();
+                    prompt.extend(suffix);
+                    decision = Decision::TextPrefix;
+                }
+            }
+        }
+        if decision == Decision::Cold {
+            self.clock += 1;
+            let best = self
+                .snaps
+                .iter_mut()
+                .filter(|s| s.tokens.len() <= prompt.len() && prompt.starts_with(&s.tokens))
+                .max_by_key(|s| s.tokens.len());
+            if let Some(s) = best {
+                s.last_used = self.clock;
+                self.session.kv = s.kv.clone();
+                self.session.tokens = s.tokens.clone();
+                self.session.logits = s.logits.clone();
+                decision = Decision::Snapshot;
+            } else {
+                self.session.reset(engine);
+            }
+        }
+        let cached = self.session.tokens.len();
+        let total = prompt.len() - cached;
+        let mut done_before = 0;
+        let mut stops: Vec<usize> = points.iter().copied().filter(|&p| p > cached && p < prompt.len()).collect();
+        stops.sort_unstable();
+        stops.dedup();
+        stops.push(prompt.len());
+        for p in stops {
+            if p > self.session.tokens.len() {
+                let base = done_before;
+                let r = self.session.sync(engine, &prompt[..p], &mut |d, _| progress(base + d, total), cancel);
+                match r {
+                    Ok(n) => done_before += n,
+                    Err(e) => {
+                        // A cancelled prefill stops between chunks: tokens and KV still agree. Anything
+                        // else may have left a half-written chunk: start over next time.
+                        if !cancel.load(std::sync::atomic::Ordering::Relaxed) {
+                            self.session.reset(engine);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            self.take_snapshot();
+        }
+        Ok(Prepared { prompt, cached, prefilled: total, decision, live_common, live_len })
+    }
+}

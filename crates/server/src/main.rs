@@ -1,0 +1,83 @@
+//! `ds4-server`: OpenAI- and Anthropic-compatible HTTP API over one inference worker with live KV reuse.
+mod anthropic_messages;
+mod app;
+mod args;
+mod errors;
+mod fields;
+mod kv_reuse;
+mod metrics;
+mod models;
+mod openai_chat;
+mod openai_completions;
+mod openai_responses;
+mod request;
+mod script;
+mod sse;
+mod tools;
+mod trace;
+mod worker;
+
+use clap::Parser;
+use ds4_engine::{resolve_model, Engine, LoadOptions, ModelSource};
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+fn main() -> ExitCode {
+    let args = args::Args::parse();
+    match run(args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ds4-server: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(args: args::Args) -> Result<(), String> {
+    args.validate()?;
+    let script = match &args.test_script {
+        Some(p) => {
+            eprintln!("ds4-server: WARNING --test-script {}: scripted replies replace sampling for matching requests (test only)", p.display());
+            Some(script::Script::load(p)?)
+        }
+        None => None,
+    };
+    let trace = match &args.trace {
+        Some(p) => Arc::new(trace::Trace::open(p).map_err(|e| format!("--trace {}: {e}", p.display()))?),
+        None => Arc::new(trace::Trace::off()),
+    };
+    let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
+    if let ModelSource::EmbeddedDefault(p) = &src {
+        eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
+    }
+    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
+    let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    let tok = engine.tokenizer().map_err(|e| e.to_string())?;
+    tok.chat_ids().map_err(|e| format!("{}: {e}", src.path().display()))?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
+    let wcfg = worker::WorkerConfig { snapshots: args.kv_snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay };
+    let submitter = worker::spawn(engine, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
+        .map_err(|e| format!("cannot start the inference worker: {e}"))?;
+    let app = Arc::new(app::App::from_args(&args, tok, submitter, metrics, tool_mem, script));
+    let router = app::router(app, args.max_body_bytes, args.cors);
+    let addr = format!("{}:{}", args.bind_host(), args.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ds4-http")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr} (--host/--port): {e}"))?;
+        let local = listener.local_addr().map_err(|e| e.to_string())?;
+        eprintln!("ds4-server: listening on http://{local} (ctx={})", args.ctx);
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+                eprintln!("ds4-server: shutting down");
+            })
+            .await
+            .map_err(|e| format!("server error: {e}"))
+    })
+}

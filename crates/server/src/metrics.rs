@@ -1,0 +1,95 @@
+//! Counters and gauges, rendered as Prometheus text on `GET /metrics`.
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+#[derive(Default)]
+pub struct Metrics {
+    /// (endpoint, status) → count.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+    pub prompt_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    pub prefilled_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub prefill_micros: AtomicU64,
+    pub decode_micros: AtomicU64,
+    /// Last request's rates, in milli-tokens per second.
+    pub last_prefill_mtps: AtomicU64,
+    pub last_decode_mtps: AtomicU64,
+    pub queue_depth: AtomicU64,
+    pub busy: AtomicU64,
+    pub jobs_completed: AtomicU64,
+    pub jobs_cancelled: AtomicU64,
+    pub jobs_failed: AtomicU64,
+    pub queue_rejected: AtomicU64,
+    pub kv_hits: AtomicU64,
+    pub kv_misses: AtomicU64,
+    pub kv_extend: AtomicU64,
+    pub kv_exact: AtomicU64,
+    pub kv_text_prefix: AtomicU64,
+    pub kv_snapshot: AtomicU64,
+    pub kv_snapshots_held: AtomicU64,
+    pub kv_snapshot_bytes: AtomicU64,
+    pub tool_replay_exact: AtomicU64,
+    pub tool_calls: AtomicU64,
+}
+
+impl Metrics {
+    pub fn request(&self, endpoint: &str, status: u16) {
+        if let Ok(mut m) = self.requests.lock() {
+            *m.entry((endpoint.to_string(), status)).or_default() += 1;
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let c = |s: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        let g = |s: &mut String, name: &str, help: &str, v: f64| {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let _ = writeln!(s, "# HELP ds4_requests_total HTTP requests by endpoint and status.\n# TYPE ds4_requests_total counter");
+        if let Ok(m) = self.requests.lock() {
+            for ((ep, st), n) in m.iter() {
+                let _ = writeln!(s, "ds4_requests_total{{endpoint=\"{ep}\",status=\"{st}\"}} {n}");
+            }
+        }
+        c(&mut s, "ds4_prompt_tokens_total", "Prompt tokens of generation requests.", self.prompt_tokens.load(Relaxed));
+        c(&mut s, "ds4_cached_tokens_total", "Prompt tokens served from the live KV state (not prefilled).", self.cached_tokens.load(Relaxed));
+        c(&mut s, "ds4_prefilled_tokens_total", "Prompt tokens actually prefilled.", self.prefilled_tokens.load(Relaxed));
+        c(&mut s, "ds4_generated_tokens_total", "Tokens sampled.", self.generated_tokens.load(Relaxed));
+        c(&mut s, "ds4_prefill_microseconds_total", "Time spent in prefill.", self.prefill_micros.load(Relaxed));
+        c(&mut s, "ds4_decode_microseconds_total", "Time spent decoding.", self.decode_micros.load(Relaxed));
+        g(&mut s, "ds4_prefill_tokens_per_second", "Prefill rate of the last request.", self.last_prefill_mtps.load(Relaxed) as f64 / 1000.0);
+        g(&mut s, "ds4_decode_tokens_per_second", "Decode rate of the last request.", self.last_decode_mtps.load(Relaxed) as f64 / 1000.0);
+        g(&mut s, "ds4_queue_depth", "Jobs waiting for the inference worker.", self.queue_depth.load(Relaxed) as f64);
+        g(&mut s, "ds4_worker_busy", "1 while the worker runs a job.", self.busy.load(Relaxed) as f64);
+        c(&mut s, "ds4_jobs_completed_total", "Generation jobs that finished.", self.jobs_completed.load(Relaxed));
+        c(&mut s, "ds4_jobs_cancelled_total", "Generation jobs stopped because the client went away.", self.jobs_cancelled.load(Relaxed));
+        c(&mut s, "ds4_jobs_failed_total", "Generation jobs that failed with an error.", self.jobs_failed.load(Relaxed));
+        c(&mut s, "ds4_queue_rejected_total", "Requests refused because the queue was full.", self.queue_rejected.load(Relaxed));
+        c(&mut s, "ds4_kv_reuse_hits_total", "Requests that reused live or snapshot KV state.", self.kv_hits.load(Relaxed));
+        c(&mut s, "ds4_kv_reuse_misses_total", "Requests prefilled from scratch.", self.kv_misses.load(Relaxed));
+        let _ = writeln!(s, "# HELP ds4_kv_reuse_total KV reuse hits by kind.\n# TYPE ds4_kv_reuse_total counter");
+        for (k, v) in [("extend", &self.kv_extend), ("exact", &self.kv_exact), ("text_prefix", &self.kv_text_prefix), ("snapshot", &self.kv_snapshot)] {
+            let _ = writeln!(s, "ds4_kv_reuse_total{{kind=\"{k}\"}} {}", v.load(Relaxed));
+        }
+        g(&mut s, "ds4_kv_snapshots", "KV snapshots held for rewinds.", self.kv_snapshots_held.load(Relaxed) as f64);
+        g(&mut s, "ds4_kv_snapshot_bytes", "Bytes held by KV snapshots.", self.kv_snapshot_bytes.load(Relaxed) as f64);
+        c(&mut s, "ds4_tool_calls_total", "Tool calls generated.", self.tool_calls.load(Relaxed));
+        c(&mut s, "ds4_tool_replay_exact_total", "History tool-call blocks replayed byte-exact from the id map.", self.tool_replay_exact.load(Relaxed));
+        g(&mut s, "ds4_process_resident_bytes", "Resident set size of the server process.", resident_bytes() as f64);
+        s
+    }
+}
+
+/// Resident set size from /proc/self/statm (0 where unavailable).
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<u64>().ok()))
+        .map(|pages| pages * 4096)
+        .unwrap_or(0)
+}

@@ -1,0 +1,178 @@
+//! `POST /v1/chat/completions` (OpenAI Chat): messages with reasoning and tool calls in, `chat.completion`
+//! or `chat.completion.chunk` SSE out (reasoning as `reasoning_content`, tool calls as `tool_calls`).
+use crate::app::App;
+use crate::errors::{ApiError, Flavor};
+use crate::fields::{self, Obj};
+use crate::request::{self, openai_finish, openai_usage};
+use crate::sse::{self, SseOut};
+use crate::tools::{chat_tool_schemas, new_id, tool_choice_none};
+use crate::worker::{CancelOnDrop, Event};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use ds4_tokenizer::chat::{Message, Role, ToolCall};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+pub async fn handle(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(Flavor::OpenAi).into_response(),
+    }
+}
+
+/// Chat `messages` → conversation, plus the text of the last message (for `--test-script`).
+pub fn parse_messages(arr: &[Value]) -> Result<(Vec<Message>, String), ApiError> {
+    if arr.is_empty() {
+        return Err(ApiError::bad_request("`messages` must not be empty").param("messages"));
+    }
+    let mut out = Vec::with_capacity(arr.len());
+    for (i, m) in arr.iter().enumerate() {
+        let at = format!("messages[{i}]");
+        let o = m.as_object().ok_or_else(|| ApiError::bad_request(format!("{at} must be an object")).param("messages"))?;
+        let role_s = fields::opt_str(o, "role").map_err(|e| e.param("messages"))?.ok_or_else(|| ApiError::bad_request(format!("{at}: `role` is required")).param("messages"))?;
+        let role = Role::parse(role_s).ok_or_else(|| ApiError::bad_request(format!("{at}: unknown role `{role_s}`")).param("messages"))?;
+        let content = fields::content_text(o.get("content").unwrap_or(&Value::Null), &at, &["text", "input_text", "output_text"]).map_err(|e| e.param("messages"))?;
+        let mut msg = Message::new(role, content);
+        let reasoning = match (fields::opt_str(o, "reasoning_content"), fields::opt_str(o, "reasoning")) {
+            (Ok(Some(r)), _) | (Ok(None), Ok(Some(r))) => Some(r.to_string()),
+            (Err(_), _) => return Err(ApiError::bad_request(format!("{at}: `reasoning_content` must be a string")).param("messages")),
+            _ => None,
+        };
+        msg.reasoning = reasoning;
+        if let Some(calls) = fields::opt_array(o, "tool_calls").map_err(|_| ApiError::bad_request(format!("{at}: `tool_calls` must be an array")).param("messages"))? {
+            for (k, c) in calls.iter().enumerate() {
+                let bad = || ApiError::bad_request(format!("{at}.tool_calls[{k}] must be {{id, type:\"function\", function:{{name, arguments}}}}")).param("messages");
+                let f = c.get("function").and_then(Value::as_object).ok_or_else(bad)?;
+                let name = f.get("name").and_then(Value::as_str).ok_or_else(bad)?;
+                let arguments = match f.get("arguments") {
+                    Some(Value::String(s)) => s.clone(),
+                    Some(v @ Value::Object(_)) => v.to_string(),
+                    None | Some(Value::Null) => "{}".into(),
+                    _ => return Err(bad()),
+                };
+                let id = match c.get("id") {
+                    Some(Value::String(s)) => Some(s.clone()),
+                    None | Some(Value::Null) => None,
+                    _ => return Err(bad()),
+                };
+                msg.tool_calls.push(ToolCall { id, name: name.to_string(), arguments, raw_dsml: None });
+            }
+        }
+        if role == Role::Tool {
+            msg.tool_call_id = fields::opt_str(o, "tool_call_id").map_err(|e| e.param("messages"))?.map(str::to_string);
+        }
+        out.push(msg);
+    }
+    let last = out.last().map(|m| m.content.clone()).unwrap_or_default();
+    Ok((out, last))
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body?;
+    let o: Obj = fields::parse_object(&body)?;
+    let msgs = fields::opt_array(&o, "messages")?.ok_or_else(|| ApiError::bad_request("`messages` is required").param("messages"))?;
+    let (messages, last) = parse_messages(msgs)?;
+    let tools = match fields::opt_array(&o, "tools")? {
+        Some(t) if !tool_choice_none(o.get("tool_choice")) => chat_tool_schemas(t)?,
+        _ => Vec::new(),
+    };
+    let mode = request::think_mode(&o, app.default_mode)?;
+    let sampling = request::sampling(&o, &app)?;
+    let max = request::max_tokens(&o, &["max_completion_tokens", "max_tokens"])?;
+    let stops = fields::opt_stops(&o, "stop")?;
+    let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
+    let include_usage = match fields::opt_obj(&o, "stream_options")? {
+        Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+    let params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
+    let (rx, guard) = app.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;
+    let meta = Meta { id: new_id("chatcmpl-"), created: request::now_secs(), model, include_usage };
+    if stream {
+        return Ok(sse::spawn(app.keepalive, move |out| stream_chat(rx, guard, out, meta)));
+    }
+    let c = request::collect(rx, guard).await?;
+    let finish = c.finish.map(openai_finish).unwrap_or("stop");
+    let mut message = json!({ "role": "assistant", "content": if c.text.is_empty() && !c.calls.is_empty() { Value::Null } else { json!(c.text) } });
+    if !c.reasoning.is_empty() {
+        message["reasoning_content"] = json!(c.reasoning);
+    }
+    if !c.calls.is_empty() {
+        message["tool_calls"] = Value::Array(
+            c.calls.iter().map(|(id, name, args)| json!({ "id": id, "type": "function", "function": { "name": name, "arguments": args } })).collect(),
+        );
+    }
+    Ok(Json(json!({
+        "id": meta.id,
+        "object": "chat.completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish, "logprobs": null }],
+        "usage": openai_usage(&c.usage),
+    }))
+    .into_response())
+}
+
+fn chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "chat.completion.chunk",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{ "index": 0, "delta": delta, "finish_reason": finish, "logprobs": null }],
+    })
+}
+
+async fn stream_chat(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
+    if !out.data(&chunk(&meta, json!({ "role": "assistant", "content": "" }), None)).await {
+        return;
+    }
+    while let Some(ev) = rx.recv().await {
+        let ok = match ev {
+            Event::Started { .. } => true,
+            Event::Reasoning(s) => out.data(&chunk(&meta, json!({ "reasoning_content": s }), None)).await,
+            Event::Text(s) => out.data(&chunk(&meta, json!({ "content": s }), None)).await,
+            Event::ToolStart { index, id, name } => {
+                let d = json!({ "tool_calls": [{ "index": index, "id": id, "type": "function", "function": { "name": name, "arguments": "" } }] });
+                out.data(&chunk(&meta, d, None)).await
+            }
+            Event::ToolDone { index, arguments, .. } => {
+                out.data(&chunk(&meta, json!({ "tool_calls": [{ "index": index, "function": { "arguments": arguments } }] }), None)).await
+            }
+            Event::Done { finish, usage } => {
+                if !out.data(&chunk(&meta, json!({}), Some(openai_finish(finish)))).await {
+                    return;
+                }
+                if meta.include_usage {
+                    let u = json!({ "id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model, "choices": [], "usage": openai_usage(&usage) });
+                    if !out.data(&u).await {
+                        return;
+                    }
+                }
+                out.raw("[DONE]").await;
+                return;
+            }
+            Event::Error(e) => {
+                out.data(&e.flavor(Flavor::OpenAi).body()).await;
+                return;
+            }
+        };
+        if !ok {
+            return;
+        }
+    }
+    out.data(&ApiError::internal("the generation ended without a result").body()).await;
+}

@@ -1,0 +1,126 @@
+//! `POST /v1/completions` (OpenAI legacy completions): a raw prompt (text or token ids), no chat template.
+use crate::app::App;
+use crate::errors::{ApiError, Flavor};
+use crate::fields::{self, Obj};
+use crate::request::{self, openai_finish, openai_usage, RawPrompt};
+use crate::sse::{self, SseOut};
+use crate::tools::new_id;
+use crate::worker::{CancelOnDrop, Event};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+pub async fn handle(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    match run(app, body).await {
+        Ok(r) => r,
+        Err(e) => e.flavor(Flavor::OpenAi).into_response(),
+    }
+}
+
+fn parse_prompt(v: Option<&Value>) -> Result<RawPrompt, ApiError> {
+    let bad = || ApiError::bad_request("`prompt` must be a string, an array of one string, or an array of token ids").param("prompt");
+    match v {
+        None | Some(Value::Null) => Err(ApiError::bad_request("`prompt` is required").param("prompt")),
+        Some(Value::String(s)) => Ok(RawPrompt::Text(s.clone())),
+        Some(Value::Array(a)) if a.is_empty() => Err(ApiError::bad_request("`prompt` must not be empty").param("prompt")),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Ok(RawPrompt::Text(a[0].as_str().unwrap_or_default().to_string())),
+        Some(Value::Array(a)) if a.iter().all(Value::is_u64) => Ok(RawPrompt::Ids(a.iter().filter_map(Value::as_u64).collect())),
+        Some(Value::Array(a)) if a.len() > 1 && a.iter().all(Value::is_string) => {
+            Err(ApiError::bad_request("`prompt`: only one prompt per request is supported").param("prompt"))
+        }
+        _ => Err(bad()),
+    }
+}
+
+struct Meta {
+    id: String,
+    created: u64,
+    model: String,
+    include_usage: bool,
+}
+
+async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
+    let body = body?;
+    let o: Obj = fields::parse_object(&body)?;
+    let raw = parse_prompt(o.get("prompt"))?;
+    let last = match &raw {
+        RawPrompt::Text(t) => t.clone(),
+        RawPrompt::Ids(_) => String::new(),
+    };
+    if let Some(n) = fields::opt_u64(&o, "n")? {
+        if n != 1 {
+            return Err(ApiError::bad_request("only `n`: 1 is supported").param("n"));
+        }
+    }
+    let sampling = request::sampling(&o, &app)?;
+    let max = request::max_tokens(&o, &["max_tokens"])?.or(Some(16));
+    let stops = fields::opt_stops(&o, "stop")?;
+    let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
+    let include_usage = match fields::opt_obj(&o, "stream_options")? {
+        Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let prompt = request::raw_prompt(&app, raw).await?;
+    let params = request::params(&app, &prompt, sampling, max, stops, false, "call_", &last);
+    let (rx, guard) = app.submitter.submit("completion", prompt.tokens, None, params)?;
+    let meta = Meta { id: new_id("cmpl-"), created: request::now_secs(), model, include_usage };
+    if stream {
+        return Ok(sse::spawn(app.keepalive, move |out| stream_completion(rx, guard, out, meta)));
+    }
+    let c = request::collect(rx, guard).await?;
+    Ok(Json(json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{ "index": 0, "text": c.text, "finish_reason": c.finish.map(openai_finish).unwrap_or("stop"), "logprobs": null }],
+        "usage": openai_usage(&c.usage),
+    }))
+    .into_response())
+}
+
+fn chunk(meta: &Meta, text: &str, finish: Option<&str>) -> Value {
+    json!({
+        "id": meta.id,
+        "object": "text_completion",
+        "created": meta.created,
+        "model": meta.model,
+        "choices": [{ "index": 0, "text": text, "finish_reason": finish, "logprobs": null }],
+    })
+}
+
+async fn stream_completion(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
+    while let Some(ev) = rx.recv().await {
+        let ok = match ev {
+            Event::Text(s) | Event::Reasoning(s) => out.data(&chunk(&meta, &s, None)).await,
+            Event::Done { finish, usage } => {
+                if !out.data(&chunk(&meta, "", Some(openai_finish(finish)))).await {
+                    return;
+                }
+                if meta.include_usage {
+                    let u = json!({ "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": [], "usage": openai_usage(&usage) });
+                    if !out.data(&u).await {
+                        return;
+                    }
+                }
+                out.raw("[DONE]").await;
+                return;
+            }
+            Event::Error(e) => {
+                out.data(&e.flavor(Flavor::OpenAi).body()).await;
+                return;
+            }
+            _ => true,
+        };
+        if !ok {
+            return;
+        }
+    }
+    out.data(&ApiError::internal("the generation ended without a result").body()).await;
+}

@@ -1,0 +1,474 @@
+//! The single inference thread. Requests are parsed and tokenized by the HTTP tasks, then queued here
+//! (bounded admission: `--max-queue`); the worker owns the engine and the one live session, runs prefill
+//! with KV reuse, samples, detokenizes, recognises DSML tool calls, and sends events back over a
+//! per-request channel. A request whose client has gone away (its event receiver dropped, or its cancel
+//! flag set by a drop guard) is skipped while queued and stopped within one token while running.
+use crate::errors::ApiError;
+use crate::kv_reuse::{Decision, LiveKv};
+use crate::metrics::Metrics;
+use crate::tools::{new_id, ToolMemory};
+use crate::trace::Trace;
+use ds4_engine::{Engine, GenStats, StopReason};
+use ds4_tokenizer::dsml::{DsmlEvent, DsmlParser};
+use ds4_tokenizer::sampling::{Sampler, SamplerConfig, StopMatcher, StopReason as StopHit};
+use ds4_tokenizer::{StreamDecoder, Tokenizer};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+/// What a request asks of the worker.
+#[derive(Debug, Clone)]
+pub struct GenParams {
+    pub max_tokens: usize,
+    pub sampling: SamplerConfig,
+    pub stops: Vec<String>,
+    /// The prompt ends with `<think>`: output starts as reasoning.
+    pub thinking: bool,
+    /// Recognise DSML tool calls in the output (chat-style endpoints).
+    pub parse_tools: bool,
+    /// Tool-call id prefix (`call_` / `toolu_`).
+    pub id_prefix: &'static str,
+    /// Test-only scripted output (`--test-script`): these tokens are emitted instead of sampled ones.
+    pub script: Option<Vec<u32>>,
+}
+
+pub struct Job {
+    pub kind: &'static str,
+    pub prompt: Vec<u32>,
+    pub rendered: Option<String>,
+    pub params: GenParams,
+    pub events: mpsc::UnboundedSender<Event>,
+    pub cancel: Arc<AtomicBool>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+    /// A stop string matched (its index in the request's list).
+    StopSequence(usize),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// Prefill done, generation starts.
+    Started { prompt_tokens: usize, cached_tokens: usize },
+    Reasoning(String),
+    Text(String),
+    ToolStart { index: usize, id: String, name: String },
+    ToolDone { index: usize, id: String, name: String, arguments: String },
+    Done { finish: Finish, usage: Usage },
+    Error(ApiError),
+}
+
+/// The HTTP side's handle on the queue.
+pub struct Submitter {
+    tx: Mutex<std_mpsc::Sender<Job>>,
+    max_queue: usize,
+    metrics: Arc<Metrics>,
+}
+
+/// Sets the cancel flag when dropped (held by whatever consumes a job's events).
+pub struct CancelOnDrop(pub Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, SeqCst);
+    }
+}
+
+impl Submitter {
+    /// Queues a job; 503 when `--max-queue` jobs are already waiting or the worker is gone.
+    pub fn submit(
+        &self,
+        kind: &'static str,
+        prompt: Vec<u32>,
+        rendered: Option<String>,
+        params: GenParams,
+    ) -> Result<(mpsc::UnboundedReceiver<Event>, CancelOnDrop), ApiError> {
+        let depth = self.metrics.queue_depth.fetch_add(1, SeqCst);
+        if self.max_queue > 0 && depth >= self.max_queue as u64 {
+            self.metrics.queue_depth.fetch_sub(1, SeqCst);
+            self.metrics.queue_rejected.fetch_add(1, Relaxed);
+            return Err(ApiError::unavailable(format!("server busy: {depth} requests already queued (--max-queue)")).code("queue_full"));
+        }
+        let (etx, erx) = mpsc::unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job { kind, prompt, rendered, params, events: etx, cancel: cancel.clone() };
+        let sent = self.tx.lock().map_err(|_| ApiError::internal("queue lock poisoned"))?.send(job);
+        if sent.is_err() {
+            self.metrics.queue_depth.fetch_sub(1, SeqCst);
+            return Err(ApiError::unavailable("the inference worker is not running"));
+        }
+        Ok((erx, CancelOnDrop(cancel)))
+    }
+}
+
+pub struct WorkerConfig {
+    pub snapshots: usize,
+    pub prefill_chunk: usize,
+    pub exact_tool_replay: bool,
+}
+
+/// Starts the worker thread; returns the submit handle.
+pub fn spawn(
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    cfg: WorkerConfig,
+    max_queue: usize,
+    metrics: Arc<Metrics>,
+    tool_mem: Arc<Mutex<ToolMemory>>,
+    trace: Arc<Trace>,
+) -> std::io::Result<Submitter> {
+    let (tx, rx) = std_mpsc::channel::<Job>();
+    let mut session = ds4_engine::Session::new(&engine);
+    session.prefill_chunk = cfg.prefill_chunk.max(1);
+    let mut w = Worker { engine, tok, live: LiveKv::new(session, cfg.snapshots), metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
+    std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
+        while let Ok(job) = rx.recv() {
+            w.metrics.queue_depth.fetch_sub(1, SeqCst);
+            w.metrics.busy.store(1, SeqCst);
+            let events = job.events.clone();
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.run(job)));
+            if r.is_err() {
+                eprintln!("ds4-server: internal error (panic) while running a request; live KV state reset");
+                w.metrics.jobs_failed.fetch_add(1, Relaxed);
+                w.live.reset(&w.engine);
+                let _ = events.send(Event::Error(ApiError::internal("internal error while generating")));
+            }
+            w.metrics.busy.store(0, SeqCst);
+        }
+    })?;
+    Ok(Submitter { tx: Mutex::new(tx), max_queue, metrics })
+}
+
+struct Worker {
+    engine: Engine,
+    tok: Arc<Tokenizer>,
+    live: LiveKv,
+    metrics: Arc<Metrics>,
+    tool_mem: Arc<Mutex<ToolMemory>>,
+    trace: Arc<Trace>,
+    exact_tool_replay: bool,
+}
+
+static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Worker {
+    fn gone(job: &Job) -> bool {
+        job.cancel.load(Relaxed) || job.events.is_closed()
+    }
+
+    fn run(&mut self, job: Job) {
+        let seq = JOB_SEQ.fetch_add(1, Relaxed) + 1;
+        if Self::gone(&job) {
+            self.metrics.jobs_cancelled.fetch_add(1, Relaxed);
+            return;
+        }
+        let tok = self.tok.clone();
+        let ids = match tok.chat_ids() {
+            Ok(i) => i,
+            Err(e) => {
+                let _ = job.events.send(Event::Error(ApiError::internal(e.to_string())));
+                return;
+            }
+        };
+        // Snapshot points: start of the first and of the last user turn.
+        let mut points = Vec::new();
+        if let Some(p) = job.prompt.iter().position(|&t| t == ids.user) {
+            points.push(p);
+        }
+        if let Some(p) = job.prompt.iter().rposition(|&t| t == ids.user) {
+            points.push(p);
+        }
+        let t0 = Instant::now();
+        let cancel = job.cancel.clone();
+        let ev = job.events.clone();
+        let mut progress = |_d: usize, _t: usize| {
+            if ev.is_closed() {
+                cancel.store(true, SeqCst);
+            }
+        };
+        let prep = self.live.prepare(&mut self.engine, &tok, job.prompt.clone(), job.rendered.as_deref(), &points, &mut progress, &job.cancel);
+        let prefill_time = t0.elapsed();
+        self.metrics.kv_snapshots_held.store(self.live.snapshot_count() as u64, Relaxed);
+        self.metrics.kv_snapshot_bytes.store(self.live.snapshot_bytes() as u64, Relaxed);
+        let prep = match prep {
+            Ok(p) => p,
+            Err(e) => {
+                if job.cancel.load(Relaxed) {
+                    self.metrics.jobs_cancelled.fetch_add(1, Relaxed);
+                } else {
+                    self.metrics.jobs_failed.fetch_add(1, Relaxed);
+                    let _ = job.events.send(Event::Error(ApiError::internal(format!("prefill failed: {e}"))));
+                }
+                return;
+            }
+        };
+        let m = &self.metrics;
+        m.prompt_tokens.fetch_add(prep.prompt.len() as u64, Relaxed);
+        m.cached_tokens.fetch_add(prep.cached as u64, Relaxed);
+        m.prefilled_tokens.fetch_add(prep.prefilled as u64, Relaxed);
+        m.prefill_micros.fetch_add(prefill_time.as_micros() as u64, Relaxed);
+        if prep.prefilled > 0 && prefill_time.as_secs_f64() > 0.0 {
+            m.last_prefill_mtps.store((prep.prefilled as f64 / prefill_time.as_secs_f64() * 1000.0) as u64, Relaxed);
+        }
+        match prep.decision {
+            Decision::Cold => {
+                m.kv_misses.fetch_add(1, Relaxed);
+                if prep.live_len > 0 {
+                    eprintln!(
+                        "ds4-server: live kv cache miss live={} prompt={} common={} reason=token-mismatch",
+                        prep.live_len,
+                        prep.prompt.len(),
+                        prep.live_common
+                    );
+                }
+            }
+            d => {
+                m.kv_hits.fetch_add(1, Relaxed);
+                match d {
+                    Decision::Extend => &m.kv_extend,
+                    Decision::Exact => &m.kv_exact,
+                    Decision::TextPrefix => &m.kv_text_prefix,
+                    _ => &m.kv_snapshot,
+                }
+                .fetch_add(1, Relaxed);
+            }
+        }
+        let _ = job.events.send(Event::Started { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached });
+
+        // Generation.
+        let room = self.engine.ctx.saturating_sub(prep.prompt.len());
+        let max_tokens = job.params.max_tokens.min(room);
+        let mut out = Output::new(&job, self.tool_mem.clone(), self.exact_tool_replay);
+        let syntax = Cell::new(false);
+        let mut sampler = Sampler::with_capacity(job.params.sampling, self.engine.cfg().n_vocab);
+        let script = job.params.script.clone();
+        let mut k = 0usize;
+        let mut sample = |l: &[f32]| -> u32 {
+            if let Some(s) = &script {
+                let t = s.get(k).copied().unwrap_or(ids.eos);
+                k += 1;
+                return t;
+            }
+            sampler.sample_greedy_if(l, syntax.get())
+        };
+        let mut dec = StreamDecoder::new();
+        let mut stopm = StopMatcher::new(&job.params.stops, &[]);
+        let mut stop_hit: Option<usize> = None;
+        let mut client_gone = false;
+        let mut on_token = |t: u32| -> bool {
+            if job.events.is_closed() {
+                client_gone = true;
+                job.cancel.store(true, SeqCst);
+                return false;
+            }
+            let piece = if tok.is_added(t) {
+                let mut p = dec.finish();
+                p.push_str(&tok.token_text(t));
+                p
+            } else {
+                dec.push(&tok, t)
+            };
+            let step = stopm.push_text(&piece);
+            out.push(&step.emit);
+            syntax.set(out.in_syntax());
+            if let Some(StopHit::StopString(i)) = step.stop {
+                stop_hit = Some(i);
+                return false;
+            }
+            !out.block_done
+        };
+        let mut stats = GenStats::default();
+        let eos = Some(ids.eos);
+        let r = self.live.session.generate(&mut self.engine, max_tokens, eos, &mut sample, &mut on_token, &job.cancel, &mut stats);
+        let reason = match r {
+            Ok(r) => r,
+            Err(e) => {
+                self.live.reset(&self.engine);
+                m.jobs_failed.fetch_add(1, Relaxed);
+                let _ = job.events.send(Event::Error(ApiError::internal(format!("generation failed: {e}"))));
+                return;
+            }
+        };
+        m.generated_tokens.fetch_add(stats.gen_tokens as u64, Relaxed);
+        m.decode_micros.fetch_add(stats.gen_time.as_micros() as u64, Relaxed);
+        if stats.gen_tokens > 0 && stats.gen_time.as_secs_f64() > 0.0 {
+            m.last_decode_mtps.store((stats.gen_tokens as f64 / stats.gen_time.as_secs_f64() * 1000.0) as u64, Relaxed);
+        }
+        if client_gone || reason == StopReason::Cancelled {
+            m.jobs_cancelled.fetch_add(1, Relaxed);
+            self.trace.job(seq, &job, &prep, "cancelled", &out.all_text, &stats);
+            return;
+        }
+        if stop_hit.is_none() {
+            let rest = dec.finish();
+            let mut tail = stopm.push_text(&rest).emit;
+            tail.push_str(&stopm.finish());
+            out.push(&tail);
+        }
+        out.finish();
+        let finish = if out.block_done {
+            Finish::ToolCalls
+        } else if let Some(i) = stop_hit {
+            Finish::StopSequence(i)
+        } else {
+            match reason {
+                StopReason::Eos => Finish::Stop,
+                _ => Finish::Length,
+            }
+        };
+        if out.block_done {
+            m.tool_calls.fetch_add(out.calls.len() as u64, Relaxed);
+        }
+        m.jobs_completed.fetch_add(1, Relaxed);
+        self.trace.job(seq, &job, &prep, &format!("{finish:?}"), &out.all_text, &stats);
+        let usage = Usage { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached, completion_tokens: stats.gen_tokens };
+        let _ = job.events.send(Event::Done { finish, usage });
+    }
+}
+
+/// Turns decoded text into events: reasoning/text/tool calls (DSML), holding back trailing whitespace
+/// of visible text until it is known not to precede a tool-call block (that whitespace belongs to the
+/// block's exact DSML, so streamed and final content agree and history replays byte-exact).
+struct Output<'a> {
+    events: &'a mpsc::UnboundedSender<Event>,
+    parser: Option<DsmlParser>,
+    id_prefix: &'static str,
+    /// All text after stop handling (what the model said).
+    all_text: String,
+    pending_ws: String,
+    block_start: Option<usize>,
+    block_ids: Vec<String>,
+    calls: Vec<(String, String)>,
+    block_done: bool,
+    tool_mem: Arc<Mutex<ToolMemory>>,
+    remember: bool,
+}
+
+const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
+const CALLS_CLOSE: &str = "</｜DSML｜tool_calls>";
+
+impl<'a> Output<'a> {
+    fn new(job: &'a Job, tool_mem: Arc<Mutex<ToolMemory>>, remember: bool) -> Self {
+        let p = &job.params;
+        Self {
+            events: &job.events,
+            parser: if p.parse_tools || p.thinking { Some(DsmlParser::new(p.thinking)) } else { None },
+            id_prefix: p.id_prefix,
+            all_text: String::new(),
+            pending_ws: String::new(),
+            block_start: None,
+            block_ids: Vec::new(),
+            calls: Vec::new(),
+            block_done: false,
+            tool_mem,
+            remember,
+        }
+    }
+
+    fn in_syntax(&self) -> bool {
+        self.parser.as_ref().is_some_and(|p| p.in_syntax())
+    }
+
+    fn push(&mut self, text: &str) {
+        if text.is_empty() || self.block_done {
+            return;
+        }
+        self.all_text.push_str(text);
+        let Some(parser) = self.parser.as_mut() else {
+            let _ = self.events.send(Event::Text(text.to_string()));
+            return;
+        };
+        let evs = parser.push(text);
+        self.handle(evs);
+    }
+
+    fn text(&mut self, s: &str) {
+        let trimmed = s.trim_end();
+        if trimmed.is_empty() {
+            self.pending_ws.push_str(s);
+            return;
+        }
+        let mut emit = std::mem::take(&mut self.pending_ws);
+        emit.push_str(trimmed);
+        self.pending_ws.push_str(&s[trimmed.len()..]);
+        let _ = self.events.send(Event::Text(emit));
+    }
+
+    fn handle(&mut self, evs: Vec<DsmlEvent>) {
+        for e in evs {
+            match e {
+                DsmlEvent::Reasoning(r) => {
+                    let _ = self.events.send(Event::Reasoning(r));
+                }
+                DsmlEvent::Text(t) => self.text(&t),
+                DsmlEvent::ToolCallStart { name } => {
+                    if self.block_start.is_none() {
+                        let at = self.all_text.rfind(CALLS_OPEN).unwrap_or(self.all_text.len());
+                        let ws = self.pending_ws.len();
+                        let start = if at >= ws && self.all_text[..at].ends_with(&self.pending_ws) { at - ws } else { at };
+                        self.block_start = Some(start);
+                        self.pending_ws.clear();
+                    }
+                    let id = new_id(self.id_prefix);
+                    let index = self.block_ids.len();
+                    self.block_ids.push(id.clone());
+                    let _ = self.events.send(Event::ToolStart { index, id, name });
+                }
+                DsmlEvent::ToolCallDone { name, arguments_json } => {
+                    let index = self.calls.len();
+                    let id = self.block_ids.get(index).cloned().unwrap_or_else(|| new_id(self.id_prefix));
+                    self.calls.push((id.clone(), name.clone()));
+                    let _ = self.events.send(Event::ToolDone { index, id, name, arguments: arguments_json });
+                }
+                DsmlEvent::Malformed { raw, reason } => {
+                    eprintln!("ds4-server: malformed DSML tool call ({reason}); returned as text");
+                    self.block_start = None;
+                    self.block_ids.truncate(self.calls.len());
+                    self.text(&raw);
+                }
+            }
+        }
+        // The block is complete once the parser has left it with at least one finished call.
+        if let (Some(start), Some(p)) = (self.block_start, self.parser.as_ref()) {
+            if !p.in_tool_block() && !self.calls.is_empty() {
+                let end = self.all_text[start..].find(CALLS_CLOSE).map(|i| start + i + CALLS_CLOSE.len()).unwrap_or(self.all_text.len());
+                let raw = &self.all_text[start..end];
+                if self.remember {
+                    if let Ok(mut mem) = self.tool_mem.lock() {
+                        let ids: Vec<String> = self.calls.iter().map(|c| c.0.clone()).collect();
+                        mem.insert(&ids, raw);
+                    }
+                }
+                self.block_done = true;
+            }
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.block_done {
+            return;
+        }
+        if let Some(p) = self.parser.as_mut() {
+            let evs = p.finish();
+            self.handle(evs);
+        }
+        if !self.pending_ws.is_empty() && !self.block_done {
+            let ws = std::mem::take(&mut self.pending_ws);
+            let _ = self.events.send(Event::Text(ws));
+        }
+    }
+}
