@@ -2,7 +2,7 @@
 //! the same run (multithreaded plain sum over an equally large buffer, same thread count).
 //!
 //!   cargo run --release -p ds4-quant --example kernel_bench -- --threads 2 [--mib 512] [--reps 7]
-//!       [--csv bench/results/kernels.csv]
+//!       [--csv bench/results/kernels.csv] [--types Q8_0,Q2_K]
 use std::time::Instant;
 
 use ds4_quant::{detect_isa, matvec, random_valid_blocks, GgmlType, MatRef, Precision};
@@ -12,26 +12,14 @@ fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
 }
 
-/// Best-of-`reps` seconds of `f` (after one warm-up call).
-fn best_of(reps: usize, mut f: impl FnMut()) -> f64 {
-    f();
-    (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_secs_f64()
-        })
-        .fold(f64::INFINITY, f64::min)
-}
-
-fn read_bandwidth(buf: &[u64], reps: usize) -> f64 {
+/// One multithreaded plain u64 sum over `buf` (the read-bandwidth probe); returns seconds.
+fn read_once(buf: &[u64]) -> f64 {
     let chunk = (buf.len() / (rayon::current_num_threads() * 4)).max(1);
-    let mut sink = 0u64;
-    let s = best_of(reps, || {
-        sink ^= buf.par_chunks(chunk).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).reduce(|| 0, u64::wrapping_add);
-    });
-    std::hint::black_box(sink);
-    (buf.len() * 8) as f64 / s / 1e9
+    let t = Instant::now();
+    let s = buf.par_chunks(chunk).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).reduce(|| 0, u64::wrapping_add);
+    let dt = t.elapsed().as_secs_f64();
+    std::hint::black_box(s);
+    dt
 }
 
 fn main() {
@@ -50,11 +38,13 @@ fn main() {
 
     let mut lines = vec![
         format!("# cargo run --release -p ds4-quant --example kernel_bench -- --threads {threads} --mib {mib} --reps {reps}"),
-        format!("# isa={:?}; weights {mib} MiB per type, cols={cols}; best of {reps} after warm-up; read_bw = best multithreaded u64 sum over {mib} MiB measured just before each type", detect_isa()),
+        format!("# isa={:?}; weights {mib} MiB per type, cols={cols}; {reps} interleaved (read-probe, matvec) pairs after one warm-up pair, best of each; read_bw = multithreaded u64 sum over a separate {mib} MiB buffer", detect_isa()),
         "type,threads,weight_mib,rows,cols,best_ms,weight_gbps,read_bw_gbps,ratio".to_string(),
     ];
     println!("{}", lines[1]);
-    for ty in [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::IQ2_XXS, GgmlType::F16] {
+    let all = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::IQ2_XXS, GgmlType::F16];
+    let only = arg(&args, "--types");
+    for ty in all.into_iter().filter(|t| only.as_deref().is_none_or(|o| o.split(',').any(|n| n == t.name()))) {
         let rb = ty.row_bytes(cols).unwrap();
         let rows = bytes / rb;
         // Tile a 4 MiB random pattern of valid blocks over the whole matrix.
@@ -65,9 +55,19 @@ fn main() {
         let w = MatRef::new(ty, &data, rows, cols).unwrap();
         let x: Vec<f32> = (0..cols).map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0).collect();
         let mut y = vec![0f32; rows];
-        let bw = read_bandwidth(&bw_buf, reps);
-        let s = best_of(reps, || matvec(&w, &x, &mut y, Precision::Fast));
-        std::hint::black_box(&y);
+        // Interleaved: each rep times one bandwidth probe, then one matvec; best of each.
+        // Back-to-back pairs see the same machine load, so the ratio is robust to load drift.
+        read_once(&bw_buf);
+        matvec(&w, &x, &mut y, Precision::Fast);
+        let (mut best_bw, mut s) = (f64::INFINITY, f64::INFINITY);
+        for _ in 0..reps {
+            best_bw = best_bw.min(read_once(&bw_buf));
+            let t = Instant::now();
+            matvec(&w, &x, &mut y, Precision::Fast);
+            s = s.min(t.elapsed().as_secs_f64());
+            std::hint::black_box(&y);
+        }
+        let bw = bytes as f64 / best_bw / 1e9;
         let gbps = data.len() as f64 / s / 1e9;
         let line = format!(
             "{},{threads},{:.0},{rows},{cols},{:.2},{:.2},{:.2},{:.3}",

@@ -79,7 +79,14 @@ fn simd_kernels_match_scalar() {
         assert_eq!(k.isa, isa);
         tested += 1;
         for ty in QTYPES {
-            for cols in [256usize, 256 * 3, 256 * 7, 4096] {
+            // Odd block counts too: Q8_0 pairs blocks per 512-bit register (odd tail), the
+            // 256-element types run one block per iteration.
+            let sizes: &[usize] = if ty == GgmlType::Q8_0 {
+                &[32, 96, 32 * 7, 256 * 3, 32 * 129, 4096]
+            } else {
+                &[256, 256 * 3, 256 * 7, 256 * 13, 4096]
+            };
+            for &cols in sizes {
                 for seed in 0..4u64 {
                     let w = random_valid_blocks(ty, seed * 31 + cols as u64, cols / ty.block_elems());
                     let a = quant_act(ty, &randn(seed + 1000, cols));

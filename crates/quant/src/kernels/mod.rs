@@ -14,7 +14,8 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL/DQ/VNNI (plus the AVX2 set).
+    /// AVX-512 F/BW/VL/DQ/VNNI/VBMI + GFNI (plus the AVX2 set): Ice Lake / Zen 4 and later.
+    /// CPUs with AVX-512 but without VBMI/GFNI (Skylake-X, Cascade Lake) use the AVX2 table.
     Avx512,
 }
 
@@ -37,6 +38,8 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vl")
                     && is_x86_feature_detected!("avx512dq")
                     && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vbmi")
+                    && is_x86_feature_detected!("gfni")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -131,6 +134,18 @@ impl Kernels {
     pub fn best() -> &'static Kernels {
         Kernels::for_isa(detect_isa()).unwrap_or(&SCALAR)
     }
+}
+
+/// Hint the CPU to pull `s` into cache (one prefetch per 64-byte line). No effect on results.
+#[inline]
+pub(crate) fn prefetch(s: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for off in (0..s.len()).step_by(64) {
+        // SAFETY: prefetch is a hint; it never faults and the address lies inside `s`.
+        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(s.as_ptr().add(off).cast()) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
 }
 
 const fn make_sign_masks() -> [u64; 128] {
