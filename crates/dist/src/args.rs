@@ -1,0 +1,178 @@
+//! Distributed flags shared by `ds4`, `ds4-bench` (and later `ds4-server`), as in the C engine.
+use crate::codec::check_bits;
+use crate::error::{DistError, Result};
+use std::time::Duration;
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Coordinator,
+    Worker,
+    None,
+}
+
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct DistArgs {
+    /// Distributed role: coordinator (owns 0:K, tokenizes, samples) or worker (serves a layer slice).
+    #[arg(long = "role", value_enum)]
+    pub role: Option<Role>,
+    /// Inclusive layer slice `A:B`, or `A:output` (through the last layer, with the output head).
+    #[arg(long = "layers", value_name = "A:B|A:output")]
+    pub layers: Option<String>,
+    /// Coordinator: where workers connect (port 0 = ephemeral).
+    #[arg(long = "listen", num_args = 2, value_names = ["HOST", "PORT"])]
+    pub listen: Vec<String>,
+    /// Worker: the coordinator to register with.
+    #[arg(long = "coordinator", num_args = 2, value_names = ["HOST", "PORT"])]
+    pub coordinator: Vec<String>,
+    /// Hidden-state wire format: 32 (f32), 16 (f16) or 8 (FP8 E4M3 with per-row scale).
+    #[arg(long = "dist-activation-bits", env = "DS4_DIST_ACTIVATION_BITS")]
+    pub dist_activation_bits: Option<u8>,
+    /// Tokens per pipelined prefill chunk (default: --prefill-chunk).
+    #[arg(long = "dist-prefill-chunk", env = "DS4_DIST_PREFILL_CHUNK")]
+    pub dist_prefill_chunk: Option<usize>,
+    /// Prefill chunks in flight (default: remote stages + 2, clamped to 2..8; max 64).
+    #[arg(long = "dist-prefill-window", env = "DS4_DIST_PREFILL_WINDOW")]
+    pub dist_prefill_window: Option<usize>,
+    /// After a replay, require the replayed logits to equal the ones held before the failure.
+    #[arg(long = "dist-replay-check")]
+    pub dist_replay_check: bool,
+    /// Shared secret: peers that cannot prove it (HMAC challenge-response) are refused.
+    #[arg(long = "dist-token", env = "DS4_DIST_TOKEN", hide_env_values = true)]
+    pub dist_token: Option<String>,
+    /// Seconds without a heartbeat or reply after which a peer is dead.
+    #[arg(long = "dist-timeout-s", default_value_t = 10.0)]
+    pub dist_timeout_s: f64,
+}
+
+fn addr(v: &[String], flag: &str) -> Result<String> {
+    match v {
+        [h, p] => {
+            let port: u16 = p.parse().map_err(|_| DistError::Usage(format!("{flag} {h} {p}: `{p}` is not a port number")))?;
+            if h.is_empty() {
+                return Err(DistError::Usage(format!("{flag}: empty host")));
+            }
+            Ok(if h.contains(':') { format!("[{h}]:{port}") } else { format!("{h}:{port}") })
+        }
+        _ => Err(DistError::Usage(format!("{flag} takes HOST PORT"))),
+    }
+}
+
+impl DistArgs {
+    pub fn is_worker(&self) -> bool { self.role == Some(Role::Worker) }
+    pub fn is_coordinator(&self) -> bool { self.role == Some(Role::Coordinator) }
+    pub fn active(&self) -> bool { self.is_worker() || self.is_coordinator() }
+    pub fn timeout(&self) -> Duration { Duration::from_secs_f64(self.dist_timeout_s) }
+    pub fn bits(&self) -> u8 { self.dist_activation_bits.unwrap_or(32) }
+    pub fn listen_addr(&self) -> Result<String> { addr(&self.listen, "--listen") }
+    pub fn coordinator_addr(&self) -> Result<String> { addr(&self.coordinator, "--coordinator") }
+
+    /// Usage errors (binaries exit 2), checked before any model is loaded.
+    pub fn validate(&self) -> Result<()> {
+        let u = |m: &str| Err(DistError::Usage(m.into()));
+        let dist_flags = [
+            (self.dist_activation_bits.is_some(), "--dist-activation-bits"),
+            (self.dist_prefill_chunk.is_some(), "--dist-prefill-chunk"),
+            (self.dist_prefill_window.is_some(), "--dist-prefill-window"),
+            (self.dist_replay_check, "--dist-replay-check"),
+            (!self.listen.is_empty(), "--listen"),
+            (!self.coordinator.is_empty(), "--coordinator"),
+            (self.dist_token.is_some(), "--dist-token"),
+        ];
+        if !self.active() {
+            if let Some((_, f)) = dist_flags.iter().find(|(set, _)| *set) {
+                return Err(DistError::Usage(format!("{f} requires --role coordinator or --role worker")));
+            }
+            if self.layers.is_some() && self.role.is_some() {
+                return u("--layers with --role none is not a distributed setup; drop --role");
+            }
+            return Ok(());
+        }
+        if !(self.dist_timeout_s > 0.0 && self.dist_timeout_s <= 3600.0) {
+            return u("--dist-timeout-s must be within (0, 3600]");
+        }
+        if self.dist_token.as_deref() == Some("") {
+            return u("--dist-token must not be empty");
+        }
+        let role = if self.is_worker() { "worker" } else { "coordinator" };
+        if self.layers.is_none() {
+            return Err(DistError::Usage(format!("--role {role} requires --layers")));
+        }
+        if self.is_coordinator() {
+            if self.listen.is_empty() {
+                return u("--role coordinator requires --listen HOST PORT");
+            }
+            self.listen_addr()?;
+            if !self.coordinator.is_empty() {
+                return u("--coordinator is for workers; the coordinator takes --listen");
+            }
+            if let Some(b) = self.dist_activation_bits {
+                check_bits(b)?;
+            }
+            if self.dist_prefill_chunk == Some(0) {
+                return u("--dist-prefill-chunk must be at least 1");
+            }
+            if let Some(w) = self.dist_prefill_window {
+                if !(1..=64).contains(&w) {
+                    return u("--dist-prefill-window must be within 1..64");
+                }
+            }
+            let l = self.layers.as_deref().unwrap_or("");
+            if !l.trim_start().starts_with("0:") {
+                return Err(DistError::Usage(format!("--role coordinator needs --layers 0:K (got `{l}`)")));
+            }
+        } else {
+            if self.coordinator.is_empty() {
+                return u("--role worker requires --coordinator HOST PORT");
+            }
+            self.coordinator_addr()?;
+            for (set, f) in &dist_flags[..4] {
+                if *set {
+                    return Err(DistError::Usage(format!("{f} is a coordinator flag; the worker takes the coordinator's settings")));
+                }
+            }
+            if !self.listen.is_empty() {
+                return u("--listen is for the coordinator; a worker takes --coordinator HOST PORT");
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct T {
+        #[command(flatten)]
+        d: DistArgs,
+    }
+
+    fn v(args: &[&str]) -> Result<()> {
+        let mut a = vec!["t"];
+        a.extend_from_slice(args);
+        T::try_parse_from(a).map_err(|e| DistError::Usage(e.to_string()))?.d.validate()
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        assert!(v(&[]).is_ok());
+        let e = v(&["--role", "coordinator", "--listen", "127.0.0.1", "0"]).unwrap_err().to_string();
+        assert!(e.contains("--role coordinator requires --layers"), "{e}");
+        let e = v(&["--role", "worker", "--layers", "3:output"]).unwrap_err().to_string();
+        assert!(e.contains("--role worker requires --coordinator"), "{e}");
+        let e = v(&["--dist-activation-bits", "16"]).unwrap_err().to_string();
+        assert!(e.contains("requires --role"), "{e}");
+        let e = v(&["--role", "coordinator", "--layers", "0:2", "--listen", "h", "0", "--dist-activation-bits", "12"]).unwrap_err().to_string();
+        assert!(e.contains("32, 16 or 8"), "{e}");
+        let e = v(&["--role", "coordinator", "--layers", "3:5", "--listen", "h", "0"]).unwrap_err().to_string();
+        assert!(e.contains("0:K"), "{e}");
+        let e = v(&["--role", "worker", "--layers", "3:5", "--coordinator", "h", "x"]).unwrap_err().to_string();
+        assert!(e.contains("not a port"), "{e}");
+        let e = v(&["--role", "worker", "--layers", "3:5", "--coordinator", "h", "1", "--dist-prefill-chunk", "4"]).unwrap_err().to_string();
+        assert!(e.contains("coordinator flag"), "{e}");
+        assert!(v(&["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--dist-activation-bits", "8"]).is_ok());
+        assert!(v(&["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "9000", "--dist-token", "x"]).is_ok());
+    }
+}

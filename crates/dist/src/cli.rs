@@ -1,0 +1,194 @@
+//! Entry points for the binaries: `ds4 --role worker|coordinator`, `ds4-bench --role coordinator`.
+use crate::args::DistArgs;
+use crate::coordinator::{CoordConfig, Coordinator};
+use crate::error::{DistError, Result};
+use crate::exec::LocalStage;
+use crate::route::{DistSession, RouteOptions};
+use crate::worker::{run_worker, WorkerOptions};
+use ds4_engine::{resolve_model, Engine, LoadOptions};
+use ds4_model::{Config, LayerRange};
+use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
+use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
+use ds4_tokenizer::{StreamDecoder, Tokenizer};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Exit status for a result: 2 for usage errors, 1 otherwise.
+pub fn exit_code(e: &DistError) -> u8 { if matches!(e, DistError::Usage(_)) { 2 } else { 1 } }
+
+/// `ds4 --role worker`: serve a layer slice until killed.
+pub fn worker_main(dist: &DistArgs, model: Option<&Path>, ctx: usize, threads: Option<usize>, debug: bool) -> Result<()> {
+    dist.validate()?;
+    let src = resolve_model(model)?;
+    let opts = WorkerOptions { ctx, threads, token: dist.dist_token.clone(), timeout: dist.timeout(), debug, ..WorkerOptions::default() };
+    run_worker(src.path(), dist.layers.as_deref().unwrap_or_default(), &dist.coordinator_addr()?, &opts)
+}
+
+/// A coordinator session: the local layers loaded, the listener up, and (within `wait`) a complete route.
+pub struct CoordinatorSetup {
+    pub session: DistSession,
+    pub coordinator: Arc<Coordinator>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub cfg: Config,
+}
+
+pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Option<usize>, prefill_chunk: usize, debug: bool, wait: Duration) -> Result<CoordinatorSetup> {
+    dist.validate()?;
+    if !dist.is_coordinator() {
+        return Err(DistError::Usage("start_coordinator needs --role coordinator".into()));
+    }
+    let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
+    let cfg = Config::from_gguf(&file)?;
+    let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
+    let eng = Engine::load(model, &LoadOptions { ctx, threads, layers: Some(range), ..LoadOptions::default() })?;
+    let Engine { stage, tokenizer, ctx } = eng;
+    let chunk = dist.dist_prefill_chunk.unwrap_or(prefill_chunk).max(1);
+    let coord = Arc::new(Coordinator::start(CoordConfig {
+        listen: dist.listen_addr()?,
+        file,
+        cfg: cfg.clone(),
+        local: range,
+        ctx,
+        bits: dist.bits(),
+        token: dist.dist_token.clone(),
+        timeout: dist.timeout(),
+        max_chunk: chunk,
+        debug,
+    })?);
+    let opts = RouteOptions { bits: dist.bits(), prefill_chunk: chunk, prefill_window: dist.dist_prefill_window, replay_check: dist.dist_replay_check, debug };
+    let session = DistSession::new(LocalStage::new(stage, ctx), Some(coord.clone()), opts);
+    if coord.plan().is_err() {
+        eprintln!("ds4: distributed coordinator: waiting up to {:.0}s for workers", wait.as_secs_f64());
+        coord.wait_complete(wait)?;
+    }
+    Ok(CoordinatorSetup { session, coordinator: coord, tokenizer, cfg })
+}
+
+fn wait_default() -> Duration {
+    Duration::from_secs_f64(std::env::var("DS4_DIST_WAIT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300.0))
+}
+
+/// What `ds4` hands over in coordinator mode.
+pub struct Ds4Run<'a> {
+    pub model: Option<&'a Path>,
+    pub prompt: Option<String>,
+    pub system: Option<String>,
+    pub mode: ThinkMode,
+    pub ctx: usize,
+    pub max_tokens: usize,
+    pub sampler: SamplerConfig,
+    pub threads: Option<usize>,
+    pub prefill_chunk: usize,
+    pub debug: bool,
+}
+
+/// `ds4` with `--role`: the worker loop, or a one-shot generation over the route.
+pub fn ds4_main(dist: &DistArgs, r: &Ds4Run) -> Result<()> {
+    dist.validate()?;
+    if dist.is_worker() {
+        return worker_main(dist, r.model, r.ctx, r.threads, r.debug);
+    }
+    if !dist.is_coordinator() {
+        return Err(DistError::Usage("--role none: nothing distributed to do".into()));
+    }
+    let prompt = r.prompt.clone().ok_or_else(|| DistError::Usage("--role coordinator in ds4 needs -p or --prompt-file (interactive chat is not distributed yet)".into()))?;
+    let src = resolve_model(r.model)?;
+    let mut setup = start_coordinator(dist, src.path(), r.ctx, r.threads, r.prefill_chunk, r.debug, wait_default())?;
+    let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
+    let ids = tok.chat_ids().map_err(|e| DistError::Model(e.to_string()))?;
+    let mut msgs = Vec::new();
+    if let Some(s) = &r.system {
+        msgs.push(Message::system(s.clone()));
+    }
+    msgs.push(Message::user(prompt));
+    let ropts = RenderOptions { mode: r.mode, ctx: r.ctx as u64, ..RenderOptions::default() };
+    let toks = tok.encode(&render_chat(&msgs, &ropts));
+    if toks.len() >= r.ctx {
+        return Err(DistError::Other(format!("prompt has {} tokens, which does not fit --ctx {}", toks.len(), r.ctx)));
+    }
+    let s = &mut setup.session;
+    let t0 = Instant::now();
+    let first = s.sync(&toks)?.to_vec();
+    let pt = t0.elapsed();
+    let greedy = r.sampler.temperature == 0.0;
+    let mut sampler = Sampler::with_capacity(r.sampler.clone(), setup.cfg.n_vocab);
+    let mut dec = StreamDecoder::new();
+    let mut out = std::io::stdout().lock();
+    let t1 = Instant::now();
+    let mut next = sampler.sample(&first);
+    let mut n = 0;
+    while n < r.max_tokens && next != ids.eos && s.tokens.len() < r.ctx {
+        n += 1;
+        let piece = if tok.is_added(next) { tok.token_text(next) } else { dec.push(&tok, next) };
+        let _ = out.write_all(piece.as_bytes());
+        let _ = out.flush();
+        if n == r.max_tokens {
+            break;
+        }
+        next = if greedy { s.step_greedy(next, 0)?.id } else { sampler.sample(s.step(next)?) };
+    }
+    let _ = writeln!(out, "{}", dec.finish());
+    let gt = t1.elapsed().as_secs_f64();
+    eprintln!(
+        "prompt: {} tokens, prefill {:.2} t/s | generated: {n} tokens, {:.2} t/s",
+        toks.len(),
+        toks.len() as f64 / pt.as_secs_f64().max(1e-9),
+        n as f64 / gt.max(1e-9)
+    );
+    Ok(())
+}
+
+/// What `ds4-bench` hands over in coordinator mode.
+pub struct BenchRun<'a> {
+    pub model: Option<&'a Path>,
+    pub prompt_file: PathBuf,
+    pub frontiers: Vec<usize>,
+    pub gen_tokens: usize,
+    pub threads: Option<usize>,
+    pub prefill_chunk: usize,
+    pub csv: Option<PathBuf>,
+    pub debug: bool,
+}
+
+/// `ds4-bench --role coordinator`: the frontier CSV over the route. Remote KV cannot be snapshotted,
+/// so each frontier prefills from 0 (prefill_tokens says so) and decodes greedily at the last stage.
+pub fn bench_main(dist: &DistArgs, b: &BenchRun) -> Result<()> {
+    dist.validate()?;
+    if !dist.is_coordinator() {
+        return Err(DistError::Usage("ds4-bench takes --role coordinator (workers run `ds4 --role worker`)".into()));
+    }
+    let max = *b.frontiers.iter().max().ok_or_else(|| DistError::Usage("no context frontiers".into()))?;
+    let text = std::fs::read_to_string(&b.prompt_file).map_err(|e| DistError::Usage(format!("cannot read {}: {e}", b.prompt_file.display())))?;
+    let src = resolve_model(b.model)?;
+    let ctx = max + b.gen_tokens + 1;
+    let mut setup = start_coordinator(dist, src.path(), ctx, b.threads, b.prefill_chunk, b.debug, wait_default())?;
+    let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
+    let base = tok.encode(&text);
+    if base.is_empty() {
+        return Err(DistError::Usage("the prompt file has no tokens".into()));
+    }
+    let toks: Vec<u32> = base.iter().cycle().take(max).copied().collect();
+    let mut out: Box<dyn Write> = match &b.csv {
+        Some(p) => Box::new(std::fs::File::create(p).map_err(|e| DistError::Other(format!("cannot create {}: {e}", p.display())))?),
+        None => Box::new(std::io::stdout()),
+    };
+    let w = |out: &mut Box<dyn Write>, s: String| writeln!(out, "{s}").and_then(|_| out.flush()).map_err(|e| DistError::Io(e.to_string()));
+    w(&mut out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes".into())?;
+    let s = &mut setup.session;
+    for &f in &b.frontiers {
+        s.reset();
+        let t0 = Instant::now();
+        let l = s.sync(&toks[..f])?;
+        let mut next = ds4_tokenizer::sampling::argmax(l);
+        let pt = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        for _ in 0..b.gen_tokens {
+            next = s.step_greedy(next, 0)?.id;
+        }
+        let gt = t1.elapsed().as_secs_f64();
+        w(&mut out, format!("{f},{f},{:.2},{},{:.2},0", f as f64 / pt, b.gen_tokens, b.gen_tokens as f64 / gt.max(1e-9)))?;
+    }
+    Ok(())
+}
