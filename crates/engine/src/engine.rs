@@ -1,7 +1,7 @@
 //! A loaded model: the stage that runs it, its tokenizer, and the thread pool set-up.
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
-use ds4_model::{Config, LayerRange, Options, Stage, Weights};
+use ds4_model::{residency, Config, LayerRange, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +12,11 @@ pub struct LoadOptions {
     pub threads: Option<usize>,
     pub layers: Option<LayerRange>,
     pub options: Options,
+    pub debug: bool,
 }
 
 impl Default for LoadOptions {
-    fn default() -> Self { Self { ctx: 32768, threads: None, layers: None, options: Options::default() } }
+    fn default() -> Self { Self { ctx: 32768, threads: None, layers: None, options: Options::default(), debug: false } }
 }
 
 pub struct Engine {
@@ -38,9 +39,14 @@ impl Engine {
         }
         let file = Arc::new(GgufFile::open(path)?);
         let cfg = Config::from_gguf(&file)?;
-        let range = opts.layers.unwrap_or_else(|| LayerRange::full(&cfg));
+        let shard = ds4_model::weights::shard_range(&file)?;
+        let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
         let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };
-        let weights = Weights::bind(file, &cfg, range)?;
+        residency::set_phase(residency::Phase::Load);
+        let weights = Weights::bind_mapped(file, path, &cfg, range)?;
+        if opts.layers.is_some() || shard.is_some() || opts.debug {
+            eprintln!("{}", weights.plan.describe(&range.label()));
+        }
         Ok(Self { stage: Stage::new(cfg, weights, opts.options), tokenizer, ctx: opts.ctx })
     }
 

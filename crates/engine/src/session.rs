@@ -1,7 +1,7 @@
 //! A conversation's state on the engine: KV cache, token history, prefill and generation loops.
 use crate::engine::Engine;
 use crate::error::EngineError;
-use ds4_model::{KvState, Logits};
+use ds4_model::{residency, KvState, Logits};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,7 @@ impl Session {
         if !reuse {
             self.reset(engine);
         }
+        residency::set_phase(residency::Phase::Prefill);
         let start = self.tokens.len();
         let todo = &prompt[start..];
         let total = todo.len();
@@ -109,6 +110,7 @@ impl Session {
         if self.logits.is_empty() {
             return Err(EngineError::Invalid("nothing to continue from: empty prompt".into()));
         }
+        residency::set_phase(residency::Phase::Decode);
         let t0 = Instant::now();
         let mut reason = StopReason::MaxTokens;
         for _ in 0..max_tokens {

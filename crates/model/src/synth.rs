@@ -150,7 +150,7 @@ struct TensorPlan {
     init: Init,
 }
 
-/// The ds4 tensor list of `cfg` for layers `first..=last`, embedding/head as requested.
+/// The ds4 tensor list of `cfg` (embedding, head, then layers) for layers `first..=last`, embedding/head as requested.
 fn plan(cfg: &Config, mix: Mix, first: usize, last: usize, embed: bool, head: bool) -> Vec<TensorPlan> {
     use GgmlType::*;
     let mut v = Vec::new();
@@ -161,6 +161,14 @@ fn plan(cfg: &Config, mix: Mix, first: usize, last: usize, embed: bool, head: bo
     let q8 = mix.q8();
     if embed {
         add("token_embd.weight".into(), F16, &[e, cfg.n_vocab], Init::Noise(1.0));
+    }
+    // Top-level tensors first, as in the published files' tensor table.
+    if head {
+        add("output_hc_base.weight".into(), F32, &[cfg.n_hc], Init::Noise(0.5));
+        add("output_hc_fn.weight".into(), F16, &[cfg.hc_dim(), cfg.n_hc], Init::Matrix { cols: cfg.hc_dim() });
+        add("output_hc_scale.weight".into(), F32, &[1], Init::Noise(0.5));
+        add("output_norm.weight".into(), F32, &[e], Init::Ones(0.1));
+        add("output.weight".into(), q8, &[e, cfg.n_vocab], Init::Matrix { cols: e });
     }
     for il in first..=last {
         let p = |s: &str| format!("blk.{il}.{s}");
@@ -214,13 +222,6 @@ fn plan(cfg: &Config, mix: Mix, first: usize, last: usize, embed: bool, head: bo
             add(p("ffn_up_shexp.weight"), q8, &[e, cfg.ff_exp], Init::Matrix { cols: e });
             add(p("ffn_down_shexp.weight"), q8, &[cfg.ff_exp, e], Init::Matrix { cols: cfg.ff_exp });
         }
-    }
-    if head {
-        add("output_hc_base.weight".into(), F32, &[cfg.n_hc], Init::Noise(0.5));
-        add("output_hc_fn.weight".into(), F16, &[cfg.hc_dim(), cfg.n_hc], Init::Matrix { cols: cfg.hc_dim() });
-        add("output_hc_scale.weight".into(), F32, &[1], Init::Noise(0.5));
-        add("output_norm.weight".into(), F32, &[e], Init::Ones(0.1));
-        add("output.weight".into(), q8, &[e, cfg.n_vocab], Init::Matrix { cols: e });
     }
     v
 }

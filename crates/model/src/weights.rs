@@ -3,6 +3,11 @@ use crate::config::Config;
 use crate::error::{ModelError, Result};
 use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
 use ds4_quant::MatRef;
+use crate::mapplan::MapPlan;
+use crate::residency;
+use std::cell::RefCell;
+use std::ops::Range;
+use std::path::Path;
 use std::sync::Arc;
 
 /// A matrix (or a stack of expert matrices) living in the mapped file.
@@ -18,6 +23,9 @@ pub struct Mat {
     /// Absolute byte range in the file.
     pub start: usize,
     pub len: usize,
+    /// Mapping of the map plan that holds it, and the offset inside that mapping.
+    pub map: usize,
+    pub off: usize,
 }
 
 impl Mat {
@@ -123,25 +131,47 @@ impl LayerRange {
     }
 }
 
-/// All weights a stage owns, bound to the mapped file.
+/// One mapping of the map plan: its own mmap of a file span, or (for in-memory files) a window of the
+/// file's bytes.
+pub enum Region {
+    Mapped(memmap2::Mmap),
+    Window(Range<usize>),
+}
+
+/// All weights a stage owns, bound to the mappings of its map plan.
 pub struct Weights {
     pub file: Arc<GgufFile>,
     pub range: LayerRange,
     pub embed: Option<Mat>,
     pub layers: Vec<LayerWeights>,
     pub head: Option<HeadWeights>,
+    pub plan: MapPlan,
+    regions: Vec<Region>,
 }
 
 impl Weights {
+    fn region(&self, i: usize) -> &[u8] {
+        match &self.regions[i] {
+            Region::Mapped(m) => m,
+            Region::Window(r) => &self.file.bytes()[r.clone()],
+        }
+    }
+
     pub fn mat<'a>(&'a self, m: &Mat) -> MatRef<'a> {
-        MatRef { ty: m.ty, data: &self.file.bytes()[m.start..m.start + m.len], rows: m.rows * m.n_mat, cols: m.cols }
+        MatRef { ty: m.ty, data: &self.region(m.map)[m.off..m.off + m.len], rows: m.rows * m.n_mat, cols: m.cols }
     }
     /// Matrix `e` of a stacked expert tensor.
     pub fn expert<'a>(&'a self, m: &Mat, e: usize) -> MatRef<'a> {
         let b = m.bytes_per_mat();
-        let s = m.start + e * b;
-        MatRef { ty: m.ty, data: &self.file.bytes()[s..s + b], rows: m.rows, cols: m.cols }
+        let s = m.off + e * b;
+        MatRef { ty: m.ty, data: &self.region(m.map)[s..s + b], rows: m.rows, cols: m.cols }
     }
+
+    /// Number of mappings the stage's weights live in.
+    pub fn n_mappings(&self) -> usize { self.regions.len() }
+
+    /// Bytes of all tensors the stage owns (what becomes resident).
+    pub fn resident_bytes(&self) -> u64 { self.plan.bytes() }
 
     /// Weight bytes one decode step reads: every dense matrix of the owned layers, `n_expert_used`
     /// experts' matrices per layer, the head, one embedding row. `indexer_active` says whether the
@@ -178,14 +208,25 @@ impl Weights {
         &self.layers[il - self.range.first]
     }
 
+    /// Binds the stage's tensors inside the file's own bytes (one window per map-plan span).
     pub fn bind(file: Arc<GgufFile>, cfg: &Config, range: LayerRange) -> Result<Self> {
+        Self::bind_from(file, None, cfg, range)
+    }
+
+    /// Binds the stage's tensors and maps only the coalesced spans of its map plan from `path`.
+    pub fn bind_mapped(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange) -> Result<Self> {
+        Self::bind_from(file, Some(path), cfg, range)
+    }
+
+    fn bind_from(file: Arc<GgufFile>, path: Option<&Path>, cfg: &Config, range: LayerRange) -> Result<Self> {
         if range.first > range.last || range.last >= cfg.n_layer {
             return Err(ModelError::Invalid(format!(
                 "layer range {}:{} is outside the model's {} layers",
                 range.first, range.last, cfg.n_layer
             )));
         }
-        let b = Binder { f: &file, cfg };
+        check_shard(&file, range)?;
+        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()) };
         let embed = if range.embed { Some(b.mat("token_embd.weight", cfg.n_vocab, cfg.n_embd, 1)?) } else { None };
         let mut layers = Vec::with_capacity(range.last - range.first + 1);
         for il in range.first..=range.last {
@@ -202,7 +243,54 @@ impl Weights {
         } else {
             None
         };
-        Ok(Self { file: file.clone(), range, embed, layers, head })
+        let plan = MapPlan::build(b.owned.into_inner(), file.alignment());
+        let regions = match path {
+            Some(p) => map_spans(p, &plan)?,
+            None => plan.spans.iter().map(|r| Region::Window(r.start as usize..r.end as usize)).collect(),
+        };
+        residency::count(residency::Op::Map, regions.len() as u64);
+        let mut w = Self { file: file.clone(), range, embed, layers, head, plan, regions };
+        w.locate_mats()?;
+        Ok(w)
+    }
+
+    /// Points every matrix at its mapping (done once, at load).
+    fn locate_mats(&mut self) -> Result<()> {
+        let plan = &self.plan;
+        let fix = |m: &mut Mat| -> Result<()> {
+            let i = plan.find(m.start as u64, m.len as u64).ok_or_else(|| ModelError::Invalid("tensor outside the map plan".into()))?;
+            m.map = i;
+            m.off = m.start - plan.spans[i].start as usize;
+            residency::count(residency::Op::Bind, 1);
+            Ok(())
+        };
+        if let Some(e) = self.embed.as_mut() {
+            fix(e)?;
+        }
+        for l in self.layers.iter_mut() {
+            for m in [&mut l.hc_attn.fn_, &mut l.hc_ffn.fn_, &mut l.q_a, &mut l.q_b, &mut l.kv, &mut l.out_a, &mut l.out_b, &mut l.gate_inp, &mut l.gate_exps, &mut l.up_exps, &mut l.down_exps] {
+                fix(m)?;
+            }
+            if let Some(c) = l.comp.as_mut() {
+                fix(&mut c.kv)?;
+                fix(&mut c.gate)?;
+            }
+            if let Some(i) = l.indexer.as_mut() {
+                for m in [&mut i.q_b, &mut i.proj, &mut i.comp.kv, &mut i.comp.gate] {
+                    fix(m)?;
+                }
+            }
+            if let Some(sh) = l.shared.as_mut() {
+                for m in sh.iter_mut() {
+                    fix(m)?;
+                }
+            }
+        }
+        if let Some(h) = self.head.as_mut() {
+            fix(&mut h.hc_fn)?;
+            fix(&mut h.output)?;
+        }
+        Ok(())
     }
 
     /// Embedding row of `token` as f32.
@@ -213,8 +301,8 @@ impl Weights {
             return Err(ModelError::Invalid(format!("token id {t} is outside the vocabulary ({})", m.rows)));
         }
         let rb = m.ty.row_bytes(m.cols).unwrap_or(0);
-        let s = m.start + t * rb;
-        ds4_quant::dequantize(m.ty, &self.file.bytes()[s..s + rb], out)?;
+        let s = m.off + t * rb;
+        ds4_quant::dequantize(m.ty, &self.region(m.map)[s..s + rb], out)?;
         Ok(())
     }
 }
@@ -222,6 +310,47 @@ impl Weights {
 struct Binder<'a> {
     f: &'a GgufFile,
     cfg: &'a Config,
+    /// File byte ranges of every tensor the stage owns (input of the map plan).
+    owned: RefCell<Vec<Range<u64>>>,
+}
+
+/// Maps each span of the plan from the file.
+fn map_spans(path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
+    let f = std::fs::File::open(path).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    plan.spans
+        .iter()
+        .map(|r| {
+            // SAFETY: read-only private mapping of a model file the engine does not modify; like any mmap
+            // it assumes no other process truncates the file while it is mapped.
+            let m = unsafe { memmap2::MmapOptions::new().offset(r.start).len((r.end - r.start) as usize).map(&f) };
+            m.map(Region::Mapped).map_err(|e| ModelError::Invalid(format!("mapping {}..{} of {}: {e}", r.start, r.end, path.display())))
+        })
+        .collect()
+}
+
+/// A shard file records its layer range; a stage must lie inside it.
+fn check_shard(f: &GgufFile, range: LayerRange) -> Result<()> {
+    let Some(sr) = shard_range(f)? else { return Ok(()) };
+    let inside = range.first >= sr.first && range.last <= sr.last && (!range.head || sr.head) && (!range.embed || sr.embed);
+    if !inside {
+        return Err(ModelError::Invalid(format!(
+            "this file is a shard of layers {}; --layers {} is not contained in it",
+            sr.label(),
+            range.label()
+        )));
+    }
+    Ok(())
+}
+
+/// The layer range recorded in a shard file's metadata (`ds4.shard.*`), if any.
+pub fn shard_range(f: &GgufFile) -> Result<Option<LayerRange>> {
+    if f.get("ds4.shard.first_layer").is_none() {
+        return Ok(None);
+    }
+    let first = f.get_u32("ds4.shard.first_layer")? as usize;
+    let last = f.get_u32("ds4.shard.last_layer")? as usize;
+    let head = f.get_bool("ds4.shard.has_output")?;
+    Ok(Some(LayerRange { first, last, embed: first == 0, head }))
 }
 
 const MATRIX_TYPES: &[GgmlType] =
@@ -230,7 +359,9 @@ const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16
 
 impl<'a> Binder<'a> {
     fn info(&self, name: &str) -> Result<&'a TensorInfo> {
-        self.f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), problem: "missing from the model file".into() })
+        let t = self.f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), problem: "missing from the model file".into() })?;
+        self.owned.borrow_mut().push(self.f.tensor_file_range(t));
+        Ok(t)
     }
 
     fn check_dims(&self, t: &TensorInfo, want: &[u64]) -> Result<()> {
@@ -256,7 +387,7 @@ impl<'a> Binder<'a> {
             return Err(ModelError::Tensor { name: name.into(), problem: format!("type {} is not a supported matrix type", t.ty.name()) });
         }
         let (start, len) = self.abs_range(t);
-        Ok(Mat { ty: t.ty, rows, cols, n_mat, start, len })
+        Ok(Mat { ty: t.ty, rows, cols, n_mat, start, len, map: 0, off: 0 })
     }
 
     /// A small float vector (norms, biases, scales), converted to f32 at load. Accepts `[n]` or `[a, b]` with a·b = n.

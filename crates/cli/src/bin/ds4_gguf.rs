@@ -8,6 +8,8 @@ mod gguf_inspect;
 mod gguf_convert;
 #[path = "../gguf_synth.rs"]
 mod gguf_synth;
+#[path = "../gguf_split.rs"]
+mod gguf_split;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-gguf", version, about = "DwarfStar GGUF tools")]
@@ -24,6 +26,8 @@ enum Command {
     Convert(gguf_convert::ConvertArgs),
     /// Write a deterministic synthetic model (tiny, flash or pro shape) in the ds4 layout.
     Synth(gguf_synth::SynthArgs),
+    /// Write a shard holding one layer range (and the embedding/head it implies).
+    Split(gguf_split::SplitArgs),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +36,7 @@ fn main() -> ExitCode {
         Command::Inspect(args) => gguf_inspect::run(args),
         Command::Convert(args) => gguf_convert::run(args),
         Command::Synth(args) => gguf_synth::run(args),
+        Command::Split(args) => gguf_split::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
