@@ -418,8 +418,9 @@ impl<'a> Output<'a> {
                 DsmlEvent::ToolCallStart { name } => {
                     if self.block_start.is_none() {
                         let at = self.all_text.rfind(CALLS_OPEN).unwrap_or(self.all_text.len());
-                        let ws = self.pending_ws.len();
-                        let start = if at >= ws && self.all_text[..at].ends_with(&self.pending_ws) { at - ws } else { at };
+                        // Whitespace right before the marker was never shown (held back, or swallowed by
+                        // the parser): it belongs to the block's exact DSML.
+                        let start = self.all_text[..at].trim_end().len();
                         self.block_start = Some(start);
                         self.pending_ws.clear();
                     }

@@ -1,0 +1,168 @@
+"""Bad input → a clear 4xx in the API's own error shape (never a panic, never 200 with nothing)."""
+import json
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+
+OPENAI_PATHS = ["/v1/chat/completions", "/v1/completions", "/v1/responses"]
+
+
+def assert_openai_error(status, body, want_status, param=None):
+    assert status == want_status, body
+    err = body["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert err["type"]
+    if param:
+        assert err["param"] == param, err
+
+
+def assert_anthropic_error(status, body, want_status, want_type="invalid_request_error"):
+    assert status == want_status, body
+    assert body["type"] == "error"
+    assert body["error"]["type"] == want_type and body["error"]["message"]
+
+
+@pytest.mark.parametrize("path", OPENAI_PATHS)
+def test_malformed_json_openai(server, path):
+    for body in [b"{not json", b"", b"[1,2]", b'{"messages": [}', "{\"prompt\": \"\xff\"}".encode("latin-1")]:
+        st, b = server.post_raw(path, body)
+        assert_openai_error(st, b, 400)
+
+
+def test_malformed_json_anthropic(server):
+    st, b = server.post_raw("/v1/messages", b"{nope")
+    assert_anthropic_error(st, b, 400)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("temperature", "hot"), ("max_tokens", "ten"), ("max_tokens", -3), ("max_tokens", 0), ("top_p", 7),
+    ("stream", "yes"), ("stop", 5), ("messages", "hello"), ("seed", 1.5), ("top_k", -1), ("tools", {}),
+    ("reasoning_effort", "extreme"), ("thinking", "on"),
+])
+def test_wrong_types_chat(server, field, value):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    body[field] = value
+    st, b = server.post_raw("/v1/chat/completions", json.dumps(body).encode())
+    assert_openai_error(st, b, 400)
+
+
+def test_wrong_types_sdk(oai, claude):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], temperature="hot")
+    assert e.value.status_code == 400 and "temperature" in str(e.value)
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(model="m", messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="m", prompt={"a": 1}, max_tokens=3)
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model="m", input=42)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="m", max_tokens="lots", messages=[{"role": "user", "content": "x"}])
+    assert e.value.status_code == 400 and e.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model="m", max_tokens=4, messages=[{"role": "system", "content": "x"}])
+
+
+def test_empty_messages(oai, claude, server):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=[])
+    assert "messages" in str(e.value)
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.create(model="m", max_tokens=4, messages=[])
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model="m", input=[])
+    with pytest.raises(openai.BadRequestError):
+        oai.completions.create(model="m", prompt=[], max_tokens=3)
+    st, b = server.post_raw("/v1/chat/completions", b"{}")
+    assert_openai_error(st, b, 400, "messages")
+
+
+def test_prompt_longer_than_context(server, oai, claude):
+    long = "many words here " * 3000  # well over --ctx 4096 tokens, well under the body limit
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.chat.completions.create(model="m", messages=[{"role": "user", "content": long}], max_tokens=4)
+    err = e.value.body
+    assert err["code"] == "context_length_exceeded" and err["n_prompt_tokens"] > 4096
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.completions.create(model="m", prompt=long, max_tokens=4, stream=True)
+    assert e.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        oai.responses.create(model="m", input=long)
+    with pytest.raises(anthropic.BadRequestError) as e:
+        claude.messages.create(model="m", max_tokens=4, messages=[{"role": "user", "content": long}])
+    assert "context" in e.value.body["error"]["message"]
+
+
+def test_body_over_limit(server):
+    big = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
+    st, b = server.post_raw("/v1/chat/completions", big)
+    assert_openai_error(st, b, 413)
+    st, b = server.post_raw("/v1/messages", big)
+    assert_anthropic_error(st, b, 413, "request_too_large")
+
+
+def test_unknown_endpoint_and_method(server):
+    st, b = server.post_raw("/v1/nope", b"{}")
+    assert_openai_error(st, b, 404)
+    try:
+        server.get("/v1/chat/completions")
+        assert False, "GET on a POST endpoint must fail"
+    except Exception as e:  # urllib HTTPError
+        assert e.code == 405 and json.loads(e.read())["error"]["message"]
+    with pytest.raises(Exception) as e:
+        server.get("/v1/models/gpt-nope")
+    assert e.value.code == 404
+
+
+def test_previous_response_id_rejected(oai):
+    with pytest.raises(openai.BadRequestError) as e:
+        oai.responses.create(model="m", input="hi", previous_response_id="resp_123")
+    assert "previous_response_id" in str(e.value)
+
+
+def test_api_key(make_server):
+    s = make_server("--ctx", "1024", "--api-key", "sekret", name="auth")
+    bad = openai.OpenAI(base_url=s.base + "/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+    badc = anthropic.Anthropic(base_url=s.base, api_key="wrong", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as e:
+        badc.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}])
+    assert e.value.body["error"]["type"] == "authentication_error"
+    good = openai.OpenAI(base_url=s.base + "/v1", api_key="sekret", max_retries=0)
+    assert good.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2).choices
+    goodc = anthropic.Anthropic(base_url=s.base, api_key="sekret", max_retries=0)  # sends x-api-key
+    assert goodc.messages.create(model="m", max_tokens=2, messages=[{"role": "user", "content": "x"}]).content is not None
+    assert s.get_json("/health")["status"] == "ok"  # health stays open
+
+
+def test_queue_full_gets_503(make_server):
+    s = make_server("--ctx", "8192", "--max-queue", "1", name="queue")
+    c = openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "long one"}]
+    running = c.chat.completions.create(model="m", messages=msgs, max_tokens=6000, temperature=0,
+                                        reasoning_effort="none", stream=True)
+    next(iter(running))  # the worker is busy with it now
+    queued_result = {}
+
+    def queued():
+        queued_result["r"] = c.chat.completions.create(model="m", messages=msgs, max_tokens=3, reasoning_effort="none")
+
+    t = threading.Thread(target=queued)
+    t.start()
+    deadline = time.time() + 10
+    while s.metrics()["ds4_queue_depth"] < 1 and time.time() < deadline:
+        time.sleep(0.01)
+    with pytest.raises(openai.APIStatusError) as e:
+        c.chat.completions.create(model="m", messages=msgs, max_tokens=3)
+    assert e.value.status_code == 503 and e.value.body["code"] == "queue_full"
+    running.close()  # disconnect: the worker stops that generation and takes the queued one
+    t.join(30)
+    assert queued_result["r"].choices[0].finish_reason in ("length", "stop")
+    m = s.metrics()
+    assert m["ds4_queue_rejected_total"] == 1 and m["ds4_jobs_cancelled_total"] == 1
