@@ -1,10 +1,11 @@
 //! In-cache single-thread kernel throughput (compute cost per weight byte, no DRAM traffic):
-//! a ~1 MiB weight slab (fits L2) dotted row by row with one activation row, best of N.
+//! a ~1 MiB weight slab (fits L2) dotted row by row with one activation row per kernel table,
+//! then the same slab through `matvec` on a 1-thread pool (the real driver path), best of N.
 //!
 //!   cargo run --release -p ds4-quant --example kernel_micro [-- --kib 1024 --reps 50]
 use std::time::Instant;
 
-use ds4_quant::{quantize_row_q8_0, quantize_row_q8_k, random_valid_blocks, GgmlType, Isa, Kernels};
+use ds4_quant::{matvec, quantize_row_q8_0, quantize_row_q8_k, random_valid_blocks, GgmlType, Isa, Kernels, MatRef, Precision};
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
@@ -55,5 +56,20 @@ fn main() {
             let bytes = (rows * rb) as f64;
             println!("{},{:?},{:.2},{:.2}", ty.name(), isa, bytes / best / 1e9, best * 1e9 / (rows * cols / 256) as f64);
         }
+        // The real driver path (best ISA, activation prepared once per call), 1 thread.
+        let m = MatRef::new(ty, &w, rows, cols).unwrap();
+        let mut y = vec![0f32; rows];
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let mut best = f64::INFINITY;
+        pool.install(|| {
+            for _ in 0..reps {
+                let t = Instant::now();
+                matvec(&m, &x, &mut y, Precision::Fast);
+                best = best.min(t.elapsed().as_secs_f64());
+            }
+        });
+        std::hint::black_box(&y);
+        let bytes = (rows * rb) as f64;
+        println!("{},matvec,{:.2},{:.2}", ty.name(), bytes / best / 1e9, best * 1e9 / (rows * cols / 256) as f64);
     }
 }

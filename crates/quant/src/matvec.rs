@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::blocks::*;
-use crate::kernels::Kernels;
+use crate::kernels::{self, DotF, DotQ, Kernels};
 use crate::quantize::{quantize_row_q8_0, quantize_row_q8_k};
 use crate::{dequantize, GgmlType, MatRef, Precision};
 
@@ -15,12 +15,20 @@ enum Act<'x> {
     Quant(Vec<u8>, usize),
 }
 
-fn prepare(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Act<'_> {
+fn prepare<'x>(ty: GgmlType, x: &'x [f32], n: usize, cols: usize, k: &Kernels) -> Act<'x> {
     let (f, bytes): (fn(&[f32], &mut [u8]), usize) = match ty {
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => return Act::F32(x),
         GgmlType::Q8_0 => (quantize_row_q8_0, cols / QK8_0 * Q8_0_BYTES),
         GgmlType::Q2_K | GgmlType::Q4_K | GgmlType::IQ2_XXS => (quantize_row_q8_k, cols / QK_K * Q8_K_BYTES),
         t => panic!("matvec: weight type {} has no kernel", t.name()),
+    };
+    // The IQ2_XXS fast kernel (where the ISA has one) reads the activation row-transposed.
+    let transpose = ty == GgmlType::IQ2_XXS && kernels::iq2_xxs_transposed(k).is_some();
+    let f = |xr: &[f32], o: &mut [u8]| {
+        f(xr, o);
+        if transpose {
+            kernels::q8k_to_row_major_groups(o);
+        }
     };
     let mut buf = vec![0u8; bytes * n];
     if n >= 4 {
@@ -33,33 +41,34 @@ fn prepare(ty: GgmlType, x: &[f32], n: usize, cols: usize) -> Act<'_> {
 
 /// Row dot of weight row `w` with activation row `t`.
 struct Dotter<'a, 'x> {
-    k: &'static Kernels,
-    ty: GgmlType,
     act: &'a Act<'x>,
     cols: usize,
+    /// Kernel for quantized activations / for f32 activations (the one matching `act`).
+    q: DotQ,
+    f: DotF,
 }
 
-impl Dotter<'_, '_> {
+impl<'a, 'x> Dotter<'a, 'x> {
+    fn new(k: &'static Kernels, ty: GgmlType, act: &'a Act<'x>, cols: usize) -> Self {
+        let q = match ty {
+            GgmlType::Q8_0 => k.q8_0,
+            GgmlType::Q2_K => k.q2_k,
+            GgmlType::Q4_K => k.q4_k,
+            _ => kernels::iq2_xxs_transposed(k).unwrap_or(k.iq2_xxs),
+        };
+        let f = match ty {
+            GgmlType::F32 => k.f32,
+            GgmlType::F16 => k.f16,
+            _ => k.bf16,
+        };
+        Dotter { act, cols, q, f }
+    }
+
     #[inline]
     fn dot(&self, w: &[u8], t: usize) -> f32 {
         match self.act {
-            Act::F32(x) => {
-                let xr = &x[t * self.cols..(t + 1) * self.cols];
-                match self.ty {
-                    GgmlType::F32 => (self.k.f32)(w, xr),
-                    GgmlType::F16 => (self.k.f16)(w, xr),
-                    _ => (self.k.bf16)(w, xr),
-                }
-            }
-            Act::Quant(buf, stride) => {
-                let a = &buf[t * stride..(t + 1) * stride];
-                match self.ty {
-                    GgmlType::Q8_0 => (self.k.q8_0)(w, a),
-                    GgmlType::Q2_K => (self.k.q2_k)(w, a),
-                    GgmlType::Q4_K => (self.k.q4_k)(w, a),
-                    _ => (self.k.iq2_xxs)(w, a),
-                }
-            }
+            Act::F32(x) => (self.f)(w, &x[t * self.cols..(t + 1) * self.cols]),
+            Act::Quant(buf, stride) => (self.q)(w, &buf[t * stride..(t + 1) * stride]),
         }
     }
 }
@@ -115,8 +124,9 @@ pub fn matvec(w: &MatRef, x: &[f32], y: &mut [f32], p: Precision) {
             });
         }
         Precision::Fast => {
-            let act = prepare(w.ty, x, 1, w.cols);
-            let d = Dotter { k: Kernels::best(), ty: w.ty, act: &act, cols: w.cols };
+            let k = Kernels::best();
+            let act = prepare(w.ty, x, 1, w.cols, k);
+            let d = Dotter::new(k, w.ty, &act, w.cols);
             let ahead = prefetch_rows(rb);
             let body = |(ci, yc): (usize, &mut [f32])| {
                 let r0 = ci * chunk;
@@ -148,11 +158,11 @@ pub fn matmul(w: &MatRef, x: &[f32], n: usize, y: &mut [f32], p: Precision) {
     let rb = w.row_bytes();
     let chunk = rows_per_task(w.rows, rb, n);
     let ntask = w.rows.div_ceil(chunk);
+    let k = Kernels::best();
     let act = match p {
-        Precision::Fast => Some(prepare(w.ty, x, n, w.cols)),
+        Precision::Fast => Some(prepare(w.ty, x, n, w.cols, k)),
         Precision::Exact => None,
     };
-    let k = Kernels::best();
     let run = |ci: usize| -> Vec<f32> {
         let r0 = ci * chunk;
         let r1 = (r0 + chunk).min(w.rows);
@@ -160,7 +170,7 @@ pub fn matmul(w: &MatRef, x: &[f32], n: usize, y: &mut [f32], p: Precision) {
         match &act {
             None => exact_rows(w, x, n, r0, r1, &mut out),
             Some(act) => {
-                let d = Dotter { k, ty: w.ty, act, cols: w.cols };
+                let d = Dotter::new(k, w.ty, act, w.cols);
                 for r in r0..r1 {
                     let row = w.row(r);
                     for t in 0..n {

@@ -9,7 +9,7 @@
 use core::arch::x86_64::*;
 
 use crate::blocks::*;
-use crate::iq2xxs_tables::IQ2XXS_GRID;
+use crate::iq2xxs_tables::{IQ2XXS_CODES, IQ2XXS_GRID};
 
 pub(crate) use super::avx2::{dot_bf16, dot_f16, dot_f32};
 
@@ -265,6 +265,82 @@ fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
     _mm512_reduce_add_ps(acc)
 }
 
+/// Low / high bytes of the 256 IQ2_XXS grid codes (2 bits per coordinate), for `vpermi2b`.
+static IQ2_CODE_BYTES: [[u8; 256]; 2] = {
+    let mut t = [[0u8; 256]; 2];
+    let mut i = 0;
+    while i < 256 {
+        t[0][i] = IQ2XXS_CODES[i] as u8;
+        t[1][i] = (IQ2XXS_CODES[i] >> 8) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// GF(2) affine map of a 2-bit grid code c (input bits 0, 1; higher bits ignored) to its
+/// coordinate value 8 ^ (17·c0) ^ (35·c1) = 8, 25, 43 for c = 0, 1, 2 (used with constant 8).
+const CODE_VALUE_MATRIX: i64 = 0x0302_0000_0102_0000;
+
+/// IQ2_XXS weight row · Q8_K activation row in the row-transposed layout of
+/// [`crate::kernels::q8k_to_row_major_groups`] (chunk k = row k of all 8 groups), which the
+/// matvec driver prepares once per call. Every 64-element chunk then has the same lane →
+/// group map (dword lanes 2g, 2g+1 = group g), so the four chunks accumulate into one VNNI
+/// sum per block and the group scales are applied once; each chunk's grid bytes are one
+/// multishift + one GF(2) affine map of the looked-up codes, and its sign mask one
+/// bit-shuffle of the decoded sign bytes. No gathers (slow on many x86 cores).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi,avx512bitalg,gfni,avx2,fma,f16c")]
+fn iq2_xxs_t_impl(w: &[u8], a: &[u8]) -> f32 {
+    // Code tables: [lo 0..128, lo 128..256, hi 0..128, hi 128..256] as register pairs.
+    let t: [__m512i; 8] = core::array::from_fn(|i| ld512(a64(&IQ2_CODE_BYTES[i / 4], 64 * (i % 4))));
+    // Word 4g + l of the index vector = grid index l of group g (q byte 8g + l), in both bytes.
+    let widx = _mm512_set_epi64(
+        0x3b3b_3a3a_3939_3838, 0x3333_3232_3131_3030, 0x2b2b_2a2a_2929_2828, 0x2323_2222_2121_2020,
+        0x1b1b_1a1a_1919_1818, 0x1313_1212_1111_1010, 0x0b0b_0a0a_0909_0808, 0x0303_0202_0101_0000,
+    );
+    let odd_bytes = 0xAAAA_AAAA_AAAA_AAAAu64;
+    // Chunk k: byte j of qword g = bits 16k + 2j.. of qword g of the codes (code of row k).
+    let xctrl: [__m512i; 4] = core::array::from_fn(|k| _mm512_set1_epi64(0x0E0C_0A08_0604_0200 + 0x1010_1010_1010_1010 * k as i64));
+    let cval = _mm512_set1_epi64(CODE_VALUE_MATRIX);
+    // Sign mask of chunk k: bit 8g + j = bit j of sign byte k in qword g of the decoded signs.
+    let sctrl: [__m512i; 4] = core::array::from_fn(|k| _mm512_set1_epi64(0x0706_0504_0302_0100 + 0x0808_0808_0808_0808 * k as i64));
+    // Scale lanes: dword lane j belongs to group j/2, whose a1 is q dword 2(j/2)+1.
+    let lidx = _mm512_set_epi32(15, 15, 13, 13, 11, 11, 9, 9, 7, 7, 5, 5, 3, 3, 1, 1);
+    let ctrl = _mm512_set1_epi64((53 << 24) | (46 << 16) | (39 << 8) | 32);
+    let parity = _mm512_set1_epi64(SIGN_PARITY_MATRIX);
+    let one = _mm512_set1_epi32(1);
+    let zero = _mm512_setzero_si512();
+    let mut acc = _mm512_setzero_ps();
+    for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        let d = _mm512_set1_ps(f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125);
+        let q = ld512(a64(bw, 2));
+        let idx = _mm512_permutexvar_epi8(widx, q);
+        let hi_half = _mm512_movepi8_mask(idx);
+        let lo = _mm512_mask_mov_epi8(
+            _mm512_permutex2var_epi8(t[0], idx, t[1]),
+            hi_half,
+            _mm512_permutex2var_epi8(t[2], idx, t[3]),
+        );
+        let hi = _mm512_mask_mov_epi8(
+            _mm512_permutex2var_epi8(t[4], idx, t[5]),
+            hi_half,
+            _mm512_permutex2var_epi8(t[6], idx, t[7]),
+        );
+        let codes = _mm512_mask_mov_epi8(lo, odd_bytes, hi);
+        // Decoded sign bytes (7 index bits + parity) in bytes 0..3 of qword g.
+        let sb = _mm512_gf2p8affine_epi64_epi8::<0>(_mm512_multishift_epi64_epi8(ctrl, q), parity);
+        let ls = _mm512_or_si512(_mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(_mm512_permutexvar_epi32(lidx, q))), one);
+        let mut isum = zero;
+        for k in 0..4 {
+            let g = _mm512_gf2p8affine_epi64_epi8::<8>(_mm512_multishift_epi64_epi8(xctrl[k], codes), cval);
+            let av = ld512(a64(ba, 4 + 64 * k));
+            let sa = _mm512_mask_sub_epi8(av, _mm512_bitshuffle_epi64_mask(sb, sctrl[k]), zero, av);
+            isum = _mm512_dpbusd_epi32(isum, g, sa);
+        }
+        acc = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(_mm512_mullo_epi32(isum, ls)), acc);
+    }
+    _mm512_reduce_add_ps(acc)
+}
+
 // Safe entry points. They are only reachable through `Kernels::for_isa(Isa::Avx512)`, which
 // checks `is_x86_feature_detected!` for every feature enabled above first.
 macro_rules! entry {
@@ -280,3 +356,4 @@ entry!(dot_q8_0_q8_0, q8_0_impl);
 entry!(dot_q2_k_q8_k, q2_k_impl);
 entry!(dot_q4_k_q8_k, q4_k_impl);
 entry!(dot_iq2_xxs_q8_k, iq2_xxs_impl);
+entry!(dot_iq2_xxs_q8_kt, iq2_xxs_t_impl);

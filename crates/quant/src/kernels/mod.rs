@@ -14,7 +14,7 @@ pub enum Isa {
     Scalar,
     /// AVX2 + FMA + F16C.
     Avx2,
-    /// AVX-512 F/BW/VL/DQ/VNNI/VBMI + GFNI (plus the AVX2 set): Ice Lake / Zen 4 and later.
+    /// AVX-512 F/BW/VL/DQ/VNNI/VBMI/BITALG + GFNI (plus the AVX2 set): Ice Lake / Zen 4 and later.
     /// CPUs with AVX-512 but without VBMI/GFNI (Skylake-X, Cascade Lake) use the AVX2 table.
     Avx512,
 }
@@ -40,6 +40,7 @@ impl Isa {
                     && is_x86_feature_detected!("avx512vnni")
                     && is_x86_feature_detected!("avx512vbmi")
                     && is_x86_feature_detected!("gfni")
+                    && is_x86_feature_detected!("avx512bitalg")
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => false,
@@ -136,6 +137,32 @@ impl Kernels {
     }
 }
 
+/// IQ2_XXS kernel of `k`'s ISA that takes its Q8_K activation in the row-transposed layout
+/// of [`q8k_to_row_major_groups`], if that ISA has one (internal fast path of `matvec`).
+pub(crate) fn iq2_xxs_transposed(k: &Kernels) -> Option<DotQ> {
+    match k.isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => Some(avx512::dot_iq2_xxs_q8_kt),
+        _ => None,
+    }
+}
+
+/// Reorders the 256 quants of every Q8_K block in `a` from element order (group g = 32
+/// elements, row l = 8 elements: position 32g + 8l + j) to row-major-by-chunk order
+/// (position 64l + 8g + j). Scale and bsums are kept.
+pub(crate) fn q8k_to_row_major_groups(a: &mut [u8]) {
+    for b in a.chunks_exact_mut(crate::blocks::Q8_K_BYTES) {
+        let qs: [u8; crate::blocks::QK_K] = b[4..4 + crate::blocks::QK_K].try_into().unwrap();
+        for g in 0..8 {
+            for l in 0..4 {
+                let src = 32 * g + 8 * l;
+                let dst = 4 + 64 * l + 8 * g;
+                b[dst..dst + 8].copy_from_slice(&qs[src..src + 8]);
+            }
+        }
+    }
+}
+
 /// Hint the CPU to pull `s` into cache (one prefetch per 64-byte line). No effect on results.
 #[inline]
 pub(crate) fn prefetch(s: &[u8]) {
@@ -169,3 +196,67 @@ const fn make_sign_masks() -> [u64; 128] {
 /// Per sign index: 8 bytes of +1 (0x01) or −1 (0xFF), for `_mm256_sign_epi8`.
 #[allow(dead_code)]
 pub(crate) static IQ2_SIGN_MASKS: [u64; 128] = make_sign_masks();
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::random::SplitMix64;
+    use crate::{dequantize, quantize_row_q8_k, random_valid_blocks, GgmlType};
+
+    /// The transposed-activation IQ2_XXS kernel agrees with the scalar reference on the
+    /// natural layout (same bound as tests/kernels.rs), odd block counts included.
+    #[test]
+    fn iq2_xxs_transposed_matches_scalar() {
+        let mut tested = 0;
+        for isa in Isa::all() {
+            let Some(k) = Kernels::for_isa(isa) else { continue };
+            let Some(dot_t) = iq2_xxs_transposed(k) else { continue };
+            tested += 1;
+            for nb in [1usize, 3, 5, 7, 13, 16] {
+                for seed in 0..4u64 {
+                    let cols = 256 * nb;
+                    let w = random_valid_blocks(GgmlType::IQ2_XXS, seed * 97 + nb as u64, nb);
+                    let mut r = SplitMix64(seed + 5000);
+                    let x: Vec<f32> = (0..cols).map(|_| r.normal()).collect();
+                    let mut a = vec![0u8; nb * crate::blocks::Q8_K_BYTES];
+                    quantize_row_q8_k(&x, &mut a);
+                    let want = scalar::dot_iq2_xxs_q8_k(&w, &a);
+                    let mut at = a.clone();
+                    q8k_to_row_major_groups(&mut at);
+                    let got = dot_t(&w, &at);
+                    let mut wd = vec![0f32; cols];
+                    let mut ad = vec![0f32; cols];
+                    dequantize(GgmlType::IQ2_XXS, &w, &mut wd).unwrap();
+                    dequantize(GgmlType::Q8_K, &a, &mut ad).unwrap();
+                    let mag: f64 = wd.iter().zip(&ad).map(|(&p, &q)| (p as f64 * q as f64).abs()).sum();
+                    assert!(((got - want) as f64).abs() <= 1e-5 * mag + 1e-9, "{isa:?} nb={nb} seed={seed}: {got} vs {want}");
+                }
+            }
+        }
+        if std::env::var("DS4_REQUIRE_SIMD").is_ok() {
+            assert!(tested > 0, "no transposed IQ2_XXS kernel tested");
+        }
+    }
+
+    #[test]
+    fn row_major_groups_is_a_permutation() {
+        let mut a = vec![0u8; 2 * crate::blocks::Q8_K_BYTES];
+        for (i, v) in a.iter_mut().enumerate() {
+            *v = i as u8;
+        }
+        let orig = a.clone();
+        q8k_to_row_major_groups(&mut a);
+        for b in 0..2 {
+            let o = b * crate::blocks::Q8_K_BYTES;
+            assert_eq!(a[o..o + 4], orig[o..o + 4]);
+            assert_eq!(a[o + 260..o + 292], orig[o + 260..o + 292]);
+            for g in 0..8 {
+                for l in 0..4 {
+                    for j in 0..8 {
+                        assert_eq!(a[o + 4 + 64 * l + 8 * g + j], orig[o + 4 + 32 * g + 8 * l + j]);
+                    }
+                }
+            }
+        }
+    }
+}
