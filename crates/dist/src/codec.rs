@@ -1,5 +1,5 @@
 //! Activation wire formats (`--dist-activation-bits`): 32 = little-endian f32 (exact), 16 = IEEE
-//! f16, 8 = FP8 E4M3 (finite-only variant, max 448) with one f32 scale per row (row amax / 448),
+//! f16, 8 = FP8 E4M3 (finite-only variant, max 448) with one f32 scale per row block of up to 64 floats (block amax / 448),
 //! so rows of very different magnitude keep their relative precision.
 use crate::error::{DistError, Result};
 use half::f16;
@@ -13,12 +13,17 @@ pub fn check_bits(bits: u8) -> Result<()> {
     }
 }
 
+/// FP8 scale block: the row, split into blocks of at most 64 floats (one f32 scale each), so an
+/// outlier only coarsens its own block (6% size overhead).
+pub const FP8_MAX_BLOCK: usize = 64;
+pub fn fp8_block(row: usize) -> usize { row.clamp(1, FP8_MAX_BLOCK) }
+
 /// Encoded size of `n` floats in rows of `row`.
 pub fn encoded_len(n: usize, row: usize, bits: u8) -> usize {
     match bits {
         32 => n * 4,
         16 => n * 2,
-        _ => n + n.div_ceil(row.max(1)) * 4,
+        _ => n + n.div_ceil(fp8_block(row)) * 4,
     }
 }
 
@@ -80,7 +85,7 @@ pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> 
             }
         }
         _ => {
-            for r in x.chunks(row.max(1)) {
+            for r in x.chunks(fp8_block(row)) {
                 let amax = r.iter().fold(0f32, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
                 let scale = if amax > 0.0 { amax / FP8_MAX } else { 1.0 };
                 out.extend_from_slice(&scale.to_le_bytes());
@@ -105,7 +110,7 @@ pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> R
         32 => out.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
         16 => out.extend(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
         _ => {
-            let row = row.max(1);
+            let row = fp8_block(row);
             let mut off = 0;
             let mut left = n;
             while left > 0 {
