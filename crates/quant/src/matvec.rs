@@ -85,12 +85,6 @@ fn rows_per_task(rows: usize, row_bytes: usize, n: usize) -> usize {
     rows.div_ceil(threads * 4).max(min_rows).min(rows).max(1)
 }
 
-/// Rows to software-prefetch ahead of the row being dotted (~`DS4_PF` bytes, default 4 KiB).
-fn prefetch_rows(row_bytes: usize) -> usize {
-    let dist: usize = std::env::var("DS4_PF").ok().and_then(|v| v.parse().ok()).unwrap_or(4096);
-    if dist == 0 { 0 } else { dist.div_ceil(row_bytes.max(1)) }
-}
-
 fn check(w: &MatRef, x: &[f32], n: usize, y: &[f32]) {
     assert_eq!(w.row_bytes() * w.rows, w.data.len(), "MatRef data length");
     assert!(w.ty.row_bytes(w.cols).is_some(), "cols not a multiple of the block size");
@@ -127,16 +121,10 @@ pub fn matvec(w: &MatRef, x: &[f32], y: &mut [f32], p: Precision) {
             let k = Kernels::best();
             let act = prepare(w.ty, x, 1, w.cols, k);
             let d = Dotter::new(k, w.ty, &act, w.cols);
-            let ahead = prefetch_rows(rb);
             let body = |(ci, yc): (usize, &mut [f32])| {
                 let r0 = ci * chunk;
-                let r1 = r0 + yc.len();
                 for (i, o) in yc.iter_mut().enumerate() {
-                    let r = r0 + i;
-                    if ahead > 0 && r + ahead < r1 {
-                        crate::kernels::prefetch(w.row(r + ahead));
-                    }
-                    *o = d.dot(w.row(r), 0);
+                    *o = d.dot(w.row(r0 + i), 0);
                 }
             };
             if chunk >= w.rows {

@@ -51,7 +51,12 @@ pub(crate) fn dot_i8x32(w: __m256i, a: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+        }
+
         let s = dot_i8x32(ld256(a32(bw, 2)), ld256(a32(ba, 2)));
         let d = _mm256_set1_ps(f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
@@ -79,7 +84,13 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(15);
     let shuf = [q2k_scale_shuffle(0), q2k_scale_shuffle(1), q2k_scale_shuffle(2), q2k_scale_shuffle(3)];
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+        }
+
         let da = f32_at(ba, 0);
         let d = f16_at_fast(bw, 80) * da;
         let dmin = f16_at_fast(bw, 82) * da;
@@ -122,7 +133,14 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let mut accm = _mm256_setzero_ps();
     let m4 = _mm256_set1_epi8(15);
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+            super::pf_at(bw, pfd + 128);
+        }
+
         let da = f32_at(ba, 0);
         let d = f16_at_fast(bw, 0) * da;
         let dmin = f16_at_fast(bw, 2) * da;
@@ -159,7 +177,13 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc = _mm256_setzero_ps();
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+        }
+
         let d = f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125;
         let mut isum = _mm256_setzero_si256();
         for g in 0..8 {

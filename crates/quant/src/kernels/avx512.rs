@@ -70,7 +70,12 @@ fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
     let mut acc0 = _mm512_setzero_ps();
     let mut acc1 = _mm512_setzero_ps();
     let mut pairs = w.chunks_exact(2 * Q8_0_BYTES).zip(a.chunks_exact(2 * Q8_0_BYTES));
+    let pfd = super::kpf();
     for (bw, ba) in &mut pairs {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+        }
         let s = dot_i8x64(ld2x256(a32(bw, 2), a32(bw, 36)), ld2x256(a32(ba, 2), a32(ba, 36)));
         let h = u16_at(bw, 0) as u64
             | (u16_at(bw, 34) as u64) << 16
@@ -122,7 +127,12 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let sidx = [q2k_scale_idx(0), q2k_scale_idx(1), q2k_scale_idx(2), q2k_scale_idx(3)];
     let mut acc = _mm512_setzero_ps();
     let mut accm = _mm256_setzero_ps();
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+        }
         let da = _mm_set1_ps(f32_at(ba, 0));
         let dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(bw, 80) as i32)), da); // [d, dmin]
         let sc = ld128(bw[0..16].try_into().unwrap());
@@ -167,7 +177,13 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
     let sidx = [pair_idx(0, 1), pair_idx(2, 3), pair_idx(4, 5), pair_idx(6, 7)];
     let mut acc = _mm512_setzero_ps();
     let mut accm = _mm_setzero_ps();
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+            super::pf_at(bw, pfd + 128);
+        }
         let da = _mm_set1_ps(f32_at(ba, 0));
         let dm = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(u32_at(bw, 0) as i32)), da); // [d, dmin]
         // 6-bit scales/mins unpacked with word ops: byte j of `sc`/`mn` is sub-block j.
@@ -310,7 +326,12 @@ fn iq2_xxs_t_impl(w: &[u8], a: &[u8]) -> f32 {
     let one = _mm512_set1_epi32(1);
     let zero = _mm512_setzero_si512();
     let mut acc = _mm512_setzero_ps();
+    let pfd = super::kpf();
     for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+        if pfd > 0 {
+            super::pf_at(bw, pfd);
+            super::pf_at(bw, pfd + 64);
+        }
         let d = _mm512_set1_ps(f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125);
         let q = ld512(a64(bw, 2));
         let idx = _mm512_permutexvar_epi8(widx, q);

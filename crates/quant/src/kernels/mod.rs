@@ -163,16 +163,23 @@ pub(crate) fn q8k_to_row_major_groups(a: &mut [u8]) {
     }
 }
 
-/// Hint the CPU to pull `s` into cache (one prefetch per 64-byte line). No effect on results.
-#[inline]
-pub(crate) fn prefetch(s: &[u8]) {
+/// How far ahead (bytes) the quantized SIMD kernels prefetch their weight stream: per block
+/// they hint the lines `PF` bytes past it. Rows are contiguous in a matrix, so near a row's
+/// end this pulls in the next rows. 2 KiB measured best on the 2-core dev VM (see
+/// bench/results/README.md); `DS4_QUANT_PF=<bytes>` overrides it, 0 turns it off.
+pub(crate) fn kpf() -> usize {
+    static D: OnceLock<usize> = OnceLock::new();
+    *D.get_or_init(|| std::env::var("DS4_QUANT_PF").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
+}
+
+/// Prefetch hint for the line at `p + off` (may lie past the slice: a hint never faults).
+#[inline(always)]
+pub(crate) fn pf_at(p: &[u8], off: usize) {
     #[cfg(target_arch = "x86_64")]
-    for off in (0..s.len()).step_by(64) {
-        // SAFETY: prefetch is a hint; it never faults and the address lies inside `s`.
-        unsafe { core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(s.as_ptr().add(off).cast()) }
+    // SAFETY: prefetch is only a hint; it never faults, whatever the address.
+    unsafe {
+        core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.as_ptr().wrapping_add(off).cast())
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = s;
 }
 
 const fn make_sign_masks() -> [u64; 128] {
