@@ -1,6 +1,7 @@
 //! A loaded model: the stage that runs it, its tokenizer, and the thread pool set-up.
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
+use ds4_model::memplan::{available_ram, MemoryPlan};
 use ds4_model::{residency, Config, LayerRange, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::Path;
@@ -13,16 +14,30 @@ pub struct LoadOptions {
     pub layers: Option<LayerRange>,
     pub options: Options,
     pub debug: bool,
+    /// Prompt tokens per prefill batch (sizes the prefill working memory).
+    pub prefill_chunk: usize,
+    /// Memory budget in GiB; default: the RAM available now.
+    pub mem_limit_gb: Option<f64>,
 }
 
 impl Default for LoadOptions {
-    fn default() -> Self { Self { ctx: 32768, threads: None, layers: None, options: Options::default(), debug: false } }
+    fn default() -> Self { Self {
+            ctx: 32768,
+            threads: None,
+            layers: None,
+            options: Options::default(),
+            debug: false,
+            prefill_chunk: 256,
+            mem_limit_gb: None,
+        } }
 }
 
 pub struct Engine {
     pub stage: Stage,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub ctx: usize,
+    pub prefill_chunk: usize,
+    pub plan: MemoryPlan,
 }
 
 impl Engine {
@@ -47,7 +62,21 @@ impl Engine {
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", weights.plan.describe(&range.label()));
         }
-        Ok(Self { stage: Stage::new(cfg, weights, opts.options), tokenizer, ctx: opts.ctx })
+        if opts.prefill_chunk == 0 {
+            return Err(EngineError::Invalid("--prefill-chunk must be at least 1".into()));
+        }
+        let threads = rayon::current_num_threads();
+        let plan = MemoryPlan::new(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk, threads);
+        let budget = match opts.mem_limit_gb {
+            Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
+            Some(g) => return Err(EngineError::Invalid(format!("--mem-limit-gb must be a positive number, got {g}"))),
+            None => available_ram().unwrap_or(u64::MAX),
+        };
+        eprintln!("{}", plan.describe(budget));
+        plan.check(budget).map_err(EngineError::Budget)?;
+        let mut stage = Stage::new(cfg, weights, opts.options);
+        stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
+        Ok(Self { stage, tokenizer, ctx: opts.ctx, prefill_chunk: opts.prefill_chunk, plan })
     }
 
     pub fn cfg(&self) -> &Config { &self.stage.cfg }

@@ -10,6 +10,9 @@ pub enum EngineError {
     Tokenizer(#[from] ds4_tokenizer::TokenizerError),
     #[error("{0}")]
     Invalid(String),
+    /// The memory plan does not fit the budget (refused at startup).
+    #[error("{0}")]
+    Budget(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }

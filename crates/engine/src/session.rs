@@ -43,7 +43,7 @@ pub struct Session {
 
 impl Session {
     pub fn new(engine: &Engine) -> Self {
-        Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: 256 }
+        Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: engine.prefill_chunk }
     }
 
     pub fn reset(&mut self, engine: &Engine) {
@@ -73,7 +73,7 @@ impl Session {
         let todo = &prompt[start..];
         let total = todo.len();
         let mut done = 0;
-        for chunk in todo.chunks(self.prefill_chunk.max(1)) {
+        for chunk in todo.chunks(self.prefill_chunk.clamp(1, engine.prefill_chunk)) {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EngineError::Invalid("cancelled".into()));
             }

@@ -47,14 +47,15 @@ pub fn indexer_scores(q: &[f32], w: &[f32], keys: &[f32], dim: usize, n_rows: us
 }
 
 /// Indices of the `k` largest scores, ties broken by the lowest index; returned in ascending index order.
-pub fn top_k_indices(scores: &[f32], k: usize, out: &mut Vec<u32>) {
-    out.clear();
-    out.extend(0..scores.len() as u32);
+/// `scratch` holds all candidate indices; `out` receives at most `k`.
+pub fn top_k_indices(scores: &[f32], k: usize, scratch: &mut Vec<u32>, out: &mut Vec<u32>) {
+    scratch.clear();
+    scratch.extend(0..scores.len() as u32);
     if k < scores.len() {
-        out.select_nth_unstable_by(k, |&a, &b| {
-            scores[b as usize].total_cmp(&scores[a as usize]).then(a.cmp(&b))
-        });
-        out.truncate(k);
+        scratch.select_nth_unstable_by(k, |&a, &b| scores[b as usize].total_cmp(&scores[a as usize]).then(a.cmp(&b)));
+        scratch.truncate(k);
     }
-    out.sort_unstable();
+    scratch.sort_unstable();
+    out.clear();
+    out.extend_from_slice(scratch);
 }

@@ -11,10 +11,14 @@ pub struct CompressorState {
     pub score: Vec<f32>,
 }
 
+/// Rows kept by a compressor: overlapping windows (ratio 4) keep the previous window's rows too.
+pub fn compressor_rows(ratio: usize) -> usize {
+    if ratio == 4 { 2 * ratio } else { ratio }
+}
+
 impl CompressorState {
     pub fn new(ratio: usize, coff: usize, d: usize) -> Self {
-        // Overlapping windows (ratio 4) keep the previous window's rows too.
-        let rows = if ratio == 4 { 2 * ratio } else { ratio };
+        let rows = compressor_rows(ratio);
         let width = coff * d;
         Self { ratio, width, kv: vec![0.0; rows * width], score: vec![f32::NEG_INFINITY; rows * width] }
     }
@@ -71,7 +75,7 @@ impl KvState {
             .map(|il| {
                 let ratio = cfg.ratio(il);
                 let coff = cfg.compress_coff(il);
-                let cap = if ratio == 0 { 0 } else { ctx / ratio + 2 };
+                let cap = compressed_capacity(ctx, ratio);
                 LayerKv {
                     ratio,
                     raw: vec![0.0; cfg.swa * cfg.head_dim],
@@ -100,4 +104,42 @@ impl KvState {
             })
             .sum()
     }
+}
+
+/// Compressed rows a layer can hold for `ctx` positions (one per completed window, plus slack).
+pub fn compressed_capacity(ctx: usize, ratio: usize) -> usize {
+    if ratio == 0 { 0 } else { ctx / ratio + 2 }
+}
+
+/// Bytes the KV state of a layer range takes for `ctx`: the same formulas `KvState::new` allocates with.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct KvBytes {
+    pub raw: u64,
+    pub compressed: u64,
+    pub indexer: u64,
+    pub compressor_state: u64,
+}
+
+impl KvBytes {
+    pub fn total(&self) -> u64 { self.raw + self.compressed + self.indexer + self.compressor_state }
+}
+
+pub fn kv_bytes(cfg: &Config, range: LayerRange, ctx: usize) -> KvBytes {
+    let mut b = KvBytes::default();
+    for il in range.first..=range.last {
+        let ratio = cfg.ratio(il);
+        let coff = cfg.compress_coff(il) as u64;
+        b.raw += (cfg.swa * cfg.head_dim * 4) as u64;
+        if ratio != 0 {
+            let cap = compressed_capacity(ctx, ratio) as u64;
+            b.compressed += cap * cfg.head_dim as u64 * 4;
+            b.compressor_state += 2 * compressor_rows(ratio) as u64 * coff * cfg.head_dim as u64 * 4;
+        }
+        if ratio == 4 {
+            let cap = compressed_capacity(ctx, ratio) as u64;
+            b.indexer += cap * cfg.idx_dim as u64 * 4;
+            b.compressor_state += 2 * compressor_rows(ratio) as u64 * coff * cfg.idx_dim as u64 * 4;
+        }
+    }
+    b
 }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod hc;
 pub mod kv;
 pub mod mapplan;
+pub mod memplan;
 pub mod moe;
 pub mod ops;
 pub mod qat;

@@ -80,10 +80,100 @@ struct Work {
 thread_local! {
     /// Per-thread score scratch for attention and indexer scoring (grows once, then reused).
     static SCORES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Per-thread candidate-index scratch of the indexer top-k.
+    static INDICES: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 fn with_scores<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
     SCORES.with(|c| f(&mut c.borrow_mut()))
+}
+
+/// Element counts of every work buffer for a batch of `n` tokens: the single source for reserving them
+/// at load and for the memory plan.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkSizes {
+    pub n: usize,
+    f32s: [usize; 32],
+    pub sel_u32: usize,
+    pub eids_u32: usize,
+    pub mixes: usize,
+    /// Per-thread attention/indexer score scratch (floats), for the context size.
+    pub scores_per_thread: usize,
+}
+
+impl WorkSizes {
+    pub fn new(cfg: &Config, n: usize, ctx: usize, logit_rows: usize) -> Self {
+        let (hd, e, d) = (cfg.hc_dim(), cfg.n_embd, cfg.head_dim);
+        let (id, ih, k, ff) = (cfg.idx_dim, cfg.idx_heads, cfg.n_expert_used, cfg.ff_exp);
+        let f32s = [
+            n * hd,                  // x
+            n * hd,                  // flat
+            n * cfg.hc_mix(),        // mix
+            n * e,                   // cur
+            n * e,                   // xn
+            n * cfg.q_lora,          // qr
+            n * cfg.q_dim(),         // q
+            n * d,                   // kvb
+            n * 2 * d,               // ck
+            n * 2 * d,               // cg
+            n * 2 * id,              // ik
+            n * 2 * id,              // ig
+            n * ih * id,             // iq
+            n * ih,                  // iw
+            (cfg.swa - 1 + n) * d,   // lin
+            n * cfg.q_dim(),         // o
+            n * cfg.heads_per_group() * d, // grp_in
+            n * cfg.o_lora,          // grp_out
+            n * cfg.o_groups * cfg.o_lora, // low
+            n * e,                   // y
+            hd,                      // tmp
+            n * cfg.n_expert,        // rlog
+            n * k,                   // ew
+            n * k,                   // ex_w
+            n * e,                   // ex_in
+            n * ff,                  // ex_a
+            n * ff,                  // ex_b
+            n * e,                   // ex_out
+            logit_rows * cfg.n_vocab, // logits
+            e,                       // row
+            d,                       // crow
+            id,                      // irow
+        ];
+        let max_comp = crate::kv::compressed_capacity(ctx, 4).max(cfg.swa + crate::kv::compressed_capacity(ctx, 128));
+        Self { n, f32s, sel_u32: n * cfg.idx_topk, eids_u32: 2 * n * k, mixes: n, scores_per_thread: max_comp + cfg.swa }
+    }
+
+    /// Bytes of all buffers, with `threads` score scratches.
+    pub fn bytes(&self, threads: usize) -> u64 {
+        let f: usize = self.f32s.iter().sum();
+        (4 * (f + self.sel_u32 + self.eids_u32 + self.n + 2 * threads * self.scores_per_thread)
+            + self.mixes * std::mem::size_of::<HcMix>()) as u64
+    }
+}
+
+impl Work {
+    /// Reserves every buffer for `sz` so that batches up to `sz.n` never allocate.
+    fn reserve(&mut self, sz: &WorkSizes) {
+        let fields: [&mut Vec<f32>; 32] = [
+            &mut self.x, &mut self.flat, &mut self.mix, &mut self.cur, &mut self.xn, &mut self.qr, &mut self.q,
+            &mut self.kvb, &mut self.ck, &mut self.cg, &mut self.ik, &mut self.ig, &mut self.iq, &mut self.iw,
+            &mut self.lin, &mut self.o, &mut self.grp_in, &mut self.grp_out, &mut self.low, &mut self.y,
+            &mut self.tmp, &mut self.rlog, &mut self.ew, &mut self.ex_w, &mut self.ex_in, &mut self.ex_a,
+            &mut self.ex_b, &mut self.ex_out, &mut self.logits, &mut self.row, &mut self.crow, &mut self.irow,
+        ];
+        for (v, &n) in fields.into_iter().zip(sz.f32s.iter()) {
+            v.reserve_exact(n.saturating_sub(v.len()));
+        }
+        self.ncomp.reserve_exact(sz.n);
+        self.mixes.reserve_exact(sz.mixes);
+        self.eids.reserve_exact(sz.n * (sz.eids_u32 / (2 * sz.n.max(1))));
+        self.ex_tok.reserve_exact(sz.n * (sz.eids_u32 / (2 * sz.n.max(1))));
+        self.sel.resize(sz.n, Vec::new());
+        let per = sz.sel_u32 / sz.n.max(1);
+        for s in self.sel.iter_mut() {
+            s.reserve_exact(per);
+        }
+    }
 }
 
 fn grow(v: &mut Vec<f32>, n: usize) {
@@ -105,6 +195,21 @@ impl Stage {
     pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
         let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
         Self { cfg, w, opts, ropes, work: Work::default(), trace: None }
+    }
+
+    /// Reserves work buffers (and each rayon thread's score scratch) for batches of up to `n` tokens at
+    /// context `ctx`, producing up to `logit_rows` logit rows: after this, forward calls within those
+    /// bounds allocate nothing.
+    pub fn reserve(&mut self, n: usize, ctx: usize, logit_rows: usize) {
+        let sz = WorkSizes::new(&self.cfg, n.max(1), ctx, logit_rows.max(1));
+        self.work.reserve(&sz);
+        let per = sz.scores_per_thread;
+        let reserve = || {
+            SCORES.with(|c| c.borrow_mut().reserve_exact(per));
+            INDICES.with(|c| c.borrow_mut().reserve_exact(per));
+        };
+        rayon::broadcast(|_| reserve());
+        reserve();
     }
 
     pub fn new_kv(&self, ctx: usize) -> KvState {
@@ -373,7 +478,7 @@ impl Stage {
                     let nc = ncomp[i];
                     if nc > topk {
                         indexer_scores(&iq[i * ih * id..(i + 1) * ih * id], &iwt[i * ih..(i + 1) * ih], keys, id, nc, scores);
-                        top_k_indices(scores, topk, sel);
+                        INDICES.with(|ix| top_k_indices(scores, topk, &mut ix.borrow_mut(), sel));
                     } else {
                         sel.clear();
                     }

@@ -320,9 +320,10 @@ fn map_spans(path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
     plan.spans
         .iter()
         .map(|r| {
-            // SAFETY: read-only private mapping of a model file the engine does not modify; like any mmap
+            // SAFETY: read-only mapping (pre-faulted: weights become resident at load) of a model file the engine
+            // does not modify; like any mmap
             // it assumes no other process truncates the file while it is mapped.
-            let m = unsafe { memmap2::MmapOptions::new().offset(r.start).len((r.end - r.start) as usize).map(&f) };
+            let m = unsafe { memmap2::MmapOptions::new().offset(r.start).len((r.end - r.start) as usize).populate().map(&f) };
             m.map(Region::Mapped).map_err(|e| ModelError::Invalid(format!("mapping {}..{} of {}: {e}", r.start, r.end, path.display())))
         })
         .collect()

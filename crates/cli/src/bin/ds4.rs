@@ -59,6 +59,9 @@ struct Args {
     /// Prompt tokens per prefill batch.
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
+    /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
+    #[arg(long = "mem-limit-gb")]
+    mem_limit_gb: Option<f64>,
     /// Verbose diagnostics on stderr.
     #[arg(long = "debug")]
     debug: bool,
@@ -102,7 +105,14 @@ fn run(args: Args) -> Result<(), String> {
         eprintln!("ds4: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
     let t0 = Instant::now();
-    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
+    let opts = LoadOptions {
+        ctx: args.ctx,
+        threads: args.threads,
+        prefill_chunk: args.prefill_chunk,
+        mem_limit_gb: args.mem_limit_gb,
+        debug: args.debug,
+        ..LoadOptions::default()
+    };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();

@@ -34,6 +34,9 @@ struct Args {
     threads: Option<usize>,
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
+    /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
+    #[arg(long = "mem-limit-gb")]
+    mem_limit_gb: Option<f64>,
     /// Also measure this machine's read bandwidth and report decode as a fraction of it (stderr).
     #[arg(long = "bandwidth")]
     bandwidth: bool,
@@ -87,7 +90,7 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
     }
     let ctx = a.ctx_max + a.gen_tokens + 1;
-    let opts = LoadOptions { ctx, threads: a.threads, ..LoadOptions::default() };
+    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, ..LoadOptions::default() };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     let tok = eng.tokenizer().map_err(|e| e.to_string())?;
     let base = tok.encode(&text);
@@ -133,5 +136,21 @@ fn run(a: Args) -> Result<(), String> {
         }
         out.flush().map_err(|e| e.to_string())?;
     }
+    if let Some(hwm) = peak_rss() {
+        let plan = eng.plan.total();
+        eprintln!(
+            "peak RSS {:.3} GiB; memory plan {:.3} GiB; plan / peak = {:.3}",
+            hwm as f64 / (1u64 << 30) as f64,
+            plan as f64 / (1u64 << 30) as f64,
+            plan as f64 / hwm as f64
+        );
+    }
     Ok(())
+}
+
+/// Resident-set high-water mark of this process (`VmHWM`), in bytes.
+fn peak_rss() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    Some(l.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
 }
