@@ -117,13 +117,14 @@ fn q2k_scale_idx(k: i32) -> __m512i {
     )
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,gfni,avx2,fma,f16c")]
 fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
-    let m3 = _mm512_set1_epi8(3);
     let m4 = _mm_set1_epi8(15);
-    // Per 256-bit half: shift the broadcast 2-bit planes by (0, 2) or (4, 6).
-    let sh01 = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(2));
-    let sh23 = _mm512_inserti64x4::<1>(_mm512_set1_epi16(4), _mm256_set1_epi16(6));
+    // Per 256-bit half: GF(2) bit-select matrices taking bit plane (0, 1) or (2, 3) of every
+    // byte of the broadcast quants to bits 0..1 (one op instead of shift + and).
+    let sel = |j: i64| (1i64 << (2 * j)) << 56 | (1i64 << (2 * j + 1)) << 48;
+    let pl01 = _mm512_set_epi64(sel(1), sel(1), sel(1), sel(1), sel(0), sel(0), sel(0), sel(0));
+    let pl23 = _mm512_set_epi64(sel(3), sel(3), sel(3), sel(3), sel(2), sel(2), sel(2), sel(2));
     let sidx = [q2k_scale_idx(0), q2k_scale_idx(1), q2k_scale_idx(2), q2k_scale_idx(3)];
     let mut acc = _mm512_setzero_ps();
     let mut accm = _mm256_setzero_ps();
@@ -143,10 +144,10 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
         let mut isum = _mm512_setzero_si512();
         for h in 0..2 {
             // Elements 128h + 32j + l sit in bits 2j of qs[32h + l]: broadcast the 32 bytes to
-            // both halves and shift each half by its own j so one vector covers 64 elements.
+            // both halves and select each half's own plane j so one vector covers 64 elements.
             let q = _mm512_broadcast_i64x4(ld256(a32(bw, 16 + 32 * h)));
-            let w01 = _mm512_and_si512(_mm512_srlv_epi16(q, sh01), m3);
-            let w23 = _mm512_and_si512(_mm512_srlv_epi16(q, sh23), m3);
+            let w01 = _mm512_gf2p8affine_epi64_epi8::<0>(q, pl01);
+            let w23 = _mm512_gf2p8affine_epi64_epi8::<0>(q, pl23);
             let q8 = 4 + 128 * h;
             let p0 = _mm512_maddubs_epi16(w01, ld512(a64(ba, q8)));
             let p1 = _mm512_maddubs_epi16(w23, ld512(a64(ba, q8 + 64)));
