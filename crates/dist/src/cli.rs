@@ -43,7 +43,7 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
     let eng = Engine::load(model, &LoadOptions { ctx, threads, layers: Some(range), ..LoadOptions::default() })?;
-    let Engine { stage, tokenizer, ctx } = eng;
+    let Engine { stage, tokenizer, ctx, .. } = eng;
     let chunk = dist.dist_prefill_chunk.unwrap_or(prefill_chunk).max(1);
     let coord = Arc::new(Coordinator::start(CoordConfig {
         listen: dist.listen_addr()?,

@@ -185,6 +185,8 @@ impl StageExec for RemoteStage {
 struct Registry {
     workers: Vec<Arc<WorkerConn>>,
     generation: u64,
+    /// Why the worker that owned a range (by first layer) went away, until it is replaced.
+    lost: HashMap<usize, String>,
 }
 
 struct Inner {
@@ -223,7 +225,7 @@ impl Coordinator {
             .map_err(|e| DistError::Io(format!("--listen {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
         let model_id = identity::model_id(&cfg.file);
-        let inner = Arc::new(Inner { cfg, model_id, reg: Mutex::new(Registry { workers: Vec::new(), generation: 0 }), changed: Condvar::new(), next_id: AtomicU64::new(1) });
+        let inner = Arc::new(Inner { cfg, model_id, reg: Mutex::new(Registry { workers: Vec::new(), generation: 0, lost: HashMap::new() }), changed: Condvar::new(), next_id: AtomicU64::new(1) });
         eprintln!(
             "ds4: distributed coordinator: listening on {addr} model_id={} local layers {} ctx={} activation_bits={}{}",
             identity::short(&model_id),
@@ -325,7 +327,13 @@ impl Inner {
                     next = w.range.last + 1;
                     have_head = w.range.head;
                 }
-                None => return Err(DistError::Incomplete(format!("next needed layer {next}"))),
+                None => {
+                    let why = match r.lost.get(&next) {
+                        Some(l) => format!("next needed layer {next}; stage {} {l}", route.len() + 1),
+                        None => format!("next needed layer {next}"),
+                    };
+                    return Err(DistError::Incomplete(why));
+                }
             }
         }
         if !have_head {
@@ -441,6 +449,7 @@ impl Inner {
                 s.kill(format!("replaced by a new registration of layers {} from {peer}", range.label()));
             }
             r.workers.push(w.clone());
+            r.lost.remove(&range.first);
             r.generation += 1;
             eprintln!(
                 "ds4: distributed coordinator: registered worker {peer} model_id={} layers={} ctx={} activation_bits={}",
@@ -477,6 +486,7 @@ impl Inner {
             r.workers.retain(|x| x.id != w.id);
             if r.workers.len() != before {
                 r.generation += 1;
+                r.lost.insert(range.first, format!("(layers {} at worker {peer}) failed: {reason}", range.label()));
                 eprintln!("ds4: distributed coordinator: forgot failed route worker {} layers {}: {reason}", peer, range.label());
                 self.log_route(&r);
             }

@@ -1,0 +1,166 @@
+//! Failures on loopback: refused registrations, malformed frames, killed and hung workers.
+mod common;
+use common::*;
+use ds4_dist::DistError;
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+const CHUNK: usize = 16;
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+fn refused(path: &std::path::Path, layers: &str, addr: &str, token: Option<&str>) -> String {
+    let w = thread_worker(path, layers, addr, token, TIMEOUT);
+    let t0 = Instant::now();
+    let mut w = w;
+    let r = w.join.take().unwrap().join().unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(10));
+    match r {
+        Err(e @ (DistError::Rejected(_) | DistError::Auth(_))) => e.to_string(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn wrong_model_range_or_secret_is_refused_with_the_reason() {
+    let (c, _local) = coordinator("0:2", 32, Some("s3cret"), TIMEOUT, CHUNK);
+    let e = refused(other_model(), "3:output", &c.addr, Some("s3cret"));
+    assert!(e.contains("wrong model"), "{e}");
+    let e = refused(model(), "1:output", &c.addr, Some("s3cret"));
+    assert!(e.contains("overlap"), "{e}");
+    let e = refused(model(), "3:5", &c.addr, Some("s3cret"));
+    assert!(e.contains("without the output head"), "{e}");
+    let e = refused(model(), "3:output", &c.addr, None);
+    assert!(e.contains("authentication required"), "{e}");
+    let e = refused(model(), "3:output", &c.addr, Some("guess"));
+    assert!(e.contains("authentication failed"), "{e}");
+    // A worker that requires a secret refuses a coordinator that cannot prove it.
+    let (c2, _l2) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let e = refused(model(), "3:output", &c2.addr, Some("s3cret"));
+    assert!(e.contains("did not prove"), "{e}");
+    assert!(c.coord.plan().is_err());
+    // With the secret, the same worker registers.
+    let _w = thread_worker(model(), "3:output", &c.addr, Some("s3cret"), TIMEOUT);
+    c.coord.wait_complete(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn malformed_frames_close_only_that_connection() {
+    let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let _w = thread_worker(model(), "3:output", &c.addr, None, TIMEOUT);
+    c.coord.wait_complete(Duration::from_secs(10)).unwrap();
+    let garbage: [&[u8]; 4] = [
+        &[0xff, 0xff, 0xff, 0xff, 1, 2, 3],                  // length over the pre-auth limit
+        &[0, 0, 0, 3, 1, 0, 9],                              // right version, truncated message
+        &[0, 0, 0, 6, 7, 0, 0, 0, 0, 0],                     // wrong version
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                // not our protocol at all
+    ];
+    for g in garbage {
+        let mut s = std::net::TcpStream::connect(&c.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        s.write_all(g).unwrap();
+        let mut buf = [0u8; 64];
+        let t0 = Instant::now();
+        // The coordinator closes this connection (EOF or reset), quickly.
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+            assert!(t0.elapsed() < Duration::from_secs(5));
+        }
+    }
+    // The registered worker and the route are untouched.
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(20, 9);
+    let (rt, rl) = reference(&p, CHUNK, 1);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    assert_eq!(argmax(&rl[0]), rt[0]);
+}
+
+fn wait_route(c: &Coord) {
+    c.coord.wait_complete(Duration::from_secs(20)).expect("route completes");
+}
+
+#[test]
+fn killed_worker_mid_prefill_fails_in_bounded_time_and_restart_recovers() {
+    let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let w = proc_worker(model(), "3:output", &c.addr, &[]);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(200, 5);
+    // Freeze the worker so the prefill is certainly in flight, then kill it.
+    w.signal("STOP");
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        w.signal("KILL");
+        (w, Instant::now())
+    });
+    let t0 = Instant::now();
+    let e = s.sync(&p).unwrap_err().to_string();
+    let (w, killed) = killer.join().unwrap();
+    drop(w);
+    eprintln!("prefill error after {:.2}s ({:.2}s after the kill): {e}", t0.elapsed().as_secs_f64(), killed.elapsed().as_secs_f64());
+    assert!(t0.elapsed() < TIMEOUT + Duration::from_secs(3), "not bounded: {:?}", t0.elapsed());
+    assert!(e.contains("stage 1") && e.contains("3:output"), "{e}");
+    // The route is incomplete now; a request says so instead of hanging.
+    let e2 = s.sync(&p).unwrap_err().to_string();
+    assert!(e2.contains("incomplete") || e2.contains("stage 1"), "{e2}");
+    // Restart: the next request succeeds with the single-process result.
+    let _w2 = proc_worker(model(), "3:output", &c.addr, &[]);
+    wait_route(&c);
+    let (rt, rl) = reference(&p, CHUNK, 2);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+}
+
+#[test]
+fn killed_worker_mid_decode_fails_then_replays_history_after_restart() {
+    let (c, local) = coordinator("0:1", 32, None, TIMEOUT, CHUNK);
+    let _mid = thread_worker(model(), "2:3", &c.addr, None, TIMEOUT);
+    let w = proc_worker(model(), "4:output", &c.addr, &[]);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(60, 6);
+    let (rt, rl) = reference(&p, CHUNK, 6);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+    assert_eq!(s.step(rt[1]).unwrap(), &rl[2][..]);
+    w.signal("KILL");
+    drop(w);
+    let t0 = Instant::now();
+    let e = s.step(rt[2]).unwrap_err().to_string();
+    eprintln!("decode error after {:.2}s: {e}", t0.elapsed().as_secs_f64());
+    assert!(t0.elapsed() < TIMEOUT + Duration::from_secs(3));
+    assert!(e.contains("4:output"), "{e}");
+    let _w2 = proc_worker(model(), "4:output", &c.addr, &[]);
+    wait_route(&c);
+    // The failed token was not committed: the history (prompt + 2 tokens) is replayed, then decode goes on.
+    assert_eq!(s.tokens.len(), p.len() + 2);
+    assert_eq!(s.step(rt[2]).unwrap(), &rl[3][..]);
+    assert_eq!(s.step(rt[3]).unwrap(), &rl[4][..]);
+}
+
+#[test]
+fn hung_worker_is_detected_by_heartbeat_and_reconnects_when_it_wakes() {
+    let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let w = proc_worker(model(), "3:output", &c.addr, &[]);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(30, 7);
+    let (rt, rl) = reference(&p, CHUNK, 3);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    w.signal("STOP");
+    let t0 = Instant::now();
+    let e = s.step(rt[0]).unwrap_err().to_string();
+    let dt = t0.elapsed();
+    eprintln!("hung worker detected after {:.2}s: {e}", dt.as_secs_f64());
+    assert!(dt >= TIMEOUT / 2 && dt < TIMEOUT + Duration::from_secs(3), "{dt:?}");
+    assert!(e.contains("stage 1") && e.contains("no heartbeat"), "{e}");
+    // It wakes up, notices the coordinator dropped it, reconnects and registers again.
+    let gen = c.coord.generation();
+    w.signal("CONT");
+    c.coord.wait_change(gen, Duration::from_secs(10));
+    wait_route(&c);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+    assert_eq!(s.step(rt[1]).unwrap(), &rl[2][..]);
+}
