@@ -73,15 +73,16 @@ impl<'a, 'x> Dotter<'a, 'x> {
     }
 }
 
-/// Rows per rayon task: enough that a task streams ≥ ~128 KiB of weights, and about 4 tasks
-/// per thread. Returns `rows` (a single task) for small matrices.
+/// Rows per rayon task: enough that a task streams ≥ ~256 KiB of weights (≥ 64 rows for rows
+/// up to 4 KiB), and about 4 tasks per thread so a thread slowed by other load can be helped
+/// by work stealing. Returns `rows` (a single task) for small matrices.
 fn rows_per_task(rows: usize, row_bytes: usize, n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let work = rows * row_bytes * n.max(1);
     if threads == 1 || work < 256 * 1024 {
         return rows.max(1);
     }
-    let min_rows = (128 * 1024 / row_bytes.max(1)).max(1);
+    let min_rows = (256 * 1024 / row_bytes.max(1)).max(1);
     rows.div_ceil(threads * 4).max(min_rows).min(rows).max(1)
 }
 
