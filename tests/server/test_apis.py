@@ -127,3 +127,21 @@ def test_messages_nothink_limits(claude):
                                messages=[{"role": "user", "content": "[[hello]]"}])
     assert r.stop_reason == "stop_sequence" and r.stop_sequence == "friend"
     assert r.content[-1].text == "Hello there, "
+
+
+def test_sse_keepalive_during_prefill(make_server):
+    """While a long prefill runs, a streaming client gets `: prefill` comments (here every second)."""
+    import http.client
+    s = make_server("--ctx", "8192", "--keepalive-secs", "1", "--prefill-chunk", "8", name="keepalive")
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "alpha beta gamma delta " * 180}],
+                       "max_tokens": 2, "stream": True, "reasoning_effort": "none"})
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+    conn.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200 and r.getheader("content-type").startswith("text/event-stream")
+    lines = r.read().decode().splitlines()
+    conn.close()
+    prefill_s = s.metrics()["ds4_prefill_microseconds_total"] / 1e6
+    assert prefill_s > 1.0, f"prefill took only {prefill_s:.2f}s: make the prompt longer"
+    assert lines.count(": prefill") >= 1, lines[:5]
+    assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines

@@ -5,6 +5,7 @@
 //! 3. snapshot: the longest kept snapshot whose tokens prefix the prompt is restored (KV state cannot be
 //!    truncated in place — ring window and compressor state — so rewinds go through copies);
 //! 4. cold prefill.
+//!
 //! Snapshots are taken while prefilling, at the start of the first and last user turns (shared system
 //! prompt, edited last message) and at the end of the prompt (regenerate), bounded in number (LRU).
 use ds4_engine::{Engine, EngineError, Session};
@@ -107,6 +108,7 @@ impl LiveKv {
     /// Chooses how to reuse state for `prompt` (see module docs) and prefills what is missing, taking
     /// snapshots at `points` (token positions) on the way. `rendered` is the prompt's text, for the
     /// text-prefix match. On error the session is left consistent (tokens match the KV state).
+    #[allow(clippy::too_many_arguments)]
     pub fn prepare(
         &mut self,
         engine: &mut Engine,

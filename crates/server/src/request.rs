@@ -183,6 +183,7 @@ pub enum RawPrompt {
 }
 
 /// Generation parameters for a prompt.
+#[allow(clippy::too_many_arguments)]
 pub fn params(
     app: &App,
     prompt: &Prompt,
