@@ -34,6 +34,8 @@ pub struct TokenOut {
     pub top: Vec<(u32, f32)>,
 }
 
+const ENDED_EARLY: &str = "prefill pipeline ended early";
+
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
 /// A conversation on a route (the distributed counterpart of `ds4_engine::Session`).
@@ -421,7 +423,7 @@ impl DistSession {
                         }
                     }
                     None => {
-                        result = Err(DistError::Stage("prefill pipeline ended early".into()));
+                        result = Err(DistError::Stage(ENDED_EARLY.into()));
                         break;
                     }
                 }
@@ -458,7 +460,7 @@ impl DistSession {
             };
             hash = fnv1a_tokens(hash, c);
             if txs[0].send((Item { k, req: fr, final_want }, Vec::new())).is_err() {
-                result = Err(DistError::Stage("prefill pipeline ended early".into()));
+                result = Err(DistError::Stage(ENDED_EARLY.into()));
                 break;
             }
             in_flight += 1;
@@ -471,10 +473,25 @@ impl DistSession {
                         result = Err(e);
                     }
                 }
-                None => result = Err(DistError::Stage("prefill pipeline ended early".into())),
+                None => result = Err(DistError::Stage(ENDED_EARLY.into())),
             }
         }
         drop(txs);
+        // A generic "ended early" hides the real cause, which is queued on the final channel.
+        if matches!(&result, Err(DistError::Stage(m)) if m == ENDED_EARLY) {
+            let deadline = Instant::now() + Duration::from_secs(1);
+            while Instant::now() < deadline {
+                match final_rx.try_recv() {
+                    Ok((Err(e), _)) => {
+                        result = Err(e);
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => break,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        }
         for s in senders {
             s.abort();
         }
