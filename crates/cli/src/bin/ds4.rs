@@ -65,6 +65,9 @@ struct Args {
     /// Verbose diagnostics on stderr.
     #[arg(long = "debug")]
     debug: bool,
+    /// Distributed inference (--role, --layers, --listen, --coordinator, --dist-*).
+    #[command(flatten)]
+    dist: ds4_dist::DistArgs,
 }
 
 fn main() -> ExitCode {
@@ -100,6 +103,12 @@ fn run(args: Args) -> Result<(), String> {
         (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?),
         _ => None,
     };
+    if args.dist.active() || args.dist.validate().is_err() {
+        let sampler = SamplerConfig { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p, seed: args.seed };
+        let (model, mode) = (args.model.as_deref(), mode_of(&args));
+        let r = ds4_dist::cli::Ds4Run { model, prompt, system: args.system.clone(), mode, ctx: args.ctx, max_tokens: args.tokens, sampler, threads: args.threads, prefill_chunk: args.prefill_chunk, debug: args.debug };
+        return ds4_dist::cli::ds4_main(&args.dist, &r).map_err(|e| std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
+    }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());

@@ -43,6 +43,12 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
+    /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
+    #[arg(long = "debug")]
+    debug: bool,
+    /// Distributed inference (--role coordinator, --layers, --listen, --dist-*).
+    #[command(flatten)]
+    dist: ds4_dist::DistArgs,
 }
 
 fn main() -> ExitCode {
@@ -84,6 +90,10 @@ fn run(a: Args) -> Result<(), String> {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
+    if a.dist.active() || a.dist.validate().is_err() {
+        let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, threads: a.threads, prefill_chunk: a.prefill_chunk, csv: a.csv.clone(), debug: a.debug };
+        return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
+    }
     let text = std::fs::read_to_string(&a.prompt_file).map_err(|e| format!("cannot read {}: {e}", a.prompt_file.display()))?;
     let src = resolve_model(a.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
