@@ -22,6 +22,13 @@ fn read_once(buf: &[u64]) -> f64 {
     dt
 }
 
+/// The 1/5/15-minute load averages (Linux), for the CSV header.
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|_| "n/a".into())
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let threads: usize = arg(&args, "--threads").map(|s| s.parse().unwrap()).unwrap_or(2);
@@ -41,6 +48,7 @@ fn main() {
         format!("# isa={:?}; weights {mib} MiB per type, cols={cols}; {reps} interleaved (read-probe, matvec) pairs after one warm-up pair, best of each; read_bw = multithreaded u64 sum over a separate {mib} MiB buffer", detect_isa()),
         "type,threads,weight_mib,rows,cols,best_ms,weight_gbps,read_bw_gbps,ratio".to_string(),
     ];
+    lines.insert(2, format!("# load average at start: {}", loadavg()));
     println!("{}", lines[1]);
     let all = [GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q2_K, GgmlType::IQ2_XXS, GgmlType::F16];
     let only = arg(&args, "--types");
@@ -76,6 +84,7 @@ fn main() {
         println!("{line}");
         lines.push(line);
     }
+    lines.push(format!("# load average at end: {}", loadavg()));
     if let Some(dir) = std::path::Path::new(&csv).parent() {
         std::fs::create_dir_all(dir).ok();
     }

@@ -309,14 +309,9 @@ const CODE_VALUE_MATRIX: i64 = 0x0302_0000_0102_0000;
 fn iq2_xxs_t_impl(w: &[u8], a: &[u8]) -> f32 {
     // Code tables: [lo 0..128, lo 128..256, hi 0..128, hi 128..256] as register pairs.
     let t: [__m512i; 8] = core::array::from_fn(|i| ld512(a64(&IQ2_CODE_BYTES[i / 4], 64 * (i % 4))));
-    // Word 4g + l of the index vector = grid index l of group g (q byte 8g + l), in both bytes.
-    let widx = _mm512_set_epi64(
-        0x3b3b_3a3a_3939_3838, 0x3333_3232_3131_3030, 0x2b2b_2a2a_2929_2828, 0x2323_2222_2121_2020,
-        0x1b1b_1a1a_1919_1818, 0x1313_1212_1111_1010, 0x0b0b_0a0a_0909_0808, 0x0303_0202_0101_0000,
-    );
-    let odd_bytes = 0xAAAA_AAAA_AAAA_AAAAu64;
-    // Chunk k: byte j of qword g = bits 16k + 2j.. of qword g of the codes (code of row k).
-    let xctrl: [__m512i; 4] = core::array::from_fn(|k| _mm512_set1_epi64(0x0E0C_0A08_0604_0200 + 0x1010_1010_1010_1010 * k as i64));
+    // Chunk k: byte j of qword g = the 2-bit code of coordinate j of row k: bits 8k + 2j of
+    // the low code bytes (j < 4) or 32 + 8k + 2(j - 4) of the high ones.
+    let xctrl: [__m512i; 4] = core::array::from_fn(|k| _mm512_set1_epi64(0x2624_2220_0604_0200 + 0x0808_0808_0808_0808 * k as i64));
     let cval = _mm512_set1_epi64(CODE_VALUE_MATRIX);
     // Sign mask of chunk k: bit 8g + j = bit j of sign byte k in qword g of the decoded signs.
     let sctrl: [__m512i; 4] = core::array::from_fn(|k| _mm512_set1_epi64(0x0706_0504_0302_0100 + 0x0808_0808_0808_0808 * k as i64));
@@ -335,19 +330,20 @@ fn iq2_xxs_t_impl(w: &[u8], a: &[u8]) -> f32 {
         }
         let d = _mm512_set1_ps(f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125);
         let q = ld512(a64(bw, 2));
-        let idx = _mm512_permutexvar_epi8(widx, q);
-        let hi_half = _mm512_movepi8_mask(idx);
+        // Low code bytes looked up in place (bytes 8g + l); high code bytes with the indices
+        // shifted up to bytes 8g + 4 + l. Qword g of `codes`: [lo(g, 0..4), hi(g, 0..4)].
+        let q_hi = _mm512_slli_epi64::<32>(q);
         let lo = _mm512_mask_mov_epi8(
-            _mm512_permutex2var_epi8(t[0], idx, t[1]),
-            hi_half,
-            _mm512_permutex2var_epi8(t[2], idx, t[3]),
+            _mm512_permutex2var_epi8(t[0], q, t[1]),
+            _mm512_movepi8_mask(q),
+            _mm512_permutex2var_epi8(t[2], q, t[3]),
         );
         let hi = _mm512_mask_mov_epi8(
-            _mm512_permutex2var_epi8(t[4], idx, t[5]),
-            hi_half,
-            _mm512_permutex2var_epi8(t[6], idx, t[7]),
+            _mm512_permutex2var_epi8(t[4], q_hi, t[5]),
+            _mm512_movepi8_mask(q_hi),
+            _mm512_permutex2var_epi8(t[6], q_hi, t[7]),
         );
-        let codes = _mm512_mask_mov_epi8(lo, odd_bytes, hi);
+        let codes = _mm512_mask_mov_epi8(lo, 0xF0F0_F0F0_F0F0_F0F0, hi);
         // Decoded sign bytes (7 index bits + parity) in bytes 0..3 of qword g.
         let sb = _mm512_gf2p8affine_epi64_epi8::<0>(_mm512_multishift_epi64_epi8(ctrl, q), parity);
         let ls = _mm512_or_si512(_mm512_slli_epi32::<1>(_mm512_srli_epi32::<28>(_mm512_permutexvar_epi32(lidx, q))), one);
