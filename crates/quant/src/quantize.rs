@@ -4,6 +4,27 @@
 use crate::blocks::*;
 use crate::{GgmlType, QuantError};
 
+/// Round to nearest, ties to even, for |x| ≤ 2^22, with float adds only (the 1.5·2^23 trick
+/// ggml's `nearest_int` uses): on baseline x86-64 `f32::round_ties_even` is a libm call,
+/// which dominated activation quantization. Equal to `blocks::nearest_int` in that range.
+#[inline(always)]
+fn round_even_small(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
+    (x + MAGIC) - MAGIC
+}
+
+/// `f32::round` (ties away from zero) for |x| ≤ 2^22 without a libm call.
+#[inline(always)]
+fn round_away_small(x: f32) -> f32 {
+    let y = x.abs();
+    let mut n = round_even_small(y);
+    // Exact: y and n are within 0.5 of each other. A tie rounded down to even goes up.
+    if y - n == 0.5 {
+        n += 1.0;
+    }
+    n.copysign(x)
+}
+
 /// ggml `quantize_row_q8_0_ref`: d = amax/127, q = round-half-away(x/d).
 pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
     for (xb, ob) in x.chunks_exact(QK8_0).zip(out.chunks_exact_mut(Q8_0_BYTES)) {
@@ -12,7 +33,8 @@ pub fn quantize_row_q8_0(x: &[f32], out: &mut [u8]) {
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         ob[0..2].copy_from_slice(&f16_bits(d));
         for (o, &v) in ob[2..].iter_mut().zip(xb) {
-            *o = (v * id).round() as i8 as u8;
+            // |v·id| ≤ 127 (up to rounding), well inside round_away_small's range.
+            *o = round_away_small(v * id) as i8 as u8;
         }
     }
 }
@@ -34,7 +56,8 @@ pub fn quantize_row_q8_k(x: &[f32], out: &mut [u8]) {
         }
         let iscale = -127.0f32 / max;
         for (o, &v) in ob[4..4 + QK_K].iter_mut().zip(xb) {
-            *o = nearest_int(iscale * v).min(127) as i8 as u8;
+            // |iscale·v| ≤ 127 (up to rounding), well inside round_even_small's range.
+            *o = (round_even_small(iscale * v) as i32).min(127) as i8 as u8;
         }
         for k in 0..16 {
             let s: i32 = ob[4 + 16 * k..4 + 16 * k + 16].iter().map(|&q| q as i8 as i32).sum();
@@ -74,4 +97,22 @@ pub fn quantize(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>, QuantError> {
         GgmlType::I32 => return Err(QuantError::Unsupported(ty.name())),
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod round_tests {
+    use super::*;
+
+    #[test]
+    fn small_rounding_matches_std() {
+        // Every f32 in [-200, 200] with a fractional step of 2^-10, plus exact ties.
+        let mut x = -200.0f32;
+        while x <= 200.0 {
+            for v in [x, x + 0.5, x - 0.5, x.next_up(), x.next_down()] {
+                assert_eq!(round_even_small(v), v.round_ties_even(), "{v}");
+                assert_eq!(round_away_small(v).to_bits(), v.round().to_bits(), "{v}");
+            }
+            x += 1.0 / 1024.0;
+        }
+    }
 }
