@@ -63,6 +63,15 @@ pub struct Args {
     /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).
     #[arg(long = "kv-snapshots", default_value_t = 8)]
     pub kv_snapshots: usize,
+    /// Directory of the disk KV cache: sessions saved there survive restarts and conversation switches.
+    #[arg(long = "kv-disk-dir")]
+    pub kv_disk_dir: Option<PathBuf>,
+    /// Space budget of the disk KV cache in MiB (fractions allowed); least useful files are evicted.
+    #[arg(long = "kv-disk-space-mb", default_value_t = 8192.0)]
+    pub kv_disk_space_mb: f64,
+    /// Shortest session (in tokens) worth saving to the disk KV cache.
+    #[arg(long = "kv-disk-min-tokens", default_value_t = 512)]
+    pub kv_disk_min_tokens: usize,
     /// Size of the tool-id → sampled DSML map.
     #[arg(long = "tool-memory-max-ids", default_value_t = 100000)]
     pub tool_memory_max_ids: usize,
@@ -106,6 +115,12 @@ impl Args {
         }
         if self.max_body_bytes < 1024 {
             return Err("--max-body-bytes must be at least 1024".into());
+        }
+        if !(self.kv_disk_space_mb > 0.0 && self.kv_disk_space_mb.is_finite()) {
+            return Err("--kv-disk-space-mb must be a positive number".into());
+        }
+        if self.kv_disk_min_tokens == 0 {
+            return Err("--kv-disk-min-tokens must be at least 1".into());
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err("--api-key must not be empty".into());

@@ -4,11 +4,17 @@
 //!    tokenize only the text suffix (covers tokenizations that differ at the boundary);
 //! 3. snapshot: the longest kept snapshot whose tokens prefix the prompt is restored (KV state cannot be
 //!    truncated in place — ring window and compressor state — so rewinds go through copies);
-//! 4. cold prefill.
+//! 4. disk (`--kv-disk-dir`): the longest cached prefix on disk, when longer than the best snapshot;
+//! 5. cold prefill.
+//!
+//! With a disk cache, the live state is saved before an unrelated prompt (sharing less than half of it)
+//! replaces it, and after any prefill of at least `--kv-disk-min-tokens` tokens.
 //!
 //! Snapshots are taken while prefilling, at the start of the first and last user turns (shared system
 //! prompt, edited last message) and at the end of the prompt (regenerate), bounded in number (LRU).
+use crate::disk::DiskCache;
 use ds4_engine::{Engine, EngineError, Session};
+use ds4_kvstore::Reason;
 use ds4_model::KvState;
 use ds4_tokenizer::Tokenizer;
 use std::sync::atomic::AtomicBool;
@@ -19,6 +25,7 @@ pub enum Decision {
     Exact,
     TextPrefix,
     Snapshot,
+    Disk,
     Cold,
 }
 
@@ -29,6 +36,7 @@ impl Decision {
             Decision::Exact => "exact",
             Decision::TextPrefix => "text-prefix",
             Decision::Snapshot => "snapshot",
+            Decision::Disk => "disk",
             Decision::Cold => "cold",
         }
     }
@@ -46,6 +54,7 @@ pub struct LiveKv {
     snaps: Vec<Snapshot>,
     max_snaps: usize,
     clock: u64,
+    pub disk: Option<DiskCache>,
 }
 
 #[derive(Debug, Clone)]
@@ -66,7 +75,7 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 
 impl LiveKv {
     pub fn new(session: Session, max_snaps: usize) -> Self {
-        Self { session, snaps: Vec::new(), max_snaps, clock: 0 }
+        Self { session, snaps: Vec::new(), max_snaps, clock: 0, disk: None }
     }
 
     pub fn snapshot_count(&self) -> usize {
@@ -75,6 +84,13 @@ impl LiveKv {
 
     pub fn snapshot_bytes(&self) -> usize {
         self.snaps.iter().map(|s| s.kv.bytes() + s.logits.len() * 4 + s.tokens.len() * 4).sum()
+    }
+
+    /// Saves the live session to disk (clean shutdown).
+    pub fn save_to_disk(&mut self, tok: &Tokenizer, reason: Reason) {
+        if let Some(disk) = self.disk.as_mut() {
+            disk.save(&self.session, tok, reason);
+        }
     }
 
     /// Forgets everything (after an engine failure left the state unknown).
@@ -140,10 +156,27 @@ impl LiveKv {
             self.clock += 1;
             let best = self
                 .snaps
-                .iter_mut()
-                .filter(|s| s.tokens.len() <= prompt.len() && prompt.starts_with(&s.tokens))
-                .max_by_key(|s| s.tokens.len());
-            if let Some(s) = best {
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.tokens.len() <= prompt.len() && prompt.starts_with(&s.tokens))
+                .max_by_key(|(_, s)| s.tokens.len())
+                .map(|(i, s)| (i, s.tokens.len()));
+            let mut from_disk = false;
+            if let Some(disk) = self.disk.as_mut() {
+                let entry = disk.find(&prompt, best.map_or(0, |b| b.1));
+                // The live state is about to be replaced: keep it on disk when the new prompt is another
+                // conversation (shares less than half of it).
+                if have_live && live_common * 2 < live_len {
+                    disk.save(&self.session, tok, Reason::Evict);
+                }
+                if let Some(e) = entry {
+                    from_disk = disk.restore(&e, &mut self.session, engine);
+                }
+            }
+            if from_disk {
+                decision = Decision::Disk;
+            } else if let Some((i, _)) = best {
+                let s = &mut self.snaps[i];
                 s.last_used = self.clock;
                 self.session.kv = s.kv.clone();
                 self.session.tokens = s.tokens.clone();
@@ -177,6 +210,11 @@ impl LiveKv {
                 }
             }
             self.take_snapshot();
+        }
+        if let Some(disk) = self.disk.as_mut() {
+            if total >= disk.min_tokens {
+                disk.save(&self.session, tok, if decision == Decision::Cold { Reason::Cold } else { Reason::Continued });
+            }
         }
         Ok(Prepared { prompt, cached, prefilled: total, decision, live_common, live_len })
     }

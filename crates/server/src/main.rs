@@ -2,6 +2,7 @@
 mod anthropic_messages;
 mod app;
 mod args;
+mod disk;
 mod errors;
 mod fields;
 mod kv_reuse;
@@ -56,11 +57,22 @@ fn run(args: args::Args) -> Result<(), String> {
     tok.chat_ids().map_err(|e| format!("{}: {e}", src.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
     let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
-    let wcfg = worker::WorkerConfig { snapshots: args.kv_snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay };
+    let disk = match &args.kv_disk_dir {
+        Some(dir) => {
+            let model = ds4_kvstore::model_identity(&engine.stage.w.file, &format!("{:?} {:?}", engine.stage.opts, engine.stage.w.range));
+            let budget = (args.kv_disk_space_mb * (1u64 << 20) as f64) as u64;
+            let store = ds4_kvstore::KvStore::open(dir, budget, model).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
+            eprintln!("ds4-server: KV disk cache {} (budget={budget} bytes, min={} tokens)", dir.display(), args.kv_disk_min_tokens);
+            Some(disk::DiskCache::new(store, args.kv_disk_min_tokens, metrics.clone(), tool_mem.clone()))
+        }
+        None => None,
+    };
+    let wcfg = worker::WorkerConfig { snapshots: args.kv_snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk };
     let submitter = worker::spawn(engine, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
         .map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let app = Arc::new(app::App::from_args(&args, tok, submitter, metrics, tool_mem, script));
-    let router = app::router(app, args.max_body_bytes, args.cors);
+    let router = app::router(app.clone(), args.max_body_bytes, args.cors);
+    let saves_on_exit = args.kv_disk_dir.is_some();
     let addr = format!("{}:{}", args.bind_host(), args.port);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -68,16 +80,54 @@ fn run(args: args::Args) -> Result<(), String> {
         .thread_name("ds4-http")
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr} (--host/--port): {e}"))?;
         let local = listener.local_addr().map_err(|e| e.to_string())?;
         eprintln!("ds4-server: listening on http://{local} (ctx={})", args.ctx);
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async {
+        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+        let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            eprintln!("ds4-server: shutting down");
+            let _ = stop_tx.send(true);
+        });
+        // Connections still open a few seconds after the signal (a stream nobody reads) do not hold the exit.
+        let grace = async move {
+            let _ = stop_rx.wait_for(|v| *v).await;
+            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        };
+        tokio::select! {
+            r = serve => r.map_err(|e| format!("server error: {e}")),
+            _ = grace => Ok(()),
+        }
+    });
+    if saves_on_exit {
+        // Clean exit: the live session goes to the disk KV cache (after the job in progress, if any).
+        if !app.submitter.shutdown(std::time::Duration::from_secs(60)) {
+            eprintln!("ds4-server: WARNING the live session was not saved to the KV disk cache before exit");
+        }
+    }
+    served
+}
+
+/// SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
                 let _ = tokio::signal::ctrl_c().await;
-                eprintln!("ds4-server: shutting down");
-            })
-            .await
-            .map_err(|e| format!("server error: {e}"))
-    })
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

@@ -32,6 +32,17 @@ pub struct Metrics {
     pub kv_snapshots_held: AtomicU64,
     pub kv_snapshot_bytes: AtomicU64,
     pub tool_replay_exact: AtomicU64,
+    pub kv_disk: AtomicU64,
+    pub kv_disk_hits: AtomicU64,
+    pub kv_disk_misses: AtomicU64,
+    pub kv_disk_saves: AtomicU64,
+    pub kv_disk_evictions: AtomicU64,
+    pub kv_disk_removed_bad: AtomicU64,
+    pub kv_disk_loaded_tokens: AtomicU64,
+    pub kv_disk_written_bytes: AtomicU64,
+    pub kv_disk_read_bytes: AtomicU64,
+    pub kv_disk_bytes: AtomicU64,
+    pub kv_disk_files: AtomicU64,
     pub tool_calls: AtomicU64,
 }
 
@@ -73,11 +84,21 @@ impl Metrics {
         c(&mut s, "ds4_kv_reuse_hits_total", "Requests that reused live or snapshot KV state.", self.kv_hits.load(Relaxed));
         c(&mut s, "ds4_kv_reuse_misses_total", "Requests prefilled from scratch.", self.kv_misses.load(Relaxed));
         let _ = writeln!(s, "# HELP ds4_kv_reuse_total KV reuse hits by kind.\n# TYPE ds4_kv_reuse_total counter");
-        for (k, v) in [("extend", &self.kv_extend), ("exact", &self.kv_exact), ("text_prefix", &self.kv_text_prefix), ("snapshot", &self.kv_snapshot)] {
+        for (k, v) in [("extend", &self.kv_extend), ("exact", &self.kv_exact), ("text_prefix", &self.kv_text_prefix), ("snapshot", &self.kv_snapshot), ("disk", &self.kv_disk)] {
             let _ = writeln!(s, "ds4_kv_reuse_total{{kind=\"{k}\"}} {}", v.load(Relaxed));
         }
         g(&mut s, "ds4_kv_snapshots", "KV snapshots held for rewinds.", self.kv_snapshots_held.load(Relaxed) as f64);
         g(&mut s, "ds4_kv_snapshot_bytes", "Bytes held by KV snapshots.", self.kv_snapshot_bytes.load(Relaxed) as f64);
+        c(&mut s, "ds4_kv_disk_hits_total", "Requests restored from the disk KV cache.", self.kv_disk_hits.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_misses_total", "Disk KV cache lookups that found no longer prefix than memory.", self.kv_disk_misses.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_saves_total", "Sessions written to the disk KV cache.", self.kv_disk_saves.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_evictions_total", "Disk KV cache files evicted for space.", self.kv_disk_evictions.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_bad_files_total", "Disk KV cache files found truncated, corrupted or foreign, and removed.", self.kv_disk_removed_bad.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_loaded_tokens_total", "Prompt tokens restored from disk instead of prefilled.", self.kv_disk_loaded_tokens.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_written_bytes_total", "Bytes written to the disk KV cache.", self.kv_disk_written_bytes.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_read_bytes_total", "Bytes read from the disk KV cache.", self.kv_disk_read_bytes.load(Relaxed));
+        g(&mut s, "ds4_kv_disk_bytes", "Bytes held by disk KV cache files.", self.kv_disk_bytes.load(Relaxed) as f64);
+        g(&mut s, "ds4_kv_disk_files", "Disk KV cache files.", self.kv_disk_files.load(Relaxed) as f64);
         c(&mut s, "ds4_tool_calls_total", "Tool calls generated.", self.tool_calls.load(Relaxed));
         c(&mut s, "ds4_tool_replay_exact_total", "History tool-call blocks replayed byte-exact from the id map.", self.tool_replay_exact.load(Relaxed));
         g(&mut s, "ds4_process_resident_bytes", "Resident set size of the server process.", resident_bytes() as f64);

@@ -71,6 +71,11 @@ impl ToolMemory {
         self.map.get(id).cloned()
     }
 
+    /// Every remembered id with its DSML block.
+    pub fn entries(&self) -> Vec<(String, Arc<str>)> {
+        self.order.iter().filter_map(|id| self.map.get(id).map(|r| (id.clone(), r.clone()))).collect()
+    }
+
     #[cfg_attr(not(test), allow(dead_code))]
     pub fn len(&self) -> usize {
         self.map.len()

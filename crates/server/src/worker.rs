@@ -72,9 +72,16 @@ pub enum Event {
     Error(ApiError),
 }
 
+/// What the worker's queue carries.
+enum Msg {
+    Job(Job),
+    /// Save the live session to the disk KV cache (clean shutdown), then acknowledge.
+    Shutdown(std_mpsc::Sender<()>),
+}
+
 /// The HTTP side's handle on the queue.
 pub struct Submitter {
-    tx: Mutex<std_mpsc::Sender<Job>>,
+    tx: Mutex<std_mpsc::Sender<Msg>>,
     max_queue: usize,
     metrics: Arc<Metrics>,
 }
@@ -106,12 +113,24 @@ impl Submitter {
         let (etx, erx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job { kind, prompt, rendered, params, events: etx, cancel: cancel.clone() };
-        let sent = self.tx.lock().map_err(|_| ApiError::internal("queue lock poisoned"))?.send(job);
+        let sent = self.tx.lock().map_err(|_| ApiError::internal("queue lock poisoned"))?.send(Msg::Job(job));
         if sent.is_err() {
             self.metrics.queue_depth.fetch_sub(1, SeqCst);
             return Err(ApiError::unavailable("the inference worker is not running"));
         }
         Ok((erx, CancelOnDrop(cancel)))
+    }
+
+    /// Asks the worker to save the live session to the disk KV cache once the jobs queued before this
+    /// call are done; waits at most `timeout`. False when it did not confirm in time.
+    pub fn shutdown(&self, timeout: std::time::Duration) -> bool {
+        let (atx, arx) = std_mpsc::channel();
+        let Ok(tx) = self.tx.lock() else { return false };
+        if tx.send(Msg::Shutdown(atx)).is_err() {
+            return false;
+        }
+        drop(tx);
+        arx.recv_timeout(timeout).is_ok()
     }
 }
 
@@ -119,6 +138,7 @@ pub struct WorkerConfig {
     pub snapshots: usize,
     pub prefill_chunk: usize,
     pub exact_tool_replay: bool,
+    pub disk: Option<crate::disk::DiskCache>,
 }
 
 /// Starts the worker thread; returns the submit handle.
@@ -131,12 +151,26 @@ pub fn spawn(
     tool_mem: Arc<Mutex<ToolMemory>>,
     trace: Arc<Trace>,
 ) -> std::io::Result<Submitter> {
-    let (tx, rx) = std_mpsc::channel::<Job>();
+    let (tx, rx) = std_mpsc::channel::<Msg>();
     let mut session = ds4_engine::Session::new(&engine);
     session.prefill_chunk = cfg.prefill_chunk.max(1);
-    let mut w = Worker { engine, tok, live: LiveKv::new(session, cfg.snapshots), metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
+    let mut live = LiveKv::new(session, cfg.snapshots);
+    live.disk = cfg.disk;
+    let mut w = Worker { engine, tok, live, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
     std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
-        while let Ok(job) = rx.recv() {
+        while let Ok(msg) = rx.recv() {
+            let job = match msg {
+                Msg::Job(job) => job,
+                Msg::Shutdown(ack) => {
+                    let tok = w.tok.clone();
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.live.save_to_disk(&tok, ds4_kvstore::Reason::Shutdown)));
+                    if r.is_err() {
+                        eprintln!("ds4-server: internal error (panic) while saving the session at shutdown");
+                    }
+                    let _ = ack.send(());
+                    continue;
+                }
+            };
             w.metrics.queue_depth.fetch_sub(1, SeqCst);
             w.metrics.busy.store(1, SeqCst);
             let events = job.events.clone();
@@ -242,6 +276,7 @@ impl Worker {
                     Decision::Extend => &m.kv_extend,
                     Decision::Exact => &m.kv_exact,
                     Decision::TextPrefix => &m.kv_text_prefix,
+                    Decision::Disk => &m.kv_disk,
                     _ => &m.kv_snapshot,
                 }
                 .fetch_add(1, Relaxed);

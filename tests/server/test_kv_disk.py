@@ -1,0 +1,218 @@
+"""Disk KV cache (`--kv-disk-dir`): sessions survive a restart and conversation switches, damaged cache
+files are ignored with a warning (and removed) without changing any output, and the directory stays
+within `--kv-disk-space-mb`. Greedy outputs are compared with cold runs."""
+import time
+from pathlib import Path
+
+import pytest
+from openai import OpenAI
+
+SYS = {"role": "system", "content": "You are a terse assistant. Answer in one line."}
+CONV_A = [SYS, {"role": "user", "content": "Conversation A: describe the longest river you know in some detail please."}]
+CONV_B = [SYS, {"role": "user", "content": "Conversation B: name three mountains, their heights, and who first climbed them."}]
+CONVS = [CONV_A, CONV_B] + [
+    [SYS, {"role": "user", "content": f"Conversation {k}: a distinct question number {k} about oceans and their currents."}]
+    for k in range(3, 7)
+]
+DISK = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-min-tokens", "8"]
+
+
+def client(s):
+    return OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0, timeout=120)
+
+
+def chat(s, messages, n=8):
+    r = client(s).chat.completions.create(model="m", messages=messages, max_tokens=n, temperature=0, reasoning_effort="none")
+    return r.choices[0].message.content, r.usage
+
+
+KEYS = ["ds4_prefilled_tokens_total", "ds4_cached_tokens_total", "ds4_kv_disk_hits_total", "ds4_kv_disk_saves_total",
+        "ds4_kv_disk_evictions_total", "ds4_kv_disk_bad_files_total", "ds4_kv_disk_loaded_tokens_total",
+        'ds4_kv_reuse_total{kind="disk"}', "ds4_kv_reuse_misses_total", "ds4_kv_disk_bytes", "ds4_kv_disk_files"]
+
+
+def counters(s):
+    m = s.metrics()
+    return {k: m.get(k, 0) for k in KEYS}
+
+
+def run(s, messages, n=8):
+    """One request; returns (text, usage, counter deltas)."""
+    before = counters(s)
+    text, usage = chat(s, messages, n)
+    after = counters(s)
+    return text, usage, {k: after[k] - before[k] for k in KEYS}
+
+
+def kv_files(d: Path):
+    return sorted(p for p in d.iterdir() if p.suffix == ".kv")
+
+
+def log_of(s):
+    return Path(s.log.name).read_text()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """Cold greedy outputs of every conversation (no disk cache, no snapshots)."""
+    from conftest import Server
+    s = Server(tmp_path_factory.mktemp("kvdisk-ref"), ["--ctx", "2048", "--kv-snapshots", "0"], "ref")
+    try:
+        out = {}
+        for i, conv in enumerate(CONVS):
+            text, usage, d = run(s, conv)
+            assert d["ds4_kv_reuse_misses_total"] == 1 and d["ds4_cached_tokens_total"] == 0
+            out[i] = (text, usage.prompt_tokens)
+        return out
+    finally:
+        s.stop()
+
+
+def test_restart_restores_the_prompt_from_disk(make_server, tmp_path, reference):
+    d = tmp_path / "kv"
+    s1 = make_server(*DISK, "--kv-disk-dir", str(d), name="first")
+    text, usage, delta = run(s1, CONV_A)
+    assert text == reference[0][0]
+    assert delta["ds4_kv_disk_saves_total"] == 1 and delta["ds4_prefilled_tokens_total"] == usage.prompt_tokens
+    assert len(kv_files(d)) == 1
+    s1.stop()
+    # The clean shutdown (SIGTERM) saved the live session too: prompt + generated tokens.
+    assert len(kv_files(d)) == 2
+    assert "reason=shutdown" in log_of(s1)
+
+    s2 = make_server(*DISK, "--kv-disk-dir", str(d), name="second")
+    assert s2.metrics()["ds4_kv_disk_files"] == 2
+    text2, usage2, delta2 = run(s2, CONV_A)
+    assert delta2["ds4_kv_disk_hits_total"] == 1 and delta2['ds4_kv_reuse_total{kind="disk"}'] == 1
+    # The whole prompt came from disk: nothing prefilled.
+    assert delta2["ds4_prefilled_tokens_total"] == 0
+    assert delta2["ds4_kv_disk_loaded_tokens_total"] == usage2.prompt_tokens
+    assert usage2.prompt_tokens_details.cached_tokens == usage2.prompt_tokens
+    assert text2 == text
+
+    # A follow-up turn of the same conversation after yet another restart extends the saved state:
+    # only the new suffix is prefilled.
+    s2.stop()
+    s3 = make_server(*DISK, "--kv-disk-dir", str(d), name="third")
+    follow = CONV_A + [{"role": "assistant", "content": text}, {"role": "user", "content": "Shorter please."}]
+    _, usage3, delta3 = run(s3, follow)
+    assert delta3["ds4_kv_disk_hits_total"] == 1
+    assert 0 < delta3["ds4_prefilled_tokens_total"] < usage3.prompt_tokens - reference[0][1] + 4
+
+
+def test_switching_conversations_restores_from_disk(make_server, tmp_path, reference):
+    d = tmp_path / "kv"
+    s = make_server(*DISK, "--kv-disk-dir", str(d), name="switch")
+    a1, _, da1 = run(s, CONV_A)
+    b1, _, db1 = run(s, CONV_B)
+    # B replaced A: A's live state (prompt + answer) was saved first, then B's prompt.
+    assert db1["ds4_kv_disk_saves_total"] == 2 and db1["ds4_kv_disk_hits_total"] == 0
+    a2, u2, da2 = run(s, CONV_A)
+    assert da2["ds4_kv_disk_hits_total"] == 1 and da2['ds4_kv_reuse_total{kind="disk"}'] == 1
+    assert da2["ds4_prefilled_tokens_total"] == 0 and u2.prompt_tokens_details.cached_tokens == u2.prompt_tokens
+    b2, _, db2 = run(s, CONV_B)
+    assert db2["ds4_kv_disk_hits_total"] == 1 and db2["ds4_prefilled_tokens_total"] == 0
+    assert (a1, b1) == (reference[0][0], reference[1][0])
+    assert (a2, b2) == (a1, b1)
+
+
+def corrupt(p: Path, how: str):
+    b = bytearray(p.read_bytes())
+    n = len(b)
+    if n < 200:
+        return  # damaged in an earlier round and not looked at since
+    if how == "flip-magic":
+        b[0] ^= 0xFF
+    elif how == "flip-header":
+        b[60] ^= 0x01
+    elif how == "flip-tokens":
+        b[170] ^= 0x04
+    elif how == "flip-middle":
+        b[n // 2] ^= 0x20
+    elif how == "flip-last":
+        b[-1] ^= 0x80
+    elif how == "truncate-half":
+        b = b[: n // 2]
+    elif how == "truncate-one":
+        b = b[:-1]
+    elif how == "truncate-tiny":
+        b = b[:7]
+    elif how == "empty":
+        b = b""
+    elif how == "version":
+        b[8] = 99
+    p.write_bytes(bytes(b))
+
+
+def test_damaged_cache_files_are_ignored_and_removed(make_server, tmp_path, reference):
+    d = tmp_path / "kv"
+    s = make_server(*DISK, "--kv-disk-dir", str(d), name="damage")
+    run(s, CONV_A)
+    run(s, CONV_B)
+    bad_total = 0
+    # While running: files damaged after they were indexed fail their checksum when loaded.
+    for how in ["flip-middle", "flip-last", "truncate-half", "truncate-one", "empty", "flip-tokens"]:
+        files = kv_files(d)
+        assert len(files) >= 2
+        for f in files:
+            corrupt(f, how)
+        for i in (0, 1):
+            text, usage, delta = run(s, CONVS[i])
+            assert text == reference[i][0], how
+            assert delta["ds4_kv_disk_hits_total"] == 0 and delta["ds4_prefilled_tokens_total"] == usage.prompt_tokens, how
+            bad_total += delta["ds4_kv_disk_bad_files_total"]
+            assert delta["ds4_kv_disk_bad_files_total"] >= 1, how
+        assert s.alive()
+    assert "WARNING ignoring and removing cache file" in log_of(s)
+    s.stop()
+
+    # At start-up: damaged headers are found while indexing, before any request.
+    kinds = ["flip-magic", "flip-header", "truncate-tiny", "version"]
+    files = kv_files(d)
+    assert len(files) >= 2
+    for k, f in enumerate(files):
+        corrupt(f, kinds[k % len(kinds)])
+    (d / "not-a-cache.kv").write_bytes(b"hello")
+    s2 = make_server(*DISK, "--kv-disk-dir", str(d), name="damage-restart")
+    m = s2.metrics()
+    assert m["ds4_kv_disk_files"] == 0 and m["ds4_kv_disk_bad_files_total"] == len(files) + 1
+    assert kv_files(d) == []
+    for i in (0, 1):
+        text, _, delta = run(s2, CONVS[i])
+        assert text == reference[i][0] and delta["ds4_kv_disk_hits_total"] == 0
+    assert "WARNING" in log_of(s2)
+
+
+def test_directory_stays_within_the_budget(make_server, tmp_path, reference):
+    d = tmp_path / "kv"
+    probe = make_server(*DISK, "--kv-disk-dir", str(d), name="probe")
+    run(probe, CONV_A)
+    size = max(f.stat().st_size for f in kv_files(d))
+    probe.stop()
+    # Room for four and a half files: the sessions of six conversations cannot all stay.
+    budget = int(size * 4.5)
+    s = make_server(*DISK, "--kv-disk-dir", str(d), "--kv-disk-space-mb", str(budget / (1 << 20)), name="budget")
+
+    def check(i, delta_hits=None):
+        text, _, delta = run(s, CONVS[i])
+        assert text == reference[i][0]
+        total = sum(f.stat().st_size for f in kv_files(d))
+        assert total <= budget + size, f"{total} bytes on disk, budget {budget}"
+        assert s.metrics()["ds4_kv_disk_bytes"] == total
+        if delta_hits is not None:
+            assert delta["ds4_kv_disk_hits_total"] == delta_hits, i
+
+    # A and B are switched between (each switch restores the other from disk): frequently hit files.
+    check(0, 1)  # the probe's file
+    for _ in range(2):
+        check(1)
+        check(0, 1)
+    check(1, 1)
+    for i in range(2, len(CONVS)):
+        check(i, 0)
+    m = s.metrics()
+    assert m["ds4_kv_disk_evictions_total"] >= 4
+    assert "evicted reason=disk-cache-full" in log_of(s)
+    # The frequently hit conversations outlived the newer, never-hit files.
+    check(0, 1)
+    check(1, 1)
