@@ -37,6 +37,9 @@ impl Rope {
         Self { freqs }
     }
 
+    /// Per-pair angle frequencies (pair k of the rotated tail turns by `pos · freqs[k]`).
+    pub fn freqs(&self) -> &[f64] { &self.freqs }
+
     /// Rotates the last `2·freqs.len()` elements of `x` (adjacent pairs) by `pos`; `inverse` negates the angle.
     pub fn apply(&self, x: &mut [f32], pos: usize, inverse: bool) {
         let n = x.len();

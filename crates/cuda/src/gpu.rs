@@ -1,0 +1,445 @@
+//! Thin layer over the CUDA driver, NVRTC and cuBLAS (through cudarc's result-level API): one context,
+//! one stream, one module, raw device pointers with explicit ownership.
+use cudarc::cublas::{result as blas, sys as bsys};
+use cudarc::driver::{result as drv, sys as dsys};
+use cudarc::nvrtc::{result as rtc, sys as rsys};
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub type Result<T> = std::result::Result<T, String>;
+
+/// Device allocations made since start (the decode loop must make none).
+pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
+/// Host-to-device copies of weights (done once, at load).
+pub static WEIGHT_UPLOADS: AtomicU64 = AtomicU64::new(0);
+
+fn e<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> String + '_ {
+    move |err| format!("{what}: {err:?}")
+}
+
+/// Makes libnvrtc / libcublas findable: cudarc dlopens by soname, so preload them from the usual places.
+pub fn preload_libs() {
+    let dirs = [
+        std::env::var("DS4_CUDA_LIB").unwrap_or_default(),
+        "/usr/local/cuda/lib64".to_string(),
+        "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib".to_string(),
+    ];
+    for d in dirs.iter().filter(|d| !d.is_empty()) {
+        let Ok(rd) = std::fs::read_dir(d) else { continue };
+        let mut names: Vec<_> = rd.filter_map(|x| x.ok()).map(|x| x.path()).collect();
+        names.sort();
+        for p in names {
+            let n = p.file_name().and_then(|s| s.to_str()).unwrap_or("");
+            if n.starts_with("libnvrtc-builtins.so.13") || n == "libnvrtc.so.13" || n == "libcublas.so.13" || n == "libcublasLt.so.13" {
+                // SAFETY: loading a system CUDA library by absolute path; its initialisers are the vendor's.
+                if let Ok(l) = unsafe { libloading::Library::new(&p) } {
+                    std::mem::forget(l);
+                }
+            }
+        }
+    }
+}
+
+/// Include directory for NVRTC (cuda headers are not needed by our source, but keep the toolkit's).
+fn include_dirs() -> Vec<String> {
+    let mut v = Vec::new();
+    for d in [std::env::var("DS4_CUDA_INCLUDE").unwrap_or_default(), "/usr/local/cuda/include".into()] {
+        if !d.is_empty() && std::path::Path::new(&d).is_dir() {
+            v.push(d);
+        }
+    }
+    v
+}
+
+/// Compiles `src` to a CUBIN for `arch` (e.g. "sm_90a") with NVRTC.
+pub fn compile_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
+    let csrc = CString::new(src).map_err(e("source"))?;
+    let prog = rtc::create_program(&csrc, Some(&CString::new("ds4_kernels.cu").unwrap())).map_err(e("nvrtcCreateProgram"))?;
+    let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string()];
+    for d in include_dirs() {
+        opts.push(format!("--include-path={d}"));
+    }
+    // SAFETY: prog is a live program created above; options are valid C strings.
+    let res = unsafe { rtc::compile_program(prog, &opts) };
+    if let Err(err) = res {
+        // SAFETY: prog is live; the log is a NUL-terminated buffer owned by the returned Vec.
+        let log = unsafe { rtc::get_program_log(prog) }.map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
+        // SAFETY: destroying the program we created.
+        unsafe { let _ = rtc::destroy_program(prog); }
+        return Err(format!("NVRTC compile for {arch} failed ({err:?}):\n{log}"));
+    }
+    let mut size = 0usize;
+    // SAFETY: prog compiled successfully; size is a valid out-pointer.
+    unsafe { rsys::nvrtcGetCUBINSize(prog, &mut size) }.result().map_err(e("nvrtcGetCUBINSize"))?;
+    let mut cubin = vec![0u8; size];
+    // SAFETY: cubin has exactly `size` bytes as reported by NVRTC.
+    unsafe { rsys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }.result().map_err(e("nvrtcGetCUBIN"))?;
+    // SAFETY: destroying the program we created.
+    unsafe { rtc::destroy_program(prog) }.map_err(e("nvrtcDestroyProgram"))?;
+    Ok(cubin)
+}
+
+/// True when libnvrtc can be loaded (compile checks skip otherwise).
+pub fn nvrtc_present() -> bool {
+    preload_libs();
+    // SAFETY: only probes whether the dynamic library can be opened.
+    unsafe { rsys::is_culib_present() }
+}
+
+/// An owned device allocation.
+pub struct DBuf {
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DBuf {
+    pub fn f32(&self, off: usize) -> u64 { self.ptr + 4 * off as u64 }
+}
+
+impl Drop for DBuf {
+    fn drop(&mut self) {
+        if self.ptr != 0 {
+            // SAFETY: ptr came from cuMemAlloc in Gpu::alloc and is freed once.
+            unsafe { let _ = drv::free_sync(self.ptr); }
+        }
+    }
+}
+
+/// A kernel argument (copied into the launch's argument block).
+#[derive(Clone, Copy)]
+pub enum A {
+    P(u64),
+    I(i32),
+    L(i64),
+    F(f32),
+}
+
+pub struct Gpu {
+    pub ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    pub stream: dsys::CUstream,
+    module: dsys::CUmodule,
+    funcs: HashMap<&'static str, dsys::CUfunction>,
+    pub blas: bsys::cublasHandle_t,
+    pub name: String,
+    pub sms: i32,
+    pub arch: String,
+    /// Per-kernel timing (CUDA events) when profiling is on.
+    pub prof: Option<Profiler>,
+}
+
+pub struct Profiler {
+    pending: Vec<(&'static str, dsys::CUevent, dsys::CUevent)>,
+    pool: Vec<dsys::CUevent>,
+    pub totals: HashMap<&'static str, (f64, u64)>,
+}
+
+impl Profiler {
+    pub fn new() -> Self { Self { pending: Vec::new(), pool: Vec::new(), totals: HashMap::new() } }
+}
+
+impl Default for Profiler {
+    fn default() -> Self { Self::new() }
+}
+
+impl Gpu {
+    /// Opens device 0, compiles (or loads from the cache) the kernels, creates the cuBLAS handle.
+    pub fn new(iq2_grid: &[u64; 256]) -> Result<Self> {
+        preload_libs();
+        // SAFETY: probing for libcuda.
+        if !unsafe { dsys::is_culib_present() } {
+            return Err("no CUDA driver (libcuda) found: --backend cuda needs an NVIDIA GPU and its driver".into());
+        }
+        let ctx = cudarc::driver::CudaContext::new(0).map_err(|err| format!("no usable CUDA device: {err:?}"))?;
+        // SAFETY: the context is ours; we synchronise explicitly and never use cudarc's event tracking.
+        unsafe { ctx.disable_event_tracking() };
+        let (maj, min) = ctx.compute_capability().map_err(e("compute capability"))?;
+        let name = ctx.name().unwrap_or_default();
+        let sms = ctx.attribute(dsys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(0);
+        let arch = if maj == 9 && min == 0 { "sm_90a".to_string() } else { format!("sm_{maj}{min}") };
+        ctx.bind_to_thread().map_err(e("bind context"))?;
+        let stream = drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(e("stream"))?;
+        if !unsafe { rsys::is_culib_present() } {
+            return Err("libnvrtc.so.13 not found: set LD_LIBRARY_PATH to the CUDA toolkit's lib64 (or DS4_CUDA_LIB)".into());
+        }
+        let cubin = cached_cubin(KERNEL_SRC_HASHED, &arch)?;
+        // SAFETY: cubin is a complete CUBIN image for this device's architecture; the Vec outlives the call.
+        let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }.map_err(e("cuModuleLoadData"))?;
+        let mut funcs = HashMap::new();
+        for &n in crate::KERNEL_NAMES {
+            // SAFETY: module is loaded; names are the extern "C" kernels of the source.
+            let f = unsafe { drv::module::get_function(module, CString::new(n).unwrap()) }.map_err(e(n))?;
+            funcs.insert(n, f);
+        }
+        // The IQ2_XXS lattice lives in constant memory.
+        // SAFETY: module loaded; the symbol exists in the source with 256 u64.
+        let (gptr, gbytes) = unsafe { drv::module::get_global(module, CString::new("iq2xxs_grid").unwrap()) }.map_err(e("iq2xxs_grid"))?;
+        if gbytes != 256 * 8 {
+            return Err("iq2xxs_grid size mismatch".into());
+        }
+        // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
+        unsafe { drv::memcpy_htod_sync(gptr, &iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
+        let blas = blas::create_handle().map_err(e("cublasCreate"))?;
+        // SAFETY: handle and stream are live.
+        unsafe { blas::set_stream(blas, stream as _) }.map_err(e("cublasSetStream"))?;
+        let prof = std::env::var("DS4_CUDA_PROFILE").ok().filter(|v| v != "0").map(|_| Profiler::new());
+        Ok(Self { ctx, stream, module, funcs, blas, name, sms, arch, prof })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        let b = bytes.max(256);
+        // SAFETY: plain device allocation; owned by the returned DBuf.
+        let ptr = unsafe { drv::malloc_sync(b) }.map_err(|err| format!("cuMemAlloc of {:.2} GiB failed: {err:?}", b as f64 / (1u64 << 30) as f64))?;
+        Ok(DBuf { ptr, bytes: b })
+    }
+
+    pub fn alloc_zeroed(&self, bytes: usize) -> Result<DBuf> {
+        let b = self.alloc(bytes)?;
+        // SAFETY: b.ptr owns b.bytes bytes.
+        unsafe { drv::memset_d8_sync(b.ptr, 0, b.bytes) }.map_err(e("memset"))?;
+        Ok(b)
+    }
+
+    pub fn htod<T>(&self, dst: u64, src: &[T]) -> Result<()> {
+        // SAFETY: callers pass a destination with at least size_of_val(src) bytes; the async copy from
+        // pageable memory is staged by the driver before returning.
+        unsafe { drv::memcpy_htod_async(dst, src, self.stream) }.map_err(e("memcpy htod"))
+    }
+
+    pub fn dtoh<T>(&self, dst: &mut [T], src: u64) -> Result<()> {
+        // SAFETY: src holds at least size_of_val(dst) bytes; we synchronise before the host reads.
+        unsafe { drv::memcpy_dtoh_async(dst, src, self.stream) }.map_err(e("memcpy dtoh"))?;
+        self.sync()
+    }
+
+    pub fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: both ranges are live device allocations of at least `bytes`.
+        unsafe { drv::memcpy_dtod_async(dst, src, bytes, self.stream) }.map_err(e("memcpy dtod"))
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: our stream.
+        unsafe { drv::stream::synchronize(self.stream) }.map_err(|err| format!("CUDA error: {err:?}"))
+    }
+
+    /// Launches kernel `name`; grid/block as (x, y, z).
+    pub fn launch(&mut self, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) -> Result<()> {
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
+        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        let mut store: [u64; 24] = [0; 24];
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            let slot = &mut store[i] as *mut u64;
+            // SAFETY: each slot is 8 bytes; we write the argument's bytes at its start (little-endian).
+            unsafe {
+                match *a {
+                    A::P(p) => *slot = p,
+                    A::L(v) => *(slot as *mut i64) = v,
+                    A::I(v) => *(slot as *mut i32) = v,
+                    A::F(v) => *(slot as *mut f32) = v,
+                }
+            }
+            ptrs.push(slot as *mut c_void);
+        }
+        let ev = self.prof_begin(name)?;
+        if smem > 48 * 1024 {
+            // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
+            unsafe {
+                drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            }
+            .map_err(e("smem attribute"))?;
+        }
+        // SAFETY: argument pointers point into `store`, which lives across the call; the kernel's
+        // parameter list matches `args` (each call site mirrors the kernel signature in kernels.cu).
+        unsafe { drv::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, &mut ptrs) }.map_err(|err| format!("launch {name}: {err:?}"))?;
+        self.prof_end(name, ev)?;
+        Ok(())
+    }
+
+    fn prof_begin(&mut self, _name: &'static str) -> Result<Option<dsys::CUevent>> {
+        let Some(p) = self.prof.as_mut() else { return Ok(None) };
+        let ev = match p.pool.pop() {
+            Some(x) => x,
+            None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?,
+        };
+        // SAFETY: live event and stream.
+        unsafe { drv::event::record(ev, self.stream) }.map_err(e("record"))?;
+        Ok(Some(ev))
+    }
+
+    fn prof_end(&mut self, name: &'static str, start: Option<dsys::CUevent>) -> Result<()> {
+        let (Some(p), Some(s)) = (self.prof.as_mut(), start) else { return Ok(()) };
+        let ev = match p.pool.pop() {
+            Some(x) => x,
+            None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?,
+        };
+        // SAFETY: live event and stream.
+        unsafe { drv::event::record(ev, self.stream) }.map_err(e("record"))?;
+        p.pending.push((name, s, ev));
+        Ok(())
+    }
+
+    /// Named region for the profiler (e.g. cuBLAS calls).
+    pub fn region<T>(&mut self, name: &'static str, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let ev = self.prof_begin(name)?;
+        let r = f(self)?;
+        self.prof_end(name, ev)?;
+        Ok(r)
+    }
+
+    /// Folds finished event pairs into the per-kernel totals (synchronises).
+    pub fn prof_collect(&mut self) -> Result<()> {
+        if self.prof.is_none() {
+            return Ok(());
+        }
+        self.sync()?;
+        let p = self.prof.as_mut().unwrap();
+        for (name, a, b) in p.pending.drain(..) {
+            // SAFETY: both events were recorded on our stream, which is synchronised.
+            let ms = unsafe { drv::event::elapsed(a, b) }.map_err(e("elapsed"))? as f64;
+            let t = p.totals.entry(name).or_insert((0.0, 0));
+            t.0 += ms;
+            t.1 += 1;
+            p.pool.push(a);
+            p.pool.push(b);
+        }
+        Ok(())
+    }
+
+    pub fn prof_report(&mut self) -> Option<String> {
+        self.prof_collect().ok()?;
+        let p = self.prof.as_mut()?;
+        let mut v: Vec<_> = p.totals.iter().map(|(k, v)| (*k, *v)).collect();
+        v.sort_by(|a, b| b.1 .0.partial_cmp(&a.1 .0).unwrap());
+        let total: f64 = v.iter().map(|x| x.1 .0).sum();
+        let mut s = format!("cuda profile (CUDA events per kernel; total {total:.1} ms)\n");
+        for (k, (ms, n)) in v.iter().take(25) {
+            s += &format!("  {k:<16} {ms:>10.2} ms {:>5.1}%  {n:>8} calls  {:>8.2} us/call\n", 100.0 * ms / total.max(1e-9), 1000.0 * ms / *n as f64);
+        }
+        p.totals.clear();
+        Some(s)
+    }
+
+    /// C (m×n, col-major, f32, ldc) = A^T·B with A k×m col-major f16 (lda), B k×n col-major f16 (ldb).
+    /// In row-major terms: Y (n×m, ldc) = X (n×k) · W^T with W m×k row-major.
+    pub fn gemm_f16(&mut self, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, c: u64, ldc: usize) -> Result<()> {
+        let alpha = 1.0f32;
+        let beta = 0.0f32;
+        let h = self.blas;
+        self.region("cublas_gemm", |_| {
+            // SAFETY: pointers are live device buffers sized by the caller for these dimensions; alpha/beta are host scalars.
+            unsafe {
+                blas::gemm_ex(
+                    h,
+                    bsys::cublasOperation_t::CUBLAS_OP_T,
+                    bsys::cublasOperation_t::CUBLAS_OP_N,
+                    m as i32,
+                    n as i32,
+                    k as i32,
+                    &alpha as *const f32 as *const c_void,
+                    a as *const c_void,
+                    bsys::cudaDataType::CUDA_R_16F,
+                    lda as i32,
+                    b as *const c_void,
+                    bsys::cudaDataType::CUDA_R_16F,
+                    ldb as i32,
+                    &beta as *const f32 as *const c_void,
+                    c as *mut c_void,
+                    bsys::cudaDataType::CUDA_R_32F,
+                    ldc as i32,
+                    bsys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    bsys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(|err| format!("cublasGemmEx: {err:?}"))
+        })
+    }
+
+    /// Copies host byte ranges to device pointers through two pinned staging buffers (parallel host
+    /// copies, asynchronous DMA), reporting progress.
+    pub fn upload(&self, items: &[(u64, &[u8])], mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        use rayon::prelude::*;
+        const STAGE: usize = 256 << 20;
+        let total: u64 = items.iter().map(|x| x.1.len() as u64).sum();
+        let mut bufs = Vec::new();
+        let mut evs = Vec::new();
+        for _ in 0..2 {
+            // SAFETY: pinned host allocation, freed below.
+            let p = unsafe { drv::malloc_host(STAGE, 0) }.map_err(e("cuMemHostAlloc"))?;
+            bufs.push(p as usize);
+            evs.push(drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"))?);
+        }
+        let mut used = [false; 2];
+        let mut which = 0usize;
+        let mut done = 0u64;
+        for &(dst, src) in items {
+            WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
+            let mut off = 0usize;
+            while off < src.len() {
+                let len = STAGE.min(src.len() - off);
+                if used[which] {
+                    // SAFETY: event recorded on our stream after the previous copy from this buffer.
+                    unsafe { drv::event::synchronize(evs[which]) }.map_err(e("event sync"))?;
+                }
+                // SAFETY: the pinned buffer has STAGE bytes and no copy from it is in flight (waited above).
+                let stage = unsafe { std::slice::from_raw_parts_mut(bufs[which] as *mut u8, len) };
+                stage.par_chunks_mut(8 << 20).zip(src[off..off + len].par_chunks(8 << 20)).for_each(|(d, s)| d.copy_from_slice(s));
+                // SAFETY: dst+off has len bytes in the destination allocation; the source is pinned and stays
+                // untouched until the event below completes.
+                unsafe {
+                    dsys::cuMemcpyHtoDAsync_v2(dst + off as u64, bufs[which] as *const c_void, len, self.stream).result().map_err(e("cuMemcpyHtoDAsync"))?;
+                    drv::event::record(evs[which], self.stream).map_err(e("record"))?;
+                }
+                used[which] = true;
+                which ^= 1;
+                off += len;
+                done += len as u64;
+                progress(done, total);
+            }
+        }
+        self.sync()?;
+        for (p, ev) in bufs.into_iter().zip(evs) {
+            // SAFETY: all copies finished (synchronised); freeing what we allocated.
+            unsafe {
+                let _ = drv::free_host(p as *mut c_void);
+                let _ = drv::event::destroy(ev);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: destroying the handles this struct created, after the stream drains.
+        unsafe {
+            let _ = drv::stream::synchronize(self.stream);
+            let _ = blas::destroy_handle(self.blas);
+            let _ = drv::module::unload(self.module);
+            let _ = drv::stream::destroy(self.stream);
+        }
+    }
+}
+
+const KERNEL_SRC_HASHED: &str = crate::KERNELS_CU;
+
+/// CUBIN for `arch`, cached by a hash of the source and arch in $DS4_CUDA_CACHE (default ~/.cache/ds4-cuda).
+fn cached_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
+    let h = src.bytes().chain(arch.bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let dir = std::env::var("DS4_CUDA_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|_| {
+        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/tmp".into())).join(".cache/ds4-cuda")
+    });
+    let path = dir.join(format!("kernels-{arch}-{h:016x}.cubin"));
+    if let Ok(b) = std::fs::read(&path) {
+        return Ok(b);
+    }
+    let t0 = std::time::Instant::now();
+    let cubin = compile_cubin(src, arch)?;
+    eprintln!("cuda: compiled kernels for {arch} in {:.2} s", t0.elapsed().as_secs_f64());
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(&path, &cubin);
+    Ok(cubin)
+}

@@ -1,0 +1,983 @@
+// DwarfStar CUDA kernels (compiled at start-up by NVRTC to a CUBIN for the device's architecture).
+// Layout conventions match the CPU backend (crates/model): activations are f32, token-major
+// (row i of a batch is token i); a weight matrix is `rows` rows of `cols` elements in GGML block format.
+// No headers: f16 conversions use PTX cvt.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+#define INFINITY __int_as_float(0x7f800000)
+
+__constant__ u64 iq2xxs_grid[256];
+
+__device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float(((u32)h) << 16); }
+__device__ __forceinline__ u16 ld16(const u8* p) { return *(const u16*)p; }
+__device__ __forceinline__ u32 ld32u(const u8* p) { return (u32)ld16(p) | ((u32)ld16(p + 2) << 16); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Block-wide sum (blockDim.x multiple of 32, <= 1024). `red` holds 32 doubles.
+__device__ double block_sum_d(double v, double* red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    double s = 0.0;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+__device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+// ---------------------------------------------------------------------------------------------
+// Quantized mat-vec: one warp per output row, NT tokens per pass (weights read once per pass).
+// Grid: x = row blocks (8 rows per 256-thread block), y = token groups of NT, z = matrix slot.
+// Slot z selects matrix (eids ? eids[z] : z) of a stack (w_mat_bytes apart), input x + z*x_z and
+// output y + z*y_z: used for routed experts (decode) and the grouped output projection.
+// ---------------------------------------------------------------------------------------------
+#define MV_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, \
+    const float* __restrict__ X, int ldx, int x_z, float* __restrict__ Y, int ldy, int y_z, int rows, int cols, int n
+
+#define MV_PROLOGUE(ROWBYTES) \
+    int lane = threadIdx.x & 31; \
+    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); \
+    int z = blockIdx.z; \
+    int mat = eids ? eids[z] : z; \
+    int t0 = blockIdx.y * NT; \
+    if (row >= rows) return; \
+    const u8* wr = W + (u64)mat * w_mat_bytes + (u64)row * (ROWBYTES); \
+    const float* xs = X + (u64)z * x_z + (u64)t0 * ldx; \
+    int nt = min(NT, n - t0); \
+    float acc[NT]; \
+    _Pragma("unroll") for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+
+#define MV_EPILOGUE \
+    _Pragma("unroll") for (int t = 0; t < NT; t++) { \
+        float s = warp_sum(acc[t]); \
+        if (lane == 0 && t < nt) Y[(u64)z * y_z + (u64)(t0 + t) * ldy + row] = s; \
+    }
+
+template <int NT> __device__ void mv_q8_0(MV_ARGS) {
+    int nb = cols >> 5;
+    MV_PROLOGUE((u64)nb * 34)
+    int p = lane & 3;
+    for (int ib = lane >> 2; ib < nb; ib += 8) {
+        const u8* b = wr + ib * 34;
+        float d = h2f(ld16(b));
+        u16 q01 = ld16(b + 2 + 8 * p), q23 = ld16(b + 4 + 8 * p), q45 = ld16(b + 6 + 8 * p), q67 = ld16(b + 8 + 8 * p);
+        float w[8] = {(float)(signed char)(q01 & 255), (float)(signed char)(q01 >> 8), (float)(signed char)(q23 & 255), (float)(signed char)(q23 >> 8),
+                      (float)(signed char)(q45 & 255), (float)(signed char)(q45 >> 8), (float)(signed char)(q67 & 255), (float)(signed char)(q67 >> 8)};
+        int c = ib * 32 + 8 * p;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float4* xv = (const float4*)(xs + (u64)t * ldx + c);
+                float4 a = xv[0], bb = xv[1];
+                float s = w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * bb.x + w[5] * bb.y + w[6] * bb.z + w[7] * bb.w;
+                acc[t] += d * s;
+            }
+        }
+    }
+    MV_EPILOGUE
+}
+
+template <int NT> __device__ void mv_q2_k(MV_ARGS) {
+    int nb = cols >> 8;
+    MV_PROLOGUE((u64)nb * 84)
+    int w = lane & 15, h = w >> 3, l0 = 4 * (w & 7), hi = (w & 7) >= 4;
+    for (int ib = lane >> 4; ib < nb; ib += 2) {
+        const u8* b = wr + ib * 84;
+        u32 q = *(const u32*)(b + 16 + 4 * w);
+        float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+        u32 sc4 = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) sc4 |= (u32)b[8 * h + 2 * j + hi] << (8 * j);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float* xt = xs + (u64)t * ldx + ib * 256 + 128 * h + l0;
+                float s = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    float4 xv = *(const float4*)(xt + 32 * j);
+                    u32 sc = (sc4 >> (8 * j)) & 255;
+                    float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+                    float v0 = (float)((q >> (2 * j)) & 3), v1 = (float)((q >> (8 + 2 * j)) & 3);
+                    float v2 = (float)((q >> (16 + 2 * j)) & 3), v3 = (float)((q >> (24 + 2 * j)) & 3);
+                    s += dl * (v0 * xv.x + v1 * xv.y + v2 * xv.z + v3 * xv.w) - ml * (xv.x + xv.y + xv.z + xv.w);
+                }
+                acc[t] += s;
+            }
+        }
+    }
+    MV_EPILOGUE
+}
+
+__device__ __forceinline__ void q4k_sm(int j, const u8* s, int* sc, int* m) {
+    if (j < 4) { *sc = s[j] & 63; *m = s[j + 4] & 63; }
+    else { *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4); *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4); }
+}
+
+template <int NT> __device__ void mv_q4_k(MV_ARGS) {
+    int nb = cols >> 8;
+    MV_PROLOGUE((u64)nb * 144)
+    int j = lane >> 3, l0 = 4 * (lane & 7);
+    for (int ib = 0; ib < nb; ib++) {
+        const u8* b = wr + ib * 144;
+        u32 q = *(const u32*)(b + 16 + 4 * lane);
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int s0, m0, s1, m1;
+        q4k_sm(2 * j, b + 4, &s0, &m0);
+        q4k_sm(2 * j + 1, b + 4, &s1, &m1);
+        float d0 = d * s0, dm0 = dmin * m0, d1 = d * s1, dm1 = dmin * m1;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float* xt = xs + (u64)t * ldx + ib * 256 + 64 * j + l0;
+                float4 xa = *(const float4*)xt, xb = *(const float4*)(xt + 32);
+                float lo = (float)(q & 15) * xa.x + (float)((q >> 8) & 15) * xa.y + (float)((q >> 16) & 15) * xa.z + (float)((q >> 24) & 15) * xa.w;
+                float hv = (float)((q >> 4) & 15) * xb.x + (float)((q >> 12) & 15) * xb.y + (float)((q >> 20) & 15) * xb.z + (float)((q >> 28) & 15) * xb.w;
+                acc[t] += d0 * lo - dm0 * (xa.x + xa.y + xa.z + xa.w) + d1 * hv - dm1 * (xb.x + xb.y + xb.z + xb.w);
+            }
+        }
+    }
+    MV_EPILOGUE
+}
+
+__device__ __forceinline__ u32 ksign(u32 i) { return i | ((__popc(i) & 1) << 7); }
+
+template <int NT> __device__ void mv_iq2_xxs(MV_ARGS, const u64* grid) {
+    int nb = cols >> 8;
+    MV_PROLOGUE((u64)nb * 66)
+    int g = lane & 7;
+    for (int ib = lane >> 3; ib < nb; ib += 4) {
+        const u8* b = wr + ib * 66;
+        float d = h2f(ld16(b));
+        u32 a0 = ld32u(b + 2 + 8 * g), a1 = ld32u(b + 6 + 8 * g);
+        float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+        float part[NT];
+#pragma unroll
+        for (int t = 0; t < NT; t++) part[t] = 0.0f;
+#pragma unroll
+        for (int l = 0; l < 4; l++) {
+            u64 gv = grid[(a0 >> (8 * l)) & 255];
+            u32 sg = ksign((a1 >> (7 * l)) & 127);
+            float w[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                float v = (float)((gv >> (8 * k)) & 255);
+                w[k] = (sg >> k) & 1 ? -v : v;
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                if (t < nt) {
+                    const float4* xv = (const float4*)(xs + (u64)t * ldx + ib * 256 + 32 * g + 8 * l);
+                    float4 xa = xv[0], xb = xv[1];
+                    part[t] += w[0] * xa.x + w[1] * xa.y + w[2] * xa.z + w[3] * xa.w + w[4] * xb.x + w[5] * xb.y + w[6] * xb.z + w[7] * xb.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[t] += db * part[t];
+    }
+    MV_EPILOGUE
+}
+
+template <int NT> __device__ void mv_f16(MV_ARGS) {
+    MV_PROLOGUE((u64)cols * 2)
+    for (int c = lane * 8; c < cols; c += 256) {
+        uint4 raw = *(const uint4*)(wr + 2 * (u64)c);
+        float w[8] = {h2f(raw.x & 0xffff), h2f(raw.x >> 16), h2f(raw.y & 0xffff), h2f(raw.y >> 16),
+                      h2f(raw.z & 0xffff), h2f(raw.z >> 16), h2f(raw.w & 0xffff), h2f(raw.w >> 16)};
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            if (t < nt) {
+                const float4* xv = (const float4*)(xs + (u64)t * ldx + c);
+                float4 a = xv[0], bb = xv[1];
+                acc[t] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * bb.x + w[5] * bb.y + w[6] * bb.z + w[7] * bb.w;
+            }
+        }
+    }
+    MV_EPILOGUE
+}
+
+template <int NT> __device__ void mv_bf16(MV_ARGS) {
+    MV_PROLOGUE((u64)cols * 2)
+    for (int c = lane * 2; c < cols; c += 64) {
+        u32 raw = *(const u32*)(wr + 2 * (u64)c);
+        float w0 = bf2f(raw & 0xffff), w1 = bf2f(raw >> 16);
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) acc[t] += w0 * xs[(u64)t * ldx + c] + w1 * xs[(u64)t * ldx + c + 1];
+    }
+    MV_EPILOGUE
+}
+
+template <int NT> __device__ void mv_f32(MV_ARGS) {
+    MV_PROLOGUE((u64)cols * 4)
+    const float* wf = (const float*)wr;
+    for (int c = lane; c < cols; c += 32) {
+        float w0 = wf[c];
+#pragma unroll
+        for (int t = 0; t < NT; t++)
+            if (t < nt) acc[t] += w0 * xs[(u64)t * ldx + c];
+    }
+    MV_EPILOGUE
+}
+
+#define MV_CALL W, w_mat_bytes, eids, X, ldx, x_z, Y, ldy, y_z, rows, cols, n
+#define MV_KERNEL(NAME, NT) \
+    extern "C" __global__ void __launch_bounds__(256) NAME##_n##NT(MV_ARGS) { NAME<NT>(MV_CALL); }
+MV_KERNEL(mv_q8_0, 1) MV_KERNEL(mv_q8_0, 4)
+MV_KERNEL(mv_q2_k, 1) MV_KERNEL(mv_q2_k, 4)
+MV_KERNEL(mv_q4_k, 1) MV_KERNEL(mv_q4_k, 4)
+MV_KERNEL(mv_f16, 1) MV_KERNEL(mv_f16, 4)
+MV_KERNEL(mv_bf16, 1) MV_KERNEL(mv_bf16, 4)
+MV_KERNEL(mv_f32, 1) MV_KERNEL(mv_f32, 4)
+#define MV_IQ2(NT) \
+    extern "C" __global__ void __launch_bounds__(256) mv_iq2_xxs_n##NT(MV_ARGS) { \
+        __shared__ u64 grid[256]; \
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = iq2xxs_grid[i]; \
+        __syncthreads(); \
+        mv_iq2_xxs<NT>(MV_CALL, grid); \
+    }
+MV_IQ2(1) MV_IQ2(4)
+
+// ---------------------------------------------------------------------------------------------
+// Dequantization to f16 (input of cuBLAS GEMMs in prefill). `n` elements (whole blocks); one
+// thread per 32-element unit.
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void dq_q8_0(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u * 32 >= n) return;
+    const u8* b = W + u * 34;
+    float d = h2f(ld16(b));
+    for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(d * (float)(signed char)b[2 + k]);
+}
+extern "C" __global__ void dq_q2_k(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, h, j) -> 32 elements
+    if (u * 32 >= n) return;
+    u64 ib = u >> 3;
+    int h = (u >> 2) & 1, j = u & 3;
+    const u8* b = W + ib * 84;
+    float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+    u16* o = out + ib * 256 + 128 * h + 32 * j;
+    for (int l = 0; l < 32; l++) {
+        int sc = b[8 * h + 2 * j + (l >= 16)];
+        float v = (float)((b[16 + 32 * h + l] >> (2 * j)) & 3);
+        o[l] = f2h(d * (float)(sc & 15) * v - dmin * (float)(sc >> 4));
+    }
+}
+extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, j, half)
+    if (u * 32 >= n) return;
+    u64 ib = u >> 3;
+    int j = (u >> 1) & 3, hf = u & 1;
+    const u8* b = W + ib * 144;
+    float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+    int sc, m;
+    q4k_sm(2 * j + hf, b + 4, &sc, &m);
+    u16* o = out + ib * 256 + 64 * j + 32 * hf;
+    for (int l = 0; l < 32; l++) {
+        int q = b[16 + 32 * j + l];
+        q = hf ? (q >> 4) : (q & 15);
+        o[l] = f2h(d * sc * (float)q - dmin * m);
+    }
+}
+extern "C" __global__ void dq_iq2_xxs(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group)
+    if (u * 32 >= n) return;
+    u64 ib = u >> 3;
+    int g = u & 7;
+    const u8* b = W + ib * 66;
+    float d = h2f(ld16(b));
+    u32 a0 = ld32u(b + 2 + 8 * g), a1 = ld32u(b + 6 + 8 * g);
+    float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+    u16* o = out + ib * 256 + 32 * g;
+    for (int l = 0; l < 4; l++) {
+        u64 gv = iq2xxs_grid[(a0 >> (8 * l)) & 255];
+        u32 sg = ksign((a1 >> (7 * l)) & 127);
+        for (int k = 0; k < 8; k++) {
+            float v = db * (float)((gv >> (8 * k)) & 255);
+            o[8 * l + k] = f2h((sg >> k) & 1 ? -v : v);
+        }
+    }
+}
+extern "C" __global__ void dq_bf16(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u * 32 >= n) return;
+    const u16* s = (const u16*)W;
+    for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(bf2f(s[u * 32 + k]));
+}
+extern "C" __global__ void dq_f32(const u8* W, u16* out, u64 n) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (u * 32 >= n) return;
+    const float* s = (const float*)W;
+    for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(s[u * 32 + k]);
+}
+
+// f32 (rows with stride ld) -> compact f16 rows of `cols`.
+extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows, int cols) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (u64)rows * cols) return;
+    u64 r = i / cols, c = i % cols;
+    out[i] = f2h(x[r * ld + c]);
+}
+
+// Embedding rows (F16 / F32 / BF16 / Q8_0 tables) broadcast into the n_hc streams.
+extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, float* x, int e, int n_hc) {
+    int i = blockIdx.x;
+    u64 t = tokens[i];
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float v;
+        if (ty == 1) v = h2f(((const u16*)table)[t * e + j]);
+        else if (ty == 30) v = bf2f(((const u16*)table)[t * e + j]);
+        else if (ty == 8) {
+            const u8* b = table + t * (e / 32) * 34 + (j / 32) * 34;
+            v = h2f(ld16(b)) * (float)(signed char)b[2 + (j & 31)];
+        } else v = ((const float*)table)[t * e + j];
+        for (int s = 0; s < n_hc; s++) x[(u64)i * n_hc * e + s * e + j] = v;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Norms, rope, QAT simulation.
+// ---------------------------------------------------------------------------------------------
+// RMS norm of rows of `d` (in -> out, may alias), optional weight. Sum of squares in double like the CPU.
+extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ldo, int d, const float* w, float eps) {
+    __shared__ double red[32];
+    const float* x = in + (u64)blockIdx.x * ldi;
+    float* y = out + (u64)blockIdx.x * ldo;
+    double ss = 0.0;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += (double)x[j] * (double)x[j];
+    ss = block_sum_d(ss, red);
+    float inv = 1.0f / sqrtf((float)(ss / d) + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = w ? x[j] * inv * w[j] : x[j] * inv;
+}
+
+__device__ float pow2_ceil(float x) {
+    u32 bits = __float_as_uint(x);
+    int ex = (bits >> 23) & 0xff;
+    u32 mant = bits & 0x7fffff;
+    if (ex == 0) {
+        int e = -149 + (32 - __clz(mant));
+        int p = (mant & (mant - 1)) == 0 ? e - 1 : e;
+        return ldexpf(1.0f, p);
+    }
+    int e = ex - 127;
+    return ldexpf(1.0f, mant == 0 ? e : e + 1);
+}
+__device__ float e4m3_round(float v) {
+    float a = fabsf(v);
+    if (a == 0.0f || !isfinite(a)) return v;
+    a = fminf(a, 448.0f);
+    int e = (int)((__float_as_uint(a) >> 23) & 0xff) - 127;
+    float step = e < -6 ? ldexpf(1.0f, -9) : ldexpf(1.0f, e - 3);
+    float r = fminf(rintf(a / step) * step, 448.0f);
+    return copysignf(r, v);
+}
+__device__ float e2m1_round(float v) {
+    float a = fminf(fabsf(v), 6.0f), r;
+    if (a < 2.0f) r = rintf(a * 2.0f) * 0.5f;
+    else if (a < 4.0f) r = rintf(a);
+    else r = a <= 5.0f ? 4.0f : 6.0f;
+    return copysignf(r, v);
+}
+__device__ void fp8_block(float* b, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(b[i]));
+    amax = fmaxf(amax, 1e-4f);
+    float s = pow2_ceil(amax / 448.0f);
+    for (int i = 0; i < n; i++) b[i] = e4m3_round(fminf(fmaxf(b[i] / s, -448.0f), 448.0f)) * s;
+}
+__device__ void fp4_block(float* b, int n) {
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(b[i]));
+    amax = fmaxf(amax, 6.0f * 1.17549435e-38f);
+    float s = pow2_ceil(amax / 6.0f);
+    for (int i = 0; i < n; i++) b[i] = e2m1_round(fminf(fmaxf(b[i] / s, -6.0f), 6.0f)) * s;
+}
+
+// Rows of `d`: optional RMS norm (weight w may be null), rope on the tail at
+// pos = pos_base + (row / pos_div) * pos_mul, then QAT: 1 = FP8 (64-blocks) on the non-rope part,
+// 2 = Hadamard + FP4 (32-blocks) on the whole row. Row r goes to out + r*ldo. One block per row,
+// blockDim.x == d (<= 1024).
+extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, int ldo, int d, int do_norm, const float* w, float eps,
+                                         const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat) {
+    extern __shared__ double sm[];  // d doubles (+32 for reduction)
+    double* red = sm + d;
+    float* rowf = (float*)(red + 32);  // d floats
+    int r = blockIdx.x, j = threadIdx.x;
+    float v = in[(u64)r * ldi + j];
+    if (do_norm) {
+        double ss = block_sum_d((double)v * (double)v, red);
+        float inv = 1.0f / sqrtf((float)(ss / d) + eps);
+        v = w ? v * inv * w[j] : v * inv;
+    }
+    rowf[j] = v;
+    __syncthreads();
+    long long pos = pos_base + (long long)(r / pos_div) * pos_mul;
+    int tail0 = d - 2 * half;
+    if (j >= tail0 && ((j - tail0) & 1) == 0) {
+        int k = (j - tail0) >> 1;
+        double ang = (double)pos * freqs[k];
+        double s, c;
+        sincos(ang, &s, &c);
+        float sf = (float)s, cf = (float)c;
+        float x0 = rowf[j], x1 = rowf[j + 1];
+        rowf[j] = x0 * cf - x1 * sf;
+        rowf[j + 1] = x0 * sf + x1 * cf;
+    }
+    __syncthreads();
+    if (qat == 1) {
+        int nope = d - 2 * half;
+        int nb = (nope + 63) / 64;
+        if (j < nb) fp8_block(rowf + 64 * j, min(64, nope - 64 * j));
+        __syncthreads();
+    } else if (qat == 2) {
+        sm[j] = (double)rowf[j];
+        __syncthreads();
+        for (int h = 1; h < d; h <<= 1) {
+            double a = sm[j], bpart = sm[j ^ h];
+            __syncthreads();
+            sm[j] = (j & h) ? bpart - a : a + bpart;
+            __syncthreads();
+        }
+        rowf[j] = (float)(sm[j] * (1.0 / sqrt((double)d)));
+        __syncthreads();
+        if (j < d / 32) fp4_block(rowf + 32 * j, 32);
+        __syncthreads();
+    }
+    out[(u64)r * ldo + j] = rowf[j];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hyper-connections.
+// ---------------------------------------------------------------------------------------------
+// One block per token: pre/post/comb from the projected mix (Sinkhorn), collapsed input cur.
+// mixes: per token n_hc post values then n_hc*n_hc comb values.
+extern "C" __global__ void hc_pre(const float* mix, const float* scale, const float* base, int nh, int iters, float eps,
+                                  const float* x, float* cur, int e, float* mixes) {
+    __shared__ float pre[16];
+    int i = blockIdx.x;
+    int nm = (2 + nh) * nh;
+    const float* m = mix + (u64)i * nm;
+    float* mo = mixes + (u64)i * (nh + nh * nh);
+    if (threadIdx.x == 0) {
+        float c[64];
+        for (int s = 0; s < nh; s++) {
+            pre[s] = sigmoidf_(m[s] * scale[0] + base[s]) + eps;
+            mo[s] = 2.0f * sigmoidf_(m[nh + s] * scale[1] + base[nh + s]);
+        }
+        for (int r = 0; r < nh; r++)
+            for (int k = 0; k < nh; k++) c[r * nh + k] = m[2 * nh + r * nh + k] * scale[2] + base[2 * nh + r * nh + k];
+        for (int r = 0; r < nh; r++) {
+            float mx = -INFINITY, s = 0.0f;
+            for (int k = 0; k < nh; k++) mx = fmaxf(mx, c[r * nh + k]);
+            for (int k = 0; k < nh; k++) { c[r * nh + k] = expf(c[r * nh + k] - mx); s += c[r * nh + k]; }
+            for (int k = 0; k < nh; k++) c[r * nh + k] = c[r * nh + k] / s + eps;
+        }
+        for (int it = 0; it < iters; it++) {
+            if (it > 0) {
+                for (int r = 0; r < nh; r++) {
+                    float s = eps;
+                    float t = 0.0f;
+                    for (int k = 0; k < nh; k++) t += c[r * nh + k];
+                    s = t + eps;
+                    for (int k = 0; k < nh; k++) c[r * nh + k] /= s;
+                }
+            }
+            for (int k = 0; k < nh; k++) {
+                float t = 0.0f;
+                for (int r = 0; r < nh; r++) t += c[r * nh + k];
+                float s = t + eps;
+                for (int r = 0; r < nh; r++) c[r * nh + k] /= s;
+            }
+        }
+        for (int q = 0; q < nh * nh; q++) mo[nh + q] = c[q];
+    }
+    __syncthreads();
+    const float* xi = x + (u64)i * nh * e;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < nh; s++) o += pre[s] * xi[s * e + j];
+        cur[(u64)i * e + j] = o;
+    }
+}
+
+// X'[c] = post[c]*y + sum_r comb[r][c]*X[r], in place. Grid: (ceil(e/256), n).
+extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, float* x, int e) {
+    int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= e) return;
+    const float* mo = mixes + (u64)i * (nh + nh * nh);
+    float* xi = x + (u64)i * nh * e;
+    float old[16];
+    for (int r = 0; r < nh; r++) old[r] = xi[r * e + j];
+    float yv = y[(u64)i * e + j];
+    for (int c = 0; c < nh; c++) {
+        float acc = mo[c] * yv;
+        for (int r = 0; r < nh; r++) acc += mo[nh + r * nh + c] * old[r];
+        xi[c * e + j] = acc;
+    }
+}
+
+// Output-head collapse: w[s] = sigmoid(m[s]*scale + base[s]) + eps; out = sum w[s] X[s].
+extern "C" __global__ void head_collapse(const float* mix, const float* scale, const float* base, float eps, const float* x, int nh, int e, float* out) {
+    int i = blockIdx.x;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < nh; s++) {
+            float w = sigmoidf_(mix[i * nh + s] * scale[0] + base[s]) + eps;
+            o += w * x[(u64)i * nh * e + s * e + j];
+        }
+        out[(u64)i * e + j] = o;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention with sinks. Block = (token i, group of HG heads), 256 threads. Candidates: the raw
+// window (batch rows for positions >= pos0, ring rows before), then compressed rows (all `nc`, or
+// the indexer's selection when `sel` is set and nc > topk). The output gets the inverse rope.
+// ---------------------------------------------------------------------------------------------
+template <int HG>
+__device__ void attn_impl(const float* __restrict__ q, const float* __restrict__ kvb, const float* __restrict__ ring, const float* __restrict__ comp,
+                          const int* __restrict__ sel, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d, long long pos0, int swa,
+                          int ratio, int topk, const double* __restrict__ freqs, int half) {
+    extern __shared__ float smf[];
+    int i = blockIdx.x, h0 = blockIdx.y * HG;
+    long long pos = pos0 + i;
+    long long lo = pos + 1 - swa;
+    if (lo < 0) lo = 0;
+    int nraw = (int)(pos - lo + 1);
+    int nc = ratio ? (int)((pos + 1) / ratio) : 0;
+    bool use_sel = sel && nc > topk;
+    int ncomp = use_sel ? topk : nc;
+    int ncand = nraw + ncomp;
+    float* qs = smf;              // HG * d
+    float* sc = smf + HG * d;     // HG * ncand
+    __shared__ float hmax[HG], hden[HG];
+    for (int k = threadIdx.x; k < HG * d; k += blockDim.x) qs[k] = q[((u64)i * nh + h0) * d + k];
+    __syncthreads();
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float scale = rsqrtf((float)d);
+    scale = 1.0f / sqrtf((float)d);
+    for (int c = wid; c < ncand; c += nw) {
+        const float* row;
+        if (c < nraw) {
+            long long p = lo + c;
+            row = p >= pos0 ? kvb + (u64)(p - pos0) * d : ring + (u64)(p % swa) * d;
+        } else {
+            int r = c - nraw;
+            if (use_sel) r = sel[(u64)i * topk + r];
+            row = comp + (u64)r * d;
+        }
+        float part[HG];
+#pragma unroll
+        for (int h = 0; h < HG; h++) part[h] = 0.0f;
+        for (int k = lane * 4; k < d; k += 128) {
+            float4 rv = *(const float4*)(row + k);
+#pragma unroll
+            for (int h = 0; h < HG; h++) {
+                float4 qv = *(const float4*)(qs + h * d + k);
+                part[h] += qv.x * rv.x + qv.y * rv.y + qv.z * rv.z + qv.w * rv.w;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < HG; h++) {
+            float s = warp_sum(part[h]);
+            if (lane == 0) sc[h * ncand + c] = s * scale;
+        }
+    }
+    __syncthreads();
+    for (int h = wid; h < HG; h += nw) {
+        float sink = sinks[h0 + h];
+        float mx = sink;
+        for (int c = lane; c < ncand; c += 32) mx = fmaxf(mx, sc[h * ncand + c]);
+        mx = warp_max(mx);
+        float den = 0.0f;
+        for (int c = lane; c < ncand; c += 32) {
+            float p = expf(sc[h * ncand + c] - mx);
+            sc[h * ncand + c] = p;
+            den += p;
+        }
+        den = warp_sum(den) + expf(sink - mx);
+        if (lane == 0) { hmax[h] = mx; hden[h] = den; }
+    }
+    __syncthreads();
+    // Weighted sum: thread handles 4 consecutive dims for a subset of heads.
+    int dq = d / 4;
+    for (int u = threadIdx.x; u < dq * HG; u += blockDim.x) {
+        int h = u / dq, k = (u % dq) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        float inv = 1.0f / hden[h];
+        for (int c = 0; c < ncand; c++) {
+            const float* row;
+            if (c < nraw) {
+                long long p = lo + c;
+                row = p >= pos0 ? kvb + (u64)(p - pos0) * d : ring + (u64)(p % swa) * d;
+            } else {
+                int r = c - nraw;
+                if (use_sel) r = sel[(u64)i * topk + r];
+                row = comp + (u64)r * d;
+            }
+            float wgt = sc[h * ncand + c] * inv;
+            float4 rv = *(const float4*)(row + k);
+            acc.x += wgt * rv.x; acc.y += wgt * rv.y; acc.z += wgt * rv.z; acc.w += wgt * rv.w;
+        }
+        // Inverse rope on the tail (pairs live inside one float4).
+        int tail0 = d - 2 * half;
+        float vals[4] = {acc.x, acc.y, acc.z, acc.w};
+        for (int t = 0; t < 4; t += 2) {
+            int jj = k + t;
+            if (jj >= tail0) {
+                int kk = (jj - tail0) >> 1;
+                double s, cth;
+                sincos((double)pos * freqs[kk], &s, &cth);
+                float sf = -(float)s, cf = (float)cth;
+                float x0 = vals[t], x1 = vals[t + 1];
+                vals[t] = x0 * cf - x1 * sf;
+                vals[t + 1] = x0 * sf + x1 * cf;
+            }
+        }
+        float* op = o + ((u64)i * nh + h0 + h) * d + k;
+        *(float4*)op = make_float4(vals[0], vals[1], vals[2], vals[3]);
+    }
+}
+#define ATTN_ARGS const float* q, const float* kvb, const float* ring, const float* comp, const int* sel, const float* sinks, float* o, int nh, int d, \
+    long long pos0, int swa, int ratio, int topk, const double* freqs, int half
+#define ATTN_CALL q, kvb, ring, comp, sel, sinks, o, nh, d, pos0, swa, ratio, topk, freqs, half
+extern "C" __global__ void __launch_bounds__(256) attn_h1(ATTN_ARGS) { attn_impl<1>(ATTN_CALL); }
+extern "C" __global__ void __launch_bounds__(256) attn_h4(ATTN_ARGS) { attn_impl<4>(ATTN_CALL); }
+extern "C" __global__ void __launch_bounds__(256) attn_h16(ATTN_ARGS) { attn_impl<16>(ATTN_CALL); }
+
+// Ring update: the last min(n, swa) batch rows into ring slots pos % swa.
+extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int d, long long pos0, int swa) {
+    int i = blockIdx.x;
+    if (i < n - swa) return;
+    long long p = pos0 + i;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) ring[(u64)(p % swa) * d + j] = kvb[(u64)i * d + j];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compressor: one block of `w` threads (channel j) walks the chunk's positions in order, updates
+// the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
+                                    int n, long long pos0, int ratio, int w, int d) {
+    int j = threadIdx.x;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        long long pos = pos0 + i;
+        int slot = (int)(pos % ratio);
+        int row = ratio == 4 ? ratio + slot : slot;
+        if (j < w) {
+            st_kv[row * w + j] = kvp[(u64)i * w + j];
+            st_sc[row * w + j] = gp[(u64)i * w + j] + ape[slot * w + j];
+        }
+        if ((pos + 1) % ratio != 0) continue;
+        __syncthreads();
+        if (j < d) {
+            float m = -INFINITY;
+            int nrow = ratio == 4 ? 8 : ratio;
+            for (int c = 0; c < nrow; c++) {
+                int ch = (ratio == 4 && c >= 4) ? d + j : j;
+                m = fmaxf(m, st_sc[c * w + ch]);
+            }
+            float out = 0.0f;
+            if (m != -INFINITY) {
+                float den = 0.0f, num = 0.0f;
+                for (int c = 0; c < nrow; c++) {
+                    int ch = (ratio == 4 && c >= 4) ? d + j : j;
+                    float e = expf(st_sc[c * w + ch] - m);
+                    den += e;
+                    num += e * st_kv[c * w + ch];
+                }
+                out = num / den;
+            }
+            pooled[(u64)k * d + j] = out;
+        }
+        __syncthreads();
+        if (ratio == 4 && j < w) {
+            for (int c = 0; c < 4; c++) {
+                st_kv[c * w + j] = st_kv[(4 + c) * w + j];
+                st_sc[c * w + j] = st_sc[(4 + c) * w + j];
+            }
+        }
+        __syncthreads();
+        k++;
+    }
+}
+
+// Resets compressor state scores to -inf (kv to 0).
+extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) {
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < len) { st_kv[j] = 0.0f; st_sc[j] = -INFINITY; }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Indexer: scores[i][c] = sum_h w[i][h] * relu(q[i][h] . k[c]) for tokens with nc > topk.
+// Grid (ceil(maxc/16), n), 256 threads; needs H == 64 heads of D == 128 (checked on the host:
+// generic fallback below otherwise).
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* q, const float* wts, const float* keys, float* scores, int ldsc,
+                                                             long long pos0, int ratio, int topk, int H, int D) {
+    extern __shared__ float sm2[];
+    int i = blockIdx.y;
+    long long pos = pos0 + i;
+    int nc = (int)((pos + 1) / ratio);
+    if (nc <= topk) return;
+    int r0 = blockIdx.x * 16;
+    if (r0 >= nc) return;
+    float* qs = sm2;                  // H * (D+1)
+    float* ks = sm2 + H * (D + 1);    // 16 * D
+    float* part = ks + 16 * D;        // 16 * 8 partials
+    for (int k = threadIdx.x; k < H * D; k += blockDim.x) qs[(k / D) * (D + 1) + k % D] = q[(u64)i * H * D + k];
+    for (int k = threadIdx.x; k < 16 * D; k += blockDim.x) {
+        int r = r0 + k / D;
+        ks[k] = r < nc ? keys[(u64)r * D + k % D] : 0.0f;
+    }
+    for (int k = threadIdx.x; k < 16 * 8; k += blockDim.x) part[k] = 0.0f;
+    __syncthreads();
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    // Each warp: 32 heads (lane) x rows; heads beyond H contribute 0.
+    for (int u = wid; u < 16 * ((H + 31) / 32); u += 8) {
+        int r = u % 16, hb = u / 16;
+        int h = hb * 32 + lane;
+        float s = 0.0f;
+        if (h < H) {
+            float dd = 0.0f;
+            for (int k = 0; k < D; k++) dd += qs[h * (D + 1) + k] * ks[r * D + k];
+            s = dd > 0.0f ? wts[(u64)i * H + h] * dd : 0.0f;
+        }
+        s = warp_sum(s);
+        if (lane == 0) part[r * 8 + hb] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        int r = r0 + threadIdx.x;
+        if (r < nc) {
+            float s = 0.0f;
+            for (int hb = 0; hb < (H + 31) / 32; hb++) s += part[threadIdx.x * 8 + hb];
+            scores[(u64)i * ldsc + r] = s;
+        }
+    }
+}
+
+__device__ __forceinline__ u32 fkey(float f) {
+    u32 u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Top-k (largest scores, ties to the lowest index), output in ascending index order.
+// One block of 1024 threads per token with nc > topk.
+extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores, int ldsc, int* sel, long long pos0, int ratio, int topk) {
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_need;
+    __shared__ u32 cnt_gt[1024], cnt_eq[1024];
+    int i = blockIdx.x;
+    long long pos = pos0 + i;
+    int nc = (int)((pos + 1) / ratio);
+    if (nc <= topk) return;
+    const float* s = scores + (u64)i * ldsc;
+    int t = threadIdx.x;
+    u32 prefix = 0, need = topk;  // find the key of the need-th largest among keys matching prefix
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = t; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        u32 mask_hi = shift == 24 ? 0u : (0xffffffffu << (shift + 8));
+        for (int c = t; c < nc; c += blockDim.x) {
+            u32 key = fkey(s[c]);
+            if ((key & mask_hi) == (prefix & mask_hi)) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (t == 0) {
+            u32 acc = 0;
+            int b = 255;
+            for (; b >= 0; b--) {
+                if (acc + hist[b] >= need) break;
+                acc += hist[b];
+            }
+            s_prefix = prefix | ((u32)b << shift);
+            s_need = need - acc;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        __syncthreads();
+    }
+    // prefix = threshold key T; need = how many keys == T to take (lowest indices first).
+    int per = (nc + blockDim.x - 1) / blockDim.x;
+    int c0 = t * per, c1 = min(nc, c0 + per);
+    u32 g = 0, e = 0;
+    for (int c = c0; c < c1; c++) {
+        u32 key = fkey(s[c]);
+        g += key > prefix;
+        e += key == prefix;
+    }
+    cnt_gt[t] = g;
+    cnt_eq[t] = e;
+    __syncthreads();
+    if (t == 0) {
+        u32 ag = 0, ae = 0;
+        for (int k = 0; k < (int)blockDim.x; k++) {
+            u32 a = cnt_gt[k], b = cnt_eq[k];
+            cnt_gt[k] = ag;
+            cnt_eq[k] = ae;
+            ag += a;
+            ae += b;
+        }
+    }
+    __syncthreads();
+    u32 eq_before = cnt_eq[t];
+    // Output position = (number of selected indices before c).
+    u32 sel_before = cnt_gt[t] + min(eq_before, need);
+    for (int c = c0; c < c1; c++) {
+        u32 key = fkey(s[c]);
+        bool take = key > prefix || (key == prefix && eq_before < need);
+        if (key == prefix) eq_before++;
+        if (take) sel[(u64)i * topk + sel_before++] = c;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoE: router, SwiGLU, grouping, combining.
+// ---------------------------------------------------------------------------------------------
+// One block (>= n_expert threads, <= 1024) per token.
+extern "C" __global__ void route(const float* logits, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
+                                 float scale, int* eids, float* ew) {
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    __shared__ int chosen[16];
+    int i = blockIdx.x, t = threadIdx.x;
+    const float* l = logits + (u64)i * ne;
+    float p = t < ne ? sqrtf(softplusf_(l[t])) : -INFINITY;
+    float selv = t < ne ? p + (bias ? bias[t] : 0.0f) : -INFINITY;
+    if (hash) {
+        if (t < k) chosen[t] = hash[(u64)tokens[i] * k + t];
+    } else {
+        for (int slot = 0; slot < k; slot++) {
+            bool taken = false;
+            for (int q = 0; q < slot; q++) taken |= chosen[q] == t;
+            sv[t] = (t < ne && !taken) ? selv : -INFINITY;
+            si[t] = (t < ne && !taken) ? t : 0x7fffffff;
+            __syncthreads();
+            for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+                if (t < st) {
+                    float a = sv[t], b = sv[t + st];
+                    int ia = si[t], ib = si[t + st];
+                    if (b > a || (b == a && ib < ia)) { sv[t] = b; si[t] = ib; }
+                }
+                __syncthreads();
+            }
+            if (t == 0) chosen[slot] = si[0];
+            __syncthreads();
+        }
+    }
+    __syncthreads();
+    if (t == 0) {
+        float w[16], sum = 0.0f;
+        for (int s = 0; s < k; s++) {
+            w[s] = sqrtf(softplusf_(l[chosen[s]]));
+            sum += w[s];
+        }
+        float den = normalize ? fmaxf(sum, 6.1035156e-5f) : 1.0f;
+        for (int s = 0; s < k; s++) {
+            eids[(u64)i * k + s] = chosen[s];
+            ew[(u64)i * k + s] = w[s] / den * scale;
+        }
+    }
+}
+
+// a = silu(min(a, c)) * clamp(b, -c, c) * (w ? w[row] : 1), rows of ff.
+extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, float c, const float* w) {
+    u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= total) return;
+    float x = fminf(a[idx], c), y = fminf(fmaxf(b[idx], -c), c);
+    float r = siluf_(x) * y;
+    if (w) r *= w[idx / ff];
+    a[idx] = r;
+}
+
+// Decode/prefill combine: y[i] = sum_s rows[slot_of(i,s)] (+ add[i]). slot_pos null => i*k+s.
+extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, int k, const float* add, float* y, int e, int n) {
+    int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= e) return;
+    float acc = 0.0f;
+    for (int s = 0; s < k; s++) {
+        int r = slot_pos ? slot_pos[i * k + s] : i * k + s;
+        acc += rows[(u64)r * e + j];
+    }
+    if (add) acc += add[(u64)i * e + j];
+    y[(u64)i * e + j] = acc;
+}
+
+extern "C" __global__ void moe_count(const int* eids, int total, int* counts) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < total) atomicAdd(&counts[eids[t]], 1);
+}
+
+// Scatter (token, slot) pairs into expert-sorted order: gathered inputs, weights, slot positions.
+extern "C" __global__ void moe_scatter(const int* eids, const float* ew, int total, int k, int* cursor, int* slot_pos, float* gw, int* gtok) {
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= total) return;
+    int p = atomicAdd(&cursor[eids[t]], 1);
+    slot_pos[t] = p;
+    gw[p] = ew[t];
+    gtok[p] = t / k;
+}
+
+extern "C" __global__ void gather_rows(const float* x, const int* gtok, float* out, int e) {
+    int r = blockIdx.x;
+    const float* s = x + (u64)gtok[r] * e;
+    for (int j = threadIdx.x; j < e; j += blockDim.x) out[(u64)r * e + j] = s[j];
+}
+
+extern "C" __global__ void scale_inplace(float* x, u64 n, float s) {
+    u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] *= s;
+}
+
+// Argmax of one row (ties to the lowest index). One block of 1024 threads.
+extern "C" __global__ void argmax_row(const float* x, int n, int* out) {
+    __shared__ float sv[1024];
+    __shared__ int si[1024];
+    int t = threadIdx.x;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int j = t; j < n; j += blockDim.x) {
+        float v = x[j];
+        if (v > best || (v == best && j < bi)) { best = v; bi = j; }
+    }
+    sv[t] = best;
+    si[t] = bi;
+    __syncthreads();
+    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
+        if (t < st) {
+            float a = sv[t], b = sv[t + st];
+            int ia = si[t], ib = si[t + st];
+            if (b > a || (b == a && ib < ia)) { sv[t] = b; si[t] = ib; }
+        }
+        __syncthreads();
+    }
+    if (t == 0) *out = si[0];
+}
