@@ -145,6 +145,12 @@ pub fn model_identity(file: &ds4_gguf::GgufFile, extra: &str) -> [u8; 32] {
     h.finalize().into()
 }
 
+/// Identity of a loaded stage: its model file, numerics options and layer range. Server and CLI use this,
+/// so their files are interchangeable.
+pub fn stage_identity(stage: &ds4_model::Stage) -> [u8; 32] {
+    model_identity(&stage.w.file, &format!("{:?} {:?}", stage.opts, stage.w.range))
+}
+
 /// Cache key of a token prefix: sha256 of the ids.
 pub fn token_key(tokens: &[u32]) -> [u8; 32] {
     let mut h = Sha256::new();

@@ -5,7 +5,7 @@
 pub mod format;
 pub mod store;
 
-pub use format::{load_file, model_identity, save_file, token_key, FormatError, Reason, Restored, StateRef};
+pub use format::{load_file, model_identity, save_file, stage_identity, token_key, FormatError, Reason, Restored, StateRef};
 pub use store::{Entry, KvStore, SaveOutcome, Stats};
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ fn run(args: args::Args) -> Result<(), String> {
     let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
     let disk = match &args.kv_disk_dir {
         Some(dir) => {
-            let model = ds4_kvstore::model_identity(&engine.stage.w.file, &format!("{:?} {:?}", engine.stage.opts, engine.stage.w.range));
+            let model = ds4_kvstore::stage_identity(&engine.stage);
             let budget = (args.kv_disk_space_mb * (1u64 << 20) as f64) as u64;
             let store = ds4_kvstore::KvStore::open(dir, budget, model).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
             eprintln!("ds4-server: KV disk cache {} (budget={budget} bytes, min={} tokens)", dir.display(), args.kv_disk_min_tokens);

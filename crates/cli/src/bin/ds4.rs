@@ -62,6 +62,12 @@ struct Args {
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
+    /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
+    #[arg(long = "kv-load")]
+    kv_load: Option<std::path::PathBuf>,
+    /// Save the session (KV state, tokens) to FILE on exit.
+    #[arg(long = "kv-save")]
+    kv_save: Option<std::path::PathBuf>,
     /// Verbose diagnostics on stderr.
     #[arg(long = "debug")]
     debug: bool,
@@ -153,14 +159,27 @@ fn run(args: Args) -> Result<(), String> {
         .map_err(|e| format!("cannot install the Ctrl+C handler: {e}"))?;
     }
     let mut chat = Chat::new(&args, &eng);
-    match prompt {
-        Some(p) => {
-            let stats = chat.turn(&mut eng, &p, &cancel, &generating)?;
-            print_stats(&stats);
-            Ok(())
+    let kv_id = ds4_kvstore::stage_identity(&eng.stage);
+    if let Some(p) = &args.kv_load {
+        let s = &mut chat.session;
+        match ds4_kvstore::load_file(p, &kv_id, &mut s.kv, &mut s.logits, Some(eng.cfg().n_vocab)) {
+            Ok(r) => s.tokens = r.tokens,
+            Err(e) => {
+                eprintln!("ds4: WARNING --kv-load {}: {e}; starting a new session", p.display());
+                s.reset(&eng);
+            }
         }
-        None => interactive(&mut eng, &mut chat, &cancel, &generating),
     }
+    let r = match prompt {
+        Some(p) => chat.turn(&mut eng, &p, &cancel, &generating).map(|stats| print_stats(&stats)),
+        None => interactive(&mut eng, &mut chat, &cancel, &generating),
+    };
+    if let (Some(p), Ok(())) = (&args.kv_save, &r) {
+        let s = &chat.session;
+        let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
+        ds4_kvstore::save_file(p, &kv_id, ds4_kvstore::Reason::Manual, &st).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
+    }
+    r
 }
 
 /// A multi-turn conversation kept as tokens, so each turn only prefills what is new.
