@@ -1,0 +1,107 @@
+//! The `ds4` binaries as a user runs them: one-shot output and stats line, the interactive chat through a
+//! pseudo-terminal, exit codes and one-line messages for bad flags and missing files.
+use std::process::Command;
+
+fn ds4() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_ds4"))
+}
+
+#[test]
+fn one_shot_prints_text_and_the_stats_line() {
+    let out = ds4().args(["-p", "Ciao, come stai?", "-n", "12", "--temp", "0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!out.stdout.is_empty(), "generated text on stdout");
+    let stats = err.lines().find(|l| l.starts_with("prompt: ")).expect("stats line");
+    assert!(stats.contains("prefill") && stats.contains("generated: 12 tokens") || stats.contains("generated: "), "{stats}");
+    assert!(err.contains("embedded tiny default model"), "says which model it uses: {err}");
+}
+
+#[test]
+fn greedy_one_shot_is_reproducible() {
+    let run = || ds4().args(["-p", "Quel ramo del lago di Como", "-n", "16", "--temp", "0"]).output().unwrap().stdout;
+    assert_eq!(run(), run());
+}
+
+#[test]
+fn bad_flags_and_missing_files_exit_nonzero_with_one_line() {
+    let out = ds4().args(["--no-such-flag"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let out = ds4().args(["-m", "/nonexistent/model.gguf", "-p", "x"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("/nonexistent/model.gguf"), "{err}");
+    let out = ds4().args(["-p", "x", "--prefill-chunk", "0"]).output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    let out = ds4().args(["-p", "x", "--ctx", "notanumber"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let gg = Command::new(env!("CARGO_BIN_EXE_ds4-gguf")).args(["inspect", "/nonexistent.gguf"]).output().unwrap();
+    assert_eq!(gg.status.code(), Some(1));
+    let bench = Command::new(env!("CARGO_BIN_EXE_ds4-bench")).args(["--prompt-file", "/nonexistent.txt"]).output().unwrap();
+    assert_eq!(bench.status.code(), Some(1));
+    let bench = Command::new(env!("CARGO_BIN_EXE_ds4-bench")).args(["--prompt-file", "x", "--step-mul", "1.5", "--step-incr", "2"]).output().unwrap();
+    assert_eq!(bench.status.code(), Some(2));
+}
+
+#[test]
+fn interactive_chat_through_a_pty() {
+    let cmd = format!("{} -n 8 --temp 0", env!("CARGO_BIN_EXE_ds4"));
+    let mut p = rexpect::spawn(&cmd, Some(60_000)).unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/help").unwrap();
+    p.exp_string("/nothink").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/nothink").unwrap();
+    p.exp_string("mode: None").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("Hello there").unwrap();
+    p.exp_string("generated: ").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("And a second turn").unwrap();
+    p.exp_string("generated: ").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/ctx nonsense").unwrap();
+    p.exp_string("usage: /ctx N").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/quit").unwrap();
+    p.exp_eof().unwrap();
+}
+
+#[test]
+fn ctrl_c_stops_the_generation_and_returns_to_the_prompt() {
+    let cmd = format!("{} -n 100000 --ctx 4096", env!("CARGO_BIN_EXE_ds4"));
+    let mut p = rexpect::spawn(&cmd, Some(60_000)).unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("Tell me a very long story").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    p.send_control('c').unwrap();
+    p.exp_string("[generation interrupted]").unwrap();
+    p.exp_string("> ").unwrap();
+    p.send_line("/quit").unwrap();
+    p.exp_eof().unwrap();
+}
+
+#[test]
+fn bench_csv_rows_are_consistent() {
+    let prompt = std::env::temp_dir().join(format!("ds4-bench-prompt-{}.txt", std::process::id()));
+    std::fs::write(&prompt, "Quel ramo del lago di Como, che volge a mezzogiorno, tra due catene non interrotte di monti. ".repeat(40)).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ds4-bench"))
+        .args(["--prompt-file", prompt.to_str().unwrap(), "--ctx-start", "64", "--ctx-max", "512", "--step-mul", "2", "--gen-tokens", "4"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let csv = String::from_utf8(out.stdout).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes"));
+    let rows: Vec<Vec<f64>> = lines.map(|l| l.split(',').map(|v| v.parse().unwrap()).collect()).collect();
+    assert_eq!(rows.iter().map(|r| r[0] as usize).collect::<Vec<_>>(), vec![64, 128, 256, 512]);
+    let mut sum = 0.0;
+    for r in &rows {
+        sum += r[1];
+        assert_eq!(sum, r[0], "prefill tokens add up to the frontier");
+        assert_eq!(r[3], 4.0);
+        assert!(r[2] > 0.0 && r[4] > 0.0 && r[5] > 0.0);
+    }
+    assert!(rows.windows(2).all(|w| w[1][5] >= w[0][5]), "KV grows with the context");
+}
