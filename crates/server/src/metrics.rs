@@ -99,6 +99,14 @@ impl Metrics {
         c(&mut s, "ds4_kv_disk_read_bytes_total", "Bytes read from the disk KV cache.", self.kv_disk_read_bytes.load(Relaxed));
         g(&mut s, "ds4_kv_disk_bytes", "Bytes held by disk KV cache files.", self.kv_disk_bytes.load(Relaxed) as f64);
         g(&mut s, "ds4_kv_disk_files", "Disk KV cache files.", self.kv_disk_files.load(Relaxed) as f64);
+        // Weight residency operations per phase: after load, prefill and decode must stay at zero.
+        let r = ds4_model::residency::snapshot();
+        let _ = writeln!(s, "# HELP ds4_weight_residency_ops_total Weight map/bind/upload operations by phase.\n# TYPE ds4_weight_residency_ops_total counter");
+        for (pn, p) in [("load", ds4_model::residency::Phase::Load), ("prefill", ds4_model::residency::Phase::Prefill), ("decode", ds4_model::residency::Phase::Decode)] {
+            for (on, o) in [("map", ds4_model::residency::Op::Map), ("bind", ds4_model::residency::Op::Bind), ("upload", ds4_model::residency::Op::Upload)] {
+                let _ = writeln!(s, "ds4_weight_residency_ops_total{{phase=\"{pn}\",op=\"{on}\"}} {}", r.get(p, o));
+            }
+        }
         c(&mut s, "ds4_tool_calls_total", "Tool calls generated.", self.tool_calls.load(Relaxed));
         c(&mut s, "ds4_tool_replay_exact_total", "History tool-call blocks replayed byte-exact from the id map.", self.tool_replay_exact.load(Relaxed));
         g(&mut s, "ds4_process_resident_bytes", "Resident set size of the server process.", resident_bytes() as f64);
