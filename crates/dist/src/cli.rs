@@ -113,7 +113,7 @@ pub fn ds4_main(dist: &DistArgs, r: &Ds4Run) -> Result<()> {
     let first = s.sync(&toks)?.to_vec();
     let pt = t0.elapsed();
     let greedy = r.sampler.temperature == 0.0;
-    let mut sampler = Sampler::with_capacity(r.sampler.clone(), setup.cfg.n_vocab);
+    let mut sampler = Sampler::with_capacity(r.sampler, setup.cfg.n_vocab);
     let mut dec = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
     let t1 = Instant::now();
