@@ -286,8 +286,8 @@ pub fn encode(model: &[u8; 32], reason: Reason, st: &StateRef) -> Vec<u8> {
 /// Largest token count a front may claim (guards allocations before the checksum is known).
 const MAX_TOKENS: u64 = 1 << 26;
 
-/// Reads and verifies the header and token ids from `r`.
-pub fn read_front(r: &mut impl Read, model: &[u8; 32]) -> Result<Front, FormatError> {
+/// Reads and verifies the header and token ids from `r`, a file of `file_len` bytes.
+pub fn read_front(r: &mut impl Read, file_len: u64, model: &[u8; 32]) -> Result<Front, FormatError> {
     let mut hdr = [0u8; HEADER_LEN];
     r.read_exact(&mut hdr).map_err(|e| match e.kind() {
         std::io::ErrorKind::UnexpectedEof => FormatError::Truncated("header".into()),
@@ -302,9 +302,9 @@ pub fn read_front(r: &mut impl Read, model: &[u8; 32]) -> Result<Front, FormatEr
     let mut head_sum = [0u8; 32];
     r.read_exact(&mut head_sum).map_err(|_| FormatError::Truncated("header checksum".into()))?;
     let n_tokens = u64_at(72);
-    if n_tokens > MAX_TOKENS {
-        // Checked before the checksum only to bound the read; a valid file never gets here.
-        return Err(FormatError::TooLarge(n_tokens));
+    if n_tokens > MAX_TOKENS || FRONT_LEN as u64 + n_tokens * 4 > file_len {
+        // Checked before the checksum only to bound the allocation; a valid file never gets here.
+        return Err(FormatError::Truncated(format!("header claims {n_tokens} token ids, the file has {file_len} bytes")));
     }
     let mut toks = vec![0u8; n_tokens as usize * 4];
     r.read_exact(&mut toks).map_err(|_| FormatError::Truncated("token ids".into()))?;
@@ -498,7 +498,7 @@ pub fn decode_from(
     logits: &mut Vec<f32>,
     vocab: Option<usize>,
 ) -> Result<Restored, FormatError> {
-    let front = read_front(r, model)?;
+    let front = read_front(r, file_len, model)?;
     if front.file_len() != file_len {
         return Err(FormatError::Truncated(format!("file has {file_len} bytes, header describes {}", front.file_len())));
     }

@@ -148,7 +148,7 @@ impl KvStore {
         let f = std::fs::File::open(path)?;
         let len = f.metadata()?.len();
         let modified = f.metadata()?.modified().ok().and_then(|t| t.duration_since(UNIX_EPOCH).ok()).map(|d| d.as_millis() as u64).unwrap_or(0);
-        let front = format::read_front(&mut BufReader::new(f), &self.model)?;
+        let front = format::read_front(&mut BufReader::new(f), len, &self.model)?;
         if front.file_len() != len {
             return Err(FormatError::Truncated(format!("file has {len} bytes, header describes {}", front.file_len())));
         }
