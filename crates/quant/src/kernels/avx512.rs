@@ -282,6 +282,18 @@ fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
     _mm512_reduce_add_ps(acc)
 }
 
+/// f16 → f32 bit pattern with integer ops for normal numbers (exact), else the general path.
+#[inline(always)]
+fn f16_to_f32_bits(h: u16) -> u32 {
+    let h = h as u32;
+    let e = h & 0x7c00;
+    if e != 0 && e != 0x7c00 {
+        ((h & 0x8000) << 16) | (((h & 0x7fff) << 13) + 0x3800_0000)
+    } else {
+        f16_bits_to_f32(h as u16).to_bits()
+    }
+}
+
 /// Low / high bytes of the 256 IQ2_XXS grid codes (2 bits per coordinate), for `vpermi2b`.
 static IQ2_CODE_BYTES: [[u8; 256]; 2] = {
     let mut t = [[0u8; 256]; 2];
@@ -328,7 +340,10 @@ fn iq2_xxs_t_impl(w: &[u8], a: &[u8]) -> f32 {
             super::pf_at(bw, pfd);
             super::pf_at(bw, pfd + 64);
         }
-        let d = _mm512_set1_ps(f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125);
+        // The activation scale already includes IQ2_XXS's 1/8; the f16 weight scale is
+        // widened with integer ops and multiplied after the broadcast, which keeps this off
+        // the two vector ports the rest of the loop saturates.
+        let d = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_set1_epi32(f16_to_f32_bits(u16_at(bw, 0)) as i32)), _mm512_set1_ps(f32_at(ba, 0)));
         let q = ld512(a64(bw, 2));
         // Low code bytes looked up in place (bytes 8g + l); high code bytes with the indices
         // shifted up to bytes 8g + 4 + l. Qword g of `codes`: [lo(g, 0..4), hi(g, 0..4)].

@@ -149,9 +149,12 @@ pub(crate) fn iq2_xxs_transposed(k: &Kernels) -> Option<DotQ> {
 
 /// Reorders the 256 quants of every Q8_K block in `a` from element order (group g = 32
 /// elements, row l = 8 elements: position 32g + 8l + j) to row-major-by-chunk order
-/// (position 64l + 8g + j). Scale and bsums are kept.
+/// (position 64l + 8g + j), and pre-multiplies the block scale by IQ2_XXS's 1/8 (exact: a
+/// power of two). Bsums are kept.
 pub(crate) fn q8k_to_row_major_groups(a: &mut [u8]) {
     for b in a.chunks_exact_mut(crate::blocks::Q8_K_BYTES) {
+        let d = crate::blocks::f32_at(b, 0) * 0.125;
+        b[0..4].copy_from_slice(&d.to_le_bytes());
         let qs: [u8; crate::blocks::QK_K] = b[4..4 + crate::blocks::QK_K].try_into().unwrap();
         for g in 0..8 {
             for l in 0..4 {
@@ -251,11 +254,15 @@ mod tests {
         for (i, v) in a.iter_mut().enumerate() {
             *v = i as u8;
         }
+        for b in 0..2 {
+            a[b * crate::blocks::Q8_K_BYTES..][..4].copy_from_slice(&(1.5f32 + b as f32).to_le_bytes());
+        }
         let orig = a.clone();
         q8k_to_row_major_groups(&mut a);
         for b in 0..2 {
             let o = b * crate::blocks::Q8_K_BYTES;
-            assert_eq!(a[o..o + 4], orig[o..o + 4]);
+            let d = crate::blocks::f32_at(&orig, o);
+            assert_eq!(crate::blocks::f32_at(&a, o), d * 0.125);
             assert_eq!(a[o + 260..o + 292], orig[o + 260..o + 292]);
             for g in 0..8 {
                 for l in 0..4 {
