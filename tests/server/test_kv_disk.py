@@ -216,3 +216,32 @@ def test_directory_stays_within_the_budget(make_server, tmp_path, reference):
     # The frequently hit conversations outlived the newer, never-hit files.
     check(0, 1)
     check(1, 1)
+
+
+def test_tool_call_ids_survive_a_restart(make_server, tmp_path):
+    """The scripted tool-call turn is saved at shutdown with its id → exact DSML entry; after a restart the
+    client's tool result turn replays that DSML byte-exact, so the saved state is a prefix of the new
+    prompt and only the tool result is prefilled."""
+    from conftest import WEATHER_SCHEMA
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
+    d = tmp_path / "kv"
+    s1 = make_server(*DISK, "--kv-disk-dir", str(d), name="tools1")
+    user = {"role": "user", "content": "[[weather]] What is the weather in Paris?"}
+    r1 = client(s1).chat.completions.create(model="m", messages=[user], tools=tools, max_tokens=300)
+    (tc,) = r1.choices[0].message.tool_calls
+    s1.stop()
+    s2 = make_server(*DISK, "--kv-disk-dir", str(d), name="tools2")
+    before = counters(s2)
+    replay_before = s2.metrics().get("ds4_tool_replay_exact_total", 0)
+    history = [user,
+               {"role": "assistant", "content": None, "reasoning_content": "I should call the weather tool.",
+                "tool_calls": [tc.model_dump()]},
+               {"role": "tool", "tool_call_id": tc.id, "content": "sunny-result: 18C"}]
+    r2 = client(s2).chat.completions.create(model="m", messages=history, tools=tools, max_tokens=300)
+    assert r2.choices[0].message.content == "It is sunny in Paris."
+    after = counters(s2)
+    assert s2.metrics()["ds4_tool_replay_exact_total"] - replay_before == 1
+    assert after["ds4_kv_disk_hits_total"] - before["ds4_kv_disk_hits_total"] == 1
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert cached >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 2
+    assert after["ds4_prefilled_tokens_total"] - before["ds4_prefilled_tokens_total"] == r2.usage.prompt_tokens - cached

@@ -12,9 +12,10 @@
 //!  72  u64    token count
 //!  80  u64    body length in bytes
 //!  88  [32]   sha256 of the body
-//! 120  u64    reserved (0)
-//! head checksum (32 bytes): sha256 of the header and the token ids
+//! 120  u64    tool map length in bytes
+//! head checksum (32 bytes): sha256 of the header, the token ids and the tool map
 //! token ids (u32 × token count)
+//! tool map: u64 count; count × { u64 len; id bytes; u64 len; DSML bytes }
 //! body (checksummed)
 //!   u64 pos; u64 n_logits; f32 × n_logits (logits after the last token)
 //!   per layer: u64 ratio; u64 flags (1 comp, 2 comp_state, 4 idx, 8 idx_state);
@@ -22,11 +23,11 @@
 //!              [comp rows: u64 width; u64 rows; f32 × width·rows]
 //!              [comp frontier: u64 ratio; u64 width; u64 n; f32 × n (kv); u64 n; f32 × n (score)]
 //!              [indexer rows] [indexer frontier], same encodings
-//!   tool map: u64 count; count × { u64 len; id bytes; u64 len; DSML bytes }
 //! ```
 //!
-//! The header and token ids carry their own checksum so the index can be rebuilt at start-up by reading
-//! only the front of each file; the body is verified on load. Nothing read is trusted before its checksum
+//! The header, token ids and tool map carry their own checksum so the index (and the tool-id map a
+//! request needs before any KV is loaded) can be rebuilt at start-up by reading only the front of each
+//! file; the body is verified on load. Nothing read is trusted before its checksum
 //! matches, and every length is checked against the bytes actually present and the expected shapes.
 use ds4_model::kv::{CompressorState, LayerKv, Rows};
 use ds4_model::KvState;
@@ -182,6 +183,8 @@ pub struct Front {
     pub n_layers: u64,
     pub ctx: u64,
     pub tokens: Vec<u32>,
+    pub tool_map: Vec<(String, String)>,
+    pub tool_map_len: u64,
     pub body_len: u64,
     pub body_sum: [u8; 32],
 }
@@ -189,7 +192,7 @@ pub struct Front {
 impl Front {
     /// Total file length this front describes.
     pub fn file_len(&self) -> u64 {
-        FRONT_LEN as u64 + self.tokens.len() as u64 * 4 + self.body_len
+        FRONT_LEN as u64 + self.tokens.len() as u64 * 4 + self.tool_map_len + self.body_len
     }
 }
 
@@ -249,10 +252,11 @@ pub fn encode(model: &[u8; 32], reason: Reason, st: &StateRef) -> Vec<u8> {
             put_comp(&mut body, s);
         }
     }
-    put_u64(&mut body, st.tool_map.len() as u64);
+    let mut tools = Vec::new();
+    put_u64(&mut tools, st.tool_map.len() as u64);
     for (id, dsml) in st.tool_map {
-        put_bytes(&mut body, id.as_bytes());
-        put_bytes(&mut body, dsml.as_bytes());
+        put_bytes(&mut tools, id.as_bytes());
+        put_bytes(&mut tools, dsml.as_bytes());
     }
     let body_sum: [u8; 32] = Sha256::digest(&body).into();
 
@@ -267,7 +271,7 @@ pub fn encode(model: &[u8; 32], reason: Reason, st: &StateRef) -> Vec<u8> {
     put_u64(&mut out, st.tokens.len() as u64);
     put_u64(&mut out, body.len() as u64);
     out.extend_from_slice(&body_sum);
-    put_u64(&mut out, 0);
+    put_u64(&mut out, tools.len() as u64);
     debug_assert_eq!(out.len(), HEADER_LEN);
     let mut toks = Vec::with_capacity(st.tokens.len() * 4);
     for t in st.tokens {
@@ -276,9 +280,11 @@ pub fn encode(model: &[u8; 32], reason: Reason, st: &StateRef) -> Vec<u8> {
     let mut h = Sha256::new();
     h.update(&out);
     h.update(&toks);
+    h.update(&tools);
     let head_sum: [u8; 32] = h.finalize().into();
     out.extend_from_slice(&head_sum);
     out.extend_from_slice(&toks);
+    out.extend_from_slice(&tools);
     out.extend_from_slice(&body);
     out
 }
@@ -308,12 +314,19 @@ pub fn read_front(r: &mut impl Read, file_len: u64, model: &[u8; 32]) -> Result<
     }
     let mut toks = vec![0u8; n_tokens as usize * 4];
     r.read_exact(&mut toks).map_err(|_| FormatError::Truncated("token ids".into()))?;
+    let tools_len = u64_at(120);
+    if tools_len > file_len - FRONT_LEN as u64 - n_tokens * 4 {
+        return Err(FormatError::Truncated(format!("header claims a {tools_len}-byte tool map, the file has {file_len} bytes")));
+    }
+    let mut tools = vec![0u8; tools_len as usize];
+    r.read_exact(&mut tools).map_err(|_| FormatError::Truncated("tool map".into()))?;
     let mut h = Sha256::new();
     h.update(hdr);
     h.update(&toks);
+    h.update(&tools);
     let sum: [u8; 32] = h.finalize().into();
     if sum != head_sum {
-        return Err(FormatError::Checksum("header and token ids"));
+        return Err(FormatError::Checksum("header, token ids and tool map"));
     }
     // The header is intact: now its fields can be believed.
     if version != VERSION {
@@ -323,7 +336,20 @@ pub fn read_front(r: &mut impl Read, file_len: u64, model: &[u8; 32]) -> Result<
         return Err(FormatError::OtherModel);
     }
     let tokens = toks.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+    let mut c = Cur { b: &tools, at: 0 };
+    let n = c.len("tool map", 16)?;
+    let mut tool_map = Vec::with_capacity(n);
+    for _ in 0..n {
+        let id = c.string("tool id")?;
+        let dsml = c.string("tool DSML")?;
+        tool_map.push((id, dsml));
+    }
+    if c.at != tools.len() {
+        return Err(FormatError::Shape("trailing bytes after the tool map".into()));
+    }
     Ok(Front {
+        tool_map,
+        tool_map_len: tools_len,
         reason: Reason::from_u32(u32_at(12)),
         first_layer: u64_at(48),
         n_layers: u64_at(56),
@@ -409,7 +435,7 @@ fn read_rows(c: &mut Cur, dst: &mut Rows, max_rows: usize, what: &str) -> Result
 
 /// Parses a verified body into `kv` (whose layout — layers, ratios, widths, window — is the template the
 /// data must match) and `logits`. On error `kv` may be partly overwritten: the caller must reset it.
-fn decode_body(body: &[u8], front: &Front, kv: &mut KvState, logits: &mut Vec<f32>, vocab: Option<usize>) -> Result<Vec<(String, String)>, FormatError> {
+fn decode_body(body: &[u8], front: &Front, kv: &mut KvState, logits: &mut Vec<f32>, vocab: Option<usize>) -> Result<(), FormatError> {
     if front.first_layer != kv.first_layer as u64 || front.n_layers != kv.layers.len() as u64 {
         return Err(FormatError::Shape(format!(
             "layers {}+{}, this process owns {}+{}",
@@ -465,18 +491,11 @@ fn decode_body(body: &[u8], front: &Front, kv: &mut KvState, logits: &mut Vec<f3
             read_comp(&mut c, s, &format!("layer {il} indexer frontier"))?;
         }
     }
-    let n = c.len("tool map", 16)?;
-    let mut map = Vec::with_capacity(n);
-    for _ in 0..n {
-        let id = c.string("tool id")?;
-        let dsml = c.string("tool DSML")?;
-        map.push((id, dsml));
-    }
     if c.at != body.len() {
         return Err(FormatError::Shape(format!("{} trailing bytes", body.len() - c.at)));
     }
     kv.pos = n_tok;
-    Ok(map)
+    Ok(())
 }
 
 /// A state read back from a file.
@@ -509,8 +528,8 @@ pub fn decode_from(
     if sum != front.body_sum {
         return Err(FormatError::Checksum("body"));
     }
-    let tool_map = decode_body(&body, &front, kv, logits, vocab)?;
-    Ok(Restored { tokens: front.tokens, tool_map, reason: front.reason })
+    decode_body(&body, &front, kv, logits, vocab)?;
+    Ok(Restored { tokens: front.tokens, tool_map: front.tool_map, reason: front.reason })
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename, and an

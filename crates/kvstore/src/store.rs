@@ -24,6 +24,8 @@ const EXT: &str = "kv";
 pub struct Entry {
     pub key: [u8; 32],
     pub tokens: Arc<Vec<u32>>,
+    /// Tool-call id → DSML entries saved with the file (read with the index, before any load).
+    pub tool_map: Arc<Vec<(String, String)>>,
     pub size: u64,
     pub hits: u64,
     pub last_used_ms: u64,
@@ -155,7 +157,7 @@ impl KvStore {
         if token_key(&front.tokens) != key {
             return Err(FormatError::Shape("file name does not match its token ids".into()));
         }
-        Ok(Entry { key, tokens: Arc::new(front.tokens), size: len, hits: 0, last_used_ms: modified, seq: 0 })
+        Ok(Entry { key, tokens: Arc::new(front.tokens), tool_map: Arc::new(front.tool_map), size: len, hits: 0, last_used_ms: modified, seq: 0 })
     }
 
     fn path_of(&self, key: &[u8; 32]) -> PathBuf {
@@ -340,7 +342,7 @@ impl KvStore {
         );
         self.stats.saves += 1;
         self.stats.bytes_written += size;
-        self.entries.insert(key, Entry { key, tokens: Arc::new(st.tokens.to_vec()), size, hits: 0, last_used_ms: now_ms(), seq: self.seq });
+        self.entries.insert(key, Entry { key, tokens: Arc::new(st.tokens.to_vec()), tool_map: Arc::new(st.tool_map.to_vec()), size, hits: 0, last_used_ms: now_ms(), seq: self.seq });
         self.write_hints();
         Ok(SaveOutcome::Stored { bytes: size, evicted })
     }

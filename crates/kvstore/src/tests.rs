@@ -135,7 +135,8 @@ fn wrong_version_model_and_layout_are_refused() {
     let mut h = sha2::Sha256::new();
     use sha2::Digest;
     h.update(&v2[..format::HEADER_LEN]);
-    h.update(&v2[format::FRONT_LEN..format::FRONT_LEN + tokens.len() * 4]);
+    let tools_len = u64::from_le_bytes(v2[120..128].try_into().unwrap()) as usize;
+    h.update(&v2[format::FRONT_LEN..format::FRONT_LEN + tokens.len() * 4 + tools_len]);
     let sum: [u8; 32] = h.finalize().into();
     v2[format::HEADER_LEN..format::FRONT_LEN].copy_from_slice(&sum);
     assert!(matches!(decode(&v2, &MODEL), Err(FormatError::Version(2))));
@@ -200,6 +201,9 @@ fn store_finds_longest_prefix_and_survives_reopen() {
 
     let mut s = KvStore::open(&dir, 1 << 30, MODEL).unwrap();
     assert_eq!(s.len(), 3);
+    // The tool map is part of the index, readable before any load.
+    let e40 = s.entries().find(|e| e.tokens.len() == 40).unwrap();
+    assert_eq!(*e40.tool_map, tool_map());
     let mut prompt = t40.clone();
     prompt.extend([1, 2, 3]);
     let e = s.lookup_longest_prefix(&prompt, 0).unwrap();

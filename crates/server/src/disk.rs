@@ -25,6 +25,22 @@ pub struct DiskCache {
 impl DiskCache {
     pub fn new(store: KvStore, min_tokens: usize, metrics: Arc<Metrics>, tool_mem: Arc<Mutex<ToolMemory>>) -> Self {
         let d = Self { store, min_tokens, metrics, tool_mem, loaded_tokens: 0 };
+        // Requests render their history (exact tool-call replay) before any KV is loaded: the saved
+        // tool-id → DSML entries are needed from the start.
+        let mut n = 0;
+        if let Ok(mut mem) = d.tool_mem.lock() {
+            for e in d.store.entries() {
+                for (id, dsml) in e.tool_map.iter() {
+                    if mem.get(id).is_none() {
+                        mem.insert(std::slice::from_ref(id), dsml);
+                        n += 1;
+                    }
+                }
+            }
+        }
+        if n > 0 {
+            eprintln!("ds4-server: kv disk cache: {n} tool-call ids restored");
+        }
         d.publish();
         d
     }
@@ -44,9 +60,11 @@ impl DiskCache {
         m.kv_disk_files.store(self.store.len() as u64, Relaxed);
     }
 
-    /// Tool-map entries whose DSML block occurs in `text` (only those can be needed to replay it).
+    /// Tool-map entries whose DSML block occurs in `text` (only those can be needed to replay it). The
+    /// last block may be cut short: generation stops on its closing marker before feeding it back.
     fn tool_entries(&self, text: &str) -> Vec<(String, String)> {
         let mut blocks: HashSet<&str> = HashSet::new();
+        let mut tail: Option<&str> = None;
         let mut at = 0;
         while let Some(i) = text[at..].find(CALLS_OPEN) {
             let start = at + i;
@@ -56,14 +74,24 @@ impl DiskCache {
                     blocks.insert(&text[start..end]);
                     at = end;
                 }
-                None => break,
+                None => {
+                    tail = Some(&text[start..]);
+                    break;
+                }
             }
         }
-        if blocks.is_empty() {
+        if blocks.is_empty() && tail.is_none() {
             return Vec::new();
         }
         let Ok(mem) = self.tool_mem.lock() else { return Vec::new() };
-        mem.entries().into_iter().filter(|(_, raw)| blocks.contains(raw.trim_start())).map(|(id, raw)| (id, raw.to_string())).collect()
+        mem.entries()
+            .into_iter()
+            .filter(|(_, raw)| {
+                let r = raw.trim_start();
+                blocks.contains(r) || tail.is_some_and(|t| r.starts_with(t))
+            })
+            .map(|(id, raw)| (id, raw.to_string()))
+            .collect()
     }
 
     /// Saves the session when it is long enough and not on disk already.
