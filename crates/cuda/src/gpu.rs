@@ -245,7 +245,7 @@ impl Gpu {
             ptrs.push(slot as *mut c_void);
         }
         let ev = self.prof_begin(name)?;
-        if smem > 48 * 1024 {
+        if smem > 40 * 1024 {
             // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
             unsafe {
                 drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)

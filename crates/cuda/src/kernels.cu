@@ -56,15 +56,18 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 // output y + z*y_z: used for routed experts (decode) and the grouped output projection.
 // ---------------------------------------------------------------------------------------------
 #define MV_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, \
-    const float* __restrict__ X, int ldx, int x_z, float* __restrict__ Y, int ldy, int y_z, int rows, int cols, int n
+    const float* __restrict__ X, int ldx, int x_z, float* __restrict__ Y, int ldy, int y_z, int rows, int cols, int n, int ks
 
+// ks warps share a row (split over K, reduced through shared memory): few-row matrices get enough warps.
 #define MV_PROLOGUE(ROWBYTES) \
-    int lane = threadIdx.x & 31; \
-    int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); \
+    __shared__ float mv_red[8][NT]; \
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks; \
+    int row = blockIdx.x * ((blockDim.x >> 5) / ks) + wid / ks; \
     int z = blockIdx.z; \
     int mat = eids ? eids[z] : z; \
     int t0 = blockIdx.y * NT; \
-    if (row >= rows) return; \
+    bool live = row < rows; \
+    if (!live) row = rows - 1; \
     const u8* wr = W + (u64)mat * w_mat_bytes + (u64)row * (ROWBYTES); \
     const float* xs = X + (u64)z * x_z + (u64)t0 * ldx; \
     int nt = min(NT, n - t0); \
@@ -74,14 +77,20 @@ __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : lo
 #define MV_EPILOGUE \
     _Pragma("unroll") for (int t = 0; t < NT; t++) { \
         float s = warp_sum(acc[t]); \
-        if (lane == 0 && t < nt) Y[(u64)z * y_z + (u64)(t0 + t) * ldy + row] = s; \
+        if (lane == 0) mv_red[wid][t] = s; \
+    } \
+    __syncthreads(); \
+    if (part == 0 && live && lane < nt) { \
+        float s = 0.0f; \
+        for (int p = 0; p < ks; p++) s += mv_red[wid + p][lane]; \
+        Y[(u64)z * y_z + (u64)(t0 + lane) * ldy + row] = s; \
     }
 
 template <int NT> __device__ void mv_q8_0(MV_ARGS) {
     int nb = cols >> 5;
     MV_PROLOGUE((u64)nb * 34)
     int p = lane & 3;
-    for (int ib = lane >> 2; ib < nb; ib += 8) {
+    for (int ib = (lane >> 2) + 8 * part; ib < nb; ib += 8 * ks) {
         const u8* b = wr + ib * 34;
         float d = h2f(ld16(b));
         u16 q01 = ld16(b + 2 + 8 * p), q23 = ld16(b + 4 + 8 * p), q45 = ld16(b + 6 + 8 * p), q67 = ld16(b + 8 + 8 * p);
@@ -105,7 +114,7 @@ template <int NT> __device__ void mv_q2_k(MV_ARGS) {
     int nb = cols >> 8;
     MV_PROLOGUE((u64)nb * 84)
     int w = lane & 15, h = w >> 3, l0 = 4 * (w & 7), hi = (w & 7) >= 4;
-    for (int ib = lane >> 4; ib < nb; ib += 2) {
+    for (int ib = (lane >> 4) + 2 * part; ib < nb; ib += 2 * ks) {
         const u8* b = wr + ib * 84;
         u32 q = *(const u32*)(b + 16 + 4 * w);
         float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
@@ -142,7 +151,7 @@ template <int NT> __device__ void mv_q4_k(MV_ARGS) {
     int nb = cols >> 8;
     MV_PROLOGUE((u64)nb * 144)
     int j = lane >> 3, l0 = 4 * (lane & 7);
-    for (int ib = 0; ib < nb; ib++) {
+    for (int ib = part; ib < nb; ib += ks) {
         const u8* b = wr + ib * 144;
         u32 q = *(const u32*)(b + 16 + 4 * lane);
         float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
@@ -170,7 +179,7 @@ template <int NT> __device__ void mv_iq2_xxs(MV_ARGS, const u64* grid) {
     int nb = cols >> 8;
     MV_PROLOGUE((u64)nb * 66)
     int g = lane & 7;
-    for (int ib = lane >> 3; ib < nb; ib += 4) {
+    for (int ib = (lane >> 3) + 4 * part; ib < nb; ib += 4 * ks) {
         const u8* b = wr + ib * 66;
         float d = h2f(ld16(b));
         u32 a0 = ld32u(b + 2 + 8 * g), a1 = ld32u(b + 6 + 8 * g);
@@ -205,7 +214,7 @@ template <int NT> __device__ void mv_iq2_xxs(MV_ARGS, const u64* grid) {
 
 template <int NT> __device__ void mv_f16(MV_ARGS) {
     MV_PROLOGUE((u64)cols * 2)
-    for (int c = lane * 8; c < cols; c += 256) {
+    for (int c = (part * 32 + lane) * 8; c < cols; c += 256 * ks) {
         uint4 raw = *(const uint4*)(wr + 2 * (u64)c);
         float w[8] = {h2f(raw.x & 0xffff), h2f(raw.x >> 16), h2f(raw.y & 0xffff), h2f(raw.y >> 16),
                       h2f(raw.z & 0xffff), h2f(raw.z >> 16), h2f(raw.w & 0xffff), h2f(raw.w >> 16)};
@@ -223,7 +232,7 @@ template <int NT> __device__ void mv_f16(MV_ARGS) {
 
 template <int NT> __device__ void mv_bf16(MV_ARGS) {
     MV_PROLOGUE((u64)cols * 2)
-    for (int c = lane * 2; c < cols; c += 64) {
+    for (int c = (part * 32 + lane) * 2; c < cols; c += 64 * ks) {
         u32 raw = *(const u32*)(wr + 2 * (u64)c);
         float w0 = bf2f(raw & 0xffff), w1 = bf2f(raw >> 16);
 #pragma unroll
@@ -236,7 +245,7 @@ template <int NT> __device__ void mv_bf16(MV_ARGS) {
 template <int NT> __device__ void mv_f32(MV_ARGS) {
     MV_PROLOGUE((u64)cols * 4)
     const float* wf = (const float*)wr;
-    for (int c = lane; c < cols; c += 32) {
+    for (int c = part * 32 + lane; c < cols; c += 32 * ks) {
         float w0 = wf[c];
 #pragma unroll
         for (int t = 0; t < NT; t++)
@@ -245,7 +254,7 @@ template <int NT> __device__ void mv_f32(MV_ARGS) {
     MV_EPILOGUE
 }
 
-#define MV_CALL W, w_mat_bytes, eids, X, ldx, x_z, Y, ldy, y_z, rows, cols, n
+#define MV_CALL W, w_mat_bytes, eids, X, ldx, x_z, Y, ldy, y_z, rows, cols, n, ks
 #define MV_KERNEL(NAME, NT) \
     extern "C" __global__ void __launch_bounds__(256) NAME##_n##NT(MV_ARGS) { NAME<NT>(MV_CALL); }
 MV_KERNEL(mv_q8_0, 1) MV_KERNEL(mv_q8_0, 4)
@@ -275,18 +284,23 @@ extern "C" __global__ void dq_q8_0(const u8* W, u16* out, u64 n) {
     for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(d * (float)(signed char)b[2 + k]);
 }
 extern "C" __global__ void dq_q2_k(const u8* W, u16* out, u64 n) {
-    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, h, j) -> 32 elements
-    if (u * 32 >= n) return;
-    u64 ib = u >> 3;
-    int h = (u >> 2) & 1, j = u & 3;
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, h, j, l8) -> 8 elements, one 16-byte store
+    if (u * 8 >= n) return;
+    u64 ib = u >> 5;
+    int h = (u >> 4) & 1, j = (u >> 2) & 3, l0 = (u & 3) * 8;
     const u8* b = W + ib * 84;
     float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
-    u16* o = out + ib * 256 + 128 * h + 32 * j;
-    for (int l = 0; l < 32; l++) {
-        int sc = b[8 * h + 2 * j + (l >= 16)];
-        float v = (float)((b[16 + 32 * h + l] >> (2 * j)) & 3);
-        o[l] = f2h(d * (float)(sc & 15) * v - dmin * (float)(sc >> 4));
+    int sc = b[8 * h + 2 * j + (l0 >= 16)];
+    float dl = d * (float)(sc & 15), ml = dmin * (float)(sc >> 4);
+    u32 q0 = ld32u(b + 16 + 32 * h + l0), q1 = ld32u(b + 20 + 32 * h + l0);
+    u32 o[4];
+    for (int t = 0; t < 4; t++) {
+        u32 qq = t < 2 ? q0 : q1;
+        int s0 = (t & 1) * 16;
+        float v0 = (float)((qq >> (s0 + 2 * j)) & 3), v1 = (float)((qq >> (s0 + 8 + 2 * j)) & 3);
+        o[t] = (u32)f2h(dl * v0 - ml) | ((u32)f2h(dl * v1 - ml) << 16);
     }
+    *(uint4*)(out + ib * 256 + 128 * h + 32 * j + l0) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) {
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, j, half)
@@ -305,23 +319,24 @@ extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) {
     }
 }
 extern "C" __global__ void dq_iq2_xxs(const u8* W, u16* out, u64 n) {
-    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group)
-    if (u * 32 >= n) return;
-    u64 ib = u >> 3;
-    int g = u & 7;
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group, l) -> 8 elements, one 16-byte store
+    if (u * 8 >= n) return;
+    u64 ib = u >> 5;
+    int g = (u >> 2) & 7, l = u & 3;
     const u8* b = W + ib * 66;
     float d = h2f(ld16(b));
     u32 a0 = ld32u(b + 2 + 8 * g), a1 = ld32u(b + 6 + 8 * g);
     float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
-    u16* o = out + ib * 256 + 32 * g;
-    for (int l = 0; l < 4; l++) {
-        u64 gv = iq2xxs_grid[(a0 >> (8 * l)) & 255];
-        u32 sg = ksign((a1 >> (7 * l)) & 127);
-        for (int k = 0; k < 8; k++) {
-            float v = db * (float)((gv >> (8 * k)) & 255);
-            o[8 * l + k] = f2h((sg >> k) & 1 ? -v : v);
-        }
+    u64 gv = iq2xxs_grid[(a0 >> (8 * l)) & 255];
+    u32 sg = ksign((a1 >> (7 * l)) & 127);
+    u32 o[4];
+    for (int k = 0; k < 8; k += 2) {
+        float v0 = db * (float)((gv >> (8 * k)) & 255), v1 = db * (float)((gv >> (8 * k + 8)) & 255);
+        if ((sg >> k) & 1) v0 = -v0;
+        if ((sg >> (k + 1)) & 1) v1 = -v1;
+        o[k / 2] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
     }
+    *(uint4*)(out + ib * 256 + 32 * g + 8 * l) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 extern "C" __global__ void dq_bf16(const u8* W, u16* out, u64 n) {
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
@@ -559,6 +574,25 @@ extern "C" __global__ void head_collapse(const float* mix, const float* scale, c
 // window (batch rows for positions >= pos0, ring rows before), then compressed rows (all `nc`, or
 // the indexer's selection when `sel` is set and nc > topk). The output gets the inverse rope.
 // ---------------------------------------------------------------------------------------------
+// Inverse rope on the tail (pairs live inside one float4) and store of 4 output dims.
+__device__ __forceinline__ void attn_store(float4 acc, int k, int d, int half, long long pos, const double* freqs, float* orow) {
+    int tail0 = d - 2 * half;
+    float vals[4] = {acc.x, acc.y, acc.z, acc.w};
+    for (int t = 0; t < 4; t += 2) {
+        int jj = k + t;
+        if (jj >= tail0) {
+            int kk = (jj - tail0) >> 1;
+            double s, cth;
+            sincos((double)pos * freqs[kk], &s, &cth);
+            float sf = -(float)s, cf = (float)cth;
+            float x0 = vals[t], x1 = vals[t + 1];
+            vals[t] = x0 * cf - x1 * sf;
+            vals[t + 1] = x0 * sf + x1 * cf;
+        }
+    }
+    *(float4*)(orow + k) = make_float4(vals[0], vals[1], vals[2], vals[3]);
+}
+
 template <int HG>
 __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__ kvb, const float* __restrict__ ring, const float* __restrict__ comp,
                           const int* __restrict__ sel, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d, long long pos0, int swa,
@@ -624,12 +658,17 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
         if (lane == 0) { hmax[h] = mx; hden[h] = den; }
     }
     __syncthreads();
-    // Weighted sum: thread handles 4 consecutive dims for a subset of heads.
+    // Weighted sum. One head (decode): warps split the candidates, partial sums reduced in shared memory.
+    // Several heads: each thread owns 4 consecutive dims of one head and walks all candidates.
     int dq = d / 4;
-    for (int u = threadIdx.x; u < dq * HG; u += blockDim.x) {
-        int h = u / dq, k = (u % dq) * 4;
+    float* wred = sc + ((HG * ncand + 3) & ~3);  // HG == 1: nw * d floats, 16-byte aligned
+    for (int u = threadIdx.x; u < (HG == 1 ? dq : dq * HG); u += blockDim.x) {
+        int h = HG == 1 ? 0 : u / dq, k = (u % dq) * 4;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
         float inv = 1.0f / hden[h];
+        if (HG == 1) {
+            break;
+        }
         for (int c = 0; c < ncand; c++) {
             const float* row;
             if (c < nraw) {
@@ -644,23 +683,48 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
             float4 rv = *(const float4*)(row + k);
             acc.x += wgt * rv.x; acc.y += wgt * rv.y; acc.z += wgt * rv.z; acc.w += wgt * rv.w;
         }
-        // Inverse rope on the tail (pairs live inside one float4).
-        int tail0 = d - 2 * half;
-        float vals[4] = {acc.x, acc.y, acc.z, acc.w};
-        for (int t = 0; t < 4; t += 2) {
-            int jj = k + t;
-            if (jj >= tail0) {
-                int kk = (jj - tail0) >> 1;
-                double s, cth;
-                sincos((double)pos * freqs[kk], &s, &cth);
-                float sf = -(float)s, cf = (float)cth;
-                float x0 = vals[t], x1 = vals[t + 1];
-                vals[t] = x0 * cf - x1 * sf;
-                vals[t + 1] = x0 * sf + x1 * cf;
+        attn_store(acc, k, d, half, pos, freqs, o + ((u64)i * nh + h0 + h) * d);
+    }
+    if (HG == 1) {
+        float4 acc[4];
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) acc[q4] = make_float4(0.f, 0.f, 0.f, 0.f);
+        float inv = 1.0f / hden[0];
+        for (int c = wid; c < ncand; c += nw) {
+            const float* row;
+            if (c < nraw) {
+                long long p = lo + c;
+                row = p >= pos0 ? kvb + (u64)(p - pos0) * d : ring + (u64)(p % swa) * d;
+            } else {
+                int r = c - nraw;
+                if (use_sel) r = sel[(u64)i * topk + r];
+                row = comp + (u64)r * d;
+            }
+            float wgt = sc[c] * inv;
+#pragma unroll
+            for (int q4 = 0; q4 < 4; q4++) {
+                int k = lane * 4 + 128 * q4;
+                if (k < d) {
+                    float4 rv = *(const float4*)(row + k);
+                    acc[q4].x += wgt * rv.x; acc[q4].y += wgt * rv.y; acc[q4].z += wgt * rv.z; acc[q4].w += wgt * rv.w;
+                }
             }
         }
-        float* op = o + ((u64)i * nh + h0 + h) * d + k;
-        *(float4*)op = make_float4(vals[0], vals[1], vals[2], vals[3]);
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            int k = lane * 4 + 128 * q4;
+            if (k < d) *(float4*)(wred + wid * d + k) = acc[q4];
+        }
+        __syncthreads();
+        for (int u = threadIdx.x; u < dq; u += blockDim.x) {
+            int k = u * 4;
+            float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+            for (int w = 0; w < nw; w++) {
+                float4 v = *(const float4*)(wred + w * d + k);
+                a.x += v.x; a.y += v.y; a.z += v.z; a.w += v.w;
+            }
+            attn_store(a, k, d, half, pos, freqs, o + ((u64)i * nh + h0) * d);
+        }
     }
 }
 #define ATTN_ARGS const float* q, const float* kvb, const float* ring, const float* comp, const int* sel, const float* sinks, float* o, int nh, int d, \

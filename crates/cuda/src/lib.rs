@@ -19,4 +19,4 @@ pub mod gpu;
 #[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use stage::{CudaStage, CudaStats};
+pub use stage::{matmul_paths, CudaStage, CudaStats};

@@ -150,7 +150,6 @@ pub struct CudaStats {
 
 pub struct CudaStage {
     pub cfg: Config,
-    g: Gpu,
     opts: Options,
     range: LayerRange,
     embed: Option<DM>,
@@ -168,6 +167,14 @@ pub struct CudaStage {
     _weights: Vec<DBuf>,
     pub weight_bytes: u64,
     pub upload_secs: f64,
+    /// When set, the HC streams after every layer of each forward call are appended here (as the CPU
+    /// `Stage::trace`), for layer-by-layer comparison.
+    pub trace: Option<Vec<Vec<f32>>>,
+    /// Batches at least this large use dequantize + f16 cuBLAS GEMMs (DS4_CUDA_GEMM_MIN overrides;
+    /// a huge value keeps every product on the f32 mat-vec kernels).
+    pub gemm_min: usize,
+    /// Last: dropped after every device buffer above.
+    g: Gpu,
 }
 
 fn me(s: String) -> ModelError { ModelError::Invalid(format!("cuda: {s}")) }
@@ -212,6 +219,16 @@ fn dq_name(t: GgmlType) -> Result<&'static str> {
         GgmlType::F32 => "dq_f32",
         t => return Err(format!("no CUDA dequantization for {}", t.name())),
     })
+}
+
+/// Warps per output row of the mat-vec kernel: split K when there are too few rows to fill the GPU.
+fn ks(total_rows: usize) -> usize {
+    if total_rows < 4096 { 8 } else if total_rows < 16384 { 2 } else { 1 }
+}
+
+/// Elements one thread of a dequantization kernel writes.
+fn dq_unit(t: GgmlType) -> usize {
+    if matches!(t, GgmlType::Q2_K | GgmlType::IQ2_XXS) { 8 } else { 32 }
 }
 
 fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
@@ -505,6 +522,8 @@ impl CudaStage {
             _weights: weights,
             weight_bytes: total,
             upload_secs,
+            trace: None,
+            gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
         };
         s.reset_state()?;
         Ok(s)
@@ -662,6 +681,11 @@ impl CudaStage {
         for li in 0..self.layers.len() {
             self.attention(li, n, pos0)?;
             self.ffn(li, n)?;
+            if self.trace.is_some() {
+                let mut h = vec![0f32; n * hd];
+                self.g.dtoh(&mut h, self.wk.x.ptr)?;
+                self.trace.as_mut().unwrap().push(h);
+            }
         }
         kv.pos += n;
         self.dev_pos = kv.pos;
@@ -698,8 +722,9 @@ impl CudaStage {
             A::I(rows as i32),
             A::I(m.cols as i32),
             A::I(n as i32),
+            A::I(ks(rows * z) as i32),
         ];
-        self.g.launch(name, (cdiv(rows, 8), cdiv(n, nt), z as u32), 256, 0, &args)
+        self.g.launch(name, (cdiv(rows, 8 / ks(rows * z)), cdiv(n, nt), z as u32), 256, 0, &args)
     }
 
     /// f16 copy of matrix `idx` of a stack (the weights themselves when already F16).
@@ -714,7 +739,7 @@ impl CudaStage {
         }
         let name = dq_name(m.ty)?;
         let dst = self.wk.wh.ptr;
-        self.g.launch(name, (cdiv(elems / 32, 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])?;
+        self.g.launch(name, (cdiv(elems / dq_unit(m.ty), 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])?;
         Ok(dst)
     }
 
@@ -728,7 +753,7 @@ impl CudaStage {
 
     /// y (n × rows, ldy) = x (n × cols, ldx) · Wᵀ for matrix `idx` of `m`.
     fn mm_idx(&mut self, m: &DM, idx: usize, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<()> {
-        if n < GEMM_MIN || !self.gemm_ok(m) {
+        if n < self.gemm_min || !self.gemm_ok(m) {
             let w = m.ptr + (idx * m.mat_bytes()) as u64;
             return self.mv(w, m, 0, 0, x, ldx, 0, y, ldy, 0, m.rows, n, 1);
         }
@@ -874,7 +899,7 @@ impl CudaStage {
                 }
             }
         }
-        let smem = (hg * (d + ncand) * 4) as u32;
+        let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
         if smem > 220 * 1024 {
             return Err(format!("attention over {ncand} candidates needs {smem} bytes of shared memory"));
         }
@@ -905,7 +930,7 @@ impl CudaStage {
         // Grouped low-rank output projection, then the second projection.
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
         let gin = hpg * d;
-        if n < GEMM_MIN || !self.gemm_ok(&out_a) {
+        if n < self.gemm_min || !self.gemm_ok(&out_a) {
             self.mv(out_a.ptr, &out_a, ol * out_a.row_bytes, 0, o, qd, gin, low, g * ol, ol, ol, n, g)?;
         } else {
             let wh = self.dequant(&out_a, 0)?;
@@ -997,7 +1022,7 @@ impl CudaStage {
         self.g.htod(cursor, &offs)?;
         self.g.launch("moe_scatter", (cdiv(total, 256), 1, 1), 256, 0, &[A::P(eids), A::P(ew), A::I(total as i32), A::I(k as i32), A::P(cursor), A::P(slot_pos), A::P(gw), A::P(gtok)])?;
         self.g.launch("gather_rows", (total as u32, 1, 1), 256, 0, &[A::P(xn), A::P(gtok), A::P(gx), A::I(e as i32)])?;
-        let any_gemm = ch.iter().any(|&c| c as usize >= GEMM_MIN);
+        let any_gemm = ch.iter().any(|&c| c as usize >= self.gemm_min);
         let gxh = if any_gemm { self.to_f16(gx, e, total, e)? } else { 0 };
         for x in 0..ne {
             let m = ch[x] as usize;
@@ -1007,7 +1032,7 @@ impl CudaStage {
             let off = offs[x] as usize;
             for (mat, out) in [(gate, ex_a), (up, ex_b)] {
                 let yo = out + (off * ff * 4) as u64;
-                if m >= GEMM_MIN && self.gemm_ok(&mat) {
+                if m >= self.gemm_min && self.gemm_ok(&mat) {
                     let wh = self.dequant(&mat, x)?;
                     self.g.gemm_f16(ff, m, e, wh, e, gxh + (off * e * 2) as u64, e, yo, ff)?;
                 } else {
@@ -1025,7 +1050,7 @@ impl CudaStage {
             }
             let off = offs[x] as usize;
             let yo = ex_out + (off * e * 4) as u64;
-            if m >= GEMM_MIN && self.gemm_ok(&down) {
+            if m >= self.gemm_min && self.gemm_ok(&down) {
                 let wh = self.dequant(&down, x)?;
                 self.g.gemm_f16(e, m, ff, wh, ff, ah + (off * ff * 2) as u64, ff, yo, e)?;
             } else {
@@ -1054,3 +1079,39 @@ impl CudaStage {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// Op-level check of the matrix kernels: returns `y = x·Wᵀ` (n × rows) through the mat-vec kernel and
+/// through dequantize + cuBLAS (the prefill path), for comparison with the CPU.
+pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f32], n: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        let wb = g.alloc(data.len())?;
+        g.htod(wb.ptr, data)?;
+        let xb = g.alloc(x.len() * 4)?;
+        g.htod(xb.ptr, x)?;
+        let y1 = g.alloc(n * rows * 4)?;
+        let y2 = g.alloc(n * rows * 4)?;
+        let wh = g.alloc(rows * cols * 2)?;
+        let xh = g.alloc(n * cols * 2)?;
+        let name = mv_name(ty, n > 1)?;
+        let nt = if n > 1 { 4 } else { 1 };
+        let args = [A::P(wb.ptr), A::P(0), A::P(0), A::P(xb.ptr), A::I(cols as i32), A::I(0), A::P(y1.ptr), A::I(rows as i32), A::I(0), A::I(rows as i32), A::I(cols as i32), A::I(n as i32), A::I(ks(rows) as i32)];
+        g.launch(name, (cdiv(rows, 8 / ks(rows)), cdiv(n, nt), 1), 256, 0, &args)?;
+        let _ = row_bytes;
+        let whp = if ty == GgmlType::F16 {
+            wb.ptr
+        } else {
+            g.launch(dq_name(ty)?, (cdiv(rows * cols / dq_unit(ty), 256), 1, 1), 256, 0, &[A::P(wb.ptr), A::P(wh.ptr), A::P((rows * cols) as u64)])?;
+            wh.ptr
+        };
+        g.launch("f32_to_f16", (cdiv(n * cols, 256), 1, 1), 256, 0, &[A::P(xb.ptr), A::I(cols as i32), A::P(xh.ptr), A::I(n as i32), A::I(cols as i32)])?;
+        g.gemm_f16(rows, n, cols, whp, cols, xh.ptr, cols, y2.ptr, rows)?;
+        let mut a = vec![0f32; n * rows];
+        let mut b = vec![0f32; n * rows];
+        g.dtoh(&mut a, y1.ptr)?;
+        g.dtoh(&mut b, y2.ptr)?;
+        Ok((a, b))
+    })()
+    .map_err(me)
+}

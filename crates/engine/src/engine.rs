@@ -2,10 +2,29 @@
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
 use ds4_model::memplan::{available_ram, MemoryPlan};
-use ds4_model::{residency, Config, LayerRange, Options, Stage, Weights};
+use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::Path;
 use std::sync::Arc;
+
+/// Which device runs the forward pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    #[default]
+    Cpu,
+    /// NVIDIA GPU (needs the `cuda` cargo feature).
+    Cuda,
+}
+
+impl Backend {
+    pub fn parse(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "cpu" => Ok(Self::Cpu),
+            "cuda" => Ok(Self::Cuda),
+            o => Err(EngineError::Invalid(format!("unknown backend `{o}` (expected cpu or cuda)"))),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
@@ -18,6 +37,7 @@ pub struct LoadOptions {
     pub prefill_chunk: usize,
     /// Memory budget in GiB; default: the RAM available now.
     pub mem_limit_gb: Option<f64>,
+    pub backend: Backend,
 }
 
 impl Default for LoadOptions {
@@ -29,6 +49,7 @@ impl Default for LoadOptions {
             debug: false,
             prefill_chunk: 256,
             mem_limit_gb: None,
+            backend: Backend::Cpu,
         } }
 }
 
@@ -38,6 +59,9 @@ pub struct Engine {
     pub ctx: usize,
     pub prefill_chunk: usize,
     pub plan: MemoryPlan,
+    /// The GPU copy of the stage when loaded with `Backend::Cuda` (then it runs every forward call).
+    #[cfg(feature = "cuda")]
+    pub cuda: Option<ds4_cuda::CudaStage>,
 }
 
 impl Engine {
@@ -75,8 +99,61 @@ impl Engine {
         eprintln!("{}", plan.describe(budget));
         plan.check(budget).map_err(EngineError::Budget)?;
         let mut stage = Stage::new(cfg, weights, opts.options);
-        stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
-        Ok(Self { stage, tokenizer, ctx: opts.ctx, prefill_chunk: opts.prefill_chunk, plan })
+        #[cfg(feature = "cuda")]
+        let cuda = match opts.backend {
+            Backend::Cuda => Some(ds4_cuda::CudaStage::new(&stage, opts.ctx, opts.prefill_chunk)?),
+            Backend::Cpu => None,
+        };
+        #[cfg(not(feature = "cuda"))]
+        if opts.backend == Backend::Cuda {
+            return Err(EngineError::Invalid("--backend cuda: this binary was built without CUDA support (cargo build --features cuda)".into()));
+        }
+        if opts.backend == Backend::Cpu {
+            stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
+        }
+        Ok(Self {
+            stage,
+            tokenizer,
+            ctx: opts.ctx,
+            prefill_chunk: opts.prefill_chunk,
+            plan,
+            #[cfg(feature = "cuda")]
+            cuda,
+        })
+    }
+
+    /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
+    pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            return Ok(c.forward(kv, tokens, hidden_in, want)?);
+        }
+        Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
+    }
+
+    /// Which backend runs the forward pass.
+    pub fn backend(&self) -> Backend {
+        #[cfg(feature = "cuda")]
+        if self.cuda.is_some() {
+            return Backend::Cuda;
+        }
+        Backend::Cpu
+    }
+
+    /// Backend counters for benchmark output: device allocations and weight uploads so far, and the
+    /// per-kernel profile when enabled (DS4_CUDA_PROFILE=1). None on the CPU backend.
+    pub fn backend_report(&mut self) -> Option<String> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            let s = ds4_cuda::CudaStage::stats();
+            let mut r = format!("cuda: {} device allocations, {} weight uploads so far", s.device_allocs, s.weight_uploads);
+            if let Some(p) = c.profile_report() {
+                r.push('\n');
+                r.push_str(&p);
+            }
+            return Some(r);
+        }
+        None
     }
 
     pub fn cfg(&self) -> &Config { &self.stage.cfg }

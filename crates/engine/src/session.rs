@@ -77,7 +77,7 @@ impl Session {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EngineError::Invalid("cancelled".into()));
             }
-            let l = engine.stage.forward(&mut self.kv, chunk, None, Logits::Last)?;
+            let l = engine.forward(&mut self.kv, chunk, None, Logits::Last)?;
             self.logits.clear();
             self.logits.extend_from_slice(l);
             self.tokens.extend_from_slice(chunk);
@@ -89,7 +89,7 @@ impl Session {
 
     /// Feeds one token and refreshes the logits.
     pub fn step(&mut self, engine: &mut Engine, token: u32) -> Result<(), EngineError> {
-        let l = engine.stage.forward(&mut self.kv, std::slice::from_ref(&token), None, Logits::Last)?;
+        let l = engine.forward(&mut self.kv, std::slice::from_ref(&token), None, Logits::Last)?;
         self.logits.clear();
         self.logits.extend_from_slice(l);
         self.tokens.push(token);

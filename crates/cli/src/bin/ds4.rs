@@ -62,6 +62,9 @@ struct Args {
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
+    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
+    #[arg(long = "backend", default_value = "cpu")]
+    backend: String,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
     kv_load: Option<std::path::PathBuf>,
@@ -126,6 +129,7 @@ fn run(args: Args) -> Result<(), String> {
         prefill_chunk: args.prefill_chunk,
         mem_limit_gb: args.mem_limit_gb,
         debug: args.debug,
+        backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
         ..LoadOptions::default()
     };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;

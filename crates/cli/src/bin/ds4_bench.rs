@@ -43,6 +43,12 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
+    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
+    #[arg(long = "backend", default_value = "cpu")]
+    backend: String,
+    /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
+    #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
+    gpu_bw_gbps: f64,
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
     #[arg(long = "debug")]
     debug: bool,
@@ -100,8 +106,11 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
     }
     let ctx = a.ctx_max + a.gen_tokens + 1;
-    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, ..LoadOptions::default() };
+    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend: ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?, ..LoadOptions::default() };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let Some(r) = eng.backend_report() {
+        eprintln!("after load: {r}");
+    }
     let tok = eng.tokenizer().map_err(|e| e.to_string())?;
     let base = tok.encode(&text);
     if base.is_empty() {
@@ -143,6 +152,21 @@ fn run(a: Args) -> Result<(), String> {
                 st.gen_tps(),
                 eff / bw
             );
+        }
+        if eng.backend() == ds4_engine::Backend::Cuda {
+            let cfg = eng.cfg().clone();
+            let bpt = eng.stage.w.decode_bytes(cfg.n_expert_used, f / 4 > cfg.idx_topk) as f64;
+            let eff = bpt * st.gen_tps() / 1e9;
+            eprintln!(
+                "ctx {f}: decode reads {:.1} MiB of weights per token; {:.2} t/s = {eff:.1} GB/s = {:.3} of {:.0} GB/s",
+                bpt / (1u64 << 20) as f64,
+                st.gen_tps(),
+                eff / a.gpu_bw_gbps,
+                a.gpu_bw_gbps
+            );
+            if let Some(r) = eng.backend_report() {
+                eprintln!("ctx {f}: {r}");
+            }
         }
         out.flush().map_err(|e| e.to_string())?;
     }
