@@ -2,6 +2,7 @@
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
 use ds4_model::memplan::{available_ram, MemoryPlan};
+use ds4_model::weights::WeightMemory;
 use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::Path;
@@ -82,7 +83,9 @@ impl Engine {
         let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
         let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };
         residency::set_phase(residency::Phase::Load);
-        let weights = Weights::bind_mapped(file, path, &cfg, range)?;
+        // The CPU reads weights from huge-page anonymous memory; a GPU backend uploads from the file mapping.
+        let mem = if opts.backend == Backend::Cpu { WeightMemory::Anon } else { WeightMemory::Mmap };
+        let weights = Weights::bind_with(file, path, &cfg, range, WeightMemory::from_env(mem))?;
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", weights.plan.describe(&range.label()));
         }

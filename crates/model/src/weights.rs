@@ -135,6 +135,9 @@ impl LayerRange {
 /// file's bytes.
 pub enum Region {
     Mapped(memmap2::Mmap),
+    /// Anonymous memory backed by huge pages where the kernel allows, filled from the file at load
+    /// (the default; `DS4_WEIGHTS=mmap` maps the file instead): fewer TLB misses in decode.
+    Anon(memmap2::MmapMut),
     Window(Range<usize>),
 }
 
@@ -153,6 +156,7 @@ impl Weights {
     fn region(&self, i: usize) -> &[u8] {
         match &self.regions[i] {
             Region::Mapped(m) => m,
+            Region::Anon(m) => m,
             Region::Window(r) => &self.file.bytes()[r.clone()],
         }
     }
@@ -214,11 +218,17 @@ impl Weights {
     }
 
     /// Binds the stage's tensors and maps only the coalesced spans of its map plan from `path`.
+    /// (The CPU default copies the spans into huge-page anonymous memory; see `WeightMemory`.)
     pub fn bind_mapped(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange) -> Result<Self> {
-        Self::bind_from(file, Some(path), cfg, range)
+        Self::bind_from(file, Some((path, WeightMemory::from_env(WeightMemory::Anon))), cfg, range)
     }
 
-    fn bind_from(file: Arc<GgufFile>, path: Option<&Path>, cfg: &Config, range: LayerRange) -> Result<Self> {
+    /// Like `bind_mapped` with an explicit choice of host memory for the weights.
+    pub fn bind_with(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange, mem: WeightMemory) -> Result<Self> {
+        Self::bind_from(file, Some((path, mem)), cfg, range)
+    }
+
+    fn bind_from(file: Arc<GgufFile>, path: Option<(&Path, WeightMemory)>, cfg: &Config, range: LayerRange) -> Result<Self> {
         if range.first > range.last || range.last >= cfg.n_layer {
             return Err(ModelError::Invalid(format!(
                 "layer range {}:{} is outside the model's {} layers",
@@ -245,7 +255,7 @@ impl Weights {
         };
         let plan = MapPlan::build(b.owned.into_inner(), file.alignment());
         let regions = match path {
-            Some(p) => map_spans(p, &plan)?,
+            Some((p, mem)) => map_spans(p, &plan, mem)?,
             None => plan.spans.iter().map(|r| Region::Window(r.start as usize..r.end as usize)).collect(),
         };
         residency::count(residency::Op::Map, regions.len() as u64);
@@ -315,8 +325,32 @@ struct Binder<'a> {
 }
 
 /// Maps each span of the plan from the file.
-fn map_spans(path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
+/// Where a stage's weights live on the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightMemory {
+    /// Pre-faulted read-only mapping of the file (what a GPU backend uploads from: no second host copy).
+    Mmap,
+    /// Huge-page-advised anonymous memory filled from the file: the CPU default, since decode streams every
+    /// weight each token and 4 KiB file pages cost ~30% in TLB misses (bench/results/cpu_decode.md).
+    Anon,
+}
+
+impl WeightMemory {
+    /// `DS4_WEIGHTS=mmap|anon` overrides `default`.
+    pub fn from_env(default: Self) -> Self {
+        match std::env::var("DS4_WEIGHTS").as_deref() {
+            Ok("mmap") => Self::Mmap,
+            Ok("anon") => Self::Anon,
+            _ => default,
+        }
+    }
+}
+
+fn map_spans(path: &Path, plan: &MapPlan, mem: WeightMemory) -> Result<Vec<Region>> {
     let f = std::fs::File::open(path).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
+    if mem == WeightMemory::Anon {
+        return copy_spans(&f, path, plan);
+    }
     plan.spans
         .iter()
         .map(|r| {
@@ -325,6 +359,23 @@ fn map_spans(path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
             // it assumes no other process truncates the file while it is mapped.
             let m = unsafe { memmap2::MmapOptions::new().offset(r.start).len((r.end - r.start) as usize).populate().map(&f) };
             m.map(Region::Mapped).map_err(|e| ModelError::Invalid(format!("mapping {}..{} of {}: {e}", r.start, r.end, path.display())))
+        })
+        .collect()
+}
+
+/// Reads each span into anonymous (huge-page advised) memory.
+fn copy_spans(f: &std::fs::File, path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
+    use std::os::unix::fs::FileExt;
+    let err = |e: std::io::Error| ModelError::Invalid(format!("loading {}: {e}", path.display()));
+    plan.spans
+        .iter()
+        .map(|r| {
+            let len = (r.end - r.start) as usize;
+            let mut m = memmap2::MmapMut::map_anon(len).map_err(err)?;
+            #[cfg(target_os = "linux")]
+            let _ = m.advise(memmap2::Advice::HugePage);
+            f.read_exact_at(&mut m, r.start).map_err(err)?;
+            Ok(Region::Anon(m))
         })
         .collect()
 }

@@ -28,6 +28,9 @@ struct Args {
     /// Frontier step (multiplicative, > 1).
     #[arg(long = "step-mul")]
     step_mul: Option<f64>,
+    /// Context size to allocate (default: --ctx-max + --gen-tokens + 1).
+    #[arg(short = 'c', long = "ctx")]
+    ctx: Option<usize>,
     #[arg(long = "gen-tokens", default_value_t = 32)]
     gen_tokens: usize,
     #[arg(short = 't', long = "threads")]
@@ -105,7 +108,11 @@ fn run(a: Args) -> Result<(), String> {
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
     }
-    let ctx = a.ctx_max + a.gen_tokens + 1;
+    let need = a.ctx_max + a.gen_tokens + 1;
+    let ctx = a.ctx.unwrap_or(need);
+    if ctx < need {
+        return Err(format!("--ctx {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
+    }
     let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend: ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?, ..LoadOptions::default() };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if let Some(r) = eng.backend_report() {
