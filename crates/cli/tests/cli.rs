@@ -105,3 +105,22 @@ fn bench_csv_rows_are_consistent() {
     }
     assert!(rows.windows(2).all(|w| w[1][5] >= w[0][5]), "KV grows with the context");
 }
+
+/// Flag combinations from the field reports (seed 000 "minor" report and friends) exit 2 with a message.
+#[test]
+fn invalid_distributed_flag_combinations_exit_2() {
+    let cases: &[&[&str]] = &[
+        &["--role", "coordinator", "--listen", "127.0.0.1", "9999", "-p", "x"],
+        &["--role", "coordinator", "--layers", "0:2", "-p", "x"],
+        &["--role", "worker", "--layers", "3:output"],
+        &["--role", "bogus"],
+        &["--role", "worker", "--layers", "1:output", "--coordinator", "127.0.0.1", "1", "--dist-activation-bits", "7"],
+        &["--role", "coordinator", "--layers", "zero:two", "--listen", "127.0.0.1", "9999", "-p", "x"],
+    ];
+    for args in cases {
+        let out = ds4().args(*args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(!err.trim().is_empty(), "{args:?}: a message naming the problem");
+    }
+}
