@@ -271,6 +271,7 @@ impl Chat {
         let mut dec = StreamDecoder::new();
         let mut out = std::io::stdout().lock();
         let sampler = &mut self.sampler;
+        let debug = self.debug;
         let reason = self
             .session
             .generate(
@@ -282,6 +283,17 @@ impl Chat {
                     let piece = if tok.is_added(t) { tok.token_text(t) } else { dec.push(&tok, t) };
                     let _ = out.write_all(piece.as_bytes());
                     let _ = out.flush();
+                    if debug {
+                        // Weight residency operations so far in this phase: stays 0 after load.
+                        let c = ds4_model::residency::snapshot();
+                        use ds4_model::residency::{Op, Phase};
+                        eprintln!(
+                            "[debug] token {t}: decode map={} bind={} upload={}",
+                            c.get(Phase::Decode, Op::Map),
+                            c.get(Phase::Decode, Op::Bind),
+                            c.get(Phase::Decode, Op::Upload)
+                        );
+                    }
                     true
                 },
                 cancel,
