@@ -14,7 +14,7 @@ mod tokenizer;
 pub use config::HfConfig;
 pub use plan::{plan, TensorPlan};
 
-use ds4_gguf::{GgmlType, GgufError, GgufWriter, MetaType, MetaValue};
+use ds4_gguf::{GgmlType, GgufError, GgufWriter};
 use std::path::{Path, PathBuf};
 use thiserror::Error;
 
@@ -162,65 +162,46 @@ pub fn convert(checkpoint_dir: &Path, out: &Path, mix: QuantMix) -> Result<Summa
     })
 }
 
-/// The `deepseek4.*` metadata (spec §4.2, including the keys llama.cpp requires).
+/// The `deepseek4.*` metadata (spec §4.2, including the keys llama.cpp requires), written by the same
+/// code the engine's synthetic models use, from the checkpoint's config.
 pub fn write_metadata(w: &mut GgufWriter, c: &HfConfig, name: &str) {
-    let k = |s: &str| format!("deepseek4.{s}");
-    let u = |v: usize| MetaValue::U32(v as u32);
-    w.add_kv("general.architecture", MetaValue::Str("deepseek4".into()));
-    w.add_kv("general.name", MetaValue::Str(name.into()));
-    let ints: &[(&str, usize)] = &[
-        ("block_count", c.n_layers),
-        ("context_length", c.max_position_embeddings),
-        ("embedding_length", c.hidden_size),
-        ("vocab_size", c.vocab_size),
-        ("attention.head_count", c.n_heads),
-        ("attention.head_count_kv", c.n_kv_heads),
-        ("attention.key_length", c.head_dim),
-        ("attention.value_length", c.head_dim),
-        ("rope.dimension_count", c.rope_dim),
-        ("attention.q_lora_rank", c.q_lora_rank),
-        ("attention.output_lora_rank", c.o_lora_rank),
-        ("attention.output_group_count", c.o_groups),
-        ("expert_count", c.n_experts),
-        ("expert_used_count", c.n_experts_used),
-        ("expert_feed_forward_length", c.moe_intermediate),
-        ("expert_shared_count", c.n_shared_experts),
-        ("expert_group_count", 0),
-        ("expert_group_used_count", 0),
-        ("hash_layer_count", c.n_hash_layers),
-        ("attention.sliding_window", c.sliding_window),
-        ("attention.indexer.head_count", c.index_n_heads),
-        ("attention.indexer.key_length", c.index_head_dim),
-        ("attention.indexer.top_k", c.index_topk),
-        ("hyper_connection.count", c.hc_mult),
-        ("hyper_connection.sinkhorn_iterations", c.hc_sinkhorn_iters),
-        ("rope.scaling.original_context_length", c.yarn_original_ctx),
-        ("expert_gating_func", 4),
-    ];
-    for (key, v) in ints {
-        w.add_kv(&k(key), u(*v));
+    model_config(c).write_gguf(w, name, c.max_position_embeddings);
+}
+
+/// The engine's view of a checkpoint config.
+pub fn model_config(c: &HfConfig) -> ds4_model::Config {
+    ds4_model::Config {
+        n_layer: c.n_layers,
+        n_embd: c.hidden_size,
+        n_vocab: c.vocab_size,
+        n_head: c.n_heads,
+        head_dim: c.head_dim,
+        rope_dim: c.rope_dim,
+        q_lora: c.q_lora_rank,
+        o_lora: c.o_lora_rank,
+        o_groups: c.o_groups,
+        n_expert: c.n_experts,
+        n_expert_used: c.n_experts_used,
+        ff_exp: c.moe_intermediate,
+        n_shared: c.n_shared_experts,
+        n_hash_layer: c.n_hash_layers,
+        swa: c.sliding_window,
+        idx_heads: c.index_n_heads,
+        idx_dim: c.index_head_dim,
+        idx_topk: c.index_topk,
+        n_hc: c.hc_mult,
+        sinkhorn_iters: c.hc_sinkhorn_iters,
+        compress_ratios: c.compress_ratios.clone(),
+        swiglu_clamp: vec![c.swiglu_limit; c.n_layers],
+        rope_base: c.rope_theta,
+        compress_rope_base: c.compress_rope_theta,
+        yarn_factor: c.yarn_factor,
+        yarn_orig_ctx: c.yarn_original_ctx,
+        yarn_beta_fast: c.yarn_beta_fast,
+        yarn_beta_slow: c.yarn_beta_slow,
+        expert_weights_scale: c.routed_scaling_factor,
+        expert_weights_norm: c.norm_topk_prob,
+        rms_eps: c.rms_norm_eps,
+        hc_eps: c.hc_eps,
     }
-    let floats: &[(&str, f32)] = &[
-        ("rope.freq_base", c.rope_theta),
-        ("attention.compress_rope_freq_base", c.compress_rope_theta),
-        ("rope.scaling.factor", c.yarn_factor),
-        ("rope.scaling.yarn_beta_fast", c.yarn_beta_fast),
-        ("rope.scaling.yarn_beta_slow", c.yarn_beta_slow),
-        ("expert_weights_scale", c.routed_scaling_factor),
-        ("attention.layer_norm_rms_epsilon", c.rms_norm_eps),
-        ("hyper_connection.epsilon", c.hc_eps),
-    ];
-    for (key, v) in floats {
-        w.add_kv(&k(key), MetaValue::F32(*v));
-    }
-    w.add_kv(&k("expert_weights_norm"), MetaValue::Bool(c.norm_topk_prob));
-    w.add_kv(&k("rope.scaling.type"), MetaValue::Str("yarn".into()));
-    w.add_kv(
-        &k("attention.compress_ratios"),
-        MetaValue::Array(MetaType::U32, c.compress_ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect()),
-    );
-    w.add_kv(
-        &k("swiglu_clamp_exp"),
-        MetaValue::Array(MetaType::F32, (0..c.n_layers).map(|_| MetaValue::F32(c.swiglu_limit)).collect()),
-    );
 }

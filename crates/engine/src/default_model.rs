@@ -20,7 +20,7 @@ impl ModelSource {
 }
 
 /// Version tag of the embedded default: bump when synth output changes.
-const DEFAULT_TAG: &str = "tiny-q4-v2";
+const DEFAULT_TAG: &str = "tiny-q4-v3";
 
 /// Where the embedded default lives: `$DS4_CACHE_DIR`, else `$XDG_CACHE_HOME/dwarfstar`, else `~/.cache/dwarfstar`.
 pub fn default_model_path() -> PathBuf {

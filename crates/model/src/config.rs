@@ -1,6 +1,6 @@
 //! Model hyper-parameters read from GGUF metadata (the C engine's `deepseek4.*` keys).
 use crate::error::{cfg_err, Result};
-use ds4_gguf::{GgufFile, MetaValue};
+use ds4_gguf::{GgufFile, GgufWriter, MetaType, MetaValue};
 
 pub const ARCH: &str = "deepseek4";
 
@@ -152,6 +152,65 @@ impl Config {
         chk(self.rms_eps > 0.0 && self.rms_eps < 1.0, "attention.layer_norm_rms_epsilon", format!("expected in (0,1), got {}", self.rms_eps))?;
         chk(self.hc_eps >= 0.0 && self.hc_eps < 1.0, "hyper_connection.epsilon", format!("expected in [0,1), got {}", self.hc_eps))?;
         Ok(())
+    }
+
+    /// Writes the metadata keys `from_gguf` reads (plus the ones llama.cpp's loader needs), so that
+    /// synthetic and converted files carry the same keys.
+    pub fn write_gguf(&self, w: &mut GgufWriter, name: &str, context_length: usize) {
+        let u = |v: usize| MetaValue::U32(v as u32);
+        w.add_kv("general.architecture", MetaValue::Str(ARCH.into()));
+        w.add_kv("general.name", MetaValue::Str(name.into()));
+        let ints: &[(&str, usize)] = &[
+            ("block_count", self.n_layer),
+            ("context_length", context_length),
+            ("embedding_length", self.n_embd),
+            ("vocab_size", self.n_vocab),
+            ("attention.head_count", self.n_head),
+            ("attention.head_count_kv", 1),
+            ("attention.key_length", self.head_dim),
+            ("attention.value_length", self.head_dim),
+            ("rope.dimension_count", self.rope_dim),
+            ("attention.q_lora_rank", self.q_lora),
+            ("attention.output_lora_rank", self.o_lora),
+            ("attention.output_group_count", self.o_groups),
+            ("expert_count", self.n_expert),
+            ("expert_used_count", self.n_expert_used),
+            ("expert_feed_forward_length", self.ff_exp),
+            ("expert_shared_count", self.n_shared),
+            ("expert_group_count", 0),
+            ("expert_group_used_count", 0),
+            ("hash_layer_count", self.n_hash_layer),
+            ("attention.sliding_window", self.swa),
+            ("attention.indexer.head_count", self.idx_heads),
+            ("attention.indexer.key_length", self.idx_dim),
+            ("attention.indexer.top_k", self.idx_topk),
+            ("hyper_connection.count", self.n_hc),
+            ("hyper_connection.sinkhorn_iterations", self.sinkhorn_iters),
+            ("rope.scaling.original_context_length", self.yarn_orig_ctx),
+            ("expert_gating_func", 4),
+        ];
+        for (k, v) in ints {
+            w.add_kv(&key(k), u(*v));
+        }
+        let floats: &[(&str, f32)] = &[
+            ("rope.freq_base", self.rope_base),
+            ("attention.compress_rope_freq_base", self.compress_rope_base),
+            ("rope.scaling.factor", self.yarn_factor),
+            ("rope.scaling.yarn_beta_fast", self.yarn_beta_fast),
+            ("rope.scaling.yarn_beta_slow", self.yarn_beta_slow),
+            ("expert_weights_scale", self.expert_weights_scale),
+            ("attention.layer_norm_rms_epsilon", self.rms_eps),
+            ("hyper_connection.epsilon", self.hc_eps),
+        ];
+        for (k, v) in floats {
+            w.add_kv(&key(k), MetaValue::F32(*v));
+        }
+        w.add_kv(&key("expert_weights_norm"), MetaValue::Bool(self.expert_weights_norm));
+        w.add_kv(&key("rope.scaling.type"), MetaValue::Str("yarn".into()));
+        let ratios = self.compress_ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect();
+        w.add_kv(&key("attention.compress_ratios"), MetaValue::Array(MetaType::U32, ratios));
+        let clamps = self.swiglu_clamp.iter().map(|&c| MetaValue::F32(c)).collect();
+        w.add_kv(&key("swiglu_clamp_exp"), MetaValue::Array(MetaType::F32, clamps));
     }
 
     pub fn ratio(&self, il: usize) -> usize { self.compress_ratios[il] }

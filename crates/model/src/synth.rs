@@ -1,5 +1,5 @@
 //! Deterministic synthetic models in the exact ds4 GGUF layout (random weights, real shapes).
-use crate::config::{Config, ARCH};
+use crate::config::Config;
 use crate::error::{ModelError, Result};
 use ds4_gguf::{GgmlType, GgufWriter, MetaType, MetaValue};
 use half::f16;
@@ -226,64 +226,6 @@ fn plan(cfg: &Config, mix: Mix, first: usize, last: usize, embed: bool, head: bo
     v
 }
 
-/// Metadata keys the C engine reads (and llama.cpp's loader needs).
-pub fn write_config_kv(w: &mut GgufWriter, cfg: &Config, name: &str) {
-    let k = |s: &str| format!("{ARCH}.{s}");
-    let u = |v: usize| MetaValue::U32(v as u32);
-    w.add_kv("general.architecture", MetaValue::Str(ARCH.into()));
-    w.add_kv("general.name", MetaValue::Str(name.into()));
-    let ints: &[(&str, usize)] = &[
-        ("block_count", cfg.n_layer),
-        ("context_length", 1048576),
-        ("embedding_length", cfg.n_embd),
-        ("vocab_size", cfg.n_vocab),
-        ("attention.head_count", cfg.n_head),
-        ("attention.head_count_kv", 1),
-        ("attention.key_length", cfg.head_dim),
-        ("attention.value_length", cfg.head_dim),
-        ("rope.dimension_count", cfg.rope_dim),
-        ("attention.q_lora_rank", cfg.q_lora),
-        ("attention.output_lora_rank", cfg.o_lora),
-        ("attention.output_group_count", cfg.o_groups),
-        ("expert_count", cfg.n_expert),
-        ("expert_used_count", cfg.n_expert_used),
-        ("expert_feed_forward_length", cfg.ff_exp),
-        ("expert_shared_count", cfg.n_shared),
-        ("hash_layer_count", cfg.n_hash_layer),
-        ("attention.sliding_window", cfg.swa),
-        ("attention.indexer.head_count", cfg.idx_heads),
-        ("attention.indexer.key_length", cfg.idx_dim),
-        ("attention.indexer.top_k", cfg.idx_topk),
-        ("hyper_connection.count", cfg.n_hc),
-        ("hyper_connection.sinkhorn_iterations", cfg.sinkhorn_iters),
-        ("rope.scaling.original_context_length", cfg.yarn_orig_ctx),
-        ("expert_gating_func", 4),
-    ];
-    for (key, v) in ints {
-        w.add_kv(&k(key), u(*v));
-    }
-    let floats: &[(&str, f32)] = &[
-        ("rope.freq_base", cfg.rope_base),
-        ("rope.scaling.factor", cfg.yarn_factor),
-        ("rope.scaling.yarn_beta_fast", cfg.yarn_beta_fast),
-        ("rope.scaling.yarn_beta_slow", cfg.yarn_beta_slow),
-        ("attention.compress_rope_freq_base", cfg.compress_rope_base),
-        ("expert_weights_scale", cfg.expert_weights_scale),
-        ("attention.layer_norm_rms_epsilon", cfg.rms_eps),
-        ("hyper_connection.epsilon", cfg.hc_eps),
-    ];
-    for (key, v) in floats {
-        w.add_kv(&k(key), MetaValue::F32(*v));
-    }
-    w.add_kv(&k("expert_weights_norm"), MetaValue::Bool(cfg.expert_weights_norm));
-    w.add_kv(&k("rope.scaling.type"), MetaValue::Str("yarn".into()));
-    w.add_kv(
-        &k("attention.compress_ratios"),
-        MetaValue::Array(MetaType::U32, cfg.compress_ratios.iter().map(|&r| MetaValue::U32(r as u32)).collect()),
-    );
-    w.add_kv(&k("swiglu_clamp_exp"), MetaValue::Array(MetaType::F32, cfg.swiglu_clamp.iter().map(|&c| MetaValue::F32(c)).collect()));
-}
-
 pub fn write_vocab_kv(w: &mut GgufWriter, v: &Vocab) {
     let strs = |xs: &[String]| MetaValue::Array(MetaType::Str, xs.iter().map(|s| MetaValue::Str(s.clone())).collect());
     w.add_kv("tokenizer.ggml.model", MetaValue::Str("gpt2".into()));
@@ -325,7 +267,7 @@ pub fn write(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize
     }
     let tensors = plan(&cfg, spec.mix, first, last, first == 0, head);
     let mut w = GgufWriter::new();
-    write_config_kv(&mut w, &cfg, &format!("DwarfStar synthetic {} ({:?})", spec.shape, spec.mix));
+    cfg.write_gguf(&mut w, &format!("DwarfStar synthetic {} ({:?})", spec.shape, spec.mix), 1048576);
     if spec.layers.is_some() {
         w.add_kv("ds4.shard.first_layer", MetaValue::U32(first as u32));
         w.add_kv("ds4.shard.last_layer", MetaValue::U32(last as u32));
