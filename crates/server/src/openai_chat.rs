@@ -71,12 +71,7 @@ pub fn parse_messages(arr: &[Value]) -> Result<(Vec<Message>, String), ApiError>
     Ok((out, last))
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
+type Meta = sse::OpenAiMeta;
 
 async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body?;
@@ -153,16 +148,7 @@ async fn stream_chat(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDro
                 out.data(&chunk(&meta, json!({ "tool_calls": [{ "index": index, "function": { "arguments": arguments } }] }), None)).await
             }
             Event::Done { finish, usage } => {
-                if !out.data(&chunk(&meta, json!({}), Some(openai_finish(finish)))).await {
-                    return;
-                }
-                if meta.include_usage {
-                    let u = json!({ "id": meta.id, "object": "chat.completion.chunk", "created": meta.created, "model": meta.model, "choices": [], "usage": openai_usage(&usage) });
-                    if !out.data(&u).await {
-                        return;
-                    }
-                }
-                out.raw("[DONE]").await;
+                meta.finish(&out, "chat.completion.chunk", &chunk(&meta, json!({}), Some(openai_finish(finish))), openai_usage(&usage)).await;
                 return;
             }
             Event::Error(e) => {

@@ -37,12 +37,7 @@ fn parse_prompt(v: Option<&Value>) -> Result<RawPrompt, ApiError> {
     }
 }
 
-struct Meta {
-    id: String,
-    created: u64,
-    model: String,
-    include_usage: bool,
-}
+type Meta = sse::OpenAiMeta;
 
 async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body?;
@@ -100,16 +95,7 @@ async fn stream_completion(mut rx: mpsc::UnboundedReceiver<Event>, _guard: Cance
         let ok = match ev {
             Event::Text(s) | Event::Reasoning(s) => out.data(&chunk(&meta, &s, None)).await,
             Event::Done { finish, usage } => {
-                if !out.data(&chunk(&meta, "", Some(openai_finish(finish)))).await {
-                    return;
-                }
-                if meta.include_usage {
-                    let u = json!({ "id": meta.id, "object": "text_completion", "created": meta.created, "model": meta.model, "choices": [], "usage": openai_usage(&usage) });
-                    if !out.data(&u).await {
-                        return;
-                    }
-                }
-                out.raw("[DONE]").await;
+                meta.finish(&out, "text_completion", &chunk(&meta, "", Some(openai_finish(finish))), openai_usage(&usage)).await;
                 return;
             }
             Event::Error(e) => {

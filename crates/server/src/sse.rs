@@ -35,6 +35,31 @@ impl SseOut {
     }
 }
 
+/// Identity of an OpenAI-style stream (chat completions, completions).
+pub struct OpenAiMeta {
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub include_usage: bool,
+}
+
+impl OpenAiMeta {
+    /// The closing frames of an OpenAI stream: the chunk carrying `finish_reason`, the usage chunk when
+    /// `stream_options.include_usage` asked for it, then `[DONE]`.
+    pub async fn finish(&self, out: &SseOut, object: &str, last: &Value, usage: Value) {
+        if !out.data(last).await {
+            return;
+        }
+        if self.include_usage {
+            let u = serde_json::json!({ "id": self.id, "object": object, "created": self.created, "model": self.model, "choices": [], "usage": usage });
+            if !out.data(&u).await {
+                return;
+            }
+        }
+        out.raw("[DONE]").await;
+    }
+}
+
 /// Starts `f` on its own task and returns the streaming response it feeds.
 pub fn spawn<F, Fut>(keepalive: Duration, f: F) -> Response
 where
