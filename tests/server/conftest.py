@@ -36,6 +36,8 @@ SCRIPT = [
     {"when": "sunny-result", "output": ANSWER_OUTPUT},
     {"when": "[[hello]]", "output": "Thinking about hello.</think>Hello there, friend."},
     {"when": "[[plain]]", "output": "Plain scripted answer."},
+    # A long answer (about 1000 tokens) that is still streaming when a test breaks something.
+    {"when": "[[long]]", "output": "tick tock " * 500},
 ]
 
 WEATHER_SCHEMA = {

@@ -82,8 +82,8 @@ impl DistArgs {
             if let Some((_, f)) = dist_flags.iter().find(|(set, _)| *set) {
                 return Err(DistError::Usage(format!("{f} requires --role coordinator or --role worker")));
             }
-            if self.layers.is_some() && self.role.is_some() {
-                return u("--layers with --role none is not a distributed setup; drop --role");
+            if self.layers.is_some() {
+                return u("--layers requires --role coordinator (layers 0:K here, the rest on workers) or --role worker; a single process serves all layers");
             }
             return Ok(());
         }
@@ -162,6 +162,8 @@ mod tests {
         assert!(e.contains("--role coordinator requires --layers"), "{e}");
         let e = v(&["--role", "worker", "--layers", "3:output"]).unwrap_err().to_string();
         assert!(e.contains("--role worker requires --coordinator"), "{e}");
+        let e = v(&["--layers", "0:2"]).unwrap_err().to_string();
+        assert!(e.contains("--layers requires --role"), "{e}");
         let e = v(&["--dist-activation-bits", "16"]).unwrap_err().to_string();
         assert!(e.contains("requires --role"), "{e}");
         let e = v(&["--role", "coordinator", "--layers", "0:2", "--listen", "h", "0", "--dist-activation-bits", "12"]).unwrap_err().to_string();

@@ -34,7 +34,9 @@ pub struct CoordinatorSetup {
     pub cfg: Config,
 }
 
-pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Option<usize>, prefill_chunk: usize, debug: bool, wait: Duration) -> Result<CoordinatorSetup> {
+/// `wait`: how long to wait for a complete route (None: return at once; requests made while the
+/// route is incomplete fail with the missing layer, as after a worker failure).
+pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Option<usize>, prefill_chunk: usize, debug: bool, wait: Option<Duration>) -> Result<CoordinatorSetup> {
     dist.validate()?;
     if !dist.is_coordinator() {
         return Err(DistError::Usage("start_coordinator needs --role coordinator".into()));
@@ -42,9 +44,9 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
-    let eng = Engine::load(model, &LoadOptions { ctx, threads, layers: Some(range), ..LoadOptions::default() })?;
-    let Engine { stage, tokenizer, ctx, .. } = eng;
     let chunk = dist.dist_prefill_chunk.unwrap_or(prefill_chunk).max(1);
+    let eng = Engine::load(model, &LoadOptions { ctx, threads, layers: Some(range), prefill_chunk: chunk, ..LoadOptions::default() })?;
+    let Engine { stage, tokenizer, ctx, .. } = eng;
     let coord = Arc::new(Coordinator::start(CoordConfig {
         listen: dist.listen_addr()?,
         file,
@@ -59,7 +61,7 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
     })?);
     let opts = RouteOptions { bits: dist.bits(), prefill_chunk: chunk, prefill_window: dist.dist_prefill_window, replay_check: dist.dist_replay_check, debug };
     let session = DistSession::new(LocalStage::new(stage, ctx), Some(coord.clone()), opts);
-    if coord.plan().is_err() {
+    if let (Some(wait), Err(_)) = (wait, coord.plan()) {
         eprintln!("ds4: distributed coordinator: waiting up to {:.0}s for workers", wait.as_secs_f64());
         coord.wait_complete(wait)?;
     }
@@ -95,7 +97,7 @@ pub fn ds4_main(dist: &DistArgs, r: &Ds4Run) -> Result<()> {
     }
     let prompt = r.prompt.clone().ok_or_else(|| DistError::Usage("--role coordinator in ds4 needs -p or --prompt-file (interactive chat is not distributed yet)".into()))?;
     let src = resolve_model(r.model)?;
-    let mut setup = start_coordinator(dist, src.path(), r.ctx, r.threads, r.prefill_chunk, r.debug, wait_default())?;
+    let mut setup = start_coordinator(dist, src.path(), r.ctx, r.threads, r.prefill_chunk, r.debug, Some(wait_default()))?;
     let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
     let ids = tok.chat_ids().map_err(|e| DistError::Model(e.to_string()))?;
     let mut msgs = Vec::new();
@@ -163,7 +165,7 @@ pub fn bench_main(dist: &DistArgs, b: &BenchRun) -> Result<()> {
     let text = std::fs::read_to_string(&b.prompt_file).map_err(|e| DistError::Usage(format!("cannot read {}: {e}", b.prompt_file.display())))?;
     let src = resolve_model(b.model)?;
     let ctx = max + b.gen_tokens + 1;
-    let mut setup = start_coordinator(dist, src.path(), ctx, b.threads, b.prefill_chunk, b.debug, wait_default())?;
+    let mut setup = start_coordinator(dist, src.path(), ctx, b.threads, b.prefill_chunk, b.debug, Some(wait_default()))?;
     let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
     let base = tok.encode(&text);
     if base.is_empty() {

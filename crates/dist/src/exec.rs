@@ -171,14 +171,10 @@ impl LocalStage {
     }
 }
 
-/// Greedy pick (lowest index among equal maxima) with its log-probability and the top `k`.
+/// Greedy pick (the sampler's argmax: lowest index among equal maxima, NaN as -inf) with its
+/// log-probability and the top `k`.
 pub fn greedy(logits: &[f32], k: usize) -> Payload {
-    let mut best = 0usize;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > logits[best] {
-            best = i;
-        }
-    }
+    let best = ds4_tokenizer::sampling::argmax(logits) as usize;
     let m = logits[best];
     let lse = m + logits.iter().map(|&v| (v - m).exp()).sum::<f32>().ln();
     let mut top = Vec::new();

@@ -12,6 +12,7 @@ pub mod codec;
 pub mod coordinator;
 pub mod error;
 pub mod exec;
+pub mod generate;
 pub mod identity;
 pub mod protocol;
 pub mod route;

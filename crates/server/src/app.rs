@@ -33,6 +33,8 @@ pub struct App {
     pub exact_replay: bool,
     pub api_key: Option<String>,
     pub keepalive: Duration,
+    /// `--role coordinator`: the route's registry (for /health).
+    pub coordinator: Option<Arc<ds4_dist::Coordinator>>,
 }
 
 impl App {
@@ -58,6 +60,7 @@ impl App {
             exact_replay: !args.disable_exact_dsml_tool_replay,
             api_key: args.api_key.clone(),
             keepalive: Duration::from_secs(args.keepalive_secs),
+            coordinator: None,
         }
     }
 }

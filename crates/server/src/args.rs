@@ -87,6 +87,13 @@ pub struct Args {
     /// Lets tests drive tool calls with a random-weights model. Never use in production.
     #[arg(long = "test-script")]
     pub test_script: Option<PathBuf>,
+    /// Verbose diagnostics on stderr (distributed: one telemetry line per hop per request).
+    #[arg(long = "debug")]
+    pub debug: bool,
+    /// Distributed inference as in `ds4`: `--role coordinator --layers 0:K --listen HOST PORT` serves
+    /// requests through a route of this process's layers and the workers' (`ds4 --role worker`).
+    #[command(flatten)]
+    pub dist: ds4_dist::DistArgs,
 }
 
 impl Args {
@@ -124,6 +131,13 @@ impl Args {
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err("--api-key must not be empty".into());
+        }
+        self.dist.validate().map_err(|e| e.to_string())?;
+        if self.dist.is_worker() {
+            return Err("ds4-server is a coordinator (--role coordinator); run workers with `ds4 --role worker`".into());
+        }
+        if self.dist.is_coordinator() && self.kv_disk_dir.is_some() {
+            return Err("--kv-disk-dir is not available with --role coordinator (the workers' KV cannot be saved)".into());
         }
         Ok(())
     }

@@ -12,6 +12,7 @@ mod openai_chat;
 mod openai_completions;
 mod openai_responses;
 mod request;
+mod route_kv;
 mod script;
 mod sse;
 mod tools;
@@ -25,6 +26,11 @@ use std::sync::{Arc, Mutex};
 
 fn main() -> ExitCode {
     let args = args::Args::parse();
+    // Bad flag values are usage errors, as clap's own (exit 2).
+    if let Err(e) = args.validate() {
+        eprintln!("ds4-server: {e}");
+        return ExitCode::from(2);
+    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -35,7 +41,6 @@ fn main() -> ExitCode {
 }
 
 fn run(args: args::Args) -> Result<(), String> {
-    args.validate()?;
     let script = match &args.test_script {
         Some(p) => {
             eprintln!("ds4-server: WARNING --test-script {}: scripted replies replace sampling for matching requests (test only)", p.display());
@@ -51,26 +56,40 @@ fn run(args: args::Args) -> Result<(), String> {
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
-    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
-    let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
-    let tok = engine.tokenizer().map_err(|e| e.to_string())?;
+    let (model, tok, coordinator) = if args.dist.is_coordinator() {
+        // Requests are served as soon as HTTP is up; until the route is complete they fail with the
+        // missing layer (503) and /health says what is missing.
+        let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), args.ctx, args.threads, args.prefill_chunk, args.debug, None)
+            .map_err(|e| format!("{}: {e}", src.path().display()))?;
+        let tok = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
+        let coord = setup.coordinator.clone();
+        let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
+        (worker::Model::Route(route), tok, Some(coord))
+    } else {
+        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
+        let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+        let tok = engine.tokenizer().map_err(|e| e.to_string())?;
+        (worker::Model::Local(engine), tok, None)
+    };
     tok.chat_ids().map_err(|e| format!("{}: {e}", src.path().display()))?;
     let metrics = Arc::new(metrics::Metrics::default());
     let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
-    let disk = match &args.kv_disk_dir {
-        Some(dir) => {
+    let disk = match (&args.kv_disk_dir, &model) {
+        (Some(dir), worker::Model::Local(engine)) => {
             let model = ds4_kvstore::stage_identity(&engine.stage);
             let budget = (args.kv_disk_space_mb * (1u64 << 20) as f64) as u64;
             let store = ds4_kvstore::KvStore::open(dir, budget, model).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
             eprintln!("ds4-server: KV disk cache {} (budget={budget} bytes, min={} tokens)", dir.display(), args.kv_disk_min_tokens);
             Some(disk::DiskCache::new(store, args.kv_disk_min_tokens, metrics.clone(), tool_mem.clone()))
         }
-        None => None,
+        _ => None,
     };
     let wcfg = worker::WorkerConfig { snapshots: args.kv_snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk };
-    let submitter = worker::spawn(engine, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
+    let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
         .map_err(|e| format!("cannot start the inference worker: {e}"))?;
-    let app = Arc::new(app::App::from_args(&args, tok, submitter, metrics, tool_mem, script));
+    let mut app = app::App::from_args(&args, tok, submitter, metrics, tool_mem, script);
+    app.coordinator = coordinator;
+    let app = Arc::new(app);
     let router = app::router(app.clone(), args.max_body_bytes, args.cors);
     let saves_on_exit = args.kv_disk_dir.is_some();
     let addr = format!("{}:{}", args.bind_host(), args.port);

@@ -39,14 +39,18 @@ pub async fn get_one(State(app): State<Arc<App>>, Path(id): Path<String>) -> Res
 
 pub async fn health(State(app): State<Arc<App>>) -> Response {
     let m = &app.metrics;
-    Json(json!({
+    let mut h = json!({
         "status": "ok",
         "model": app.model_id,
         "ctx": app.ctx,
         "queue_depth": m.queue_depth.load(Relaxed),
         "busy": m.busy.load(Relaxed) == 1,
-    }))
-    .into_response()
+    });
+    if let Some(c) = &app.coordinator {
+        let workers: Vec<Value> = c.workers().iter().map(|(addr, r)| json!({ "address": addr.to_string(), "layers": r.label() })).collect();
+        h["route"] = json!({ "local_layers": c.config().local.label(), "status": crate::route_kv::RouteKv::status(c), "workers": workers });
+    }
+    Json(h).into_response()
 }
 
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {

@@ -6,6 +6,7 @@
 use crate::errors::ApiError;
 use crate::kv_reuse::{Decision, LiveKv};
 use crate::metrics::Metrics;
+use crate::route_kv::RouteKv;
 use crate::tools::{new_id, ToolMemory};
 use crate::trace::Trace;
 use ds4_engine::{Engine, GenStats, StopReason};
@@ -141,9 +142,30 @@ pub struct WorkerConfig {
     pub disk: Option<crate::disk::DiskCache>,
 }
 
+/// What runs the model: a local engine, or a distributed route (`--role coordinator`).
+pub enum Model {
+    Local(Engine),
+    Route(RouteKv),
+}
+
+enum Backend {
+    /// The engine with live KV reuse (snapshots, disk cache).
+    Local { engine: Engine, live: LiveKv },
+    Route(RouteKv),
+}
+
+impl Backend {
+    fn reset(&mut self) {
+        match self {
+            Backend::Local { engine, live } => live.reset(engine),
+            Backend::Route(r) => r.reset(),
+        }
+    }
+}
+
 /// Starts the worker thread; returns the submit handle.
 pub fn spawn(
-    engine: Engine,
+    model: Model,
     tok: Arc<Tokenizer>,
     cfg: WorkerConfig,
     max_queue: usize,
@@ -152,18 +174,28 @@ pub fn spawn(
     trace: Arc<Trace>,
 ) -> std::io::Result<Submitter> {
     let (tx, rx) = std_mpsc::channel::<Msg>();
-    let mut session = ds4_engine::Session::new(&engine);
-    session.prefill_chunk = cfg.prefill_chunk.max(1);
-    let mut live = LiveKv::new(session, cfg.snapshots);
-    live.disk = cfg.disk;
-    let mut w = Worker { engine, tok, live, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
+    let backend = match model {
+        Model::Local(engine) => {
+            let mut session = ds4_engine::Session::new(&engine);
+            session.prefill_chunk = cfg.prefill_chunk.max(1);
+            let mut live = LiveKv::new(session, cfg.snapshots);
+            live.disk = cfg.disk;
+            Backend::Local { engine, live }
+        }
+        Model::Route(r) => Backend::Route(r),
+    };
+    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
     std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
         while let Ok(msg) = rx.recv() {
             let job = match msg {
                 Msg::Job(job) => job,
                 Msg::Shutdown(ack) => {
                     let tok = w.tok.clone();
-                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| w.live.save_to_disk(&tok, ds4_kvstore::Reason::Shutdown)));
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        if let Backend::Local { live, .. } = &mut w.backend {
+                            live.save_to_disk(&tok, ds4_kvstore::Reason::Shutdown)
+                        }
+                    }));
                     if r.is_err() {
                         eprintln!("ds4-server: internal error (panic) while saving the session at shutdown");
                     }
@@ -178,7 +210,7 @@ pub fn spawn(
             if r.is_err() {
                 eprintln!("ds4-server: internal error (panic) while running a request; live KV state reset");
                 w.metrics.jobs_failed.fetch_add(1, Relaxed);
-                w.live.reset(&w.engine);
+                w.backend.reset();
                 let _ = events.send(Event::Error(ApiError::internal("internal error while generating")));
             }
             w.metrics.busy.store(0, SeqCst);
@@ -188,9 +220,8 @@ pub fn spawn(
 }
 
 struct Worker {
-    engine: Engine,
+    backend: Backend,
     tok: Arc<Tokenizer>,
-    live: LiveKv,
     metrics: Arc<Metrics>,
     tool_mem: Arc<Mutex<ToolMemory>>,
     trace: Arc<Trace>,
@@ -234,10 +265,16 @@ impl Worker {
                 cancel.store(true, SeqCst);
             }
         };
-        let prep = self.live.prepare(&mut self.engine, &tok, job.prompt.clone(), job.rendered.as_deref(), &points, &mut progress, &job.cancel);
+        let prep = match &mut self.backend {
+            Backend::Local { engine, live } => {
+                let p = live.prepare(engine, &tok, job.prompt.clone(), job.rendered.as_deref(), &points, &mut progress, &job.cancel);
+                self.metrics.kv_snapshots_held.store(live.snapshot_count() as u64, Relaxed);
+                self.metrics.kv_snapshot_bytes.store(live.snapshot_bytes() as u64, Relaxed);
+                p.map_err(|e| ApiError::internal(format!("prefill failed: {e}")))
+            }
+            Backend::Route(r) => r.prepare(job.prompt.clone()),
+        };
         let prefill_time = t0.elapsed();
-        self.metrics.kv_snapshots_held.store(self.live.snapshot_count() as u64, Relaxed);
-        self.metrics.kv_snapshot_bytes.store(self.live.snapshot_bytes() as u64, Relaxed);
         let prep = match prep {
             Ok(p) => p,
             Err(e) => {
@@ -245,7 +282,8 @@ impl Worker {
                     self.metrics.jobs_cancelled.fetch_add(1, Relaxed);
                 } else {
                     self.metrics.jobs_failed.fetch_add(1, Relaxed);
-                    let _ = job.events.send(Event::Error(ApiError::internal(format!("prefill failed: {e}"))));
+                    eprintln!("ds4-server: request failed: {}", e.message);
+                    let _ = job.events.send(Event::Error(e));
                 }
                 return;
             }
@@ -285,11 +323,17 @@ impl Worker {
         let _ = job.events.send(Event::Started { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached });
 
         // Generation.
-        let room = self.engine.ctx.saturating_sub(prep.prompt.len());
+        let (ctx, n_vocab) = match &self.backend {
+            Backend::Local { engine, .. } => (engine.ctx, engine.cfg().n_vocab),
+            Backend::Route(r) => (r.ctx(), r.n_vocab),
+        };
+        let room = ctx.saturating_sub(prep.prompt.len());
         let max_tokens = job.params.max_tokens.min(room);
         let mut out = Output::new(&job, self.tool_mem.clone(), self.exact_tool_replay);
         let syntax = Cell::new(false);
-        let mut sampler = Sampler::with_capacity(job.params.sampling, self.engine.cfg().n_vocab);
+        let sc = job.params.sampling;
+        let greedy = job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        let mut sampler = Sampler::with_capacity(sc, n_vocab);
         let script = job.params.script.clone();
         let mut k = 0usize;
         let mut sample = |l: &[f32]| -> u32 {
@@ -328,13 +372,23 @@ impl Worker {
         };
         let mut stats = GenStats::default();
         let eos = Some(ids.eos);
-        let r = self.live.session.generate(&mut self.engine, max_tokens, eos, &mut sample, &mut on_token, &job.cancel, &mut stats);
+        let r = match &mut self.backend {
+            Backend::Local { engine, live } => live
+                .session
+                .generate(engine, max_tokens, eos, &mut sample, &mut on_token, &job.cancel, &mut stats)
+                .map_err(|e| ApiError::internal(format!("generation failed: {e}"))),
+            // A failed route keeps its history: the next request that extends it replays it.
+            Backend::Route(r) => r.generate(max_tokens, eos, greedy, &mut sample, &mut on_token, &job.cancel, &mut stats),
+        };
         let reason = match r {
             Ok(r) => r,
             Err(e) => {
-                self.live.reset(&self.engine);
+                if let Backend::Local { .. } = self.backend {
+                    self.backend.reset();
+                }
                 m.jobs_failed.fetch_add(1, Relaxed);
-                let _ = job.events.send(Event::Error(ApiError::internal(format!("generation failed: {e}"))));
+                eprintln!("ds4-server: request failed: {}", e.message);
+                let _ = job.events.send(Event::Error(e));
                 return;
             }
         };

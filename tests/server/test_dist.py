@@ -1,0 +1,160 @@
+"""`ds4-server --role coordinator`: requests served through a route of this process's layers 0:2 and a
+worker process (`ds4 --role worker --layers 3:output`) on loopback, tiny model.
+
+The reference is the single-process server on the same model with the same prefill chunk: greedy output
+must be identical (32-bit activations are exact). A worker killed (SIGKILL) or hung (SIGSTOP) while a
+request streams makes that request fail with an error naming the stage within the bound
+(--dist-timeout-s); while the route is incomplete requests fail at once with the missing layer (503);
+after the worker registers again the next request succeeds with the reference output."""
+import os
+import signal
+import subprocess
+import time
+
+import openai
+import pytest
+
+from conftest import ROOT, free_port
+
+DS4 = os.environ.get("DS4_BIN", str(ROOT / "target" / "release" / "ds4"))
+TIMEOUT_S = 2
+COMMON = ["--ctx", "1024", "--prefill-chunk", "16"]
+PROMPT = "Tell me about the river, the bridge and the old mill near the village, in a few words."
+
+
+class Worker:
+    def __init__(self, tmp, port, name):
+        self.log = open(tmp / f"{name}.log", "w")
+        self.proc = subprocess.Popen(
+            [DS4, "--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", str(port),
+             "--ctx", "1024", "--threads", "1", "--dist-timeout-s", str(TIMEOUT_S)],
+            stdout=self.log, stderr=subprocess.STDOUT)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+        self.proc.wait(10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory):
+    from conftest import Server
+    assert os.path.exists(DS4), f"{DS4} missing: build with `cargo build --release -p ds4-cli`"
+    tmp = tmp_path_factory.mktemp("dist")
+    port = free_port()
+    ref = Server(tmp, COMMON, "reference")
+    coord = Server(tmp, COMMON + ["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", str(port),
+                                  "--dist-timeout-s", str(TIMEOUT_S)], "coordinator")
+    state = {"ref": ref, "coord": coord, "port": port, "tmp": tmp, "workers": []}
+
+    def start_worker():
+        w = Worker(tmp, port, f"worker{len(state['workers'])}")
+        state["workers"].append(w)
+        wait_route(coord, "complete")
+        return w
+
+    state["start_worker"] = start_worker
+    start_worker()
+    yield state
+    for w in state["workers"]:
+        w.stop()
+    coord.stop()
+    ref.stop()
+
+
+def wait_route(server, want, limit=30):
+    deadline = time.time() + limit
+    while True:
+        st = server.get_json("/health")["route"]["status"]
+        if (st == want) if want == "complete" else (st != "complete"):
+            return st
+        assert time.time() < deadline, f"route status {st!r}, waiting for {want}"
+        time.sleep(0.05)
+
+
+def client(server):
+    return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def greedy(server, prompt=PROMPT, n=24):
+    r = client(server).chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}],
+                                                max_tokens=n, temperature=0)
+    m = r.choices[0].message
+    return (getattr(m, "reasoning_content", None), m.content, r.choices[0].finish_reason, r.usage.completion_tokens)
+
+
+def test_route_output_equals_single_process(dist):
+    h = dist["coord"].get_json("/health")["route"]
+    assert h["local_layers"] == "0:2" and [w["layers"] for w in h["workers"]] == ["3:output"], h
+    # A prompt of several chunks (pipelined prefill), then greedy decode at the last stage.
+    assert greedy(dist["coord"]) == greedy(dist["ref"])
+    # Sampled (temperature 1, seeded): full logits come back and the coordinator samples.
+    def sampled(s):
+        r = client(s).chat.completions.create(model="m", messages=[{"role": "user", "content": "hi there"}],
+                                              max_tokens=12, temperature=1.0, seed=7)
+        return r.choices[0].message.content, getattr(r.choices[0].message, "reasoning_content", None)
+    assert sampled(dist["coord"]) == sampled(dist["ref"])
+
+
+def stream_then_break(server, breaker):
+    """Streams a long scripted answer; after a few deltas calls breaker(); returns (error, seconds from
+    the break to the error)."""
+    stream = client(server).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "[[long]] go"}], max_tokens=900, stream=True)
+    seen, t_break = 0, None
+    with pytest.raises(openai.APIError) as e:
+        for ch in stream:
+            if ch.choices and (ch.choices[0].delta.content or getattr(ch.choices[0].delta, "reasoning_content", None)):
+                seen += 1
+                if seen == 5:
+                    breaker()
+                    t_break = time.time()
+            assert not (ch.choices and ch.choices[0].finish_reason), "the stream finished although the worker was gone"
+    assert t_break is not None, "the stream failed before the worker was touched"
+    return str(e.value), time.time() - t_break
+
+
+def test_killed_worker_fails_the_request_then_restart_recovers(dist):
+    coord, w = dist["coord"], dist["workers"][-1]
+    msg, dt = stream_then_break(coord, lambda: w.proc.send_signal(signal.SIGKILL))
+    assert "stage 1" in msg and "layers 3:output" in msg, msg
+    assert dt < TIMEOUT_S + 3, f"error after {dt:.1f}s"
+    wait_route(coord, "incomplete")
+    # While the route is incomplete a request fails at once, naming the missing layer.
+    t0 = time.time()
+    with pytest.raises(openai.APIStatusError) as e:
+        greedy(coord)
+    assert e.value.status_code == 503 and "next needed layer 3" in str(e.value), str(e.value)
+    assert time.time() - t0 < 2
+    dist["start_worker"]()
+    assert greedy(coord) == greedy(dist["ref"])
+    assert coord.alive()
+
+
+def test_hung_worker_is_detected_within_the_bound(dist):
+    coord, w = dist["coord"], dist["workers"][-1]
+    msg, dt = stream_then_break(coord, lambda: w.proc.send_signal(signal.SIGSTOP))
+    assert "stage 1" in msg and "layers 3:output" in msg, msg
+    assert dt < TIMEOUT_S + 3, f"error after {dt:.1f}s"
+    # Resumed, the worker finds its connection gone and registers again.
+    w.proc.send_signal(signal.SIGCONT)
+    wait_route(coord, "complete")
+    assert greedy(coord, "another prompt, after the hang") == greedy(dist["ref"], "another prompt, after the hang")
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--layers", "0:2"], "--layers requires --role"),
+    (["--role", "coordinator", "--layers", "0:2"], "--listen"),
+    (["--role", "coordinator", "--layers", "3:5", "--listen", "127.0.0.1", "0"], "0:K"),
+    (["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--dist-activation-bits", "12"], "32, 16 or 8"),
+    (["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "1"], "ds4 --role worker"),
+    (["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--kv-disk-dir", "/tmp/x"], "--kv-disk-dir"),
+    (["--dist-token", "s"], "requires --role"),
+])
+def test_bad_distributed_flags_exit_2(args, want):
+    from conftest import BIN
+    r = subprocess.run([str(BIN)] + args, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
