@@ -124,3 +124,38 @@ fn invalid_distributed_flag_combinations_exit_2() {
         assert!(!err.trim().is_empty(), "{args:?}: a message naming the problem");
     }
 }
+
+/// Runs two chat turns through a pty and returns what the terminal showed for each answer.
+fn two_turns(cmd: &str) -> Vec<String> {
+    let mut p = rexpect::spawn(cmd, Some(60_000)).unwrap();
+    p.exp_string("stops a generation").unwrap();
+    p.exp_string("> ").unwrap();
+    let mut out = Vec::new();
+    for line in ["Hello there", "And a second turn"] {
+        p.send_line(line).unwrap();
+        out.push(p.exp_string("prompt: ").unwrap());
+        p.exp_string("> ").unwrap();
+    }
+    p.send_line("/quit").unwrap();
+    p.exp_eof().unwrap();
+    out
+}
+
+/// Interactive chat as a distributed coordinator (layers 0:2 here, 3:output in a worker process)
+/// shows the same greedy answers, turn after turn, as the single process.
+#[test]
+fn interactive_chat_as_distributed_coordinator_matches_single_process() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port().to_string();
+    let mut worker = ds4()
+        .args(["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", &port, "--ctx", "512", "--threads", "1"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let bin = env!("CARGO_BIN_EXE_ds4");
+    let route = two_turns(&format!("{bin} --role coordinator --layers 0:2 --listen 127.0.0.1 {port} -n 8 --temp 0 --ctx 512"));
+    let _ = worker.kill();
+    let _ = worker.wait();
+    let single = two_turns(&format!("{bin} -n 8 --temp 0 --ctx 512"));
+    assert_eq!(route, single);
+    assert!(route.iter().all(|t| !t.trim().is_empty()), "{route:?}");
+}

@@ -1,4 +1,5 @@
-//! Entry points for the binaries: `ds4 --role worker|coordinator`, `ds4-bench --role coordinator`.
+//! Entry points for the binaries: `ds4 --role worker`, the coordinator set-up shared by `ds4`,
+//! `ds4-server` and `ds4-bench`, and `ds4-bench --role coordinator`.
 use crate::args::DistArgs;
 use crate::coordinator::{CoordConfig, Coordinator};
 use crate::error::{DistError, Result};
@@ -7,9 +8,7 @@ use crate::route::{DistSession, RouteOptions};
 use crate::worker::{run_worker, WorkerOptions};
 use ds4_engine::{resolve_model, Engine, LoadOptions};
 use ds4_model::{Config, LayerRange};
-use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
-use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
-use ds4_tokenizer::{StreamDecoder, Tokenizer};
+use ds4_tokenizer::Tokenizer;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -68,78 +67,9 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
     Ok(CoordinatorSetup { session, coordinator: coord, tokenizer, cfg })
 }
 
-fn wait_default() -> Duration {
+/// How long a coordinator binary waits for a complete route at start (`DS4_DIST_WAIT_S`, default 300 s).
+pub fn wait_default() -> Duration {
     Duration::from_secs_f64(std::env::var("DS4_DIST_WAIT_S").ok().and_then(|v| v.parse().ok()).unwrap_or(300.0))
-}
-
-/// What `ds4` hands over in coordinator mode.
-pub struct Ds4Run<'a> {
-    pub model: Option<&'a Path>,
-    pub prompt: Option<String>,
-    pub system: Option<String>,
-    pub mode: ThinkMode,
-    pub ctx: usize,
-    pub max_tokens: usize,
-    pub sampler: SamplerConfig,
-    pub threads: Option<usize>,
-    pub prefill_chunk: usize,
-    pub debug: bool,
-}
-
-/// `ds4` with `--role`: the worker loop, or a one-shot generation over the route.
-pub fn ds4_main(dist: &DistArgs, r: &Ds4Run) -> Result<()> {
-    dist.validate()?;
-    if dist.is_worker() {
-        return worker_main(dist, r.model, r.ctx, r.threads, r.debug);
-    }
-    if !dist.is_coordinator() {
-        return Err(DistError::Usage("--role none: nothing distributed to do".into()));
-    }
-    let prompt = r.prompt.clone().ok_or_else(|| DistError::Usage("--role coordinator in ds4 needs -p or --prompt-file (interactive chat is not distributed yet)".into()))?;
-    let src = resolve_model(r.model)?;
-    let mut setup = start_coordinator(dist, src.path(), r.ctx, r.threads, r.prefill_chunk, r.debug, Some(wait_default()))?;
-    let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
-    let ids = tok.chat_ids().map_err(|e| DistError::Model(e.to_string()))?;
-    let mut msgs = Vec::new();
-    if let Some(s) = &r.system {
-        msgs.push(Message::system(s.clone()));
-    }
-    msgs.push(Message::user(prompt));
-    let ropts = RenderOptions { mode: r.mode, ctx: r.ctx as u64, ..RenderOptions::default() };
-    let toks = tok.encode(&render_chat(&msgs, &ropts));
-    if toks.len() >= r.ctx {
-        return Err(DistError::Other(format!("prompt has {} tokens, which does not fit --ctx {}", toks.len(), r.ctx)));
-    }
-    let s = &mut setup.session;
-    let t0 = Instant::now();
-    let first = s.sync(&toks)?.to_vec();
-    let pt = t0.elapsed();
-    let greedy = r.sampler.temperature == 0.0;
-    let mut sampler = Sampler::with_capacity(r.sampler, setup.cfg.n_vocab);
-    let mut dec = StreamDecoder::new();
-    let mut out = std::io::stdout().lock();
-    let t1 = Instant::now();
-    let mut next = sampler.sample(&first);
-    let mut n = 0;
-    while n < r.max_tokens && next != ids.eos && s.tokens.len() < r.ctx {
-        n += 1;
-        let piece = if tok.is_added(next) { tok.token_text(next) } else { dec.push(&tok, next) };
-        let _ = out.write_all(piece.as_bytes());
-        let _ = out.flush();
-        if n == r.max_tokens {
-            break;
-        }
-        next = if greedy { s.step_greedy(next, 0)?.id } else { sampler.sample(s.step(next)?) };
-    }
-    let _ = writeln!(out, "{}", dec.finish());
-    let gt = t1.elapsed().as_secs_f64();
-    eprintln!(
-        "prompt: {} tokens, prefill {:.2} t/s | generated: {n} tokens, {:.2} t/s",
-        toks.len(),
-        toks.len() as f64 / pt.as_secs_f64().max(1e-9),
-        n as f64 / gt.max(1e-9)
-    );
-    Ok(())
 }
 
 /// What `ds4-bench` hands over in coordinator mode.

@@ -1,9 +1,12 @@
-//! `ds4`: one-shot generation (`-p`, `--prompt-file`) and interactive multi-turn chat.
+//! `ds4`: one-shot generation (`-p`, `--prompt-file`) and interactive multi-turn chat, on this
+//! process's engine or, with `--role coordinator`, on a distributed route (`--role worker` serves a
+//! layer slice instead).
 use clap::Parser;
+use ds4_dist::cli::CoordinatorSetup;
 use ds4_engine::{resolve_model, Engine, GenStats, LoadOptions, ModelSource, Session, StopReason};
 use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
 use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
-use ds4_tokenizer::StreamDecoder;
+use ds4_tokenizer::{StreamDecoder, Tokenizer};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -113,10 +116,7 @@ fn run(args: Args) -> Result<(), String> {
         _ => None,
     };
     if args.dist.active() || args.dist.validate().is_err() {
-        let sampler = SamplerConfig { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p, seed: args.seed };
-        let (model, mode) = (args.model.as_deref(), mode_of(&args));
-        let r = ds4_dist::cli::Ds4Run { model, prompt, system: args.system.clone(), mode, ctx: args.ctx, max_tokens: args.tokens, sampler, threads: args.threads, prefill_chunk: args.prefill_chunk, debug: args.debug };
-        return ds4_dist::cli::ds4_main(&args.dist, &r).map_err(|e| std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
+        return distributed(&args, prompt);
     }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
@@ -132,7 +132,7 @@ fn run(args: Args) -> Result<(), String> {
         backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
         ..LoadOptions::default()
     };
-    let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    let eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();
         eprintln!(
@@ -147,7 +147,55 @@ fn run(args: Args) -> Result<(), String> {
             rayon::current_num_threads()
         );
     }
-    eng.tokenizer().map_err(|e| e.to_string())?;
+    let tokenizer = eng.tokenizer().map_err(|e| e.to_string())?;
+    let mut session = Session::new(&eng);
+    session.prefill_chunk = args.prefill_chunk;
+    let kv_id = ds4_kvstore::stage_identity(&eng.stage);
+    if let Some(p) = &args.kv_load {
+        let s = &mut session;
+        match ds4_kvstore::load_file(p, &kv_id, &mut s.kv, &mut s.logits, Some(eng.cfg().n_vocab)) {
+            Ok(r) => s.tokens = r.tokens,
+            Err(e) => {
+                eprintln!("ds4: WARNING --kv-load {}: {e}; starting a new session", p.display());
+                s.reset(&eng);
+            }
+        }
+    }
+    let mut conv = Local { eng, session, tokenizer };
+    let r = converse(&args, &mut conv, prompt);
+    if let (Some(p), Ok(())) = (&args.kv_save, &r) {
+        let s = &conv.session;
+        let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
+        ds4_kvstore::save_file(p, &kv_id, ds4_kvstore::Reason::Manual, &st).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
+    }
+    r
+}
+
+/// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on
+/// the route. Usage errors exit 2.
+fn distributed(args: &Args, prompt: Option<String>) -> Result<(), String> {
+    let usage = |e: ds4_dist::DistError| -> String { std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }) };
+    args.dist.validate().map_err(usage)?;
+    if args.dist.is_worker() {
+        return ds4_dist::cli::worker_main(&args.dist, args.model.as_deref(), args.ctx, args.threads, args.debug).map_err(usage);
+    }
+    if !args.dist.is_coordinator() {
+        return Err(usage(ds4_dist::DistError::Usage("--role none: nothing distributed to do".into())));
+    }
+    for (set, f) in [(args.kv_load.is_some(), "--kv-load"), (args.kv_save.is_some(), "--kv-save"), (args.backend != "cpu", "--backend")] {
+        if set {
+            return Err(usage(ds4_dist::DistError::Usage(format!("{f} is not available with --role coordinator"))));
+        }
+    }
+    let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
+    let wait = Some(ds4_dist::cli::wait_default());
+    let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), args.ctx, args.threads, args.prefill_chunk, args.debug, wait).map_err(usage)?;
+    let tokenizer = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
+    converse(args, &mut Route { setup, tokenizer }, prompt)
+}
+
+/// One-shot (`prompt`) or interactive chat on `conv`, with Ctrl+C stopping a generation.
+fn converse(args: &Args, conv: &mut dyn Conversation, prompt: Option<String>) -> Result<(), String> {
     let cancel = Arc::new(AtomicBool::new(false));
     let generating = Arc::new(AtomicBool::new(false));
     {
@@ -162,54 +210,138 @@ fn run(args: Args) -> Result<(), String> {
         })
         .map_err(|e| format!("cannot install the Ctrl+C handler: {e}"))?;
     }
-    let mut chat = Chat::new(&args, &eng);
-    let kv_id = ds4_kvstore::stage_identity(&eng.stage);
-    if let Some(p) = &args.kv_load {
-        let s = &mut chat.session;
-        match ds4_kvstore::load_file(p, &kv_id, &mut s.kv, &mut s.logits, Some(eng.cfg().n_vocab)) {
-            Ok(r) => s.tokens = r.tokens,
-            Err(e) => {
-                eprintln!("ds4: WARNING --kv-load {}: {e}; starting a new session", p.display());
-                s.reset(&eng);
-            }
-        }
+    let mut chat = Chat::new(args, conv.n_vocab());
+    match prompt {
+        Some(p) => chat.turn(conv, &p, &cancel, &generating).map(|stats| print_stats(&stats)),
+        None => interactive(conv, &mut chat, &cancel, &generating),
     }
-    let r = match prompt {
-        Some(p) => chat.turn(&mut eng, &p, &cancel, &generating).map(|stats| print_stats(&stats)),
-        None => interactive(&mut eng, &mut chat, &cancel, &generating),
-    };
-    if let (Some(p), Ok(())) = (&args.kv_save, &r) {
-        let s = &chat.session;
-        let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
-        ds4_kvstore::save_file(p, &kv_id, ds4_kvstore::Reason::Manual, &st).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
+}
+
+/// What a chat runs on: this process's engine ([`Local`]) or a distributed route (the coordinator's
+/// [`CoordinatorSetup`]); both keep the conversation's tokens and continue from them.
+trait Conversation {
+    fn tokenizer(&self) -> Arc<Tokenizer>;
+    fn ctx(&self) -> usize;
+    fn n_vocab(&self) -> usize;
+    fn tokens(&self) -> &[u32];
+    fn prefill_chunk(&self) -> usize;
+    fn reset(&mut self);
+    /// `/ctx N`: a new context size (the conversation is cleared).
+    fn set_ctx(&mut self, n: usize) -> Result<(), String>;
+    /// Makes the conversation hold exactly `prompt` (prefix reuse); returns the tokens prefilled.
+    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String>;
+    /// `greedy`: the sampler is deterministic argmax (a route lets its last stage pick the token).
+    #[allow(clippy::too_many_arguments)]
+    fn generate(
+        &mut self,
+        max_tokens: usize,
+        eos: u32,
+        greedy: bool,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, String>;
+}
+
+struct Local {
+    eng: Engine,
+    session: Session,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Conversation for Local {
+    fn tokenizer(&self) -> Arc<Tokenizer> { self.tokenizer.clone() }
+    fn ctx(&self) -> usize { self.eng.ctx }
+    fn n_vocab(&self) -> usize { self.eng.cfg().n_vocab }
+    fn tokens(&self) -> &[u32] { &self.session.tokens }
+    fn prefill_chunk(&self) -> usize { self.session.prefill_chunk }
+    fn reset(&mut self) { self.session.reset(&self.eng); }
+    fn set_ctx(&mut self, n: usize) -> Result<(), String> {
+        self.eng.ctx = n;
+        let chunk = self.session.prefill_chunk;
+        self.session = Session::new(&self.eng);
+        self.session.prefill_chunk = chunk;
+        Ok(())
     }
-    r
+    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {
+        self.session.sync(&mut self.eng, prompt, progress, cancel).map_err(|e| e.to_string())
+    }
+    fn generate(
+        &mut self,
+        max_tokens: usize,
+        eos: u32,
+        _greedy: bool,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, String> {
+        self.session.generate(&mut self.eng, max_tokens, Some(eos), sample, on_token, cancel, stats).map_err(|e| e.to_string())
+    }
+}
+
+/// The coordinator's route: local layers 0:K, then the workers.
+struct Route {
+    setup: CoordinatorSetup,
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl Conversation for Route {
+    fn tokenizer(&self) -> Arc<Tokenizer> { self.tokenizer.clone() }
+    fn ctx(&self) -> usize { self.setup.session.ctx() }
+    fn n_vocab(&self) -> usize { self.setup.cfg.n_vocab }
+    fn tokens(&self) -> &[u32] { &self.setup.session.tokens }
+    fn prefill_chunk(&self) -> usize { self.setup.session.opts.prefill_chunk }
+    fn reset(&mut self) { self.setup.session.reset(); }
+    fn set_ctx(&mut self, _n: usize) -> Result<(), String> {
+        Err("/ctx is not available on a distributed route (the workers registered with the coordinator's --ctx)".into())
+    }
+    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), _cancel: &AtomicBool) -> Result<usize, String> {
+        let s = &mut self.setup.session;
+        let reuse = !s.tokens.is_empty() && prompt.len() > s.tokens.len() && prompt.starts_with(&s.tokens);
+        let todo = prompt.len() - if reuse { s.tokens.len() } else { 0 };
+        s.sync(prompt).map_err(|e| e.to_string())?;
+        progress(todo, todo);
+        Ok(todo)
+    }
+    fn generate(
+        &mut self,
+        max_tokens: usize,
+        eos: u32,
+        greedy: bool,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, String> {
+        self.setup.session.generate(max_tokens, Some(eos), greedy, sample, on_token, cancel, stats).map_err(|e| e.to_string())
+    }
 }
 
 /// A multi-turn conversation kept as tokens, so each turn only prefills what is new.
 struct Chat {
-    session: Session,
     mode: ThinkMode,
     system: Option<String>,
     sampler: Sampler,
+    greedy: bool,
     max_tokens: usize,
     debug: bool,
 }
 
 impl Chat {
-    fn new(a: &Args, eng: &Engine) -> Self {
-        let mut session = Session::new(eng);
-        session.prefill_chunk = a.prefill_chunk;
+    fn new(a: &Args, n_vocab: usize) -> Self {
         let cfg = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
-        Self { session, mode: mode_of(a), system: a.system.clone(), sampler: Sampler::with_capacity(cfg, eng.cfg().n_vocab), max_tokens: a.tokens, debug: a.debug }
+        let greedy = !(cfg.temperature > 0.0) || cfg.top_k == 1;
+        Self { mode: mode_of(a), system: a.system.clone(), sampler: Sampler::with_capacity(cfg, n_vocab), greedy, max_tokens: a.tokens, debug: a.debug }
     }
 
     /// Renders the next user turn as tokens appended to the conversation.
-    fn prompt_tokens(&self, eng: &Engine, user: &str) -> Result<Vec<u32>, String> {
-        let tok = eng.tokenizer().map_err(|e| e.to_string())?;
+    fn prompt_tokens(&self, conv: &dyn Conversation, user: &str) -> Result<Vec<u32>, String> {
+        let tok = conv.tokenizer();
         let ids = tok.chat_ids().map_err(|e| e.to_string())?;
-        let ropts = RenderOptions { mode: self.mode, ctx: eng.ctx as u64, ..RenderOptions::default() };
-        if self.session.tokens.is_empty() {
+        let ropts = RenderOptions { mode: self.mode, ctx: conv.ctx() as u64, ..RenderOptions::default() };
+        if conv.tokens().is_empty() {
             let mut msgs = Vec::new();
             if let Some(s) = &self.system {
                 msgs.push(Message::system(s.clone()));
@@ -218,34 +350,35 @@ impl Chat {
             return Ok(tok.encode(&render_chat(&msgs, &ropts)));
         }
         // Later turns: the previous answer is closed with EOS, then a new user turn opens the reply.
-        let mut t = self.session.tokens.clone();
+        let mut t = conv.tokens().to_vec();
         if t.last() != Some(&ids.eos) {
             t.push(ids.eos);
         }
-        let opener = if self.mode.effective(eng.ctx as u64).thinking() { "<think>" } else { "</think>" };
+        let opener = if self.mode.effective(conv.ctx() as u64).thinking() { "<think>" } else { "</think>" };
         t.extend(tok.encode(&format!("<｜User｜>{user}<｜Assistant｜>{opener}")));
         Ok(t)
     }
 
-    fn turn(&mut self, eng: &mut Engine, user: &str, cancel: &AtomicBool, generating: &AtomicBool) -> Result<GenStats, String> {
-        if self.mode == ThinkMode::Max && self.mode.effective(eng.ctx as u64) != ThinkMode::Max {
+    fn turn(&mut self, conv: &mut dyn Conversation, user: &str, cancel: &AtomicBool, generating: &AtomicBool) -> Result<GenStats, String> {
+        let ctx = conv.ctx();
+        if self.mode == ThinkMode::Max && self.mode.effective(ctx as u64) != ThinkMode::Max {
             eprintln!("ds4: --think-max needs --ctx >= 393216; using normal thinking");
         }
-        let prompt = self.prompt_tokens(eng, user)?;
-        if prompt.len() >= eng.ctx {
-            return Err(format!("prompt has {} tokens, which does not fit --ctx {}", prompt.len(), eng.ctx));
+        let prompt = self.prompt_tokens(conv, user)?;
+        if prompt.len() >= ctx {
+            return Err(format!("prompt has {} tokens, which does not fit --ctx {ctx}", prompt.len()));
         }
         let mut stats = GenStats { prompt_tokens: prompt.len(), ..GenStats::default() };
         cancel.store(false, Ordering::SeqCst);
         generating.store(true, Ordering::SeqCst);
-        let new = prompt.len() - common_prefix(&self.session.tokens, &prompt);
-        let bar = (new > self.session.prefill_chunk).then(|| {
+        let new = prompt.len() - common_prefix(conv.tokens(), &prompt);
+        let bar = (new > conv.prefill_chunk()).then(|| {
             let b = ProgressBar::new(new as u64);
             b.set_style(ProgressStyle::with_template("prefill {bar:40} {pos}/{len} tokens ({per_sec})").unwrap());
             b
         });
         let t0 = Instant::now();
-        let res = self.session.sync(eng, &prompt, &mut |d, _| {
+        let res = conv.sync(&prompt, &mut |d, _| {
             if let Some(b) = &bar {
                 b.set_position(d as u64);
             }
@@ -258,26 +391,25 @@ impl Chat {
             Ok(n) => stats.prefilled_tokens = n,
             Err(e) => {
                 generating.store(false, Ordering::SeqCst);
-                self.session.reset(eng);
+                conv.reset();
                 if cancel.load(Ordering::SeqCst) {
                     eprintln!("\n[prefill interrupted]");
                     return Ok(stats);
                 }
-                return Err(e.to_string());
+                return Err(e);
             }
         }
-        let tok = eng.tokenizer().map_err(|e| e.to_string())?;
+        let tok = conv.tokenizer();
         let ids = tok.chat_ids().map_err(|e| e.to_string())?;
         let mut dec = StreamDecoder::new();
         let mut out = std::io::stdout().lock();
         let sampler = &mut self.sampler;
         let debug = self.debug;
-        let reason = self
-            .session
+        let reason = conv
             .generate(
-                eng,
                 self.max_tokens,
-                Some(ids.eos),
+                ids.eos,
+                self.greedy,
                 &mut |l| sampler.sample(l),
                 &mut |t| {
                     let piece = if tok.is_added(t) { tok.token_text(t) } else { dec.push(&tok, t) };
@@ -299,7 +431,10 @@ impl Chat {
                 cancel,
                 &mut stats,
             )
-            .map_err(|e| e.to_string())?;
+            .inspect_err(|_| {
+                generating.store(false, Ordering::SeqCst);
+                let _ = writeln!(std::io::stdout());
+            })?;
         let rest = dec.finish();
         let _ = out.write_all(rest.as_bytes());
         let _ = writeln!(out);
@@ -308,7 +443,7 @@ impl Chat {
             eprintln!("[generation interrupted]");
         }
         if self.debug {
-            eprintln!("ds4: stop reason {reason:?}, session {} tokens", self.session.tokens.len());
+            eprintln!("ds4: stop reason {reason:?}, session {} tokens", conv.tokens().len());
         }
         Ok(stats)
     }
@@ -330,7 +465,7 @@ fn print_stats(s: &GenStats) {
 
 const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /read FILE  /quit";
 
-fn interactive(eng: &mut Engine, chat: &mut Chat, cancel: &AtomicBool, generating: &AtomicBool) -> Result<(), String> {
+fn interactive(conv: &mut dyn Conversation, chat: &mut Chat, cancel: &AtomicBool, generating: &AtomicBool) -> Result<(), String> {
     eprintln!("ds4 interactive chat ({HELP}); Ctrl+C stops a generation");
     let stdin = std::io::stdin();
     let mut line = String::new();
@@ -351,24 +486,23 @@ fn interactive(eng: &mut Engine, chat: &mut Chat, cancel: &AtomicBool, generatin
                 continue;
             }
             Some("/think") => {
-                set_mode(chat, eng, ThinkMode::High);
+                set_mode(chat, conv, ThinkMode::High);
                 continue;
             }
             Some("/think-max") => {
-                set_mode(chat, eng, ThinkMode::Max);
+                set_mode(chat, conv, ThinkMode::Max);
                 continue;
             }
             Some("/nothink") => {
-                set_mode(chat, eng, ThinkMode::None);
+                set_mode(chat, conv, ThinkMode::None);
                 continue;
             }
             Some("/ctx") => {
                 match words.next().and_then(|w| w.parse::<usize>().ok()) {
-                    Some(n) if n > 0 => {
-                        eng.ctx = n;
-                        chat.session = Session::new(eng);
-                        eprintln!("context set to {n} tokens; conversation cleared");
-                    }
+                    Some(n) if n > 0 => match conv.set_ctx(n) {
+                        Ok(()) => eprintln!("context set to {n} tokens; conversation cleared"),
+                        Err(e) => eprintln!("{e}"),
+                    },
                     _ => eprintln!("usage: /ctx N (a positive number of tokens)"),
                 }
                 continue;
@@ -389,15 +523,15 @@ fn interactive(eng: &mut Engine, chat: &mut Chat, cancel: &AtomicBool, generatin
             }
             Some(_) => input.to_string(),
         };
-        match chat.turn(eng, &text, cancel, generating) {
+        match chat.turn(conv, &text, cancel, generating) {
             Ok(s) => print_stats(&s),
             Err(e) => eprintln!("ds4: {e}"),
         }
     }
 }
 
-fn set_mode(chat: &mut Chat, eng: &Engine, m: ThinkMode) {
+fn set_mode(chat: &mut Chat, conv: &mut dyn Conversation, m: ThinkMode) {
     chat.mode = m;
-    chat.session.reset(eng);
+    conv.reset();
     eprintln!("mode: {m:?} (conversation cleared)");
 }
