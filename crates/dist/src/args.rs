@@ -24,7 +24,7 @@ pub struct DistArgs {
     /// Worker: the coordinator to register with.
     #[arg(long = "coordinator", num_args = 2, value_names = ["HOST", "PORT"])]
     pub coordinator: Vec<String>,
-    /// Hidden-state wire format: 32 (f32), 16 (f16) or 8 (FP8 E4M3 with per-row scale).
+    /// Hidden-state wire format: 32 (f32, exact), 16 (f16, power-of-two scale per 64 values) or 8 (FP8 E4M3, f32 scale per 64 values).
     #[arg(long = "dist-activation-bits", env = "DS4_DIST_ACTIVATION_BITS")]
     pub dist_activation_bits: Option<u8>,
     /// Tokens per pipelined prefill chunk (default: --prefill-chunk).

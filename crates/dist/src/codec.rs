@@ -1,6 +1,13 @@
-//! Activation wire formats (`--dist-activation-bits`): 32 = little-endian f32 (exact), 16 = IEEE
-//! f16, 8 = FP8 E4M3 (finite-only variant, max 448) with one f32 scale per row block of up to 64 floats (block amax / 448),
-//! so rows of very different magnitude keep their relative precision.
+//! Activation wire formats (`--dist-activation-bits`), in blocks of up to 64 floats of a row:
+//! - 32: little-endian f32 (exact);
+//! - 16: IEEE f16 with one power-of-two scale per block (an i8 exponent): the block is multiplied by
+//!   2^-e so its largest magnitude lands in [2^14, 2^15). Scaling by a power of two is exact, so the
+//!   only rounding is f16's 11-bit significand (relative error <= 2^-11) whatever the magnitude:
+//!   no overflow to infinity above 65504, no loss of precision in f16's subnormal range;
+//! - 8: FP8 E4M3 (finite-only variant, max 448) with one f32 scale per block (block amax / 448).
+//!
+//! Per-block scales keep rows and blocks of very different magnitude at their relative precision.
+//! (`bench/results/dist/` has the measured error per format and where the logit error comes from.)
 use crate::error::{DistError, Result};
 use half::f16;
 
@@ -13,18 +20,31 @@ pub fn check_bits(bits: u8) -> Result<()> {
     }
 }
 
-/// FP8 scale block: the row, split into blocks of at most 64 floats (one f32 scale each), so an
-/// outlier only coarsens its own block (6% size overhead).
+/// Scale block: the row, split into blocks of at most 64 floats, so an outlier only coarsens its own
+/// block (FP8: one f32 scale, 6% size overhead; f16: one exponent byte, 0.8%).
 pub const FP8_MAX_BLOCK: usize = 64;
 pub fn fp8_block(row: usize) -> usize { row.clamp(1, FP8_MAX_BLOCK) }
 
 /// Encoded size of `n` floats in rows of `row`.
 pub fn encoded_len(n: usize, row: usize, bits: u8) -> usize {
+    let blocks = n.div_ceil(fp8_block(row));
     match bits {
         32 => n * 4,
-        16 => n * 2,
-        _ => n + n.div_ceil(fp8_block(row)) * 4,
+        16 => n * 2 + blocks,
+        _ => n + blocks * 4,
     }
+}
+
+/// Exponent e of the f16 block scale: amax * 2^-e in [2^14, 2^15) (0 for a zero or non-finite block),
+/// clamped so that 2^-e and 2^e stay normal f32 numbers.
+fn f16_exponent(block: &[f32]) -> i8 {
+    let amax = block.iter().fold(0f32, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
+    if amax == 0.0 || !amax.is_finite() {
+        return 0;
+    }
+    // floor(log2(amax)) from the f32 exponent bits (subnormals count as -127; the clamp covers them).
+    let e2 = ((amax.to_bits() >> 23) & 0xFF) as i32 - 127;
+    (e2 - 14).clamp(-100, 100) as i8
 }
 
 /// FP8 E4M3 (bias 7, no infinities, 0x7F/0xFF are NaN) from f32, round to nearest even, saturating.
@@ -80,8 +100,13 @@ pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> 
             }
         }
         16 => {
-            for v in x {
-                out.extend_from_slice(&f16::from_f32(*v).to_le_bytes());
+            for r in x.chunks(fp8_block(row)) {
+                let e = f16_exponent(r);
+                out.push(e as u8);
+                let inv = 2f32.powi(-(e as i32));
+                for v in r {
+                    out.extend_from_slice(&f16::from_f32(v * inv).to_le_bytes());
+                }
             }
         }
         _ => {
@@ -108,7 +133,23 @@ pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> R
     out.reserve(n);
     match bits {
         32 => out.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        16 => out.extend(b.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())),
+        16 => {
+            let row = fp8_block(row);
+            let mut off = 0;
+            let mut left = n;
+            while left > 0 {
+                let m = left.min(row);
+                let e = b[off] as i8;
+                if !(-100..=100).contains(&e) {
+                    return Err(DistError::Protocol(format!("f16 block exponent {e} out of range")));
+                }
+                let s = 2f32.powi(e as i32);
+                off += 1;
+                out.extend(b[off..off + 2 * m].chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32() * s));
+                off += 2 * m;
+                left -= m;
+            }
+        }
         _ => {
             let row = fp8_block(row);
             let mut off = 0;
@@ -178,5 +219,39 @@ mod tests {
             assert!(decode(&e[..e.len() - 1], x.len(), 100, bits, &mut d).is_err());
         }
         assert!(encode(&x, 10, 12, &mut Vec::new()).is_err());
+    }
+
+    /// Plain f16 overflows above 65504 and loses relative precision below 6.1e-5; the scaled blocks
+    /// keep 2^-11 relative precision from 1e-20 to 1e20.
+    #[test]
+    fn f16_blocks_keep_relative_precision_at_any_magnitude() {
+        for mag in [1e-20f32, 1e-7, 3e-5, 1.0, 7e4, 1e9, 1e20] {
+            let x: Vec<f32> = (0..200).map(|i| mag * (0.5 + ((i as f32) * 0.73).sin())).collect();
+            let mut e = Vec::new();
+            encode(&x, 100, 16, &mut e).unwrap();
+            let mut d = Vec::new();
+            decode(&e, x.len(), 100, 16, &mut d).unwrap();
+            // Values within a block share an exponent: the bound is relative to the block's max.
+            for (xb, db) in x.chunks(50).zip(d.chunks(50)) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                for (a, b) in xb.iter().zip(db) {
+                    assert!((a - b).abs() <= amax * 2f32.powi(-11), "magnitude {mag}: {a} -> {b}");
+                }
+            }
+            let plain = f16::from_f32(x[0]).to_f32();
+            if mag > 1e5 {
+                assert!(plain.is_infinite(), "the unscaled cast would overflow at {mag}");
+            }
+        }
+        // Zero blocks and non-finite values survive; a hostile exponent byte is refused.
+        let x = [0.0f32, 0.0, f32::INFINITY, 1.0];
+        let mut e = Vec::new();
+        encode(&x, 2, 16, &mut e).unwrap();
+        let mut d = Vec::new();
+        decode(&e, 4, 2, 16, &mut d).unwrap();
+        assert_eq!(&d[..2], &[0.0, 0.0]);
+        assert!(d[2].is_infinite());
+        e[0] = 120;
+        assert!(decode(&e, 4, 2, 16, &mut d).is_err());
     }
 }

@@ -21,7 +21,8 @@ use tokio_util::codec::{Framed, LengthDelimitedCodec};
 use crate::error::DistError;
 
 /// Bumped on any incompatible change of the messages below.
-pub const PROTOCOL_VERSION: u16 = 1;
+/// 2: 16-bit activations carry a power-of-two exponent per block of 64 (see `codec`).
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Frame limit while the peer is not yet authenticated and registered.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 * 1024;
 /// Upper bound of the frame limit after registration, whatever the shapes say.

@@ -50,7 +50,7 @@ fn malformed_frames_close_only_that_connection() {
     c.coord.wait_complete(Duration::from_secs(10)).unwrap();
     let garbage: [&[u8]; 4] = [
         &[0xff, 0xff, 0xff, 0xff, 1, 2, 3],                  // length over the pre-auth limit
-        &[0, 0, 0, 3, 1, 0, 9],                              // right version, truncated message
+        &[0, 0, 0, 3, 2, 0, 9],                              // right version, truncated message
         &[0, 0, 0, 6, 7, 0, 0, 0, 0, 0],                     // wrong version
         b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",                // not our protocol at all
     ];
