@@ -5,7 +5,7 @@ use crate::auth;
 use crate::error::{DistError, Result};
 use crate::exec::{payload_bytes, HopTiming, StageExec, StageInfo, StageOutput, StageRequest};
 use crate::identity;
-use crate::protocol::{self, data_max_frame, Conn, Digest32, ErrorKind, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
+use crate::protocol::{self, data_max_frame, Conn, Digest32, ErrorKind, ForwardRef, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
 use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -76,7 +76,7 @@ impl WorkerConn {
     }
 
     /// Registers the reply slot, then writes the request. Call order = wire order.
-    pub async fn call_async(&self, req: &ForwardReq) -> std::result::Result<(oneshot::Receiver<Reply>, Duration), String> {
+    pub async fn call_async(&self, req: &ForwardRef<'_>) -> std::result::Result<(oneshot::Receiver<Reply>, Duration), String> {
         let (tx, rx) = oneshot::channel();
         {
             let mut p = self.pending.lock().unwrap();
@@ -85,7 +85,7 @@ impl WorkerConn {
             }
             p.waiting.insert(req.request, tx);
         }
-        let frame = protocol::encode_ref(&Msg::Forward(req.clone())).map_err(|e| e.to_string())?;
+        let frame = protocol::encode_forward(req).map_err(|e| e.to_string())?;
         let t0 = Instant::now();
         let r = tokio::select! {
             r = async { self.sink.lock().await.send(frame).await } => r.map_err(|e| format!("send: {e}")),
@@ -107,7 +107,7 @@ impl WorkerConn {
     }
 
     /// Blocking call (not from a runtime thread).
-    pub fn call(&self, req: &ForwardReq) -> std::result::Result<(ForwardRes, Duration, Duration), (ErrorKind, String)> {
+    pub fn call(&self, req: &ForwardRef<'_>) -> std::result::Result<(ForwardRes, Duration, Duration), (ErrorKind, String)> {
         let t0 = Instant::now();
         let (rx, send) = self.handle.block_on(self.call_async(req)).map_err(|e| (ErrorKind::Failed, e))?;
         let t1 = Instant::now();
@@ -143,22 +143,21 @@ impl StageExec for RemoteStage {
     fn info(&self) -> StageInfo { StageInfo { range: self.conn.range, location: self.conn.peer.to_string() } }
 
     fn forward(&mut self, req: &StageRequest) -> Result<StageOutput> {
-        let (bits, activations) = match req.input {
-            Some(a) => (a.bits, a.data.clone()),
-            None => (req.bits, Vec::new()),
+        let (bits, activations): (u8, &[u8]) = match req.input {
+            Some(a) => (a.bits, &a.data),
+            None => (req.bits, &[]),
         };
         let input_bytes = activations.len();
-        let fr = ForwardReq {
+        let fr = ForwardRef {
             request: self.next_request.fetch_add(1, Ordering::Relaxed),
             session: req.session,
             pos: req.pos as u64,
             prefix_hash: req.prefix_hash,
-            tokens: req.tokens.to_vec(),
-            bits: if req.input.is_some() { bits } else { req.bits },
+            tokens: req.tokens,
+            bits,
             activations,
             want: req.want,
         };
-        let _ = bits;
         match self.conn.call(&fr) {
             Ok((res, send, wait)) => {
                 let eval = Duration::from_micros(res.eval_us);
@@ -215,7 +214,7 @@ impl Coordinator {
     pub fn start(cfg: CoordConfig) -> Result<Self> {
         protocol_check_local(&cfg)?;
         let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(1)
             .thread_name("ds4-dist-coord")
             .enable_all()
             .build()

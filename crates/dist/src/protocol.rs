@@ -82,6 +82,36 @@ pub struct ForwardReq {
     pub want: Want,
 }
 
+/// A borrowed [`ForwardReq`] (same fields, same order, same encoding): the coordinator sends
+/// activations and tokens from where they are, without copying them into a message first.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct ForwardRef<'a> {
+    pub request: u64,
+    pub session: u64,
+    pub pos: u64,
+    pub prefix_hash: u64,
+    pub tokens: &'a [u32],
+    pub bits: u8,
+    #[serde(with = "serde_bytes")]
+    pub activations: &'a [u8],
+    pub want: Want,
+}
+
+impl ForwardReq {
+    pub fn as_ref(&self) -> ForwardRef<'_> {
+        ForwardRef {
+            request: self.request,
+            session: self.session,
+            pos: self.pos,
+            prefix_hash: self.prefix_hash,
+            tokens: &self.tokens,
+            bits: self.bits,
+            activations: &self.activations,
+            want: self.want,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub enum Payload {
     Ack,
@@ -172,6 +202,32 @@ pub fn encode_ref(msg: &Msg) -> Result<Bytes, DistError> {
         .map_err(|e| DistError::Protocol(format!("encode {}: {e}", msg.name())))
 }
 
+/// Serializes `Msg::Forward` from a borrowed request: the same bytes as [`encode`] of the owned
+/// message (serde encodes a newtype variant as its index and content; `Forward` is variant 6).
+pub fn encode_forward(req: &ForwardRef) -> Result<Bytes, DistError> {
+    use bincode::Options;
+    #[derive(Serialize)]
+    #[allow(dead_code)]
+    enum MsgRef<'a> {
+        Hello,
+        Challenge,
+        Auth,
+        Register,
+        Accept,
+        Reject,
+        Forward(&'a ForwardRef<'a>),
+    }
+    #[derive(Serialize)]
+    struct EnvRef<'a> {
+        version: u16,
+        msg: MsgRef<'a>,
+    }
+    opts()
+        .serialize(&EnvRef { version: PROTOCOL_VERSION, msg: MsgRef::Forward(req) })
+        .map(Bytes::from)
+        .map_err(|e| DistError::Protocol(format!("encode Forward: {e}")))
+}
+
 /// Parses one frame body; checks the protocol version. Never panics on hostile input: bincode's
 /// size limit is the frame length, so no allocation exceeds what was received.
 pub fn decode(frame: &[u8]) -> Result<Msg, DistError> {
@@ -252,6 +308,8 @@ mod tests {
         });
         let b = encode(&m).unwrap();
         assert_eq!(decode(&b).unwrap(), m);
+        let Msg::Forward(req) = &m else { unreachable!() };
+        assert_eq!(encode_forward(&req.as_ref()).unwrap(), b, "borrowed and owned Forward encode alike");
         // Truncations, garbage and a wrong version are errors, never panics.
         for n in 0..b.len() {
             assert!(decode(&b[..n]).is_err());

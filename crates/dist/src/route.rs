@@ -328,7 +328,7 @@ impl DistSession {
             let ftx2 = final_tx.clone();
             senders.push(rt.spawn(async move {
                 while let Some((item, timings)) = rx.recv().await {
-                    match c2.call_async(&item.req).await {
+                    match c2.call_async(&item.req.as_ref()).await {
                         Ok((reply, send)) => {
                             if fifo_tx.send((item, timings, reply, send, Instant::now())).is_err() {
                                 break;

@@ -1,21 +1,21 @@
 //! A worker: loads its layer range, dials the coordinator, proves the shared secret, registers, and
-//! serves forward requests with its local stage. When the coordinator goes away (closed, silent for
-//! the timeout, or a malformed frame) it drops every session and reconnects with backoff.
+//! serves forward requests with its local stage on the thread that computes (socket reads and
+//! replies included). When the coordinator goes away (closed, silent for the timeout, or a
+//! malformed frame) it drops every session and reconnects with backoff.
 use crate::auth;
 use crate::error::{DistError, Result};
 use crate::exec::{Activations, LocalStage, StageRequest};
 use crate::identity;
 use crate::protocol::{self, fnv1a_tokens, Conn, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
-use bytes::Bytes;
-use futures_util::stream::SplitSink;
-use futures_util::{SinkExt, StreamExt};
+use bytes::BytesMut;
 use ds4_gguf::GgufFile;
 use ds4_model::{Config, LayerRange, Options, Stage, Weights};
+use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 #[derive(Clone)]
 pub struct WorkerOptions {
@@ -69,26 +69,6 @@ pub fn load_stage(model: &Path, layers: &str, ctx: usize, options: Options) -> R
     Ok((LocalStage::new(Stage::new(cfg, weights, options), ctx), reg))
 }
 
-struct Out {
-    sink: tokio::sync::Mutex<SplitSink<Conn, Bytes>>,
-    timeout: Duration,
-}
-
-impl Out {
-    async fn send(&self, m: &Msg) -> Result<()> {
-        let f = protocol::encode_ref(m)?;
-        match tokio::time::timeout(self.timeout, async { self.sink.lock().await.send(f).await }).await {
-            Ok(r) => r.map_err(|e| DistError::Io(e.to_string())),
-            Err(_) => Err(DistError::Io("send timed out".into())),
-        }
-    }
-}
-
-enum Job {
-    Forward(ForwardReq, Arc<Out>),
-    Reset(Option<u64>),
-}
-
 /// Runs the worker until `stop` is set, or the coordinator refuses it.
 pub fn run_worker(model: &Path, layers: &str, coordinator: &str, opts: &WorkerOptions) -> Result<()> {
     if let Some(t) = opts.threads {
@@ -98,83 +78,47 @@ pub fn run_worker(model: &Path, layers: &str, coordinator: &str, opts: &WorkerOp
     serve(stage, reg, coordinator, opts)
 }
 
-/// Serves an already loaded stage (tests load once and restart the network side).
+/// Serves an already loaded stage (tests load once and restart the network side). The calling
+/// thread computes and does the session's socket I/O itself (a request wakes it straight from the
+/// socket read and it writes the reply: no thread hand-off on the decode path); a helper thread
+/// sends heartbeats so a long computation does not look like a hung worker.
 pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: &WorkerOptions) -> Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name("ds4-dist-worker")
+    // The async runtime only dials and runs the handshake.
+    let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| DistError::Io(format!("cannot start the network runtime: {e}")))?;
-    let handle = rt.handle().clone();
-    let (job_tx, job_rx) = mpsc::channel::<Job>();
-    let debug = opts.debug;
-    let compute = std::thread::Builder::new()
-        .name("ds4-dist-compute".into())
-        .spawn(move || {
-            for job in job_rx {
-                match job {
-                    Job::Reset(s) => stage.drop_sessions(s),
-                    Job::Forward(req, out) => {
-                        let input = (!req.activations.is_empty()).then(|| Activations { bits: req.bits, data: req.activations });
-                        let sreq = StageRequest {
-                            session: req.session,
-                            pos: req.pos as usize,
-                            prefix_hash: req.prefix_hash,
-                            tokens: &req.tokens,
-                            input: input.as_ref(),
-                            want: req.want,
-                            bits: req.bits,
-                        };
-                        let msg = match stage.run(&sreq) {
-                            Ok((payload, eval)) => {
-                                if debug {
-                                    eprintln!(
-                                        "ds4: distributed worker: request={} layers={} pos={} tokens={} eval={:.3}ms",
-                                        req.request,
-                                        stage.stage.w.range.label(),
-                                        req.pos,
-                                        req.tokens.len(),
-                                        eval.as_secs_f64() * 1e3
-                                    );
-                                }
-                                Msg::Result(ForwardRes {
-                                    request: req.request,
-                                    eval_us: eval.as_micros() as u64,
-                                    hash_after: fnv1a_tokens(req.prefix_hash, &req.tokens),
-                                    payload,
-                                })
-                            }
-                            Err((kind, message)) => Msg::Error { request: req.request, kind, message },
-                        };
-                        // A dead connection just drops the reply; the coordinator replays.
-                        let _ = handle.block_on(out.send(&msg));
-                    }
-                }
-            }
-        })
-        .map_err(|e| DistError::Io(format!("cannot start the compute thread: {e}")))?;
     let range = format!("{}:{}", reg.first, if reg.head { "output".to_string() } else { reg.last.to_string() });
     eprintln!("ds4: distributed worker: layers {range} model_id={} connecting to coordinator {coordinator}", identity::short(&reg.model_id));
     let mut backoff = Duration::from_millis(100);
-    let result = loop {
+    let mut last_err: Option<String> = None;
+    loop {
         if opts.stop.load(Ordering::SeqCst) {
-            break Ok(());
+            return Ok(());
         }
         let t0 = Instant::now();
-        match rt.block_on(session(&reg, coordinator, opts, &job_tx)) {
-            Ok(why) => eprintln!("ds4: distributed worker: coordinator session ended: {why}"),
-            Err(e @ (DistError::Rejected(_) | DistError::Auth(_))) => break Err(e),
-            Err(e) => {
-                if opts.debug || t0.elapsed() > Duration::from_secs(1) {
-                    eprintln!("ds4: distributed worker: {e}");
+        match rt.block_on(connect(&reg, coordinator, opts)) {
+            Ok(conn) => {
+                eprintln!("ds4: distributed worker: registered with coordinator {coordinator} layers {range}");
+                match session(&mut stage, conn, opts) {
+                    Ok(why) => eprintln!("ds4: distributed worker: coordinator session ended: {why}"),
+                    Err(e) => eprintln!("ds4: distributed worker: {e}"),
                 }
+            }
+            Err(e @ (DistError::Rejected(_) | DistError::Auth(_))) => return Err(e),
+            Err(e) => {
+                // Each new kind of failure once (a coordinator not up yet is retried quietly).
+                let m = e.to_string();
+                if opts.debug || last_err.as_deref() != Some(&m) {
+                    eprintln!("ds4: distributed worker: {m}; retrying");
+                }
+                last_err = Some(m);
             }
         }
         // Sessions belong to the coordinator connection that built them.
-        let _ = job_tx.send(Job::Reset(None));
+        stage.drop_sessions(None);
         if !opts.reconnect || opts.stop.load(Ordering::SeqCst) {
-            break Ok(());
+            return Ok(());
         }
         if t0.elapsed() > Duration::from_secs(2) {
             backoff = Duration::from_millis(100);
@@ -184,14 +128,11 @@ pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: 
             std::thread::sleep(Duration::from_millis(20));
         }
         backoff = (backoff * 2).min(Duration::from_secs(1));
-    };
-    drop(job_tx);
-    let _ = compute.join();
-    result
+    }
 }
 
-/// One connection to the coordinator. Ok(reason) when it ended without a fatal refusal.
-async fn session(reg: &Registration, coordinator: &str, opts: &WorkerOptions, jobs: &mpsc::Sender<Job>) -> Result<String> {
+/// Dials the coordinator and registers; the connection comes back with the data-frame limit set.
+async fn connect(reg: &Registration, coordinator: &str, opts: &WorkerOptions) -> Result<Conn> {
     let sock = tokio::time::timeout(opts.timeout, tokio::net::TcpStream::connect(coordinator))
         .await
         .map_err(|_| DistError::Io(format!("connect to {coordinator} timed out")))?
@@ -201,46 +142,141 @@ async fn session(reg: &Registration, coordinator: &str, opts: &WorkerOptions, jo
         .await
         .map_err(|_| DistError::Io("handshake timed out".into()))??;
     conn.codec_mut().set_max_frame_length(max_frame);
-    eprintln!("ds4: distributed worker: registered with coordinator {coordinator} layers {}:{}", reg.first, if reg.head { "output".into() } else { reg.last.to_string() });
-    let (sink, mut stream) = conn.split();
-    let out = Arc::new(Out { sink: tokio::sync::Mutex::new(sink), timeout: opts.timeout });
-    let mut tick = tokio::time::interval(Duration::from_millis(50));
+    Ok(conn)
+}
+
+/// The writing half of a session: frames go out whole under the lock (replies from the computing
+/// thread, heartbeats from the helper), through the same length-delimited codec.
+struct Writer {
+    inner: Mutex<(std::net::TcpStream, LengthDelimitedCodec, BytesMut)>,
+}
+
+impl Writer {
+    fn send(&self, m: &Msg) -> Result<()> {
+        let body = protocol::encode_ref(m)?;
+        let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
+        let (sock, codec, buf) = &mut *g;
+        buf.clear();
+        codec.encode(body, buf).map_err(|e| DistError::Protocol(format!("send {}: {e}", m.name())))?;
+        sock.write_all(buf).map_err(|e| DistError::Io(format!("send {}: {e}", m.name())))
+    }
+}
+
+/// How often the session loop looks at `stop` and at the coordinator's silence.
+const TICK: Duration = Duration::from_millis(50);
+
+/// One registered connection, served on this thread until it ends. Ok(reason) when it ended
+/// without a fatal error (closed, silent for the timeout, malformed frame, stop).
+fn session(stage: &mut LocalStage, conn: Conn, opts: &WorkerOptions) -> Result<String> {
+    let parts = conn.into_parts();
+    let mut codec = parts.codec;
+    let mut rbuf = parts.read_buf;
+    let sock = parts.io.into_std().map_err(|e| DistError::Io(e.to_string()))?;
+    sock.set_nonblocking(false)?;
+    sock.set_read_timeout(Some(TICK))?;
+    let wsock = sock.try_clone()?;
+    wsock.set_write_timeout(Some(opts.timeout))?;
+    let writer = Arc::new(Writer { inner: Mutex::new((wsock, codec.clone(), BytesMut::new())) });
+    let alive = Arc::new(AtomicBool::new(true));
+    let hb = {
+        let (w, alive) = (writer.clone(), alive.clone());
+        let every = (opts.timeout / 4).max(Duration::from_millis(20));
+        std::thread::Builder::new()
+            .name("ds4-dist-heartbeat".into())
+            .spawn(move || {
+                let mut seq = 0u64;
+                let mut next = Instant::now() + every;
+                while alive.load(Ordering::SeqCst) {
+                    std::thread::sleep(TICK.min(every));
+                    if Instant::now() >= next {
+                        seq += 1;
+                        next += every;
+                        if w.send(&Msg::Heartbeat { seq }).is_err() {
+                            break;
+                        }
+                    }
+                }
+            })
+            .map_err(|e| DistError::Io(format!("cannot start the heartbeat thread: {e}")))?
+    };
+    let r = serve_frames(stage, &sock, &mut codec, &mut rbuf, &writer, opts);
+    alive.store(false, Ordering::SeqCst);
+    let _ = sock.shutdown(std::net::Shutdown::Both);
+    let _ = hb.join();
+    r
+}
+
+fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &mut LengthDelimitedCodec, rbuf: &mut BytesMut, out: &Writer, opts: &WorkerOptions) -> Result<String> {
+    let mut chunk = vec![0u8; 64 * 1024];
     let mut last = Instant::now();
     loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if opts.stop.load(Ordering::SeqCst) {
-                    return Ok("stopped".into());
+        // Every complete frame already received, then more bytes.
+        loop {
+            let frame = match codec.decode(rbuf) {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return Ok(format!("receive: {e}")),
+            };
+            match protocol::decode(&frame) {
+                Err(e) => return Ok(e.to_string()),
+                Ok(Msg::Forward(req)) => {
+                    // A dead connection just drops the reply; the coordinator replays.
+                    if let Err(e) = out.send(&forward(stage, req, opts.debug)) {
+                        return Ok(e.to_string());
+                    }
                 }
+                Ok(Msg::Reset { session }) => stage.drop_sessions(session),
+                // Liveness both ways: the helper thread sends ours.
+                Ok(Msg::Heartbeat { .. }) => {}
+                Ok(m) => return Ok(format!("unexpected {} from the coordinator", m.name())),
+            }
+        }
+        if opts.stop.load(Ordering::SeqCst) {
+            return Ok("stopped".into());
+        }
+        match sock.read(&mut chunk) {
+            Ok(0) => return Ok("connection closed by the coordinator".into()),
+            Ok(n) => {
+                rbuf.extend_from_slice(&chunk[..n]);
+                last = Instant::now();
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {
                 if last.elapsed() > opts.timeout {
                     return Ok(format!("no frame from the coordinator for {:.1}s", opts.timeout.as_secs_f64()));
                 }
             }
-            f = stream.next() => {
-                last = Instant::now();
-                let frame = match f {
-                    None => return Ok("connection closed by the coordinator".into()),
-                    Some(Err(e)) => return Ok(format!("receive: {e}")),
-                    Some(Ok(b)) => b,
-                };
-                match protocol::decode(&frame) {
-                    Err(e) => return Ok(e.to_string()),
-                    Ok(Msg::Forward(req)) => {
-                        if jobs.send(Job::Forward(req, out.clone())).is_err() {
-                            return Err(DistError::Other("compute thread ended".into()));
-                        }
-                    }
-                    Ok(Msg::Reset { session }) => {
-                        let _ = jobs.send(Job::Reset(session));
-                    }
-                    Ok(Msg::Heartbeat { seq }) => {
-                        let out = out.clone();
-                        tokio::spawn(async move { let _ = out.send(&Msg::Heartbeat { seq }).await; });
-                    }
-                    Ok(m) => return Ok(format!("unexpected {} from the coordinator", m.name())),
-                }
-            }
+            Err(e) => return Ok(format!("receive: {e}")),
         }
+    }
+}
+
+/// Runs one forward request on the stage; the reply (result or error) to send back.
+fn forward(stage: &mut LocalStage, req: ForwardReq, debug: bool) -> Msg {
+    let input = (!req.activations.is_empty()).then_some(Activations { bits: req.bits, data: req.activations });
+    let sreq = StageRequest {
+        session: req.session,
+        pos: req.pos as usize,
+        prefix_hash: req.prefix_hash,
+        tokens: &req.tokens,
+        input: input.as_ref(),
+        want: req.want,
+        bits: req.bits,
+    };
+    match stage.run(&sreq) {
+        Ok((payload, eval)) => {
+            if debug {
+                eprintln!(
+                    "ds4: distributed worker: request={} layers={} pos={} tokens={} eval={:.3}ms",
+                    req.request,
+                    stage.stage.w.range.label(),
+                    req.pos,
+                    req.tokens.len(),
+                    eval.as_secs_f64() * 1e3
+                );
+            }
+            Msg::Result(ForwardRes { request: req.request, eval_us: eval.as_micros() as u64, hash_after: fnv1a_tokens(req.prefix_hash, &req.tokens), payload })
+        }
+        Err((kind, message)) => Msg::Error { request: req.request, kind, message },
     }
 }
 
