@@ -9,6 +9,7 @@ after the worker registers again the next request succeeds with the reference ou
 import os
 import signal
 import subprocess
+import threading
 import time
 
 import openai
@@ -131,6 +132,35 @@ def test_killed_worker_fails_the_request_then_restart_recovers(dist):
     dist["start_worker"]()
     assert greedy(coord) == greedy(dist["ref"])
     assert coord.alive()
+
+
+def test_non_streaming_request_gets_502_naming_the_stage(dist):
+    coord, w = dist["coord"], dist["workers"][-1]
+    killed = []
+
+    def killer():
+        # Once the request is running (the worker thread is busy), kill the worker.
+        deadline = time.time() + 20
+        while not coord.get_json("/health")["busy"] and time.time() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+        w.proc.send_signal(signal.SIGKILL)
+        killed.append(time.time())
+
+    t = threading.Thread(target=killer)
+    t.start()
+    with pytest.raises(openai.APIStatusError) as e:
+        client(coord).chat.completions.create(model="m", messages=[{"role": "user", "content": "[[long]] go"}],
+                                              max_tokens=900)
+    t_err = time.time()
+    t.join()
+    assert killed, "the request ended before the worker was killed"
+    assert e.value.status_code == 502, (e.value.status_code, str(e.value))
+    assert "stage 1" in str(e.value) and "layers 3:output" in str(e.value), str(e.value)
+    assert t_err - killed[0] < TIMEOUT_S + 3
+    wait_route(coord, "incomplete")
+    dist["start_worker"]()
+    assert greedy(coord) == greedy(dist["ref"])
 
 
 def test_hung_worker_is_detected_within_the_bound(dist):
