@@ -332,7 +332,7 @@ struct Chat {
 impl Chat {
     fn new(a: &Args, n_vocab: usize) -> Self {
         let cfg = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
-        let greedy = !(cfg.temperature > 0.0) || cfg.top_k == 1;
+        let greedy = cfg.temperature.is_nan() || cfg.temperature <= 0.0 || cfg.top_k == 1;
         Self { mode: mode_of(a), system: a.system.clone(), sampler: Sampler::with_capacity(cfg, n_vocab), greedy, max_tokens: a.tokens, debug: a.debug }
     }
 
