@@ -99,6 +99,7 @@ pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: 
         let t0 = Instant::now();
         match rt.block_on(connect(&reg, coordinator, opts)) {
             Ok(conn) => {
+                last_err = None;
                 eprintln!("ds4: distributed worker: registered with coordinator {coordinator} layers {range}");
                 match session(&mut stage, conn, opts) {
                     Ok(why) => eprintln!("ds4: distributed worker: coordinator session ended: {why}"),
