@@ -8,7 +8,7 @@ use crate::error::{DistError, Result};
 use crate::exec::{is_kv_mismatch, Activations, HopTiming, LocalStage, StageExec, StageRequest};
 use crate::protocol::{fnv1a_tokens, ErrorKind, ForwardReq, Payload, Want, FNV_OFFSET};
 use crate::telemetry::{HopRecord, Telemetry};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +35,8 @@ pub struct TokenOut {
 }
 
 const ENDED_EARLY: &str = "prefill pipeline ended early";
+/// The error of a prefill stopped by its cancel flag.
+pub const CANCELLED: &str = "cancelled";
 
 static SESSION_IDS: AtomicU64 = AtomicU64::new(1);
 
@@ -134,7 +136,7 @@ impl DistSession {
             return Ok(());
         }
         let want = if held.is_empty() { Want::Ack } else { Want::LastLogits };
-        self.prefill_span(&history, want)?;
+        self.prefill_span(&history, want, &AtomicBool::new(false))?;
         if self.opts.replay_check && !held.is_empty() {
             if self.logits != held {
                 let d = self.logits.iter().zip(&held).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
@@ -172,7 +174,12 @@ impl DistSession {
 
     /// Makes the session hold exactly `prompt` (prefix reuse when it extends the history) and
     /// returns the logits after its last token.
-    pub fn sync(&mut self, prompt: &[u32]) -> Result<&[f32]> {
+    pub fn sync(&mut self, prompt: &[u32]) -> Result<&[f32]> { self.sync_cancellable(prompt, &AtomicBool::new(false)) }
+
+    /// [`DistSession::sync`] that stops between prefill chunks once `cancel` is set (error
+    /// [`CANCELLED`]; the workers may then hold more than the history, so the next request that
+    /// extends it replays).
+    pub fn sync_cancellable(&mut self, prompt: &[u32], cancel: &AtomicBool) -> Result<&[f32]> {
         if prompt.is_empty() {
             return Err(DistError::Other("empty prompt".into()));
         }
@@ -185,7 +192,7 @@ impl DistSession {
         }
         let start = self.tokens.len();
         let todo = prompt[start..].to_vec();
-        self.with_repair(|s| s.prefill_span(&todo, Want::LastLogits))?;
+        self.with_repair(|s| s.prefill_span(&todo, Want::LastLogits, cancel))?;
         Ok(&self.logits)
     }
 
@@ -257,7 +264,7 @@ impl DistSession {
     }
 
     /// Prefill of `toks` after the history; sets `logits` when `want` is LastLogits.
-    fn prefill_span(&mut self, toks: &[u32], want: Want) -> Result<()> {
+    fn prefill_span(&mut self, toks: &[u32], want: Want, cancel: &AtomicBool) -> Result<()> {
         if toks.is_empty() {
             return Ok(());
         }
@@ -269,6 +276,9 @@ impl DistSession {
         if !pipelined {
             let n = toks.len().div_ceil(chunk);
             for (k, c) in toks.chunks(chunk).enumerate() {
+                if cancel.load(Ordering::Relaxed) {
+                    return Err(DistError::Other(CANCELLED.into()));
+                }
                 let w = if k + 1 == n { want } else { Want::Ack };
                 match self.chain(c, w)? {
                     Payload::Logits(l) => self.logits = l,
@@ -279,13 +289,13 @@ impl DistSession {
             }
             return Ok(());
         }
-        self.pipelined(toks, want)
+        self.pipelined(toks, want, cancel)
     }
 
     /// Pipelined prefill: the local stage computes chunk k+1 while the remote hops run chunk k.
     /// Each hop has an ordered sender and an ordered collector, so chunks reach every worker in
     /// position order; at most `window` chunks are between the local stage and the final result.
-    fn pipelined(&mut self, toks: &[u32], want: Want) -> Result<()> {
+    fn pipelined(&mut self, toks: &[u32], want: Want, cancel: &AtomicBool) -> Result<()> {
         let coord = self.coord.clone().expect("remote hops come from a coordinator");
         let rt = coord.handle();
         let chunk = self.opts.prefill_chunk.max(1);
@@ -429,6 +439,10 @@ impl DistSession {
                 }
             }
             if result.is_err() {
+                break;
+            }
+            if cancel.load(Ordering::Relaxed) {
+                result = Err(DistError::Other(CANCELLED.into()));
                 break;
             }
             let pos = chunk_pos[k];

@@ -145,3 +145,27 @@ fn single_process_route_and_prefix_reuse() {
     s.sync(&longer).unwrap();
     assert_eq!(s.tokens, longer);
 }
+
+/// A cancelled prefill stops between chunks with an error, on a remote route (pipelined) and on a
+/// single local stage; the session stays usable: the next prefill gives the reference's logits.
+#[test]
+fn cancelled_prefill_stops_and_the_session_recovers() {
+    use std::sync::atomic::AtomicBool;
+    let p = prompt(60, 5);
+    let (_, rl) = reference(&p, CHUNK, 0);
+    let to = Duration::from_secs(5);
+    let (c, local) = coordinator("0:2", 32, None, to, CHUNK);
+    let _w = thread_worker(model(), "3:output", &c.addr, None, to);
+    c.coord.wait_complete(Duration::from_secs(20)).unwrap();
+    let mut s = session(&c, local, 32, CHUNK);
+    let (single, _, _) = load(model(), "0:output");
+    let mut one = ds4_dist::DistSession::new(single, None, ds4_dist::RouteOptions { prefill_chunk: CHUNK, ..Default::default() });
+    for s in [&mut s, &mut one] {
+        // Half of the prompt first, so the cancelled span extends a history.
+        s.sync(&p[..30]).unwrap();
+        let e = s.sync_cancellable(&p, &AtomicBool::new(true)).unwrap_err().to_string();
+        assert!(e.contains(ds4_dist::route::CANCELLED), "{e}");
+        assert_eq!(s.tokens, &p[..30], "nothing of the cancelled span is committed");
+        assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    }
+}

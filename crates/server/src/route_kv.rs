@@ -37,13 +37,14 @@ impl RouteKv {
         }
     }
 
-    pub fn prepare(&mut self, prompt: Vec<u32>) -> Result<Prepared, ApiError> {
+    /// Prefills what the live tokens lack; stops between chunks once `cancel` is set.
+    pub fn prepare(&mut self, prompt: Vec<u32>, cancel: &AtomicBool) -> Result<Prepared, ApiError> {
         let live = &self.session.tokens;
         let live_len = live.len();
         let live_common = live.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
         let extend = live_len > 0 && live_common == live_len && prompt.len() > live_len;
         let cached = if extend { live_len } else { 0 };
-        self.session.sync(&prompt).map_err(|e| api_error(&e))?;
+        self.session.sync_cancellable(&prompt, cancel).map_err(|e| api_error(&e))?;
         let prefilled = prompt.len() - cached;
         Ok(Prepared { prompt, cached, prefilled, decision: if extend { Decision::Extend } else { Decision::Cold }, live_common, live_len })
     }

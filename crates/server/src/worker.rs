@@ -272,7 +272,7 @@ impl Worker {
                 self.metrics.kv_snapshot_bytes.store(live.snapshot_bytes() as u64, Relaxed);
                 p.map_err(|e| ApiError::internal(format!("prefill failed: {e}")))
             }
-            Backend::Route(r) => r.prepare(job.prompt.clone()),
+            Backend::Route(r) => r.prepare(job.prompt.clone(), &job.cancel),
         };
         let prefill_time = t0.elapsed();
         let prep = match prep {

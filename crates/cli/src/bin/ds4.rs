@@ -297,11 +297,11 @@ impl Conversation for Route {
     fn set_ctx(&mut self, _n: usize) -> Result<(), String> {
         Err("/ctx is not available on a distributed route (the workers registered with the coordinator's --ctx)".into())
     }
-    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), _cancel: &AtomicBool) -> Result<usize, String> {
+    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {
         let s = &mut self.setup.session;
         let reuse = !s.tokens.is_empty() && prompt.len() > s.tokens.len() && prompt.starts_with(&s.tokens);
         let todo = prompt.len() - if reuse { s.tokens.len() } else { 0 };
-        s.sync(prompt).map_err(|e| e.to_string())?;
+        s.sync_cancellable(prompt, cancel).map_err(|e| e.to_string())?;
         progress(todo, todo);
         Ok(todo)
     }
