@@ -126,6 +126,14 @@ pub struct Gpu {
     pub arch: String,
     /// Per-kernel timing (CUDA events) when profiling is on.
     pub prof: Option<Profiler>,
+    /// Dynamic shared memory limit raised so far, per kernel.
+    smem_set: HashMap<&'static str, u32>,
+    /// Side streams for independent branches of a decode step (fork/join through events), and the
+    /// stream kernels are launched on now (0 = the main stream).
+    side: [dsys::CUstream; 2],
+    fork_ev: [dsys::CUevent; 2],
+    join_ev: [dsys::CUevent; 2],
+    cur: usize,
 }
 
 pub struct Profiler {
@@ -183,7 +191,12 @@ impl Gpu {
         // SAFETY: handle and stream are live.
         unsafe { blas::set_stream(blas, stream as _) }.map_err(e("cublasSetStream"))?;
         let prof = std::env::var("DS4_CUDA_PROFILE").ok().filter(|v| v != "0").map(|_| Profiler::new());
-        Ok(Self { ctx, stream, module, funcs, blas, name, sms, arch, prof })
+        let mk_stream = || drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(e("stream"));
+        let side = [mk_stream()?, mk_stream()?];
+        let mk_ev = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"));
+        let fork_ev = [mk_ev()?, mk_ev()?];
+        let join_ev = [mk_ev()?, mk_ev()?];
+        Ok(Self { ctx, stream, module, funcs, blas, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
@@ -223,14 +236,89 @@ impl Gpu {
         unsafe { drv::stream::synchronize(self.stream) }.map_err(|err| format!("CUDA error: {err:?}"))
     }
 
+    /// Raises the dynamic shared memory limit of kernel `name` to `smem` bytes (ahead of launches).
+    pub fn reserve_smem(&mut self, name: &'static str, smem: u32) -> Result<()> {
+        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        if smem > 40 * 1024 && self.smem_set.get(name).is_none_or(|&v| v < smem) {
+            // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
+            unsafe {
+                drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
+            }
+            .map_err(e("smem attribute"))?;
+            self.smem_set.insert(name, smem);
+        }
+        Ok(())
+    }
+
+    /// Average seconds per call of `f` over `reps` back-to-back calls, timed with CUDA events.
+    pub fn time(&mut self, reps: usize, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+        let a = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
+        let b = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
+        // SAFETY: live events recorded on our stream; synchronised before reading the elapsed time.
+        let ms = unsafe {
+            drv::event::record(a, self.stream).map_err(e("record"))?;
+            for _ in 0..reps {
+                f(self)?;
+            }
+            drv::event::record(b, self.stream).map_err(e("record"))?;
+            self.sync()?;
+            let ms = drv::event::elapsed(a, b).map_err(e("elapsed"))?;
+            let _ = drv::event::destroy(a);
+            let _ = drv::event::destroy(b);
+            ms
+        };
+        Ok(ms as f64 / 1e3 / reps.max(1) as f64)
+    }
+
+    /// The stream launches go to now.
+    fn cur_stream(&self) -> dsys::CUstream {
+        if self.cur == 0 {
+            self.stream
+        } else {
+            self.side[self.cur - 1]
+        }
+    }
+
+    /// Starts an independent branch: later launches go to side stream `k` (1 or 2), which first waits
+    /// for everything issued so far on the main stream.
+    pub fn fork(&mut self, k: usize) -> Result<()> {
+        let (ev, st) = (self.fork_ev[k - 1], self.side[k - 1]);
+        // SAFETY: live event and streams created in `new`.
+        unsafe {
+            drv::event::record(ev, self.stream).map_err(e("record"))?;
+            drv::stream::wait_event(st, ev, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT).map_err(e("wait event"))?;
+        }
+        self.cur = k;
+        Ok(())
+    }
+
+    /// Ends branch `k`: the main stream waits for the side stream's work; launches go to main again.
+    pub fn join(&mut self, k: usize) -> Result<()> {
+        let (ev, st) = (self.join_ev[k - 1], self.side[k - 1]);
+        // SAFETY: live event and streams created in `new`.
+        unsafe {
+            drv::event::record(ev, st).map_err(e("record"))?;
+            drv::stream::wait_event(self.stream, ev, dsys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT).map_err(e("wait event"))?;
+        }
+        self.cur = 0;
+        Ok(())
+    }
+
+    /// Continues on the main stream without waiting (the branch is joined later with `join`).
+    pub fn to_main(&mut self) { self.cur = 0; }
+
     /// Launches kernel `name`; grid/block as (x, y, z).
     pub fn launch(&mut self, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) -> Result<()> {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
         let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        if args.len() > 24 {
+            return Err(format!("kernel {name}: more than 24 arguments"));
+        }
+        // Fixed-size argument block on the stack: a launch allocates nothing.
         let mut store: [u64; 24] = [0; 24];
-        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(args.len());
+        let mut ptrs: [*mut c_void; 24] = [std::ptr::null_mut(); 24];
         for (i, a) in args.iter().enumerate() {
             let slot = &mut store[i] as *mut u64;
             // SAFETY: each slot is 8 bytes; we write the argument's bytes at its start (little-endian).
@@ -242,42 +330,38 @@ impl Gpu {
                     A::F(v) => *(slot as *mut f32) = v,
                 }
             }
-            ptrs.push(slot as *mut c_void);
+            ptrs[i] = slot as *mut c_void;
         }
         let ev = self.prof_begin(name)?;
-        if smem > 40 * 1024 {
-            // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
-            unsafe {
-                drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
-            }
-            .map_err(e("smem attribute"))?;
-        }
+        self.reserve_smem(name, smem)?;
         // SAFETY: argument pointers point into `store`, which lives across the call; the kernel's
         // parameter list matches `args` (each call site mirrors the kernel signature in kernels.cu).
-        unsafe { drv::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, &mut ptrs) }.map_err(|err| format!("launch {name}: {err:?}"))?;
+        unsafe { drv::launch_kernel(f, grid, (block, 1, 1), smem, self.cur_stream(), &mut ptrs[..args.len()]) }.map_err(|err| format!("launch {name}: {err:?}"))?;
         self.prof_end(name, ev)?;
         Ok(())
     }
 
     fn prof_begin(&mut self, _name: &'static str) -> Result<Option<dsys::CUevent>> {
+        let st = self.cur_stream();
         let Some(p) = self.prof.as_mut() else { return Ok(None) };
         let ev = match p.pool.pop() {
             Some(x) => x,
             None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?,
         };
         // SAFETY: live event and stream.
-        unsafe { drv::event::record(ev, self.stream) }.map_err(e("record"))?;
+        unsafe { drv::event::record(ev, st) }.map_err(e("record"))?;
         Ok(Some(ev))
     }
 
     fn prof_end(&mut self, name: &'static str, start: Option<dsys::CUevent>) -> Result<()> {
+        let st = self.cur_stream();
         let (Some(p), Some(s)) = (self.prof.as_mut(), start) else { return Ok(()) };
         let ev = match p.pool.pop() {
             Some(x) => x,
             None => drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?,
         };
         // SAFETY: live event and stream.
-        unsafe { drv::event::record(ev, self.stream) }.map_err(e("record"))?;
+        unsafe { drv::event::record(ev, st) }.map_err(e("record"))?;
         p.pending.push((name, s, ev));
         Ok(())
     }
@@ -420,6 +504,12 @@ impl Drop for Gpu {
             let _ = blas::destroy_handle(self.blas);
             let _ = drv::module::unload(self.module);
             let _ = drv::stream::destroy(self.stream);
+            for k in 0..2 {
+                let _ = drv::stream::synchronize(self.side[k]);
+                let _ = drv::stream::destroy(self.side[k]);
+                let _ = drv::event::destroy(self.fork_ev[k]);
+                let _ = drv::event::destroy(self.join_ev[k]);
+            }
         }
     }
 }

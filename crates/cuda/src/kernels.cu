@@ -9,7 +9,7 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 #define INFINITY __int_as_float(0x7f800000)
 
-__constant__ u64 iq2xxs_grid[256];
+__device__ u64 iq2xxs_grid[256];
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ u16 f2h(float f) { u16 h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
@@ -273,6 +273,301 @@ MV_KERNEL(mv_f32, 1) MV_KERNEL(mv_f32, 4)
 MV_IQ2(1) MV_IQ2(4)
 
 // ---------------------------------------------------------------------------------------------
+// Row-tiled mat-vec ("mv4"): one warp computes R = 4 rows, so each activation load feeds four rows
+// (for 2-bit weights the f32 activations are 12-16x the weight bytes; without the reuse the L1, not
+// HBM, would be the limit). The row is walked in chunks of 256 values; in a chunk lane l owns
+// positions 4l..4l+3 and 128+4l..128+4l+3, so activation float4 loads are contiguous across lanes.
+// `ks` warps split a row group over K (reduced in shared memory) when there are few rows.
+// Q8_0 and IQ2_XXS rows use the split layout written by `split_rows` at load (block payloads first,
+// then the f16 block scales), which makes every payload load 4-byte aligned.
+// ---------------------------------------------------------------------------------------------
+#define WK_F16 0
+#define WK_Q8S 1
+#define WK_Q2K 2
+#define WK_Q4K 3
+#define WK_IQ2S 4
+
+template <int K> __device__ __forceinline__ u64 wk_row_bytes(int cols) {
+    if (K == WK_F16) return (u64)cols * 2;
+    if (K == WK_Q8S) return (u64)(cols >> 5) * 34;
+    if (K == WK_Q2K) return (u64)(cols >> 8) * 84;
+    if (K == WK_Q4K) return (u64)(cols >> 8) * 144;
+    return (u64)(cols >> 8) * 66;
+}
+
+// Bytes of `v` (selected by `sel`, 0..3 each nibble) to exact floats: PRMT builds 2^23 + byte and one
+// FADD removes the 2^23 (two full-rate instructions instead of a quarter-rate I2F).
+__device__ __forceinline__ float byte_f(u32 v, u32 k) { return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | k)) - 8388608.0f; }
+
+// x·w over the 4 weights at positions j..j+3 (j = chunk*256 + 4*lane + 128*half) of row `wr`.
+// `xs4` = x.x+x.y+x.z+x.w (for the k-quant minimums). G: guard positions past `cols` (F16/Q8 tails).
+template <int K, bool G>
+__device__ __forceinline__ float wk_dot(const u8* __restrict__ wr, int cols, int c, int lane, int half, const u64* grid, float4 x, float xs4) {
+    int j = c * 256 + 4 * lane + 128 * half;
+    if (G && j >= cols) return 0.0f;
+    if (K == WK_F16) {
+        uint2 a = *(const uint2*)(wr + 2 * (u64)j);
+        return h2f(a.x & 0xffff) * x.x + h2f(a.x >> 16) * x.y + h2f(a.y & 0xffff) * x.z + h2f(a.y >> 16) * x.w;
+    } else if (K == WK_Q8S) {
+        u32 q = *(const u32*)(wr + j) ^ 0x80808080u;  // signed -> biased unsigned bytes
+        float d = h2f(ld16(wr + cols + 2 * (j >> 5)));
+        float s = (byte_f(q, 0) - 128.0f) * x.x + (byte_f(q, 1) - 128.0f) * x.y + (byte_f(q, 2) - 128.0f) * x.z + (byte_f(q, 3) - 128.0f) * x.w;
+        return d * s;
+    } else if (K == WK_Q2K) {
+        const u8* b = wr + (u64)c * 84;
+        u32 q = (*(const u32*)(b + 16 + 32 * half + 4 * (lane & 7)) >> (2 * (lane >> 3))) & 0x03030303u;
+        int sc = b[8 * half + (lane >> 2)];
+        float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+        float s = byte_f(q, 0) * x.x + byte_f(q, 1) * x.y + byte_f(q, 2) * x.z + byte_f(q, 3) * x.w;
+        return d * byte_f((u32)sc & 15u, 0) * s - dmin * byte_f((u32)sc >> 4, 0) * xs4;
+    } else if (K == WK_Q4K) {
+        const u8* b = wr + (u64)c * 144;
+        int sub = 4 * half + (lane >> 3), pair = 2 * half + (lane >> 4), hi = (lane >> 3) & 1;
+        u32 q = (*(const u32*)(b + 16 + 32 * pair + 4 * (lane & 7)) >> (4 * hi)) & 0x0F0F0F0Fu;
+        float d = h2f(ld16(b)), dmin = h2f(ld16(b + 2));
+        int sc, mn;
+        q4k_sm(sub, b + 4, &sc, &mn);
+        float s = byte_f(q, 0) * x.x + byte_f(q, 1) * x.y + byte_f(q, 2) * x.z + byte_f(q, 3) * x.w;
+        return d * byte_f((u32)sc, 0) * s - dmin * byte_f((u32)mn, 0) * xs4;
+    } else {
+        int nb = cols >> 8;
+        int g = 4 * half + (lane >> 3), kk = (lane & 7) >> 1, m0 = 4 * (lane & 1);
+        const u8* qs = wr + (u64)c * 64 + 8 * g;
+        u32 a0 = *(const u32*)qs, a1 = *(const u32*)(qs + 4);
+        float d = h2f(ld16(wr + (u64)nb * 64 + 2 * c));
+        float db = d * (0.5f + byte_f(a1 >> 28, 0)) * 0.25f;
+        u64 gv = grid[(a0 >> (8 * kk)) & 255];
+        u32 g4 = (u32)(gv >> (8 * m0));                       // the 4 grid bytes of this lane
+        u32 sg = ksign((a1 >> (7 * kk)) & 127) >> m0;         // their 4 sign bits
+        float4 xx = x;
+        xx.x = __uint_as_float(__float_as_uint(xx.x) ^ ((sg & 1u) << 31));
+        xx.y = __uint_as_float(__float_as_uint(xx.y) ^ (((sg >> 1) & 1u) << 31));
+        xx.z = __uint_as_float(__float_as_uint(xx.z) ^ (((sg >> 2) & 1u) << 31));
+        xx.w = __uint_as_float(__float_as_uint(xx.w) ^ (((sg >> 3) & 1u) << 31));
+        float s = byte_f(g4, 0) * xx.x + byte_f(g4, 1) * xx.y + byte_f(g4, 2) * xx.z + byte_f(g4, 3) * xx.w;
+        return db * s;
+    }
+}
+
+// U chunks (c, c+ks, ..., c+(U-1)*ks) of R rows for NT tokens, in one basic block so that every
+// weight and activation load of the U chunks is issued before the first use (bytes in flight per
+// warp, not instruction count, bound a mat-vec on HBM).
+template <int K, int NT, int U, bool G>
+__device__ __forceinline__ void mv4_chunks(const u8* const* wr, const float* xs, int ldx, int nt, int cols, int c, int ks, int lane, const u64* grid, float (*acc)[NT]) {
+    constexpr int R = 4;
+    float4 xa[U][NT], xb[U][NT];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int j = (c + u * ks) * 256 + 4 * lane;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float* xt = xs + (u64)min(t, nt - 1) * ldx;
+            xa[u][t] = (!G || j < cols) ? __ldg((const float4*)(xt + j)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xb[u][t] = (!G || j + 128 < cols) ? __ldg((const float4*)(xt + j + 128)) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++)
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float sa = xa[u][t].x + xa[u][t].y + xa[u][t].z + xa[u][t].w, sb = xb[u][t].x + xb[u][t].y + xb[u][t].z + xb[u][t].w;
+                acc[r][t] += wk_dot<K, G>(wr[r], cols, c + u * ks, lane, 0, grid, xa[u][t], sa) + wk_dot<K, G>(wr[r], cols, c + u * ks, lane, 1, grid, xb[u][t], sb);
+            }
+}
+
+template <int K, int NT, int U> __device__ __forceinline__ void mv4_impl(MV_ARGS, const u64* grid) {
+    constexpr int R = 4;
+    __shared__ float red[8][R][NT];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
+    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * R;
+    int z = blockIdx.z;
+    int mat = eids ? eids[z] : z;
+    int t0 = blockIdx.y * NT, nt = min(NT, n - t0);
+    const u8* wm = W + (u64)mat * w_mat_bytes;
+    u64 rb = wk_row_bytes<K>(cols);
+    const float* xs = X + (u64)z * x_z + (u64)t0 * ldx;
+    const u8* wr[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) wr[r] = wm + (u64)min(r0 + r, rows - 1) * rb;
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    int nfull = cols >> 8;
+    int c = part;
+    for (; c + (U - 1) * ks < nfull; c += U * ks) mv4_chunks<K, NT, U, false>(wr, xs, ldx, nt, cols, c, ks, lane, grid, acc);
+    for (; c < nfull; c += ks) mv4_chunks<K, NT, 1, false>(wr, xs, ldx, nt, cols, c, ks, lane, grid, acc);
+    if ((cols & 255) && nfull % ks == part) mv4_chunks<K, NT, 1, true>(wr, xs, ldx, nt, cols, nfull, ks, lane, grid, acc);
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float s = warp_sum(acc[r][t]);
+            if (lane == 0) red[wid][r][t] = s;
+        }
+    __syncthreads();
+    if (part == 0 && lane < R * NT) {
+        int r = lane / NT, t = lane % NT;
+        if (r0 + r < rows && t < nt) {
+            float s = 0.0f;
+            for (int p = 0; p < ks; p++) s += red[wid + p][r][t];
+            Y[(u64)z * y_z + (u64)(t0 + t) * ldy + r0 + r] = s;
+        }
+    }
+}
+
+#define MV4_KERNEL(NAME, K, NT, U, MINB) \
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME##_n##NT(MV_ARGS) { mv4_impl<K, NT, U>(MV_CALL, nullptr); }
+MV4_KERNEL(mv4_f16, WK_F16, 1, 4, 2) MV4_KERNEL(mv4_f16, WK_F16, 4, 1, 2)
+MV4_KERNEL(mv4_q8s, WK_Q8S, 1, 4, 2) MV4_KERNEL(mv4_q8s, WK_Q8S, 4, 1, 2)
+MV4_KERNEL(mv4_q2_k, WK_Q2K, 1, 4, 2) MV4_KERNEL(mv4_q2_k, WK_Q2K, 4, 1, 2)
+MV4_KERNEL(mv4_q4_k, WK_Q4K, 1, 4, 2) MV4_KERNEL(mv4_q4_k, WK_Q4K, 4, 1, 2)
+#define MV4_IQ2(NT, U, MINB) \
+    extern "C" __global__ void __launch_bounds__(256, MINB) mv4_iq2s_n##NT(MV_ARGS) { \
+        __shared__ u64 grid[256]; \
+        grid[threadIdx.x] = iq2xxs_grid[threadIdx.x]; \
+        __syncthreads(); \
+        mv4_impl<WK_IQ2S, NT, U>(MV_CALL, grid); \
+    }
+MV4_IQ2(1, 4, 2) MV4_IQ2(4, 1, 2)
+
+// Decode mat-vec for split-layout IQ2_XXS ("mvq"): each lane takes whole 32-value groups (one 8-byte
+// load gives 32 weights), R rows per warp reuse the group's activations, which come from shared memory
+// (staged once per block, float4 slots XOR-swizzled so the lanes' 128-byte-strided reads do not
+// collide in banks). Grid as mv4 (R rows per warp, ks warps per row group). One token.
+#define MVQ_R 8
+__device__ __forceinline__ float sgnx(float x, u32 sg, int k) { return __uint_as_float(__float_as_uint(x) ^ ((sg >> k) << 31)); }
+
+extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) {
+    extern __shared__ float4 xs4[];  // cols/4 slots
+    __shared__ u64 grid[256];
+    __shared__ float red[8][MVQ_R];
+    grid[threadIdx.x] = iq2xxs_grid[threadIdx.x];
+    int z = blockIdx.z;
+    const float* xz = X + (u64)z * x_z;
+    int nf = cols >> 2;
+    for (int f = threadIdx.x; f < nf; f += blockDim.x) xs4[f ^ ((f >> 3) & 7)] = __ldg((const float4*)(xz + 4 * f));
+    __syncthreads();
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
+    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
+    int mat = eids ? eids[z] : z;
+    const u8* wm = W + (u64)mat * w_mat_bytes;
+    int nb = cols >> 8, ng = nb * 8, nsteps = (ng + 31) >> 5;
+    u64 rb = (u64)nb * 66;
+    float acc[MVQ_R];
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
+    // Software pipelining: the next step's weight words are requested before this step's arithmetic.
+    uint2 a[MVQ_R];
+    u16 dh[MVQ_R];
+    auto fetch = [&](int st) {
+        int G = min(st * 32 + lane, ng - 1), c = G >> 3, g = G & 7;
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;
+            a[r] = *(const uint2*)(wr + 64 * c + 8 * g);
+            dh[r] = ld16(wr + nb * 64 + 2 * c);
+        }
+    };
+    if (part < nsteps) fetch(part);
+    for (int st = part; st < nsteps; st += ks) {
+        int G = st * 32 + lane;
+        uint2 ac[MVQ_R];
+        u16 dc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) { ac[r] = a[r]; dc[r] = dh[r]; }
+        if (st + ks < nsteps) fetch(st + ks);
+        if (G >= ng) continue;
+        float4 xv[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++) xv[k] = xs4[(8 * G + k) ^ (G & 7)];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            u32 a0 = ac[r].x, a1 = ac[r].y;
+            float db = h2f(dc[r]) * (0.5f + byte_f(a1 >> 28, 0)) * 0.25f;
+            float sum = 0.0f;
+#pragma unroll
+            for (int l = 0; l < 4; l++) {
+                u64 gv = grid[(a0 >> (8 * l)) & 255];
+                u32 sg = ksign((a1 >> (7 * l)) & 127);
+                u32 lo = (u32)gv, hi = (u32)(gv >> 32);
+                float4 xa = xv[2 * l], xb = xv[2 * l + 1];
+                sum += byte_f(lo, 0) * sgnx(xa.x, sg & 1u, 0) + byte_f(lo, 1) * sgnx(xa.y, (sg >> 1) & 1u, 0) + byte_f(lo, 2) * sgnx(xa.z, (sg >> 2) & 1u, 0) +
+                       byte_f(lo, 3) * sgnx(xa.w, (sg >> 3) & 1u, 0) + byte_f(hi, 0) * sgnx(xb.x, (sg >> 4) & 1u, 0) + byte_f(hi, 1) * sgnx(xb.y, (sg >> 5) & 1u, 0) +
+                       byte_f(hi, 2) * sgnx(xb.z, (sg >> 6) & 1u, 0) + byte_f(hi, 3) * sgnx(xb.w, (sg >> 7) & 1u, 0);
+            }
+            acc[r] += db * sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[wid][r] = v;
+    }
+    __syncthreads();
+    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
+        float v = 0.0f;
+        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
+        Y[(u64)z * y_z + r0 + lane] = v;
+    }
+}
+
+// In-place conversion of rows of `nb` blocks (`bs` bytes each, a 2-byte f16 scale first) to the split
+// layout: the nb payloads of bs-2 bytes, then the nb scales. One block per row; row in shared memory.
+extern "C" __global__ void split_rows(u8* W, int nb, int bs) {
+    extern __shared__ u8 rowbuf[];
+    u8* row = W + (u64)blockIdx.x * nb * bs;
+    int rb = nb * bs, pb = bs - 2;
+    for (int k = threadIdx.x; k < rb; k += blockDim.x) rowbuf[k] = row[k];
+    __syncthreads();
+    for (int k = threadIdx.x; k < rb; k += blockDim.x) {
+        int blk = k / bs, off = k % bs;
+        if (off < 2) row[nb * pb + 2 * blk + off] = rowbuf[k];
+        else row[blk * pb + off - 2] = rowbuf[k];
+    }
+}
+
+// f16 copies of split-layout Q8_0 / IQ2_XXS matrices (`n` elements, rows of `cols`).
+extern "C" __global__ void dq_q8s(const u8* W, u16* out, u64 n, int cols) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = 32 elements (one block)
+    if (u * 32 >= n) return;
+    int nb = cols >> 5;
+    u64 row = u / nb;
+    int ib = (int)(u % nb);
+    const u8* wr = W + row * (u64)nb * 34;
+    float d = h2f(ld16(wr + cols + 2 * ib));
+    const u8* q = wr + 32 * ib;
+    for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(d * (float)(signed char)q[k]);
+}
+extern "C" __global__ void dq_iq2s(const u8* W, u16* out, u64 n, int cols) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group, l) -> 8 elements
+    if (u * 8 >= n) return;
+    int nb = cols >> 8;
+    u64 ibg = u >> 5;
+    u64 row = ibg / nb;
+    int ib = (int)(ibg % nb);
+    int g = (u >> 2) & 7, l = u & 3;
+    const u8* wr = W + row * (u64)nb * 66;
+    float d = h2f(ld16(wr + nb * 64 + 2 * ib));
+    const u8* qs = wr + 64 * ib + 8 * g;
+    u32 a0 = *(const u32*)qs, a1 = *(const u32*)(qs + 4);
+    float db = d * (0.5f + (float)(a1 >> 28)) * 0.25f;
+    u64 gv = iq2xxs_grid[(a0 >> (8 * l)) & 255];
+    u32 sg = ksign((a1 >> (7 * l)) & 127);
+    u32 o[4];
+    for (int k = 0; k < 8; k += 2) {
+        float v0 = db * (float)((gv >> (8 * k)) & 255), v1 = db * (float)((gv >> (8 * k + 8)) & 255);
+        if ((sg >> k) & 1) v0 = -v0;
+        if ((sg >> (k + 1)) & 1) v1 = -v1;
+        o[k / 2] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
+    }
+    *(uint4*)(out + ibg * 256 + 32 * g + 8 * l) = make_uint4(o[0], o[1], o[2], o[3]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dequantization to f16 (input of cuBLAS GEMMs in prefill). `n` elements (whole blocks); one
 // thread per 32-element unit.
 // ---------------------------------------------------------------------------------------------
@@ -438,7 +733,20 @@ __device__ void fp4_block(float* b, int n) {
 // 2 = Hadamard + FP4 (32-blocks) on the whole row. Row r goes to out + r*ldo. One block per row,
 // blockDim.x == d (<= 1024).
 extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, int ldo, int d, int do_norm, const float* w, float eps,
-                                         const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat) {
+                                         const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat,
+                                         const long long* dpos, int comp_ratio) {
+    // Decode (graph-replayable): the position comes from device memory. With comp_ratio, the single
+    // row is the compressor window that closes at this position (nothing to do when none closes).
+    if (dpos) {
+        long long p = *dpos;
+        if (comp_ratio) {
+            if ((p + 1) % comp_ratio) return;
+            out += (u64)(p / comp_ratio) * ldo;
+            pos_base = (p / comp_ratio) * comp_ratio;
+        } else {
+            pos_base = p;
+        }
+    }
     extern __shared__ double sm[];  // d doubles (+32 for reduction)
     double* red = sm + d;
     float* rowf = (float*)(red + 32);  // d floats
@@ -467,7 +775,17 @@ extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, i
     if (qat == 1) {
         int nope = d - 2 * half;
         int nb = (nope + 63) / 64;
-        if (j < nb) fp8_block(rowf + 64 * j, min(64, nope - 64 * j));
+        // Warp w quantises block w (two values per lane) instead of one thread walking 64 serially.
+        int lane = j & 31, wq = j >> 5;
+        for (int b = wq; b < nb; b += blockDim.x >> 5) {
+            int len = min(64, nope - 64 * b);
+            float* blk = rowf + 64 * b;
+            float v0 = lane < len ? blk[lane] : 0.0f, v1 = lane + 32 < len ? blk[lane + 32] : 0.0f;
+            float amax = fmaxf(warp_max(fmaxf(fabsf(v0), fabsf(v1))), 1e-4f);
+            float sc = pow2_ceil(amax / 448.0f);
+            if (lane < len) blk[lane] = e4m3_round(fminf(fmaxf(v0 / sc, -448.0f), 448.0f)) * sc;
+            if (lane + 32 < len) blk[lane + 32] = e4m3_round(fminf(fmaxf(v1 / sc, -448.0f), 448.0f)) * sc;
+        }
         __syncthreads();
     } else if (qat == 2) {
         sm[j] = (double)rowf[j];
@@ -480,7 +798,15 @@ extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, i
         }
         rowf[j] = (float)(sm[j] * (1.0 / sqrt((double)d)));
         __syncthreads();
-        if (j < d / 32) fp4_block(rowf + 32 * j, 32);
+        {
+            int lane = j & 31, wq = j >> 5;
+            for (int b = wq; b < d / 32; b += blockDim.x >> 5) {
+                float v = rowf[32 * b + lane];
+                float amax = fmaxf(warp_max(fabsf(v)), 6.0f * 1.17549435e-38f);
+                float sc = pow2_ceil(amax / 6.0f);
+                rowf[32 * b + lane] = e2m1_round(fminf(fmaxf(v / sc, -6.0f), 6.0f)) * sc;
+            }
+        }
         __syncthreads();
     }
     out[(u64)r * ldo + j] = rowf[j];
@@ -498,7 +824,36 @@ extern "C" __global__ void hc_pre(const float* mix, const float* scale, const fl
     int nm = (2 + nh) * nh;
     const float* m = mix + (u64)i * nm;
     float* mo = mixes + (u64)i * (nh + nh * nh);
-    if (threadIdx.x == 0) {
+    if (nh * nh <= 32) {
+        // One warp, one matrix element per lane; sums gathered by shuffles in the CPU's sequential order
+        // (so the result is the serial loop's, bit for bit), instead of one thread walking 20 iterations.
+        if (threadIdx.x < 32) {
+            int lane = threadIdx.x, r = lane / nh, k = lane % nh;
+            bool on = lane < nh * nh;
+            if (lane < nh) {
+                pre[lane] = sigmoidf_(m[lane] * scale[0] + base[lane]) + eps;
+                mo[lane] = 2.0f * sigmoidf_(m[nh + lane] * scale[1] + base[nh + lane]);
+            }
+            float c = on ? m[2 * nh + lane] * scale[2] + base[2 * nh + lane] : 0.0f;
+            float mx = -INFINITY;
+            for (int q = 0; q < nh; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, r * nh + q));
+            float ev = expf(c - mx);
+            float s = 0.0f;
+            for (int q = 0; q < nh; q++) s += __shfl_sync(0xffffffffu, ev, r * nh + q);
+            c = ev / s + eps;
+            for (int it = 0; it < iters; it++) {
+                if (it > 0) {
+                    float t = 0.0f;
+                    for (int q = 0; q < nh; q++) t += __shfl_sync(0xffffffffu, c, r * nh + q);
+                    c = c / (t + eps);
+                }
+                float t = 0.0f;
+                for (int q = 0; q < nh; q++) t += __shfl_sync(0xffffffffu, c, q * nh + k);
+                c = c / (t + eps);
+            }
+            if (on) mo[nh + lane] = c;
+        }
+    } else if (threadIdx.x == 0) {
         float c[64];
         for (int s = 0; s < nh; s++) {
             pre[s] = sigmoidf_(m[s] * scale[0] + base[s]) + eps;
@@ -515,10 +870,9 @@ extern "C" __global__ void hc_pre(const float* mix, const float* scale, const fl
         for (int it = 0; it < iters; it++) {
             if (it > 0) {
                 for (int r = 0; r < nh; r++) {
-                    float s = eps;
                     float t = 0.0f;
                     for (int k = 0; k < nh; k++) t += c[r * nh + k];
-                    s = t + eps;
+                    float s = t + eps;
                     for (int k = 0; k < nh; k++) c[r * nh + k] /= s;
                 }
             }
@@ -538,6 +892,66 @@ extern "C" __global__ void hc_pre(const float* mix, const float* scale, const fl
         for (int s = 0; s < nh; s++) o += pre[s] * xi[s * e + j];
         cur[(u64)i * e + j] = o;
     }
+}
+
+// Fused sub-layer entry for decode and prefill: from the raw mix projection of the un-normalised
+// streams (x·Wᵀ), the flat RMS factor, the Sinkhorn mix, the collapsed input cur = Σ pre[s]·X[s], and
+// its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms).
+extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixraw, const float* scale, const float* base, int nh, int iters,
+                                                              float hc_eps, const float* x, int e, float* mixes, const float* w, float eps,
+                                                              float* xn) {
+    __shared__ double red[32];
+    __shared__ float pre[16];
+    __shared__ float s_inv;
+    extern __shared__ float curs[];  // e floats
+    int i = blockIdx.x, t = threadIdx.x;
+    int hd = nh * e, nm = (2 + nh) * nh;
+    const float* xi = x + (u64)i * hd;
+    double ss = 0.0;
+    for (int j = t; j < hd; j += blockDim.x) ss += (double)xi[j] * (double)xi[j];
+    ss = block_sum_d(ss, red);
+    float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
+    const float* mr = mixraw + (u64)i * nm;
+    float* mo = mixes + (u64)i * (nh + nh * nh);
+    if (t < 32) {
+        int lane = t, r = lane / nh, k = lane % nh;
+        bool on = lane < nh * nh;
+        if (lane < nh) {
+            pre[lane] = sigmoidf_(mr[lane] * inv * scale[0] + base[lane]) + hc_eps;
+            mo[lane] = 2.0f * sigmoidf_(mr[nh + lane] * inv * scale[1] + base[nh + lane]);
+        }
+        float c = on ? mr[2 * nh + lane] * inv * scale[2] + base[2 * nh + lane] : 0.0f;
+        float mx = -INFINITY;
+        for (int q = 0; q < nh; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, r * nh + q));
+        float ev = expf(c - mx);
+        float sm = 0.0f;
+        for (int q = 0; q < nh; q++) sm += __shfl_sync(0xffffffffu, ev, r * nh + q);
+        c = ev / sm + hc_eps;
+        for (int it = 0; it < iters; it++) {
+            if (it > 0) {
+                float tt = 0.0f;
+                for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, r * nh + q);
+                c = c / (tt + hc_eps);
+            }
+            float tt = 0.0f;
+            for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, q * nh + k);
+            c = c / (tt + hc_eps);
+        }
+        if (on) mo[nh + lane] = c;
+    }
+    __syncthreads();
+    double s2 = 0.0;
+    for (int j = t; j < e; j += blockDim.x) {
+        float o = 0.0f;
+        for (int s = 0; s < nh; s++) o += pre[s] * xi[s * e + j];
+        curs[j] = o;
+        s2 += (double)o * (double)o;
+    }
+    s2 = block_sum_d(s2, red);
+    if (t == 0) s_inv = 1.0f / sqrtf((float)(s2 / e) + eps);
+    __syncthreads();
+    float inv2 = s_inv;
+    for (int j = t; j < e; j += blockDim.x) xn[(u64)i * e + j] = w ? curs[j] * inv2 * w[j] : curs[j] * inv2;
 }
 
 // X'[c] = post[c]*y + sum_r comb[r][c]*X[r], in place. Grid: (ceil(e/256), n).
@@ -734,8 +1148,153 @@ extern "C" __global__ void __launch_bounds__(256) attn_h1(ATTN_ARGS) { attn_impl
 extern "C" __global__ void __launch_bounds__(256) attn_h4(ATTN_ARGS) { attn_impl<4>(ATTN_CALL); }
 extern "C" __global__ void __launch_bounds__(256) attn_h16(ATTN_ARGS) { attn_impl<16>(ATTN_CALL); }
 
+// Decode attention (one token), split over candidates: block (head group of 8, chunk of ADEC_CH
+// candidates) writes its unnormalised partial output with the chunk's max and sum; `attn_dec_merge`
+// combines the chunks with the sink and applies the inverse rope. 64 heads x 640 candidates become
+// 160 blocks instead of 64 serial walks.
+#define ADEC_HG 8
+#define ADEC_CH 32
+__device__ __forceinline__ const float* attn_row(int c, int nraw, long long lo, long long pos0, int swa, int use_sel, int topk, const float* kvb,
+                                                const float* ring, const float* comp, const int* sel, int d) {
+    if (c < nraw) {
+        long long p = lo + c;
+        return p >= pos0 ? kvb + (u64)(p - pos0) * d : ring + (u64)(p % swa) * d;
+    }
+    int r = c - nraw;
+    if (use_sel) r = sel[r];
+    return comp + (u64)r * d;
+}
+
+extern "C" __global__ void __launch_bounds__(256) attn_dec(const float* __restrict__ q, const float* __restrict__ kvb, const float* __restrict__ ring,
+                                                           const float* __restrict__ comp, const int* __restrict__ sel, float* __restrict__ part,
+                                                           int nh, int d, long long pos0, int swa, int ratio, int topk, int nsplit, const long long* dpos) {
+    extern __shared__ float smf[];
+    if (dpos) pos0 = *dpos;
+    int h0 = blockIdx.x * ADEC_HG, sp = blockIdx.y;
+    long long pos = pos0;
+    long long lo = pos + 1 - swa;
+    if (lo < 0) lo = 0;
+    int nraw = (int)(pos - lo + 1);
+    int nc = ratio ? (int)((pos + 1) / ratio) : 0;
+    int use_sel = sel && nc > topk;
+    int ncand = nraw + (use_sel ? topk : nc);
+    int c0 = sp * ADEC_CH, c1 = min(ncand, c0 + ADEC_CH);
+    if (c0 >= ncand) return;  // splits beyond this position's candidates (graph launches the maximum)
+    int nhg = min(ADEC_HG, nh - h0);
+    float* qs = smf;                      // ADEC_HG * d
+    float* rows = smf + ADEC_HG * d;      // ADEC_CH * d: the chunk's candidate rows
+    float* sc = rows + ADEC_CH * d;       // ADEC_HG * ADEC_CH
+    int dq = d / 4;
+    for (int u = threadIdx.x; u < ADEC_HG * dq; u += blockDim.x) {
+        int h = u / dq;
+        float4 v = h < nhg ? *(const float4*)(q + (u64)h0 * d + 4 * (u64)u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        *(float4*)(qs + 4 * u) = v;
+    }
+    for (int u = threadIdx.x; u < ADEC_CH * dq; u += blockDim.x) {
+        int c = c0 + u / dq, k = (u % dq) * 4;
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (c < c1) v = *(const float4*)(attn_row(c, nraw, lo, pos0, swa, use_sel, topk, kvb, ring, comp, sel, d) + k);
+        *(float4*)(rows + (u / dq) * d + k) = v;
+    }
+    __syncthreads();
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int cc = wid; cc < ADEC_CH; cc += 8) {
+        float pr[ADEC_HG];
+#pragma unroll
+        for (int h = 0; h < ADEC_HG; h++) pr[h] = 0.0f;
+        const float* row = rows + cc * d;
+        for (int k = lane * 4; k < d; k += 128) {
+            float4 rv = *(const float4*)(row + k);
+#pragma unroll
+            for (int h = 0; h < ADEC_HG; h++) {
+                float4 qv = *(const float4*)(qs + h * d + k);
+                pr[h] += qv.x * rv.x + qv.y * rv.y + qv.z * rv.z + qv.w * rv.w;
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < ADEC_HG; h++) {
+            float s = warp_sum(pr[h]);
+            if (lane == 0) sc[h * ADEC_CH + cc] = c0 + cc < c1 ? s * scale : -INFINITY;
+        }
+    }
+    __syncthreads();
+    // Warp h: softmax pieces of head h over this chunk (ADEC_CH == 32: one candidate per lane).
+    float* ml = part + (u64)nsplit * nh * d;  // (max, sum) pairs after the partial outputs
+    if (wid < ADEC_HG) {
+        float v = sc[wid * ADEC_CH + lane];
+        float mx = warp_max(v);
+        float p = v == -INFINITY ? 0.0f : expf(v - mx);
+        sc[wid * ADEC_CH + lane] = p;
+        float sum = warp_sum(p);
+        if (lane == 0 && wid < nhg) {
+            ml[((u64)sp * nh + h0 + wid) * 2] = mx;
+            ml[((u64)sp * nh + h0 + wid) * 2 + 1] = sum;
+        }
+    }
+    __syncthreads();
+    // Thread: 4 dims (k) x 4 heads (h = hq, hq+2, ...) over the chunk's rows from shared memory.
+    for (int u = threadIdx.x; u < 2 * dq; u += blockDim.x) {
+        int k = (u % dq) * 4, hq = u / dq;
+        float4 acc[ADEC_HG / 2];
+#pragma unroll
+        for (int j = 0; j < ADEC_HG / 2; j++) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int cc = 0; cc < c1 - c0; cc++) {
+            float4 rv = *(const float4*)(rows + cc * d + k);
+#pragma unroll
+            for (int j = 0; j < ADEC_HG / 2; j++) {
+                float wgt = sc[(hq + 2 * j) * ADEC_CH + cc];
+                acc[j].x += wgt * rv.x; acc[j].y += wgt * rv.y; acc[j].z += wgt * rv.z; acc[j].w += wgt * rv.w;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < ADEC_HG / 2; j++) {
+            int h = hq + 2 * j;
+            if (h < nhg) *(float4*)(part + ((u64)sp * nh + h0 + h) * d + k) = acc[j];
+        }
+    }
+}
+
+// Grid (nh), d/4 threads (<= 1024): out[h] = sum_s e^(m_s - M) part_s / (e^(sink - M) + sum_s e^(m_s - M) l_s).
+// `nsplit` is the stride the partials were written with; the splits in use follow from the position.
+extern "C" __global__ void attn_dec_merge(const float* __restrict__ part, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d,
+                                          long long pos, int nsplit, int swa, int ratio, int topk, const int* sel, const double* __restrict__ freqs,
+                                          int half, const long long* dpos, const float* kvb, float* ring) {
+    if (dpos) pos = *dpos;
+    int h = blockIdx.x, k = threadIdx.x * 4;
+    // The ring update of this token (slot pos % swa held position pos - swa, outside every window read above).
+    if (h == 0 && ring && k < d) *(float4*)(ring + (u64)(pos % swa) * d + k) = *(const float4*)(kvb + k);
+    long long lo = pos + 1 - swa;
+    if (lo < 0) lo = 0;
+    int nc = ratio ? (int)((pos + 1) / ratio) : 0;
+    int ncand = (int)(pos - lo + 1) + ((sel && nc > topk) ? topk : nc);
+    int used = (ncand + ADEC_CH - 1) / ADEC_CH;
+    const float* ml = part + (u64)nsplit * nh * d;
+    float sink = sinks[h];
+    float M = sink;
+    for (int s = 0; s < used; s++) M = fmaxf(M, ml[((u64)s * nh + h) * 2]);
+    float den = expf(sink - M);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < used; s++) {
+        float m = ml[((u64)s * nh + h) * 2];
+        if (m == -INFINITY) continue;
+        float f = expf(m - M);
+        den += f * ml[((u64)s * nh + h) * 2 + 1];
+        if (k < d) {
+            float4 v = *(const float4*)(part + ((u64)s * nh + h) * d + k);
+            acc.x += f * v.x; acc.y += f * v.y; acc.z += f * v.z; acc.w += f * v.w;
+        }
+    }
+    if (k < d) {
+        float inv = 1.0f / den;
+        acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
+        attn_store(acc, k, d, half, pos, freqs, o + (u64)h * d);
+    }
+}
+
 // Ring update: the last min(n, swa) batch rows into ring slots pos % swa.
-extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int d, long long pos0, int swa) {
+extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int d, long long pos0, int swa, const long long* dpos) {
+    if (dpos) pos0 = *dpos;
     int i = blockIdx.x;
     if (i < n - swa) return;
     long long p = pos0 + i;
@@ -747,7 +1306,8 @@ extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int 
 // the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
-                                    int n, long long pos0, int ratio, int w, int d) {
+                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos) {
+    if (dpos) pos0 = *dpos;
     int j = threadIdx.x;
     int k = 0;
     for (int i = 0; i < n; i++) {
@@ -804,7 +1364,8 @@ extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) {
 // generic fallback below otherwise).
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* q, const float* wts, const float* keys, float* scores, int ldsc,
-                                                             long long pos0, int ratio, int topk, int H, int D) {
+                                                             long long pos0, int ratio, int topk, int H, int D, const long long* dpos) {
+    if (dpos) pos0 = *dpos;
     extern __shared__ float sm2[];
     int i = blockIdx.y;
     long long pos = pos0 + i;
@@ -854,7 +1415,8 @@ __device__ __forceinline__ u32 fkey(float f) {
 
 // Top-k (largest scores, ties to the lowest index), output in ascending index order.
 // One block of 1024 threads per token with nc > topk.
-extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores, int ldsc, int* sel, long long pos0, int ratio, int topk) {
+extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores, int ldsc, int* sel, long long pos0, int ratio, int topk, const long long* dpos) {
+    if (dpos) pos0 = *dpos;
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_need;
     __shared__ u32 cnt_gt[1024], cnt_eq[1024];
@@ -898,23 +1460,31 @@ extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores,
         g += key > prefix;
         e += key == prefix;
     }
-    cnt_gt[t] = g;
-    cnt_eq[t] = e;
+    // Exclusive prefix sums of (g, e) over threads: warp scans, then a scan of the warp totals.
+    int lane = t & 31, wid = t >> 5;
+    u32 ig = g, ie = e;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 a = __shfl_up_sync(0xffffffffu, ig, o), b = __shfl_up_sync(0xffffffffu, ie, o);
+        if (lane >= o) { ig += a; ie += b; }
+    }
+    if (lane == 31) { cnt_gt[wid] = ig; cnt_eq[wid] = ie; }
     __syncthreads();
-    if (t == 0) {
-        u32 ag = 0, ae = 0;
-        for (int k = 0; k < (int)blockDim.x; k++) {
-            u32 a = cnt_gt[k], b = cnt_eq[k];
-            cnt_gt[k] = ag;
-            cnt_eq[k] = ae;
-            ag += a;
-            ae += b;
+    if (wid == 0) {
+        int nw = blockDim.x >> 5;
+        u32 wg = lane < nw ? cnt_gt[lane] : 0, we = lane < nw ? cnt_eq[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            u32 a = __shfl_up_sync(0xffffffffu, wg, o), b = __shfl_up_sync(0xffffffffu, we, o);
+            if (lane >= o) { wg += a; we += b; }
         }
+        if (lane < nw) { cnt_gt[32 + lane] = wg; cnt_eq[32 + lane] = we; }
     }
     __syncthreads();
-    u32 eq_before = cnt_eq[t];
+    u32 gb = ig - g + (wid > 0 ? cnt_gt[32 + wid - 1] : 0);
+    u32 eq_before = ie - e + (wid > 0 ? cnt_eq[32 + wid - 1] : 0);
     // Output position = (number of selected indices before c).
-    u32 sel_before = cnt_gt[t] + min(eq_before, need);
+    u32 sel_before = gb + min(eq_before, need);
     for (int c = c0; c < c1; c++) {
         u32 key = fkey(s[c]);
         bool take = key > prefix || (key == prefix && eq_before < need);
@@ -929,32 +1499,41 @@ extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores,
 // One block (>= n_expert threads, <= 1024) per token.
 extern "C" __global__ void route(const float* logits, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
                                  float scale, int* eids, float* ew) {
-    __shared__ float sv[1024];
-    __shared__ int si[1024];
+    __shared__ float wv[32];
+    __shared__ int wi[32];
     __shared__ int chosen[16];
-    int i = blockIdx.x, t = threadIdx.x;
+    int i = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5, nw = blockDim.x >> 5;
     const float* l = logits + (u64)i * ne;
     float p = t < ne ? sqrtf(softplusf_(l[t])) : -INFINITY;
     float selv = t < ne ? p + (bias ? bias[t] : 0.0f) : -INFINITY;
     if (hash) {
         if (t < k) chosen[t] = hash[(u64)tokens[i] * k + t];
     } else {
+        // k rounds of a block argmax (largest value, ties to the lowest index): warp shuffles, then warp 0.
         for (int slot = 0; slot < k; slot++) {
-            bool taken = false;
-            for (int q = 0; q < slot; q++) taken |= chosen[q] == t;
-            sv[t] = (t < ne && !taken) ? selv : -INFINITY;
-            si[t] = (t < ne && !taken) ? t : 0x7fffffff;
-            __syncthreads();
-            for (int st = blockDim.x / 2; st > 0; st >>= 1) {
-                if (t < st) {
-                    float a = sv[t], b = sv[t + st];
-                    int ia = si[t], ib = si[t + st];
-                    if (b > a || (b == a && ib < ia)) { sv[t] = b; si[t] = ib; }
-                }
-                __syncthreads();
+            float bv = selv;
+            int bi = t < ne ? t : 0x7fffffff;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
             }
-            if (t == 0) chosen[slot] = si[0];
+            if (lane == 0) { wv[wid] = bv; wi[wid] = bi; }
             __syncthreads();
+            if (wid == 0) {
+                bv = lane < nw ? wv[lane] : -INFINITY;
+                bi = lane < nw ? wi[lane] : 0x7fffffff;
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                    int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+                    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+                }
+                if (lane == 0) chosen[slot] = bi;
+            }
+            __syncthreads();
+            if (t == chosen[slot]) selv = -INFINITY;
         }
     }
     __syncthreads();
@@ -1044,4 +1623,14 @@ extern "C" __global__ void argmax_row(const float* x, int n, int* out) {
         __syncthreads();
     }
     if (t == 0) *out = si[0];
+}
+
+// Streaming read of `n16` 16-byte words (grid-stride), for the machine's achievable read bandwidth.
+extern "C" __global__ void read_sum(const uint4* __restrict__ src, u64 n16, u32* out) {
+    u32 acc = 0;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
+        uint4 v = __ldcs(src + i);
+        acc ^= v.x ^ v.y ^ v.z ^ v.w;
+    }
+    if (acc == 0x9e3779b9u) out[0] = acc;  // keeps the loads live
 }

@@ -19,9 +19,10 @@ struct DM {
     ty: GgmlType,
     rows: usize,
     cols: usize,
-    #[allow(dead_code)]
     n_mat: usize,
     row_bytes: usize,
+    /// Rows converted to the split layout (block payloads, then scales) by `split_rows` at load.
+    split: bool,
 }
 
 impl DM {
@@ -72,6 +73,24 @@ struct DLayer {
     down_exps: DM,
     shared: Option<[DM; 3]>,
     clamp: f32,
+}
+
+impl DLayer {
+    fn mats_mut(&mut self) -> Vec<&mut DM> {
+        let mut v = vec![&mut self.hc_attn.fn_, &mut self.q_a, &mut self.q_b, &mut self.kv, &mut self.out_a, &mut self.out_b, &mut self.hc_ffn.fn_, &mut self.gate_inp];
+        if let Some(c) = self.comp.as_mut() {
+            v.extend([&mut c.kv, &mut c.gate]);
+        }
+        if let Some(i) = self.indexer.as_mut() {
+            v.extend([&mut i.q_b, &mut i.proj, &mut i.comp.kv, &mut i.comp.gate]);
+        }
+        if let Some(s) = self.shared.as_mut() {
+            let [a, b, c] = s;
+            v.extend([a, b, c]);
+        }
+        v.extend([&mut self.gate_exps, &mut self.up_exps, &mut self.down_exps]);
+        v
+    }
 }
 
 struct DHead {
@@ -136,6 +155,9 @@ struct Work {
     logits: DBuf,
     tokens: DBuf,
     top1: DBuf,
+    /// Decode attention partials: per split and head, d outputs, then (max, sum) pairs.
+    adec: DBuf,
+    adec_splits: usize,
     wh: DBuf,
     wh_elems: usize,
     xh: DBuf,
@@ -173,8 +195,31 @@ pub struct CudaStage {
     /// Batches at least this large use dequantize + f16 cuBLAS GEMMs (DS4_CUDA_GEMM_MIN overrides;
     /// a huge value keeps every product on the f32 mat-vec kernels).
     pub gemm_min: usize,
+    /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
+    /// serves every position and can be replayed as a CUDA graph.
+    decode_mode: bool,
+    dpos: DBuf,
+    /// Captured decode graphs, by (hidden input, logits wanted); DS4_CUDA_GRAPH=0 turns them off.
+    graphs: [Option<DecodeGraph>; 4],
+    pub use_graphs: bool,
     /// Last: dropped after every device buffer above.
     g: Gpu,
+}
+
+/// An instantiated CUDA graph of one decode step.
+struct DecodeGraph {
+    graph: cudarc::driver::sys::CUgraph,
+    exec: cudarc::driver::sys::CUgraphExec,
+}
+
+impl Drop for DecodeGraph {
+    fn drop(&mut self) {
+        // SAFETY: both handles were created by capture/instantiate and are destroyed once.
+        unsafe {
+            let _ = cudarc::driver::result::graph::exec_destroy(self.exec);
+            let _ = cudarc::driver::result::graph::destroy(self.graph);
+        }
+    }
 }
 
 fn me(s: String) -> ModelError { ModelError::Invalid(format!("cuda: {s}")) }
@@ -233,6 +278,136 @@ fn dq_unit(t: GgmlType) -> usize {
 
 fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
 
+/// Row-tiled mat-vec kernel (kernels.cu "mv4") for `m`, when its type and layout have one.
+fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
+    let base = match m.ty {
+        GgmlType::F16 if m.cols % 4 == 0 => 0,
+        GgmlType::Q8_0 if m.split => 1,
+        GgmlType::Q2_K => 2,
+        GgmlType::Q4_K => 3,
+        GgmlType::IQ2_XXS if m.split => 4,
+        _ => return None,
+    };
+    const N: [[&str; 2]; 5] = [["mv4_f16_n1", "mv4_f16_n4"], ["mv4_q8s_n1", "mv4_q8s_n4"], ["mv4_q2_k_n1", "mv4_q2_k_n4"], ["mv4_q4_k_n1", "mv4_q4_k_n4"], ["mv4_iq2s_n1", "mv4_iq2s_n4"]];
+    Some(N[base][nt4 as usize])
+}
+
+/// Warps sharing one 4-row group of the mv4 kernel: split K until about 4096 warps are busy.
+fn ks4(rows: usize, cols: usize, z: usize) -> usize {
+    let groups = rows.div_ceil(4) * z;
+    let chunks = cols.div_ceil(256);
+    let mut ks = 1;
+    while ks < 8 && groups * ks < 4096 && ks * 2 <= chunks {
+        ks *= 2;
+    }
+    ks
+}
+
+/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in kernels.cu).
+#[allow(clippy::too_many_arguments)]
+fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+    let nt4 = n > 1;
+    let nt = if nt4 { 4 } else { 1 };
+    if n == 1 && m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768 {
+        return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z);
+    }
+    let (name, ks, rows_per_block) = match mv4_name(m, nt4) {
+        Some(name) => {
+            let ks = ks4(rows, m.cols, z);
+            (name, ks, 4 * (8 / ks))
+        }
+        None => {
+            if m.split {
+                return Err(format!("no mat-vec kernel for split-layout {}", m.ty.name()));
+            }
+            let ks = ks(rows * z);
+            (mv_name(m.ty, nt4)?, ks, 8 / ks)
+        }
+    };
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(x),
+        A::I(ldx as i32),
+        A::I(x_z as i32),
+        A::P(y),
+        A::I(ldy as i32),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(n as i32),
+        A::I(ks as i32),
+    ];
+    g.launch(name, (cdiv(rows, rows_per_block), cdiv(n, nt), z as u32), 256, 0, &args)
+}
+
+/// One-token IQ2_XXS mat-vec through `mvq_iq2s_n1` (8 rows per warp, activations in shared memory).
+#[allow(clippy::too_many_arguments)]
+fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+    const R: usize = 8;
+    let steps = (m.cols / 256 * 8).div_ceil(32);
+    let warps = rows.div_ceil(R) * z;
+    let mut ks = 1;
+    while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
+        ks *= 2;
+    }
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(x),
+        A::I(m.cols as i32),
+        A::I(x_z as i32),
+        A::P(y),
+        A::I(rows as i32),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(1),
+        A::I(ks as i32),
+    ];
+    g.launch("mvq_iq2s_n1", (cdiv(rows, R * (8 / ks)), 1, z as u32), 256, (m.cols * 4) as u32, &args)
+}
+
+/// f16 copy of `elems` elements of `m` starting at `src` (whole rows).
+fn launch_dq(g: &mut Gpu, m: &DM, src: u64, dst: u64, elems: usize) -> Result<()> {
+    if m.split {
+        let (name, unit) = match m.ty {
+            GgmlType::Q8_0 => ("dq_q8s", 32),
+            GgmlType::IQ2_XXS => ("dq_iq2s", 8),
+            t => return Err(format!("no split-layout dequantization for {}", t.name())),
+        };
+        return g.launch(name, (cdiv(elems / unit, 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64), A::I(m.cols as i32)]);
+    }
+    let name = dq_name(m.ty)?;
+    g.launch(name, (cdiv(elems / dq_unit(m.ty), 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])
+}
+
+/// Converts a Q8_0 / IQ2_XXS matrix (stack) in place to the split row layout the mv4 kernels read.
+fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
+    let (bs, unit) = match m.ty {
+        GgmlType::Q8_0 => (34usize, 32usize),
+        GgmlType::IQ2_XXS => (66, 256),
+        _ => return Ok(()),
+    };
+    let nb = m.cols / unit;
+    if m.split || nb % 2 != 0 || m.row_bytes > 48 * 1024 {
+        return Ok(());
+    }
+    let nrows = m.rows * m.n_mat.max(1);
+    // Grid x is limited to 2^31-1 blocks; launch in slices of rows.
+    let mut r0 = 0usize;
+    while r0 < nrows {
+        let cnt = (nrows - r0).min(1 << 30);
+        let p = m.ptr + (r0 * m.row_bytes) as u64;
+        g.launch("split_rows", (cnt as u32, 1, 1), 256, m.row_bytes as u32, &[A::P(p), A::I(nb as i32), A::I(bs as i32)])?;
+        r0 += cnt;
+    }
+    m.split = true;
+    Ok(())
+}
+
 /// Weight upload plan: device buffers and the host bytes that go into them.
 struct Uploader<'a> {
     g: &'a Gpu,
@@ -288,7 +463,7 @@ impl CudaStage {
     fn build(stage: &Stage, ctx: usize, nmax: usize) -> Result<Self> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
-        let g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let (free, total) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
         eprintln!("cuda: {} ({}, {} SMs), {:.1} GiB free of {:.1} GiB", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB);
         let need = w.resident_bytes();
@@ -308,7 +483,7 @@ impl CudaStage {
             }
             let ptr = up.bytes(r.data)?;
             let row_bytes = m.ty.row_bytes(m.cols).ok_or("bad row")?;
-            Ok(DM { ptr, ty: m.ty, rows: m.rows, cols: m.cols, n_mat: m.n_mat, row_bytes })
+            Ok(DM { ptr, ty: m.ty, rows: m.rows, cols: m.cols, n_mat: m.n_mat, row_bytes, split: false })
         }
         fn hc<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, h: &HcWeights) -> Result<DHc> {
             Ok(DHc { fn_: dm(up, w, &h.fn_)?, scale: up.vec_f32(&h.scale)?, base: up.vec_f32(&h.base)? })
@@ -398,6 +573,20 @@ impl CudaStage {
         eprintln!("\ncuda: {:.2} GiB of weights resident in {:.1} s ({:.1} GB/s)", total as f64 / GIB, upload_secs, total as f64 / 1e9 / upload_secs.max(1e-9));
         let weights = std::mem::take(&mut up.bufs);
         drop(items);
+        drop(up);
+        // Q8_0 / IQ2_XXS rows to the split layout of the mv4 kernels (in place, once).
+        let mut layers = layers;
+        let mut head = head;
+        for l in layers.iter_mut() {
+            for m in l.mats_mut() {
+                split_layout(&mut g, m)?;
+            }
+        }
+        if let Some(h) = head.as_mut() {
+            split_layout(&mut g, &mut h.hc_fn)?;
+            split_layout(&mut g, &mut h.output)?;
+        }
+        g.sync()?;
 
         // KV state.
         let (d, id) = (cfg.head_dim, cfg.idx_dim);
@@ -455,6 +644,12 @@ impl CudaStage {
         if let Some(h) = &head {
             max_cols = max_cols.max(h.hc_fn.cols);
         }
+        let max_comp = layers
+            .iter()
+            .map(|l| if l.ratio != 0 { compressed_capacity(ctx, l.ratio).min(if l.indexer.is_some() { cfg.idx_topk } else { usize::MAX }) } else { 0 })
+            .max()
+            .unwrap_or(0);
+        let adec_splits = (cfg.swa.min(ctx) + max_comp).div_ceil(32).max(1);
         let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
         let wk = Work {
             x: f(n * hd)?,
@@ -495,10 +690,16 @@ impl CudaStage {
             logits: f(logit_rows * cfg.n_vocab)?,
             tokens: f(n)?,
             top1: f(1)?,
+            adec: f(adec_splits * cfg.n_head * (d + 2))?,
+            adec_splits,
             wh: g.alloc(wh_elems.max(1) * 2)?,
             wh_elems,
             xh: g.alloc(xh_elems * 2)?,
         };
+        let dpos_buf = g.alloc(8)?;
+        // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
+        g.reserve_smem("attn_dec", ((8 * d + 32 * d + 8 * 32) * 4) as u32)?;
+        g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 16 * id + 16 * 8) * 4) as u32)?;
         g.sync()?;
         let (free2, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
         eprintln!("cuda: KV + work buffers allocated (ctx {ctx}, batch {nmax}); {:.1} GiB free", free2 as f64 / GIB);
@@ -524,6 +725,10 @@ impl CudaStage {
             upload_secs,
             trace: None,
             gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
+            decode_mode: false,
+            dpos: dpos_buf,
+            graphs: [None, None, None, None],
+            use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
         };
         s.reset_state()?;
         Ok(s)
@@ -660,6 +865,15 @@ impl CudaStage {
         let hd = self.cfg.hc_dim();
         let tp = self.wk.tokens.ptr;
         self.g.htod(tp, tokens)?;
+        let d = self.cfg.head_dim;
+        self.decode_mode = n == 1 && d % 4 == 0 && d <= 1024;
+        if self.decode_mode {
+            let p = [pos0 as i64];
+            self.g.htod(self.dpos.ptr, &p)?;
+            if self.use_graphs && self.g.prof.is_none() && self.trace.is_none() {
+                return self.decode_graph(kv, tokens, hidden_in, want);
+            }
+        }
         match (hidden_in, &self.embed) {
             (Some(h), _) => {
                 if h.len() != n * hd {
@@ -701,30 +915,86 @@ impl CudaStage {
         Ok(m)
     }
 
+    fn dpos_arg(&self) -> u64 {
+        if self.decode_mode {
+            self.dpos.ptr
+        } else {
+            0
+        }
+    }
+
+    /// One decode step through the captured graph (captured on first use for this input/output kind).
+    fn decode_graph(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<usize> {
+        let hd = self.cfg.hc_dim();
+        if let (None, Some(em)) = (hidden_in, &self.embed) {
+            if tokens[0] as usize >= em.rows {
+                return Err(format!("token id {} is outside the vocabulary ({})", tokens[0], em.rows));
+            }
+        }
+        if let Some(h) = hidden_in {
+            if h.len() != hd {
+                return Err(format!("hidden input has {} floats, expected {hd}", h.len()));
+            }
+            let xp = self.wk.x.ptr;
+            self.g.htod(xp, h)?;
+        } else if self.embed.is_none() {
+            return Err("stage without embedding needs a hidden-state input".into());
+        }
+        let head = want != Logits::None && self.head.is_some();
+        let key = 2 * hidden_in.is_some() as usize + head as usize;
+        if self.graphs[key].is_none() {
+            self.graphs[key] = Some(self.capture_decode(hidden_in.is_none(), head)?);
+        }
+        let exec = self.graphs[key].as_ref().unwrap().exec;
+        // SAFETY: exec is a live instantiated graph whose nodes use this stage's device buffers.
+        unsafe { cudarc::driver::result::graph::launch(exec, self.g.stream) }.map_err(|e| format!("cuGraphLaunch: {e:?}"))?;
+        kv.pos += 1;
+        self.dev_pos = kv.pos;
+        Ok(head as usize)
+    }
+
+    /// Records the launches of one decode step (embedding, layers, head) into a CUDA graph.
+    fn capture_decode(&mut self, embed: bool, head: bool) -> Result<DecodeGraph> {
+        use cudarc::driver::{result as drv, sys as dsys};
+        // SAFETY: our stream; thread-local capture mode (other threads' CUDA calls are unaffected).
+        unsafe { drv::stream::begin_capture(self.g.stream, dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
+            .map_err(|e| format!("cuStreamBeginCapture: {e:?}"))?;
+        let body = (|| -> Result<()> {
+            if embed {
+                let em = self.embed.unwrap();
+                let args = [A::P(em.ptr), A::I(ty_code(em.ty)), A::P(self.wk.tokens.ptr), A::P(self.wk.x.ptr), A::I(self.cfg.n_embd as i32), A::I(self.cfg.n_hc as i32)];
+                self.g.launch("embed", (1, 1, 1), 256, 0, &args)?;
+            }
+            for li in 0..self.layers.len() {
+                self.attention(li, 1, 0)?;
+                self.ffn(li, 1)?;
+            }
+            if head {
+                self.head_fwd(0, 1)?;
+            }
+            Ok(())
+        })();
+        // SAFETY: ends the capture begun above (also after an error, which invalidates the graph).
+        let graph = unsafe { drv::stream::end_capture(self.g.stream) }.map_err(|e| format!("cuStreamEndCapture: {e:?}"));
+        body?;
+        let graph = graph?;
+        // SAFETY: graph is the complete capture above.
+        let exec = unsafe { drv::graph::instantiate(graph, dsys::CUgraphInstantiate_flags(0)) }.map_err(|e| {
+            // SAFETY: destroying the graph we own after a failed instantiation.
+            unsafe {
+                let _ = drv::graph::destroy(graph);
+            }
+            format!("cuGraphInstantiate: {e:?}")
+        })?;
+        Ok(DecodeGraph { graph, exec })
+    }
+
     // ---- building blocks ----------------------------------------------------------------------
 
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in kernels.cu).
     #[allow(clippy::too_many_arguments)]
     fn mv(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
-        let nt4 = n > 1;
-        let name = mv_name(m.ty, nt4)?;
-        let nt = if nt4 { 4 } else { 1 };
-        let args = [
-            A::P(w),
-            A::P(w_mat_bytes as u64),
-            A::P(eids),
-            A::P(x),
-            A::I(ldx as i32),
-            A::I(x_z as i32),
-            A::P(y),
-            A::I(ldy as i32),
-            A::I(y_z as i32),
-            A::I(rows as i32),
-            A::I(m.cols as i32),
-            A::I(n as i32),
-            A::I(ks(rows * z) as i32),
-        ];
-        self.g.launch(name, (cdiv(rows, 8 / ks(rows * z)), cdiv(n, nt), z as u32), 256, 0, &args)
+        launch_mv(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z)
     }
 
     /// f16 copy of matrix `idx` of a stack (the weights themselves when already F16).
@@ -737,9 +1007,8 @@ impl CudaStage {
         if elems > self.wk.wh_elems {
             return Err("dequantization scratch too small".into());
         }
-        let name = dq_name(m.ty)?;
         let dst = self.wk.wh.ptr;
-        self.g.launch(name, (cdiv(elems / dq_unit(m.ty), 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])?;
+        launch_dq(&mut self.g, m, src, dst, elems)?;
         Ok(dst)
     }
 
@@ -766,11 +1035,20 @@ impl CudaStage {
 
     fn rms(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, d: usize, w: u64, n: usize) -> Result<()> {
         let eps = self.cfg.rms_eps;
-        self.g.launch("rms_rows", (n as u32, 1, 1), 256, 0, &[A::P(x), A::I(ldx as i32), A::P(y), A::I(ldy as i32), A::I(d as i32), A::P(w), A::F(eps)])
+        // Few rows (decode): a whole SM per row; many rows: 256 threads each.
+        let threads = if n < 64 { 1024 } else { 256 };
+        self.g.launch("rms_rows", (n as u32, 1, 1), threads, 0, &[A::P(x), A::I(ldx as i32), A::P(y), A::I(ldy as i32), A::I(d as i32), A::P(w), A::F(eps)])
     }
 
     #[allow(clippy::too_many_arguments)]
     fn nrq(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32) -> Result<()> {
+        self.nrq_at(x, ldx, y, ldy, rows, d, norm, w, freqs, pos_base, div, mul, qat, 0)
+    }
+
+    /// `nrq` with the decode options: in decode mode the position is read on the device (`dpos`), and a
+    /// nonzero `comp_ratio` makes the single row the compressor window closing at that position.
+    #[allow(clippy::too_many_arguments)]
+    fn nrq_at(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize) -> Result<()> {
         if rows == 0 {
             return Ok(());
         }
@@ -791,18 +1069,37 @@ impl CudaStage {
             A::I(div as i32),
             A::I(mul as i32),
             A::I(qat),
+            A::P(self.dpos_arg()),
+            A::I(comp_ratio as i32),
         ];
         self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)
     }
 
-    fn hc_pre(&mut self, hc_fn: DM, scale: u64, base: u64, n: usize) -> Result<()> {
+    /// Sub-layer entry: mix projection of the raw streams, then one fused kernel for the flat RMS
+    /// factor, Sinkhorn, the collapse and the sub-layer norm (weight `norm`) into `xn`.
+    fn hc_pre(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<()> {
         let c = &self.cfg;
-        let (hd, e, nh) = (c.hc_dim(), c.n_embd, c.n_hc);
-        let (x, flat, mix, cur, mixes) = (self.wk.x.ptr, self.wk.flat.ptr, self.wk.mix.ptr, self.wk.cur.ptr, self.wk.mixes.ptr);
-        self.rms(x, hd, flat, hd, hd, 0, n)?;
-        self.mm(&hc_fn, flat, n, mix)?;
-        let args = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(self.cfg.sinkhorn_iters as i32), A::F(self.cfg.hc_eps), A::P(x), A::P(cur), A::I(e as i32), A::P(mixes)];
-        self.g.launch("hc_pre", (n as u32, 1, 1), 256, 0, &args)
+        let (e, nh) = (c.n_embd, c.n_hc);
+        if nh > 16 || nh * nh > 32 {
+            return Err(format!("{nh} hyper-connection streams (the fused kernel handles up to 5)"));
+        }
+        let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
+        self.mm(&hc_fn, x, n, mix)?;
+        let args = [
+            A::P(mix),
+            A::P(scale),
+            A::P(base),
+            A::I(nh as i32),
+            A::I(self.cfg.sinkhorn_iters as i32),
+            A::F(self.cfg.hc_eps),
+            A::P(x),
+            A::I(e as i32),
+            A::P(mixes),
+            A::P(norm),
+            A::F(self.cfg.rms_eps),
+            A::P(xn),
+        ];
+        self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)
     }
 
     fn hc_post(&mut self, n: usize) -> Result<()> {
@@ -813,30 +1110,34 @@ impl CudaStage {
 
     fn attention(&mut self, li: usize, n: usize, pos0: usize) -> Result<()> {
         let cfg = self.cfg.clone();
-        let (e, d, nh, qd) = (cfg.n_embd, cfg.head_dim, cfg.n_head, cfg.q_dim());
+        let (d, nh) = (cfg.head_dim, cfg.n_head);
         let qat = self.opts.qat;
+        let dec = self.decode_mode;
         let il = self.range.first + li;
         let (hc_fn, hsc, hba) = {
             let l = &self.layers[li];
             (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base)
         };
-        self.hc_pre(hc_fn, hsc, hba, n)?;
+        let an = self.layers[li].attn_norm;
+        self.hc_pre(hc_fn, hsc, hba, an, n)?;
         let l = &self.layers[li];
-        let (attn_norm, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, out_a, out_b, ratio) =
-            (l.attn_norm, l.q_a, l.q_a_norm, l.q_b, l.kv, l.kv_norm, l.freqs, l.sinks, l.out_a, l.out_b, l.ratio);
+        let (_, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, ratio) =
+            (l.attn_norm, l.q_a, l.q_a_norm, l.q_b, l.kv, l.kv_norm, l.freqs, l.sinks, l.ratio);
         let comp = l.comp.as_ref().map(|c| (c.ape, c.kv, c.gate, c.norm));
         let idx = l.indexer.as_ref().map(|i| (i.q_b, i.proj, i.comp.ape, i.comp.kv, i.comp.gate, i.comp.norm));
         let wk = &self.wk;
-        let (cur, xn, qr, q, kvb, ck, cg, pooled, o, low, y) = (wk.cur.ptr, wk.xn.ptr, wk.qr.ptr, wk.q.ptr, wk.kvb.ptr, wk.ck.ptr, wk.cg.ptr, wk.pooled.ptr, wk.o.ptr, wk.low.ptr, wk.y.ptr);
-        self.rms(cur, e, xn, e, e, attn_norm, n)?;
-        // Q path.
-        self.mm(&q_a, xn, n, qr)?;
-        self.rms(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
-        self.mm(&q_b, qr, n, q)?;
-        self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
-        // Shared KV row.
+        let (_, xn, qr, q, kvb, ck, cg, pooled, o) = (wk.cur.ptr, wk.xn.ptr, wk.qr.ptr, wk.q.ptr, wk.kvb.ptr, wk.ck.ptr, wk.cg.ptr, wk.pooled.ptr, wk.o.ptr);
+        // Decode runs three independent chains concurrently (side streams 1 and 2, joined before the
+        // indexer): the shared KV row, the compressors, and the Q path; each is latency-bound alone.
+        if dec {
+            self.g.fork(1)?;
+        }
         self.mm(&kvm, xn, n, kvb)?;
         self.nrq(kvb, d, kvb, d, n, d, true, kv_norm, freqs, pos0 as i64, 1, 1, if qat { 1 } else { 0 })?;
+        if dec {
+            self.g.to_main();
+            self.g.fork(2)?;
+        }
         // Compressors.
         let (ring, comp_rows, st_kv, st_sc, idx_rows, ist_kv, ist_sc) = {
             let k = &self.kv[li];
@@ -848,27 +1149,41 @@ impl CudaStage {
             let coff = cfg.compress_coff(il);
             let wd = coff * d;
             let row0 = pos0 / ratio;
-            let nwin = (pos0 + n) / ratio - row0;
+            // Decode: one launch that writes the window closing at the device position, if any.
+            let (nwin, cr, out0) = if dec { (1, ratio, 0) } else { ((pos0 + n) / ratio - row0, 0, row0) };
+            let dp = self.dpos_arg();
             self.mm(&ckm, xn, n, ck)?;
             self.mm(&cgm, xn, n, cg)?;
-            let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(wd as i32), A::I(d as i32)];
+            let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(wd as i32), A::I(d as i32), A::P(dp)];
             self.g.launch("comp_seq", (1, 1, 1), (wd as u32).div_ceil(32) * 32, 0, &args)?;
-            self.nrq(pooled, d, comp_rows + (row0 * d * 4) as u64, d, nwin, d, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 1 } else { 0 })?;
+            self.nrq_at(pooled, d, comp_rows + (out0 * d * 4) as u64, d, nwin, d, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 1 } else { 0 }, cr)?;
             if let Some((_, _, iape, ikm, igm, inorm)) = idx {
                 let id = cfg.idx_dim;
                 let iwd = coff * id;
                 self.mm(&ikm, xn, n, ck)?;
                 self.mm(&igm, xn, n, cg)?;
-                let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32)];
+                let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32), A::P(dp)];
                 self.g.launch("comp_seq", (1, 1, 1), (iwd as u32).div_ceil(32) * 32, 0, &args)?;
-                self.nrq(pooled, id, idx_rows + (row0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 })?;
+                self.nrq_at(pooled, id, idx_rows + (out0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 }, cr)?;
             }
+        }
+        if dec {
+            self.g.to_main();
+        }
+        // Q path.
+        self.mm(&q_a, xn, n, qr)?;
+        self.rms(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
+        self.mm(&q_b, qr, n, q)?;
+        self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
+        if dec {
+            self.g.join(1)?;
+            self.g.join(2)?;
         }
         // Indexer selection for tokens that see more compressed rows than top_k.
         let topk = cfg.idx_topk;
         let mut sel = 0u64;
         if let Some((iqb, iproj, ..)) = idx {
-            if nc_last > topk {
+            if nc_last > topk || dec {
                 let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
                 let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
                 self.mm(&iqb, qr, n, iq)?;
@@ -880,9 +1195,13 @@ impl CudaStage {
                 if ih > 256 {
                     return Err("indexer with more than 256 heads".into());
                 }
-                let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32)];
-                self.g.launch("idx_scores", (cdiv(nc_last, 16), n as u32, 1), 256, smem, &args)?;
-                let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
+                let dp = self.dpos_arg();
+                // Decode: the grid covers the largest row count this context can reach (blocks past the
+                // position's rows return at once), so the launch does not depend on the position.
+                let rows_grid = if dec { compressed_capacity(self.ctx, ratio) } else { nc_last };
+                let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
+                self.g.launch("idx_scores", (cdiv(rows_grid, 16), n as u32, 1), 256, smem, &args)?;
+                let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
                 self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
                 sel = selp;
             }
@@ -898,6 +1217,9 @@ impl CudaStage {
                     break;
                 }
             }
+        }
+        if dec {
+            return self.attention_decode(li, pos0, sel);
         }
         let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
         if smem > 220 * 1024 {
@@ -926,7 +1248,77 @@ impl CudaStage {
             A::I((cfg.rope_dim / 2) as i32),
         ];
         self.g.launch(name, (n as u32, (nh / hg) as u32, 1), 256, smem, &args)?;
-        self.g.launch("ring_store", (n as u32, 1, 1), 128, 0, &[A::P(kvb), A::P(ring), A::I(n as i32), A::I(d as i32), A::L(pos0 as i64), A::I(cfg.swa as i32)])?;
+        self.attention_out(li, n, pos0, true)
+    }
+
+    /// Decode attention for one token: candidates split over blocks, then merged (attn_dec*).
+    fn attention_decode(&mut self, li: usize, pos0: usize, sel: u64) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, nh, swa, ratio, topk, half) = (cfg.head_dim, cfg.n_head, cfg.swa, self.layers[li].ratio, cfg.idx_topk, cfg.rope_dim / 2);
+        // The most candidates this layer can have within the context (the grid does not depend on the
+        // position; splits past the current candidates return at once).
+        let cap = if ratio != 0 { compressed_capacity(self.ctx, ratio) } else { 0 };
+        let max_cand = swa.min(self.ctx) + if sel != 0 { cap.min(topk) } else { cap };
+        let nsplit = max_cand.div_ceil(32).max(1);
+        if nsplit > self.wk.adec_splits {
+            return Err(format!("decode attention over {max_cand} candidates exceeds the planned {} splits", self.wk.adec_splits));
+        }
+        let dp = self.dpos_arg();
+        let (l, k) = (&self.layers[li], &self.kv[li]);
+        let (freqs, sinks) = (l.freqs, l.sinks);
+        let (ring, comp_rows) = (k.ring.ptr, k.comp.as_ref().map_or(0, |b| b.ptr));
+        let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
+        let smem = ((8 * d + 32 * d + 8 * 32) * 4) as u32;
+        let args = [
+            A::P(q),
+            A::P(kvb),
+            A::P(ring),
+            A::P(comp_rows),
+            A::P(sel),
+            A::P(part),
+            A::I(nh as i32),
+            A::I(d as i32),
+            A::L(pos0 as i64),
+            A::I(swa as i32),
+            A::I(ratio as i32),
+            A::I(topk as i32),
+            A::I(nsplit as i32),
+            A::P(dp),
+        ];
+        self.g.launch("attn_dec", (nh.div_ceil(8) as u32, nsplit as u32, 1), 256, smem, &args)?;
+        let args = [
+            A::P(part),
+            A::P(sinks),
+            A::P(o),
+            A::I(nh as i32),
+            A::I(d as i32),
+            A::L(pos0 as i64),
+            A::I(nsplit as i32),
+            A::I(swa as i32),
+            A::I(ratio as i32),
+            A::I(topk as i32),
+            A::P(sel),
+            A::P(freqs),
+            A::I(half as i32),
+            A::P(dp),
+            A::P(kvb),
+            A::P(ring),
+        ];
+        self.g.launch("attn_dec_merge", (nh as u32, 1, 1), (d / 4).div_ceil(32) as u32 * 32, 0, &args)?;
+        self.attention_out(li, 1, pos0, false)
+    }
+
+    /// Ring update, grouped low-rank output projection, second projection, HC post.
+    fn attention_out(&mut self, li: usize, n: usize, pos0: usize, ring_store: bool) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (d, qd) = (cfg.head_dim, cfg.q_dim());
+        let (out_a, out_b) = (self.layers[li].out_a, self.layers[li].out_b);
+        let ring = self.kv[li].ring.ptr;
+        let (kvb, o, low, y) = (self.wk.kvb.ptr, self.wk.o.ptr, self.wk.low.ptr, self.wk.y.ptr);
+        let dp = self.dpos_arg();
+        if ring_store {
+            self.g.launch("ring_store", (n as u32, 1, 1), 128, 0, &[A::P(kvb), A::P(ring), A::I(n as i32), A::I(d as i32), A::L(pos0 as i64), A::I(cfg.swa as i32), A::P(dp)])?;
+        }
         // Grouped low-rank output projection, then the second projection.
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
         let gin = hpg * d;
@@ -950,14 +1342,30 @@ impl CudaStage {
             let l = &self.layers[li];
             (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base)
         };
-        self.hc_pre(hc_fn, hsc, hba, n)?;
+        let fnw = self.layers[li].ffn_norm;
+        self.hc_pre(hc_fn, hsc, hba, fnw, n)?;
         let l = &self.layers[li];
-        let (ffn_norm, gate_inp, bias, hash, gate, up, down, shared, clamp) =
+        let (_, gate_inp, bias, hash, gate, up, down, shared, clamp) =
             (l.ffn_norm, l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0), l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
         let wk = &self.wk;
-        let (cur, xn, rlog, eids, ew, ex_a, ex_b, ex_out, y) = (wk.cur.ptr, wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.y.ptr);
+        let (_, xn, rlog, eids, ew, ex_a, ex_b, ex_out, y) = (wk.cur.ptr, wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.y.ptr);
         let (sh_a, sh_b, sh_out, tokens) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr, wk.tokens.ptr);
-        self.rms(cur, e, xn, e, e, ffn_norm, n)?;
+        // Decode: the shared expert runs on side stream 1 while the router and routed experts run here.
+        let dec = self.decode_mode;
+        let mut add = 0u64;
+        if let Some([sg, su, sd]) = shared {
+            if dec {
+                self.g.fork(1)?;
+            }
+            self.mm(&sg, xn, n, sh_a)?;
+            self.mm(&su, xn, n, sh_b)?;
+            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0)])?;
+            self.mm(&sd, sh_a, n, sh_out)?;
+            add = sh_out;
+            if dec {
+                self.g.to_main();
+            }
+        }
         self.mm(&gate_inp, xn, n, rlog)?;
         let bs = (ne.next_power_of_two()).clamp(32, 1024) as u32;
         if ne > 1024 || k > 16 {
@@ -979,21 +1387,25 @@ impl CudaStage {
         let mut slot_pos = 0u64;
         if n == 1 {
             // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
-            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+            if dec {
+                self.g.fork(2)?;
+            }
             self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
+            if dec {
+                self.g.to_main();
+            }
+            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+            if dec {
+                self.g.join(2)?;
+            }
             self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew)])?;
             self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
         } else {
             self.experts_grouped(n, gate, up, down, clamp)?;
             slot_pos = self.wk.slot_pos.ptr;
         }
-        let mut add = 0u64;
-        if let Some([sg, su, sd]) = shared {
-            self.mm(&sg, xn, n, sh_a)?;
-            self.mm(&su, xn, n, sh_b)?;
-            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0)])?;
-            self.mm(&sd, sh_a, n, sh_out)?;
-            add = sh_out;
+        if dec && shared.is_some() {
+            self.g.join(1)?;
         }
         let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(y), A::I(e as i32), A::I(n as i32)];
         self.g.launch("moe_combine", (cdiv(e, 256), n as u32, 1), 256, 0, &args)?;
@@ -1081,28 +1493,29 @@ impl CudaStage {
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Op-level check of the matrix kernels: returns `y = x·Wᵀ` (n × rows) through the mat-vec kernel and
-/// through dequantize + cuBLAS (the prefill path), for comparison with the CPU.
-pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f32], n: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+/// through dequantize + cuBLAS (the prefill path), for comparison with the CPU. With `split`, Q8_0 and
+/// IQ2_XXS rows are first converted to the split layout (as at load), exercising the mv4 kernels.
+pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f32], n: usize, split: bool) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
     (|| -> Result<(Vec<f32>, Vec<f32>)> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
         let wb = g.alloc(data.len())?;
         g.htod(wb.ptr, data)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: 1, row_bytes, split: false };
+        if split {
+            split_layout(&mut g, &mut m)?;
+        }
         let xb = g.alloc(x.len() * 4)?;
         g.htod(xb.ptr, x)?;
         let y1 = g.alloc(n * rows * 4)?;
         let y2 = g.alloc(n * rows * 4)?;
         let wh = g.alloc(rows * cols * 2)?;
         let xh = g.alloc(n * cols * 2)?;
-        let name = mv_name(ty, n > 1)?;
-        let nt = if n > 1 { 4 } else { 1 };
-        let args = [A::P(wb.ptr), A::P(0), A::P(0), A::P(xb.ptr), A::I(cols as i32), A::I(0), A::P(y1.ptr), A::I(rows as i32), A::I(0), A::I(rows as i32), A::I(cols as i32), A::I(n as i32), A::I(ks(rows) as i32)];
-        g.launch(name, (cdiv(rows, 8 / ks(rows)), cdiv(n, nt), 1), 256, 0, &args)?;
-        let _ = row_bytes;
+        launch_mv(&mut g, &m, wb.ptr, 0, 0, xb.ptr, cols, 0, y1.ptr, rows, 0, rows, n, 1)?;
         let whp = if ty == GgmlType::F16 {
             wb.ptr
         } else {
-            g.launch(dq_name(ty)?, (cdiv(rows * cols / dq_unit(ty), 256), 1, 1), 256, 0, &[A::P(wb.ptr), A::P(wh.ptr), A::P((rows * cols) as u64)])?;
+            launch_dq(&mut g, &m, wb.ptr, wh.ptr, rows * cols)?;
             wh.ptr
         };
         g.launch("f32_to_f16", (cdiv(n * cols, 256), 1, 1), 256, 0, &[A::P(xb.ptr), A::I(cols as i32), A::P(xh.ptr), A::I(n as i32), A::I(cols as i32)])?;
@@ -1112,6 +1525,43 @@ pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f3
         g.dtoh(&mut a, y1.ptr)?;
         g.dtoh(&mut b, y2.ptr)?;
         Ok((a, b))
+    })()
+    .map_err(me)
+}
+
+/// Seconds per mat-vec call (one token) of the kernel the stage would use for a `ty` matrix stack of
+/// `z` slots of `rows` × `cols` (weights are arbitrary bytes: only the timing is of interest), timed
+/// with CUDA events over `reps` back-to-back launches.
+pub fn bench_matvec(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usize) -> ds4_model::Result<f64> {
+    (|| -> Result<f64> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        let wb = g.alloc_zeroed(row_bytes * rows * z)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
+        split_layout(&mut g, &mut m)?;
+        let xb = g.alloc_zeroed(cols * 4)?;
+        let yb = g.alloc_zeroed(rows * z * 4)?;
+        let eids: Vec<i32> = (0..z as i32).collect();
+        let eb = g.alloc(z * 4)?;
+        g.htod(eb.ptr, &eids)?;
+        let ep = if z > 1 { eb.ptr } else { 0 };
+        let run = |g: &mut Gpu| launch_mv(g, &m, wb.ptr, m.mat_bytes(), ep, xb.ptr, cols, 0, yb.ptr, rows, rows, rows, 1, z);
+        run(&mut g)?;
+        g.time(reps, run)
+    })()
+    .map_err(me)
+}
+
+/// Seconds to stream-read `bytes` of device memory once (the achievable read bandwidth).
+pub fn bench_read(bytes: usize, reps: usize) -> ds4_model::Result<f64> {
+    (|| -> Result<f64> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let b = g.alloc_zeroed(bytes)?;
+        let o = g.alloc_zeroed(4)?;
+        let blocks = (g.sms as u32).max(1) * 8;
+        let run = |g: &mut Gpu| g.launch("read_sum", (blocks, 1, 1), 512, 0, &[A::P(b.ptr), A::P((bytes / 16) as u64), A::P(o.ptr)]);
+        run(&mut g)?;
+        g.time(reps, run)
     })()
     .map_err(me)
 }

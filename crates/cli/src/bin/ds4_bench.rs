@@ -140,6 +140,12 @@ fn run(a: Args) -> Result<(), String> {
         let t0 = Instant::now();
         let n = s.sync(&mut eng, &toks[..f], &mut |_, _| {}, &never).map_err(|e| e.to_string())?;
         let pt = t0.elapsed().as_secs_f64();
+        if eng.backend() == ds4_engine::Backend::Cuda && std::env::var_os("DS4_CUDA_PROFILE").is_some() {
+            // Separate prefill and decode kernel profiles.
+            if let Some(r) = eng.backend_report() {
+                eprintln!("ctx {f} prefill: {r}");
+            }
+        }
         debug_assert_eq!(n, f - done);
         done = f;
         let kv_bytes = s.kv.bytes();

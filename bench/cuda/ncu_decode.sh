@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Per-kernel GPU durations of decode steps (Nsight Compute, one metric), summed by kernel name.
+# Usage on the device: bench/cuda/ncu_decode.sh [layers]   (writes $OUT/ncu_decode.csv and a summary)
+set -u
+export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+B=${B:-device-bin}; OUT=${OUT:-/tmp/out}; L=${1:-6}; mkdir -p $OUT
+[ -f /dev/shm/flash$L.gguf ] || $B/ds4-gguf synth flash:$L /dev/shm/flash$L.gguf --mix q2 2>&1 | tail -1
+cat README.md README.md README.md > /tmp/prompt.txt
+# 64-token prefill through the mat-vec kernels, then decode; skip the load and prefill launches.
+DS4_CUDA_GRAPH=0 DS4_CUDA_GEMM_MIN=1000000 timeout 400 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv \
+  --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-900} \
+  $B/ds4-bench -m /dev/shm/flash$L.gguf --prompt-file /tmp/prompt.txt --ctx-start 64 --ctx-max 64 --gen-tokens 16 \
+  --prefill-chunk 64 --backend cuda --mem-limit-gb 200 > $OUT/ncu_decode.csv 2> $OUT/ncu_decode.err
+echo "ncu rc=$?"; tail -3 $OUT/ncu_decode.err
+python3 - "$OUT/ncu_decode.csv" <<'PY'
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value"); ui = hdr.index("Metric Unit")
+tot = collections.defaultdict(float); cnt = collections.Counter()
+for r in rows[1:]:
+    v = float(r[vi].replace(",", "")); u = r[ui]
+    v = v / 1000.0 if u == "nsecond" else (v if u == "usecond" else v * 1000.0)
+    n = r[ki].split("(")[0]; tot[n] += v; cnt[n] += 1
+s = sum(tot.values())
+print(f"{len(rows)-1} kernels, {s:.0f} us total GPU time")
+for n, v in sorted(tot.items(), key=lambda x: -x[1]):
+    print(f"  {n:<20} {v:9.1f} us {100*v/s:5.1f}%  {cnt[n]:5d} calls  {v/cnt[n]:7.2f} us/call")
+PY

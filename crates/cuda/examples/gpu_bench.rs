@@ -1,0 +1,38 @@
+//! Mat-vec kernel bandwidth on the GPU at the Flash decode shapes, as a fraction of the streaming read
+//! bandwidth measured in the same run. Run on the device:
+//! `gpu_bench [reps]` (built with `cargo build --release -p ds4-cuda --features cuda --example gpu_bench`).
+use ds4_gguf::GgmlType;
+
+fn main() {
+    let reps: usize = std::env::args().nth(1).and_then(|v| v.parse().ok()).unwrap_or(50);
+    let bytes = 4usize << 30;
+    let t = ds4_cuda::bench_read(bytes, 10).unwrap_or_else(|e| panic!("{e}"));
+    let bw = bytes as f64 / t / 1e9;
+    println!("read bandwidth: {bw:.0} GB/s (4 GiB streamed)");
+    println!("what,type,rows,cols,slots,MB,us,GB/s,fraction");
+    // (label, type, rows, cols, slots): the per-token matrices of one Flash layer and the head.
+    let cases: &[(&str, GgmlType, usize, usize, usize)] = &[
+        ("q_a", GgmlType::Q8_0, 1024, 4096, 1),
+        ("q_b", GgmlType::Q8_0, 32768, 1024, 1),
+        ("kv", GgmlType::Q8_0, 512, 4096, 1),
+        ("out_a(group)", GgmlType::Q8_0, 1024, 4096, 8),
+        ("out_b", GgmlType::Q8_0, 4096, 8192, 1),
+        ("shared gate", GgmlType::Q8_0, 2048, 4096, 1),
+        ("shared down", GgmlType::Q8_0, 4096, 2048, 1),
+        ("experts gate", GgmlType::IQ2_XXS, 2048, 4096, 6),
+        ("experts down", GgmlType::Q2_K, 4096, 2048, 6),
+        ("experts gate q4", GgmlType::Q4_K, 2048, 4096, 6),
+        ("compressor kv", GgmlType::F16, 1024, 4096, 1),
+        ("indexer q_b", GgmlType::F16, 8192, 1024, 1),
+        ("hc_fn", GgmlType::F16, 24, 16384, 1),
+        ("gate_inp", GgmlType::F16, 256, 4096, 1),
+        ("output head", GgmlType::Q8_0, 129280, 4096, 1),
+    ];
+    for &(what, ty, rows, cols, z) in cases {
+        let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;
+        match ds4_cuda::bench_matvec(ty, rows, cols, z, reps) {
+            Ok(s) => println!("{what},{},{rows},{cols},{z},{mb:.2},{:.2},{:.0},{:.3}", ty.name(), s * 1e6, mb / 1e3 / s, mb / 1e3 / s / bw),
+            Err(e) => println!("{what},{},{rows},{cols},{z},{mb:.2},error: {e}", ty.name()),
+        }
+    }
+}
