@@ -21,7 +21,7 @@ for mode in "${@:-all}"; do
     DS4_TEST_DIR=/dev/shm timeout ${TT:-180} $B/device-tests --nocapture --test-threads 1 2>&1 | tee $OUT/tests.log | grep -v "^$" ;;
   flash4)
     el "flash:4 model test (64 greedy tokens vs CPU)"
-    DS4_TEST_DIR=/dev/shm timeout ${FT:-200} $B/device-tests --nocapture --test-threads 1 --ignored flash4 2>&1 | tee $OUT/tests_flash.log | grep -v "^$" ;;
+    DS4_TEST_DIR=/dev/shm timeout ${FT:-420} $B/device-tests --nocapture --test-threads 1 --ignored ${FILTER:-flash4} 2>&1 | tee $OUT/tests_flash.log | grep -v "^$" ;;
   profile)
     el "synth flash:${PL:-6} q2"
     [ -f /dev/shm/flash${PL:-6}.gguf ] || timeout 240 $B/ds4-gguf synth flash:${PL:-6} /dev/shm/flash${PL:-6}.gguf --mix q2 2>&1 | tail -1

@@ -515,6 +515,80 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) {
     }
 }
 
+// Decode mat-vec for Q2_K: lane (superblock half h, byte quad t) of one of the step's two superblocks
+// reads 4 quant bytes = 16 weights (4 shifts) plus the 8 scale bytes and d/dmin of its half, 8 rows per
+// warp, next step's words requested before this step's arithmetic; activations (4 float4 per lane,
+// contiguous per quarter-warp) come straight from L1. One token.
+extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) {
+    __shared__ float red[8][MVQ_R];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
+    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
+    int z = blockIdx.z;
+    int mat = eids ? eids[z] : z;
+    const u8* wm = W + (u64)mat * w_mat_bytes;
+    const float* xz = X + (u64)z * x_z;
+    int nb = cols >> 8, nsteps = (nb + 1) >> 1;
+    u64 rb = (u64)nb * 84;
+    int sbl = lane >> 4, h = (lane >> 3) & 1, t = lane & 7;
+    float acc[MVQ_R];
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
+    u32 q[MVQ_R], s0[MVQ_R], s1[MVQ_R], dd[MVQ_R];
+    auto fetch = [&](int st) {
+        int c = min(2 * st + sbl, nb - 1);
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u8* b = wm + (u64)min(r0 + r, rows - 1) * rb + (u64)c * 84;
+            q[r] = *(const u32*)(b + 16 + 32 * h + 4 * t);
+            s0[r] = *(const u32*)(b + 8 * h);
+            s1[r] = *(const u32*)(b + 8 * h + 4);
+            dd[r] = *(const u32*)(b + 80);
+        }
+    };
+    if (part < nsteps) fetch(part);
+    for (int st = part; st < nsteps; st += ks) {
+        u32 qc[MVQ_R], c0[MVQ_R], c1[MVQ_R], dc[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) { qc[r] = q[r]; c0[r] = s0[r]; c1[r] = s1[r]; dc[r] = dd[r]; }
+        if (st + ks < nsteps) fetch(st + ks);
+        int c = 2 * st + sbl;
+        if (c >= nb) continue;
+        const float* xb = xz + (u64)c * 256 + 128 * h + 4 * t;
+        float4 xv[4];
+        float xs[4];
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            xv[s] = __ldg((const float4*)(xb + 32 * s));
+            xs[s] = xv[s].x + xv[s].y + xv[s].z + xv[s].w;
+        }
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            float d = h2f(dc[r] & 0xffff), dmin = h2f(dc[r] >> 16);
+            float sum = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+                int idx = 2 * s + (t >> 2);
+                u32 sc = ((idx < 4 ? c0[r] >> (8 * idx) : c1[r] >> (8 * (idx - 4)))) & 255u;
+                u32 qq = (qc[r] >> (2 * s)) & 0x03030303u;
+                float dot = byte_f(qq, 0) * xv[s].x + byte_f(qq, 1) * xv[s].y + byte_f(qq, 2) * xv[s].z + byte_f(qq, 3) * xv[s].w;
+                sum += d * byte_f(sc & 15u, 0) * dot - dmin * byte_f(sc >> 4, 0) * xs[s];
+            }
+            acc[r] += sum;
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[wid][r] = v;
+    }
+    __syncthreads();
+    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
+        float v = 0.0f;
+        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
+        Y[(u64)z * y_z + r0 + lane] = v;
+    }
+}
+
 // In-place conversion of rows of `nb` blocks (`bs` bytes each, a 2-byte f16 scale first) to the split
 // layout: the nb payloads of bs-2 bytes, then the nb scales. One block per row; row in shared memory.
 extern "C" __global__ void split_rows(u8* W, int nb, int bs) {
@@ -897,9 +971,39 @@ extern "C" __global__ void hc_pre(const float* mix, const float* scale, const fl
 // Fused sub-layer entry for decode and prefill: from the raw mix projection of the un-normalised
 // streams (x·Wᵀ), the flat RMS factor, the Sinkhorn mix, the collapsed input cur = Σ pre[s]·X[s], and
 // its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms).
+// Sinkhorn combination matrix of one token (warp 0; lanes = matrix elements, sums gathered by
+// shuffles in the CPU's sequential order), from the raw mix projection scaled by `inv`.
+__device__ __forceinline__ void hc_comb_warp(const float* mr, float inv, const float* scale, const float* base, int nh, int iters, float hc_eps, float* mo) {
+    int lane = threadIdx.x, r = lane / nh, k = lane % nh;
+    bool on = lane < nh * nh;
+    float c = on ? mr[2 * nh + lane] * inv * scale[2] + base[2 * nh + lane] : 0.0f;
+    float mx = -INFINITY;
+    for (int q = 0; q < nh; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, r * nh + q));
+    float ev = expf(c - mx);
+    float sm = 0.0f;
+    for (int q = 0; q < nh; q++) sm += __shfl_sync(0xffffffffu, ev, r * nh + q);
+    c = ev / sm + hc_eps;
+    for (int it = 0; it < iters; it++) {
+        if (it > 0) {
+            float tt = 0.0f;
+            for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, r * nh + q);
+            c = c / (tt + hc_eps);
+        }
+        float tt = 0.0f;
+        for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, q * nh + k);
+        c = c / (tt + hc_eps);
+    }
+    if (on) mo[nh + lane] = c;
+}
+
+// Fused sub-layer entry for decode and prefill: from the raw mix projection of the un-normalised
+// streams (x·Wᵀ), the flat RMS factor, pre/post weights, the collapsed input cur = Σ pre[s]·X[s], and
+// its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms). With
+// `comb` the Sinkhorn matrix is computed here too; decode leaves it to `hc_comb` on a side stream,
+// since only the sub-layer's output step (hc_post) needs it.
 extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixraw, const float* scale, const float* base, int nh, int iters,
                                                               float hc_eps, const float* x, int e, float* mixes, const float* w, float eps,
-                                                              float* xn) {
+                                                              float* xn, int comb) {
     __shared__ double red[32];
     __shared__ float pre[16];
     __shared__ float s_inv;
@@ -913,32 +1017,11 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
     float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
     const float* mr = mixraw + (u64)i * nm;
     float* mo = mixes + (u64)i * (nh + nh * nh);
-    if (t < 32) {
-        int lane = t, r = lane / nh, k = lane % nh;
-        bool on = lane < nh * nh;
-        if (lane < nh) {
-            pre[lane] = sigmoidf_(mr[lane] * inv * scale[0] + base[lane]) + hc_eps;
-            mo[lane] = 2.0f * sigmoidf_(mr[nh + lane] * inv * scale[1] + base[nh + lane]);
-        }
-        float c = on ? mr[2 * nh + lane] * inv * scale[2] + base[2 * nh + lane] : 0.0f;
-        float mx = -INFINITY;
-        for (int q = 0; q < nh; q++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, r * nh + q));
-        float ev = expf(c - mx);
-        float sm = 0.0f;
-        for (int q = 0; q < nh; q++) sm += __shfl_sync(0xffffffffu, ev, r * nh + q);
-        c = ev / sm + hc_eps;
-        for (int it = 0; it < iters; it++) {
-            if (it > 0) {
-                float tt = 0.0f;
-                for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, r * nh + q);
-                c = c / (tt + hc_eps);
-            }
-            float tt = 0.0f;
-            for (int q = 0; q < nh; q++) tt += __shfl_sync(0xffffffffu, c, q * nh + k);
-            c = c / (tt + hc_eps);
-        }
-        if (on) mo[nh + lane] = c;
+    if (t < nh) {
+        pre[t] = sigmoidf_(mr[t] * inv * scale[0] + base[t]) + hc_eps;
+        mo[t] = 2.0f * sigmoidf_(mr[nh + t] * inv * scale[1] + base[nh + t]);
     }
+    if (comb && t < 32) hc_comb_warp(mr, inv, scale, base, nh, iters, hc_eps, mo);
     __syncthreads();
     double s2 = 0.0;
     for (int j = t; j < e; j += blockDim.x) {
@@ -952,6 +1035,20 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
     __syncthreads();
     float inv2 = s_inv;
     for (int j = t; j < e; j += blockDim.x) xn[(u64)i * e + j] = w ? curs[j] * inv2 * w[j] : curs[j] * inv2;
+}
+
+// The Sinkhorn matrix alone (decode, on a side stream). One block of 1024 threads per token.
+extern "C" __global__ void __launch_bounds__(1024) hc_comb(const float* mixraw, const float* scale, const float* base, int nh, int iters, float hc_eps,
+                                                          const float* x, int e, float* mixes, float eps) {
+    __shared__ double red[32];
+    int i = blockIdx.x, t = threadIdx.x;
+    int hd = nh * e, nm = (2 + nh) * nh;
+    const float* xi = x + (u64)i * hd;
+    double ss = 0.0;
+    for (int j = t; j < hd; j += blockDim.x) ss += (double)xi[j] * (double)xi[j];
+    ss = block_sum_d(ss, red);
+    float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
+    if (t < 32) hc_comb_warp(mixraw + (u64)i * nm, inv, scale, base, nh, iters, hc_eps, mixes + (u64)i * (nh + nh * nh));
 }
 
 // X'[c] = post[c]*y + sum_r comb[r][c]*X[r], in place. Grid: (ceil(e/256), n).

@@ -13,7 +13,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "head_collapse", "attn_h1", "attn_h4", "attn_h16", "ring_store", "comp_seq", "comp_reset", "idx_scores", "idx_topk",
     "route", "swiglu", "moe_combine", "moe_count", "moe_scatter", "gather_rows", "scale_inplace", "argmax_row",
     "mv4_f16_n1", "mv4_f16_n4", "mv4_q8s_n1", "mv4_q8s_n4", "mv4_q2_k_n1", "mv4_q2_k_n4", "mv4_q4_k_n1", "mv4_q4_k_n4", "mv4_iq2s_n1",
-    "mv4_iq2s_n4", "split_rows", "dq_q8s", "dq_iq2s", "attn_dec", "attn_dec_merge", "read_sum", "hc_pre_norm", "mvq_iq2s_n1",
+    "mv4_iq2s_n4", "split_rows", "dq_q8s", "dq_iq2s", "attn_dec", "attn_dec_merge", "read_sum", "hc_pre_norm", "mvq_iq2s_n1", "hc_comb", "mvq_q2_k_n1",
 ];
 
 #[cfg(feature = "cuda")]

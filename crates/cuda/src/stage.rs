@@ -308,7 +308,7 @@ fn ks4(rows: usize, cols: usize, z: usize) -> usize {
 fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
     let nt4 = n > 1;
     let nt = if nt4 { 4 } else { 1 };
-    if n == 1 && m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768 {
+    if n == 1 && ((m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768) || (m.ty == GgmlType::Q2_K && m.cols % 512 == 0)) {
         return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z);
     }
     let (name, ks, rows_per_block) = match mv4_name(m, nt4) {
@@ -342,11 +342,13 @@ fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64,
     g.launch(name, (cdiv(rows, rows_per_block), cdiv(n, nt), z as u32), 256, 0, &args)
 }
 
-/// One-token IQ2_XXS mat-vec through `mvq_iq2s_n1` (8 rows per warp, activations in shared memory).
+/// One-token IQ2_XXS / Q2_K mat-vec through `mvq_*_n1` (8 rows per warp; IQ2 activations in shared memory).
 #[allow(clippy::too_many_arguments)]
 fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
     const R: usize = 8;
-    let steps = (m.cols / 256 * 8).div_ceil(32);
+    let iq2 = m.ty == GgmlType::IQ2_XXS;
+    // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
+    let steps = if iq2 { (m.cols / 256 * 8).div_ceil(32) } else { (m.cols / 256).div_ceil(2) };
     let warps = rows.div_ceil(R) * z;
     let mut ks = 1;
     while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
@@ -367,7 +369,8 @@ fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64
         A::I(1),
         A::I(ks as i32),
     ];
-    g.launch("mvq_iq2s_n1", (cdiv(rows, R * (8 / ks)), 1, z as u32), 256, (m.cols * 4) as u32, &args)
+    let (name, smem) = if iq2 { ("mvq_iq2s_n1", (m.cols * 4) as u32) } else { ("mvq_q2_k_n1", 0) };
+    g.launch(name, (cdiv(rows, R * (8 / ks)), 1, z as u32), 256, smem, &args)
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).
@@ -1098,7 +1101,17 @@ impl CudaStage {
             A::P(norm),
             A::F(self.cfg.rms_eps),
             A::P(xn),
+            A::I(!self.decode_mode as i32),
         ];
+        if self.decode_mode {
+            // The Sinkhorn matrix is only read by hc_post: off the critical path, on side stream 1
+            // (joined before hc_post by the sub-layer's branch joins).
+            let (it, he, re) = (self.cfg.sinkhorn_iters as i32, self.cfg.hc_eps, self.cfg.rms_eps);
+            self.g.fork(1)?;
+            let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
+            self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
+            self.g.to_main();
+        }
         self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)
     }
 
@@ -1170,9 +1183,26 @@ impl CudaStage {
         if dec {
             self.g.to_main();
         }
-        // Q path.
+        // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
         self.mm(&q_a, xn, n, qr)?;
         self.rms(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
+        let topk = cfg.idx_topk;
+        let idx_active = idx.is_some() && (nc_last > topk || dec);
+        if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
+            let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
+            let (iq, iw) = (self.wk.iq.ptr, self.wk.iw.ptr);
+            if dec {
+                self.g.fork(1)?;
+            }
+            self.mm(&iqb, qr, n, iq)?;
+            self.mm(&iproj, xn, n, iw)?;
+            self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
+            let ws = 1.0 / ((id * ih) as f32).sqrt();
+            self.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])?;
+            if dec {
+                self.g.to_main();
+            }
+        }
         self.mm(&q_b, qr, n, q)?;
         self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
         if dec {
@@ -1180,17 +1210,11 @@ impl CudaStage {
             self.g.join(2)?;
         }
         // Indexer selection for tokens that see more compressed rows than top_k.
-        let topk = cfg.idx_topk;
         let mut sel = 0u64;
-        if let Some((iqb, iproj, ..)) = idx {
-            if nc_last > topk || dec {
+        if idx.is_some() {
+            if idx_active {
                 let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
                 let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
-                self.mm(&iqb, qr, n, iq)?;
-                self.mm(&iproj, xn, n, iw)?;
-                self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
-                let ws = 1.0 / ((id * ih) as f32).sqrt();
-                self.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])?;
                 let smem = ((ih * (id + 1) + 16 * id + 16 * 8) * 4) as u32;
                 if ih > 256 {
                     return Err("indexer with more than 256 heads".into());
@@ -1404,7 +1428,8 @@ impl CudaStage {
             self.experts_grouped(n, gate, up, down, clamp)?;
             slot_pos = self.wk.slot_pos.ptr;
         }
-        if dec && shared.is_some() {
+        if dec {
+            // Shared expert and the Sinkhorn matrix (side stream 1).
             self.g.join(1)?;
         }
         let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(y), A::I(e as i32), A::I(n as i32)];

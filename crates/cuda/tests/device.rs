@@ -49,7 +49,7 @@ struct Model {
     stage: Stage,
 }
 
-fn load(shape: &str, mix: Mix, seed: u64) -> Model {
+fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model {
     let dir = std::env::var("DS4_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().to_string_lossy().into_owned());
     let path = std::path::Path::new(&dir).join(format!("ds4cuda-{}-{:?}-{seed}.gguf", shape.replace(':', "_"), mix));
     if !path.exists() {
@@ -58,7 +58,7 @@ fn load(shape: &str, mix: Mix, seed: u64) -> Model {
     let f = Arc::new(GgufFile::open(&path).unwrap());
     let cfg = Config::from_gguf(&f).unwrap();
     let w = Weights::bind_mapped(f, &path, &cfg, LayerRange::full(&cfg)).unwrap();
-    Model { stage: Stage::new(cfg, w, Options { precision: Precision::Exact, qat: true }) }
+    Model { stage: Stage::new(cfg, w, Options { precision: Precision::Exact, qat }) }
 }
 
 /// Greedy decoding on both backends from the same prompt (prefilled in chunks); returns
@@ -129,18 +129,20 @@ fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize
     (tc, tg, worst)
 }
 
-fn model_case(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize) {
+fn model_case(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize) { model_case_opts(shape, mix, prompt_len, chunk, steps, true) }
+
+fn model_case_opts(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, qat: bool) {
     if !gpu_present() {
         return;
     }
-    let mut m = load(shape, mix, 11);
+    let mut m = load(shape, mix, 11, qat);
     let v = m.stage.cfg.n_vocab as u32;
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
     let ctx = prompt_len + steps + 8;
     let allocs0 = ds4_cuda::CudaStage::stats();
     let (tc, tg, worst) = compare(&mut m, &prompt, chunk, steps, ctx);
     let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
-    println!("model {shape} {mix:?}: prompt {prompt_len} (chunks of {chunk}), {steps} greedy steps: {same}/{steps} tokens identical; worst logits rel err {worst:.2e}");
+    println!("model {shape} {mix:?} (qat {qat}): prompt {prompt_len} (chunks of {chunk}), {steps} greedy steps: {same}/{steps} tokens identical; worst logits rel err {worst:.2e}");
     println!("  cpu: {:?}", &tc[..16.min(steps)]);
     println!("  gpu: {:?}", &tg[..16.min(steps)]);
     let _ = allocs0;
@@ -163,4 +165,14 @@ fn tiny_q4_chunked_prefill_greedy_64_matches_cpu() {
 #[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
 fn flash4_q2_greedy_64_matches_cpu() {
     model_case("flash:4", Mix::Q2, 160, 64, 64);
+}
+
+/// The same Flash-shaped comparison without the FP8/FP4 rounding simulation (on both backends): its
+/// discontinuities turn f32 summation-order differences (~1e-7) into whole rounding steps, which the
+/// random-weight model's near-tied expert routing then amplifies; without them the comparison isolates
+/// the kernels.
+#[test]
+#[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
+fn flash4_q2_noqat_greedy_64_matches_cpu() {
+    model_case_opts("flash:4", Mix::Q2, 160, 64, 64, false);
 }
