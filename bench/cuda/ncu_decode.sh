@@ -19,7 +19,7 @@ hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value"); ui
 tot = collections.defaultdict(float); cnt = collections.Counter()
 for r in rows[1:]:
     v = float(r[vi].replace(",", "")); u = r[ui]
-    v = v / 1000.0 if u == "nsecond" else (v if u == "usecond" else v * 1000.0)
+    v = v / 1000.0 if u in ("ns", "nsecond") else (v if u in ("us", "usecond") else v * 1000.0)
     n = r[ki].split("(")[0]; tot[n] += v; cnt[n] += 1
 s = sum(tot.values())
 print(f"{len(rows)-1} kernels, {s:.0f} us total GPU time")
