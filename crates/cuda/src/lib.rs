@@ -19,6 +19,12 @@ pub const KERNEL_NAMES: &[&str] = &[
 #[cfg(feature = "cuda")]
 pub mod gpu;
 #[cfg(feature = "cuda")]
+mod matvec;
+#[cfg(feature = "cuda")]
+mod probe;
+#[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use stage::{bench_matvec, bench_read, matmul_paths, CudaStage, CudaStats};
+pub use probe::{bench_matvec, bench_read, matmul_paths};
+#[cfg(feature = "cuda")]
+pub use stage::{CudaStage, CudaStats};

@@ -1,1 +1,0 @@
-pub const SRC: &str = "";

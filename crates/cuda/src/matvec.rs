@@ -1,0 +1,197 @@
+//! Matrix kernels: the device matrix descriptor, the choice of mat-vec / dequantization kernel for a
+//! weight type and layout, their launch geometry, and the split row layout written at load.
+use crate::gpu::{Gpu, Result, A};
+use ds4_gguf::GgmlType;
+
+#[derive(Clone, Copy)]
+pub(crate) struct DM {
+    pub(crate) ptr: u64,
+    pub(crate) ty: GgmlType,
+    pub(crate) rows: usize,
+    pub(crate) cols: usize,
+    pub(crate) n_mat: usize,
+    pub(crate) row_bytes: usize,
+    /// Rows converted to the split layout (block payloads, then scales) by `split_rows` at load.
+    pub(crate) split: bool,
+}
+
+impl DM {
+    pub(crate) fn mat_bytes(&self) -> usize { self.rows * self.row_bytes }
+}
+
+pub(crate) fn mv_name(t: GgmlType, nt4: bool) -> Result<&'static str> {
+    Ok(match (t, nt4) {
+        (GgmlType::Q8_0, false) => "mv_q8_0_n1",
+        (GgmlType::Q8_0, true) => "mv_q8_0_n4",
+        (GgmlType::Q2_K, false) => "mv_q2_k_n1",
+        (GgmlType::Q2_K, true) => "mv_q2_k_n4",
+        (GgmlType::Q4_K, false) => "mv_q4_k_n1",
+        (GgmlType::Q4_K, true) => "mv_q4_k_n4",
+        (GgmlType::IQ2_XXS, false) => "mv_iq2_xxs_n1",
+        (GgmlType::IQ2_XXS, true) => "mv_iq2_xxs_n4",
+        (GgmlType::F16, false) => "mv_f16_n1",
+        (GgmlType::F16, true) => "mv_f16_n4",
+        (GgmlType::BF16, false) => "mv_bf16_n1",
+        (GgmlType::BF16, true) => "mv_bf16_n4",
+        (GgmlType::F32, false) => "mv_f32_n1",
+        (GgmlType::F32, true) => "mv_f32_n4",
+        (t, _) => return Err(format!("no CUDA mat-vec for {}", t.name())),
+    })
+}
+
+pub(crate) fn dq_name(t: GgmlType) -> Result<&'static str> {
+    Ok(match t {
+        GgmlType::Q8_0 => "dq_q8_0",
+        GgmlType::Q2_K => "dq_q2_k",
+        GgmlType::Q4_K => "dq_q4_k",
+        GgmlType::IQ2_XXS => "dq_iq2_xxs",
+        GgmlType::BF16 => "dq_bf16",
+        GgmlType::F32 => "dq_f32",
+        t => return Err(format!("no CUDA dequantization for {}", t.name())),
+    })
+}
+
+/// Warps per output row of the mat-vec kernel: split K when there are too few rows to fill the GPU.
+pub(crate) fn ks(total_rows: usize) -> usize {
+    if total_rows < 4096 { 8 } else if total_rows < 16384 { 2 } else { 1 }
+}
+
+/// Elements one thread of a dequantization kernel writes.
+pub(crate) fn dq_unit(t: GgmlType) -> usize {
+    if matches!(t, GgmlType::Q2_K | GgmlType::IQ2_XXS) { 8 } else { 32 }
+}
+
+pub(crate) fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
+
+/// Row-tiled mat-vec kernel (kernels.cu "mv4") for `m`, when its type and layout have one.
+pub(crate) fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
+    let base = match m.ty {
+        GgmlType::F16 if m.cols % 4 == 0 => 0,
+        GgmlType::Q8_0 if m.split => 1,
+        GgmlType::Q2_K => 2,
+        GgmlType::Q4_K => 3,
+        GgmlType::IQ2_XXS if m.split => 4,
+        _ => return None,
+    };
+    const N: [[&str; 2]; 5] = [["mv4_f16_n1", "mv4_f16_n4"], ["mv4_q8s_n1", "mv4_q8s_n4"], ["mv4_q2_k_n1", "mv4_q2_k_n4"], ["mv4_q4_k_n1", "mv4_q4_k_n4"], ["mv4_iq2s_n1", "mv4_iq2s_n4"]];
+    Some(N[base][nt4 as usize])
+}
+
+/// Warps sharing one 4-row group of the mv4 kernel: split K until about 4096 warps are busy.
+pub(crate) fn ks4(rows: usize, cols: usize, z: usize) -> usize {
+    let groups = rows.div_ceil(4) * z;
+    let chunks = cols.div_ceil(256);
+    let mut ks = 1;
+    while ks < 8 && groups * ks < 4096 && ks * 2 <= chunks {
+        ks *= 2;
+    }
+    ks
+}
+
+/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in kernels.cu).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+    let nt4 = n > 1;
+    let nt = if nt4 { 4 } else { 1 };
+    if n == 1 && ((m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768) || (m.ty == GgmlType::Q2_K && m.cols % 512 == 0)) {
+        return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z);
+    }
+    let (name, ks, rows_per_block) = match mv4_name(m, nt4) {
+        Some(name) => {
+            let ks = ks4(rows, m.cols, z);
+            (name, ks, 4 * (8 / ks))
+        }
+        None => {
+            if m.split {
+                return Err(format!("no mat-vec kernel for split-layout {}", m.ty.name()));
+            }
+            let ks = ks(rows * z);
+            (mv_name(m.ty, nt4)?, ks, 8 / ks)
+        }
+    };
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(x),
+        A::I(ldx as i32),
+        A::I(x_z as i32),
+        A::P(y),
+        A::I(ldy as i32),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(n as i32),
+        A::I(ks as i32),
+    ];
+    g.launch(name, (cdiv(rows, rows_per_block), cdiv(n, nt), z as u32), 256, 0, &args)
+}
+
+/// One-token IQ2_XXS / Q2_K mat-vec through `mvq_*_n1` (8 rows per warp; IQ2 activations in shared memory).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+    const R: usize = 8;
+    let iq2 = m.ty == GgmlType::IQ2_XXS;
+    // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
+    let steps = if iq2 { (m.cols / 256 * 8).div_ceil(32) } else { (m.cols / 256).div_ceil(2) };
+    let warps = rows.div_ceil(R) * z;
+    let mut ks = 1;
+    while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
+        ks *= 2;
+    }
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(x),
+        A::I(m.cols as i32),
+        A::I(x_z as i32),
+        A::P(y),
+        A::I(rows as i32),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(1),
+        A::I(ks as i32),
+    ];
+    let (name, smem) = if iq2 { ("mvq_iq2s_n1", (m.cols * 4) as u32) } else { ("mvq_q2_k_n1", 0) };
+    g.launch(name, (cdiv(rows, R * (8 / ks)), 1, z as u32), 256, smem, &args)
+}
+
+/// f16 copy of `elems` elements of `m` starting at `src` (whole rows).
+pub(crate) fn launch_dq(g: &mut Gpu, m: &DM, src: u64, dst: u64, elems: usize) -> Result<()> {
+    if m.split {
+        let (name, unit) = match m.ty {
+            GgmlType::Q8_0 => ("dq_q8s", 32),
+            GgmlType::IQ2_XXS => ("dq_iq2s", 8),
+            t => return Err(format!("no split-layout dequantization for {}", t.name())),
+        };
+        return g.launch(name, (cdiv(elems / unit, 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64), A::I(m.cols as i32)]);
+    }
+    let name = dq_name(m.ty)?;
+    g.launch(name, (cdiv(elems / dq_unit(m.ty), 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])
+}
+
+/// Converts a Q8_0 / IQ2_XXS matrix (stack) in place to the split row layout the mv4 kernels read.
+pub(crate) fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
+    let (bs, unit) = match m.ty {
+        GgmlType::Q8_0 => (34usize, 32usize),
+        GgmlType::IQ2_XXS => (66, 256),
+        _ => return Ok(()),
+    };
+    let nb = m.cols / unit;
+    if m.split || nb % 2 != 0 || m.row_bytes > 48 * 1024 {
+        return Ok(());
+    }
+    let nrows = m.rows * m.n_mat.max(1);
+    // Grid x is limited to 2^31-1 blocks; launch in slices of rows.
+    let mut r0 = 0usize;
+    while r0 < nrows {
+        let cnt = (nrows - r0).min(1 << 30);
+        let p = m.ptr + (r0 * m.row_bytes) as u64;
+        g.launch("split_rows", (cnt as u32, 1, 1), 256, m.row_bytes as u32, &[A::P(p), A::I(nb as i32), A::I(bs as i32)])?;
+        r0 += cnt;
+    }
+    m.split = true;
+    Ok(())
+}

@@ -1,0 +1,245 @@
+//! Attention sub-layer on the device: Q/KV projections, compressors, indexer selection, attention over
+//! the window and the compressed rows (split over candidates for one token), output projections.
+use super::*;
+use ds4_model::kv::compressed_capacity;
+
+impl CudaStage {
+    pub(super) fn attention(&mut self, li: usize, n: usize, pos0: usize) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (d, nh) = (cfg.head_dim, cfg.n_head);
+        let qat = self.opts.qat;
+        let dec = self.decode_mode;
+        let il = self.range.first + li;
+        let (hc_fn, hsc, hba) = {
+            let l = &self.layers[li];
+            (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base)
+        };
+        let an = self.layers[li].attn_norm;
+        self.hc_pre(hc_fn, hsc, hba, an, n)?;
+        let l = &self.layers[li];
+        let (_, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, ratio) =
+            (l.attn_norm, l.q_a, l.q_a_norm, l.q_b, l.kv, l.kv_norm, l.freqs, l.sinks, l.ratio);
+        let comp = l.comp.as_ref().map(|c| (c.ape, c.kv, c.gate, c.norm));
+        let idx = l.indexer.as_ref().map(|i| (i.q_b, i.proj, i.comp.ape, i.comp.kv, i.comp.gate, i.comp.norm));
+        let wk = &self.wk;
+        let (_, xn, qr, q, kvb, ck, cg, pooled, o) = (wk.cur.ptr, wk.xn.ptr, wk.qr.ptr, wk.q.ptr, wk.kvb.ptr, wk.ck.ptr, wk.cg.ptr, wk.pooled.ptr, wk.o.ptr);
+        // Decode runs three independent chains concurrently (side streams 1 and 2, joined before the
+        // indexer): the shared KV row, the compressors, and the Q path; each is latency-bound alone.
+        if dec {
+            self.g.fork(1)?;
+        }
+        self.mm(&kvm, xn, n, kvb)?;
+        self.nrq(kvb, d, kvb, d, n, d, true, kv_norm, freqs, pos0 as i64, 1, 1, if qat { 1 } else { 0 })?;
+        if dec {
+            self.g.to_main();
+            self.g.fork(2)?;
+        }
+        // Compressors.
+        let (ring, comp_rows, st_kv, st_sc, idx_rows, ist_kv, ist_sc) = {
+            let k = &self.kv[li];
+            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
+            (k.ring.ptr, p(&k.comp), p(&k.st_kv), p(&k.st_sc), p(&k.idx), p(&k.ist_kv), p(&k.ist_sc))
+        };
+        let nc_last = if ratio != 0 { (pos0 + n) / ratio } else { 0 };
+        if let Some((ape, ckm, cgm, cnorm)) = comp {
+            let coff = cfg.compress_coff(il);
+            let wd = coff * d;
+            let row0 = pos0 / ratio;
+            // Decode: one launch that writes the window closing at the device position, if any.
+            let (nwin, cr, out0) = if dec { (1, ratio, 0) } else { ((pos0 + n) / ratio - row0, 0, row0) };
+            let dp = self.dpos_arg();
+            self.mm(&ckm, xn, n, ck)?;
+            self.mm(&cgm, xn, n, cg)?;
+            let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(wd as i32), A::I(d as i32), A::P(dp)];
+            self.g.launch("comp_seq", (1, 1, 1), (wd as u32).div_ceil(32) * 32, 0, &args)?;
+            self.nrq_at(pooled, d, comp_rows + (out0 * d * 4) as u64, d, nwin, d, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 1 } else { 0 }, cr)?;
+            if let Some((_, _, iape, ikm, igm, inorm)) = idx {
+                let id = cfg.idx_dim;
+                let iwd = coff * id;
+                self.mm(&ikm, xn, n, ck)?;
+                self.mm(&igm, xn, n, cg)?;
+                let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32), A::P(dp)];
+                self.g.launch("comp_seq", (1, 1, 1), (iwd as u32).div_ceil(32) * 32, 0, &args)?;
+                self.nrq_at(pooled, id, idx_rows + (out0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 }, cr)?;
+            }
+        }
+        if dec {
+            self.g.to_main();
+        }
+        // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
+        self.mm(&q_a, xn, n, qr)?;
+        self.rms(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
+        let topk = cfg.idx_topk;
+        let idx_active = idx.is_some() && (nc_last > topk || dec);
+        if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
+            let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
+            let (iq, iw) = (self.wk.iq.ptr, self.wk.iw.ptr);
+            if dec {
+                self.g.fork(1)?;
+            }
+            self.mm(&iqb, qr, n, iq)?;
+            self.mm(&iproj, xn, n, iw)?;
+            self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
+            let ws = 1.0 / ((id * ih) as f32).sqrt();
+            self.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])?;
+            if dec {
+                self.g.to_main();
+            }
+        }
+        self.mm(&q_b, qr, n, q)?;
+        self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
+        if dec {
+            self.g.join(1)?;
+            self.g.join(2)?;
+        }
+        // Indexer selection for tokens that see more compressed rows than top_k.
+        let mut sel = 0u64;
+        if idx.is_some() {
+            if idx_active {
+                let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
+                let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
+                let smem = ((ih * (id + 1) + 16 * id + 16 * 8) * 4) as u32;
+                if ih > 256 {
+                    return Err("indexer with more than 256 heads".into());
+                }
+                let dp = self.dpos_arg();
+                // Decode: the grid covers the largest row count this context can reach (blocks past the
+                // position's rows return at once), so the launch does not depend on the position.
+                let rows_grid = if dec { compressed_capacity(self.ctx, ratio) } else { nc_last };
+                let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
+                self.g.launch("idx_scores", (cdiv(rows_grid, 16), n as u32, 1), 256, smem, &args)?;
+                let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
+                self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
+                sel = selp;
+            }
+        }
+        // Attention.
+        let ncomp_max = if sel != 0 { nc_last.min(topk) } else { nc_last };
+        let ncand = cfg.swa.min(pos0 + n) + ncomp_max;
+        let mut hg = 1usize;
+        if n > 1 {
+            for c in [16usize, 4] {
+                if nh % c == 0 && (c * (d + ncand) * 4) <= 200 * 1024 {
+                    hg = c;
+                    break;
+                }
+            }
+        }
+        if dec {
+            return self.attention_decode(li, pos0, sel);
+        }
+        let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
+        if smem > 220 * 1024 {
+            return Err(format!("attention over {ncand} candidates needs {smem} bytes of shared memory"));
+        }
+        let name = match hg {
+            16 => "attn_h16",
+            4 => "attn_h4",
+            _ => "attn_h1",
+        };
+        let args = [
+            A::P(q),
+            A::P(kvb),
+            A::P(ring),
+            A::P(comp_rows),
+            A::P(sel),
+            A::P(sinks),
+            A::P(o),
+            A::I(nh as i32),
+            A::I(d as i32),
+            A::L(pos0 as i64),
+            A::I(cfg.swa as i32),
+            A::I(ratio as i32),
+            A::I(topk as i32),
+            A::P(freqs),
+            A::I((cfg.rope_dim / 2) as i32),
+        ];
+        self.g.launch(name, (n as u32, (nh / hg) as u32, 1), 256, smem, &args)?;
+        self.attention_out(li, n, pos0, true)
+    }
+
+    /// Decode attention for one token: candidates split over blocks, then merged (attn_dec*).
+    pub(super) fn attention_decode(&mut self, li: usize, pos0: usize, sel: u64) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, nh, swa, ratio, topk, half) = (cfg.head_dim, cfg.n_head, cfg.swa, self.layers[li].ratio, cfg.idx_topk, cfg.rope_dim / 2);
+        // The most candidates this layer can have within the context (the grid does not depend on the
+        // position; splits past the current candidates return at once).
+        let cap = if ratio != 0 { compressed_capacity(self.ctx, ratio) } else { 0 };
+        let max_cand = swa.min(self.ctx) + if sel != 0 { cap.min(topk) } else { cap };
+        let nsplit = max_cand.div_ceil(32).max(1);
+        if nsplit > self.wk.adec_splits {
+            return Err(format!("decode attention over {max_cand} candidates exceeds the planned {} splits", self.wk.adec_splits));
+        }
+        let dp = self.dpos_arg();
+        let (l, k) = (&self.layers[li], &self.kv[li]);
+        let (freqs, sinks) = (l.freqs, l.sinks);
+        let (ring, comp_rows) = (k.ring.ptr, k.comp.as_ref().map_or(0, |b| b.ptr));
+        let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
+        let smem = ((8 * d + 32 * d + 8 * 32) * 4) as u32;
+        let args = [
+            A::P(q),
+            A::P(kvb),
+            A::P(ring),
+            A::P(comp_rows),
+            A::P(sel),
+            A::P(part),
+            A::I(nh as i32),
+            A::I(d as i32),
+            A::L(pos0 as i64),
+            A::I(swa as i32),
+            A::I(ratio as i32),
+            A::I(topk as i32),
+            A::I(nsplit as i32),
+            A::P(dp),
+        ];
+        self.g.launch("attn_dec", (nh.div_ceil(8) as u32, nsplit as u32, 1), 256, smem, &args)?;
+        let args = [
+            A::P(part),
+            A::P(sinks),
+            A::P(o),
+            A::I(nh as i32),
+            A::I(d as i32),
+            A::L(pos0 as i64),
+            A::I(nsplit as i32),
+            A::I(swa as i32),
+            A::I(ratio as i32),
+            A::I(topk as i32),
+            A::P(sel),
+            A::P(freqs),
+            A::I(half as i32),
+            A::P(dp),
+            A::P(kvb),
+            A::P(ring),
+        ];
+        self.g.launch("attn_dec_merge", (nh as u32, 1, 1), (d / 4).div_ceil(32) as u32 * 32, 0, &args)?;
+        self.attention_out(li, 1, pos0, false)
+    }
+
+    /// Ring update, grouped low-rank output projection, second projection, HC post.
+    pub(super) fn attention_out(&mut self, li: usize, n: usize, pos0: usize, ring_store: bool) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (d, qd) = (cfg.head_dim, cfg.q_dim());
+        let (out_a, out_b) = (self.layers[li].out_a, self.layers[li].out_b);
+        let ring = self.kv[li].ring.ptr;
+        let (kvb, o, low, y) = (self.wk.kvb.ptr, self.wk.o.ptr, self.wk.low.ptr, self.wk.y.ptr);
+        let dp = self.dpos_arg();
+        if ring_store {
+            self.g.launch("ring_store", (n as u32, 1, 1), 128, 0, &[A::P(kvb), A::P(ring), A::I(n as i32), A::I(d as i32), A::L(pos0 as i64), A::I(cfg.swa as i32), A::P(dp)])?;
+        }
+        // Grouped low-rank output projection, then the second projection.
+        let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
+        let gin = hpg * d;
+        if n < self.gemm_min || !self.gemm_ok(&out_a) {
+            self.mv(out_a.ptr, &out_a, ol * out_a.row_bytes, 0, o, qd, gin, low, g * ol, ol, ol, n, g)?;
+        } else {
+            let wh = self.dequant(&out_a, 0)?;
+            let oh = self.to_f16(o, qd, n, qd)?;
+            for gi in 0..g {
+                self.g.gemm_f16(ol, n, gin, wh + (gi * ol * gin * 2) as u64, gin, oh + (gi * gin * 2) as u64, qd, low + (gi * ol * 4) as u64, g * ol)?;
+            }
+        }
+        self.mm(&out_b, low, n, y)?;
+        self.hc_post(n)
+    }
+
+}

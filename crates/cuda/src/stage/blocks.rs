@@ -1,0 +1,150 @@
+//! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
+//! entry and exit, the output head.
+use super::*;
+use crate::matvec::{launch_dq, launch_mv};
+
+impl CudaStage {
+
+    /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in kernels.cu).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mv(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+        launch_mv(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z)
+    }
+
+    /// f16 copy of matrix `idx` of a stack (the weights themselves when already F16).
+    pub(super) fn dequant(&mut self, m: &DM, idx: usize) -> Result<u64> {
+        let src = m.ptr + (idx * m.mat_bytes()) as u64;
+        if m.ty == GgmlType::F16 {
+            return Ok(src);
+        }
+        let elems = m.rows * m.cols;
+        if elems > self.wk.wh_elems {
+            return Err("dequantization scratch too small".into());
+        }
+        let dst = self.wk.wh.ptr;
+        launch_dq(&mut self.g, m, src, dst, elems)?;
+        Ok(dst)
+    }
+
+    pub(super) fn to_f16(&mut self, x: u64, ld: usize, rows: usize, cols: usize) -> Result<u64> {
+        let dst = self.wk.xh.ptr;
+        self.g.launch("f32_to_f16", (cdiv(rows * cols, 256), 1, 1), 256, 0, &[A::P(x), A::I(ld as i32), A::P(dst), A::I(rows as i32), A::I(cols as i32)])?;
+        Ok(dst)
+    }
+
+    pub(super) fn gemm_ok(&self, m: &DM) -> bool { m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.wh_elems }
+
+    /// y (n × rows, ldy) = x (n × cols, ldx) · Wᵀ for matrix `idx` of `m`.
+    pub(super) fn mm_idx(&mut self, m: &DM, idx: usize, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<()> {
+        if n < self.gemm_min || !self.gemm_ok(m) {
+            let w = m.ptr + (idx * m.mat_bytes()) as u64;
+            return self.mv(w, m, 0, 0, x, ldx, 0, y, ldy, 0, m.rows, n, 1);
+        }
+        let wh = self.dequant(m, idx)?;
+        let xh = self.to_f16(x, ldx, n, m.cols)?;
+        self.g.gemm_f16(m.rows, n, m.cols, wh, m.cols, xh, m.cols, y, ldy)
+    }
+
+    pub(super) fn mm(&mut self, m: &DM, x: u64, n: usize, y: u64) -> Result<()> { self.mm_idx(m, 0, x, m.cols, n, y, m.rows) }
+
+    pub(super) fn rms(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, d: usize, w: u64, n: usize) -> Result<()> {
+        let eps = self.cfg.rms_eps;
+        // Few rows (decode): a whole SM per row; many rows: 256 threads each.
+        let threads = if n < 64 { 1024 } else { 256 };
+        self.g.launch("rms_rows", (n as u32, 1, 1), threads, 0, &[A::P(x), A::I(ldx as i32), A::P(y), A::I(ldy as i32), A::I(d as i32), A::P(w), A::F(eps)])
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nrq(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32) -> Result<()> {
+        self.nrq_at(x, ldx, y, ldy, rows, d, norm, w, freqs, pos_base, div, mul, qat, 0)
+    }
+
+    /// `nrq` with the decode options: in decode mode the position is read on the device (`dpos`), and a
+    /// nonzero `comp_ratio` makes the single row the compressor window closing at that position.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nrq_at(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize) -> Result<()> {
+        if rows == 0 {
+            return Ok(());
+        }
+        let half = (self.cfg.rope_dim / 2) as i32;
+        let smem = (d * 8 + 32 * 8 + d * 4) as u32;
+        let args = [
+            A::P(x),
+            A::I(ldx as i32),
+            A::P(y),
+            A::I(ldy as i32),
+            A::I(d as i32),
+            A::I(norm as i32),
+            A::P(w),
+            A::F(self.cfg.rms_eps),
+            A::P(freqs),
+            A::I(half),
+            A::L(pos_base),
+            A::I(div as i32),
+            A::I(mul as i32),
+            A::I(qat),
+            A::P(self.dpos_arg()),
+            A::I(comp_ratio as i32),
+        ];
+        self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)
+    }
+
+    /// Sub-layer entry: mix projection of the raw streams, then one fused kernel for the flat RMS
+    /// factor, Sinkhorn, the collapse and the sub-layer norm (weight `norm`) into `xn`.
+    pub(super) fn hc_pre(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<()> {
+        let c = &self.cfg;
+        let (e, nh) = (c.n_embd, c.n_hc);
+        if nh > 16 || nh * nh > 32 {
+            return Err(format!("{nh} hyper-connection streams (the fused kernel handles up to 5)"));
+        }
+        let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
+        self.mm(&hc_fn, x, n, mix)?;
+        let args = [
+            A::P(mix),
+            A::P(scale),
+            A::P(base),
+            A::I(nh as i32),
+            A::I(self.cfg.sinkhorn_iters as i32),
+            A::F(self.cfg.hc_eps),
+            A::P(x),
+            A::I(e as i32),
+            A::P(mixes),
+            A::P(norm),
+            A::F(self.cfg.rms_eps),
+            A::P(xn),
+            A::I(!self.decode_mode as i32),
+        ];
+        if self.decode_mode {
+            // The Sinkhorn matrix is only read by hc_post: off the critical path, on side stream 1
+            // (joined before hc_post by the sub-layer's branch joins).
+            let (it, he, re) = (self.cfg.sinkhorn_iters as i32, self.cfg.hc_eps, self.cfg.rms_eps);
+            self.g.fork(1)?;
+            let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
+            self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
+            self.g.to_main();
+        }
+        self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)
+    }
+
+    pub(super) fn hc_post(&mut self, n: usize) -> Result<()> {
+        let e = self.cfg.n_embd;
+        let args = [A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.y.ptr), A::P(self.wk.x.ptr), A::I(e as i32)];
+        self.g.launch("hc_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
+    }
+
+
+    pub(super) fn head_fwd(&mut self, r0: usize, m: usize) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (hd, e, nh) = (cfg.hc_dim(), cfg.n_embd, cfg.n_hc);
+        let h = self.head.as_ref().unwrap();
+        let (hc_fn, sc, base, norm, output) = (h.hc_fn, h.hc_scale, h.hc_base, h.norm, h.output);
+        let x = self.wk.x.ptr + (r0 * hd * 4) as u64;
+        let (flat, mix, cur, logits) = (self.wk.flat.ptr, self.wk.mix.ptr, self.wk.cur.ptr, self.wk.logits.ptr);
+        self.rms(x, hd, flat, hd, hd, 0, m)?;
+        self.mm(&hc_fn, flat, m, mix)?;
+        let args = [A::P(mix), A::P(sc), A::P(base), A::F(cfg.hc_eps), A::P(x), A::I(nh as i32), A::I(e as i32), A::P(cur)];
+        self.g.launch("head_collapse", (m as u32, 1, 1), 256, 0, &args)?;
+        self.rms(cur, e, cur, e, e, norm, m)?;
+        self.mm(&output, cur, m, logits)
+    }
+}

@@ -1,0 +1,331 @@
+//! Construction of a `CudaStage`: weight upload (one pass of large copies), the split row layout, KV
+//! state and work buffers sized from the context and the prefill chunk.
+use super::*;
+use crate::gpu::DBuf;
+use crate::matvec::split_layout;
+use ds4_model::kv::{compressed_capacity, compressor_rows};
+use ds4_model::rope::Rope;
+use ds4_model::residency;
+use ds4_model::weights::{CompressorWeights, HcWeights, Mat};
+
+/// Weight upload plan: device buffers and the host bytes that go into them.
+struct Uploader<'a> {
+    g: &'a Gpu,
+    bufs: Vec<DBuf>,
+    items: Vec<(u64, &'a [u8])>,
+    bytes: u64,
+    owned: Vec<Vec<u8>>,
+}
+
+impl<'a> Uploader<'a> {
+    fn bytes(&mut self, data: &'a [u8]) -> Result<u64> {
+        let b = self.g.alloc(data.len())?;
+        let p = b.ptr;
+        self.items.push((p, data));
+        self.bytes += data.len() as u64;
+        self.bufs.push(b);
+        Ok(p)
+    }
+    /// Small host vectors (norms, biases) are copied immediately.
+    fn vec_f32(&mut self, v: &[f32]) -> Result<u64> {
+        let b = self.g.alloc(v.len() * 4)?;
+        self.g.htod(b.ptr, v)?;
+        WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
+        let p = b.ptr;
+        self.bufs.push(b);
+        self.bytes += 4 * v.len() as u64;
+        Ok(p)
+    }
+    fn vec_u32(&mut self, v: &[u32]) -> Result<u64> {
+        let b = self.g.alloc(v.len() * 4)?;
+        self.g.htod(b.ptr, v)?;
+        WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
+        let p = b.ptr;
+        self.bufs.push(b);
+        Ok(p)
+    }
+    fn vec_f64(&mut self, v: &[f64]) -> Result<u64> {
+        let b = self.g.alloc(v.len() * 8)?;
+        self.g.htod(b.ptr, v)?;
+        let p = b.ptr;
+        self.bufs.push(b);
+        Ok(p)
+    }
+}
+
+impl CudaStage {
+    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize) -> Result<Self> {
+        let cfg = stage.cfg.clone();
+        let w = &stage.w;
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let (free, total) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
+        eprintln!("cuda: {} ({}, {} SMs), {:.1} GiB free of {:.1} GiB", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB);
+        let need = w.resident_bytes();
+        if need as f64 > free as f64 * 0.97 {
+            return Err(format!(
+                "the stage's weights ({:.1} GiB) do not fit in the GPU's free memory ({:.1} GiB): serve fewer layers with --layers",
+                need as f64 / GIB,
+                free as f64 / GIB
+            ));
+        }
+        let mut up = Uploader { g: &g, bufs: Vec::new(), items: Vec::new(), bytes: 0, owned: Vec::new() };
+        let _ = &up.owned;
+        fn dm<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, m: &Mat) -> Result<DM> {
+            let r = w.mat(m);
+            if matches!(m.ty, GgmlType::F16 | GgmlType::BF16) && m.cols % 8 != 0 {
+                return Err(format!("F16 matrix with {} columns (need a multiple of 8)", m.cols));
+            }
+            let ptr = up.bytes(r.data)?;
+            let row_bytes = m.ty.row_bytes(m.cols).ok_or("bad row")?;
+            Ok(DM { ptr, ty: m.ty, rows: m.rows, cols: m.cols, n_mat: m.n_mat, row_bytes, split: false })
+        }
+        fn hc<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, h: &HcWeights) -> Result<DHc> {
+            Ok(DHc { fn_: dm(up, w, &h.fn_)?, scale: up.vec_f32(&h.scale)?, base: up.vec_f32(&h.base)? })
+        }
+        fn comp<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, c: &CompressorWeights) -> Result<DComp> {
+            Ok(DComp { ape: up.vec_f32(&c.ape)?, kv: dm(up, w, &c.kv)?, gate: dm(up, w, &c.gate)?, norm: up.vec_f32(&c.norm)? })
+        }
+        residency::set_phase(residency::Phase::Load);
+        let embed = match &w.embed {
+            Some(m) => {
+                if ty_code(m.ty) < 0 {
+                    return Err(format!("embedding type {} not supported on CUDA", m.ty.name()));
+                }
+                Some(dm(&mut up, w, m)?)
+            }
+            None => None,
+        };
+        let mut layers = Vec::new();
+        for l in &w.layers {
+            let rope = Rope::for_layer(&cfg, cfg.ratio(l.il));
+            let dl = DLayer {
+                ratio: cfg.ratio(l.il),
+                freqs: up.vec_f64(rope.freqs())?,
+                hc_attn: hc(&mut up, w, &l.hc_attn)?,
+                attn_norm: up.vec_f32(&l.attn_norm)?,
+                q_a: dm(&mut up, w, &l.q_a)?,
+                q_a_norm: up.vec_f32(&l.q_a_norm)?,
+                q_b: dm(&mut up, w, &l.q_b)?,
+                kv: dm(&mut up, w, &l.kv)?,
+                kv_norm: up.vec_f32(&l.kv_norm)?,
+                sinks: up.vec_f32(&l.sinks)?,
+                out_a: dm(&mut up, w, &l.out_a)?,
+                out_b: dm(&mut up, w, &l.out_b)?,
+                comp: match &l.comp {
+                    Some(c) => Some(comp(&mut up, w, c)?),
+                    None => None,
+                },
+                indexer: match &l.indexer {
+                    Some(i) => Some(DIdx { q_b: dm(&mut up, w, &i.q_b)?, proj: dm(&mut up, w, &i.proj)?, comp: comp(&mut up, w, &i.comp)? }),
+                    None => None,
+                },
+                hc_ffn: hc(&mut up, w, &l.hc_ffn)?,
+                ffn_norm: up.vec_f32(&l.ffn_norm)?,
+                gate_inp: dm(&mut up, w, &l.gate_inp)?,
+                exp_bias: match &l.exp_bias {
+                    Some(b) => Some(up.vec_f32(b)?),
+                    None => None,
+                },
+                tid2eid: match &l.tid2eid {
+                    Some(t) => Some(up.vec_u32(t)?),
+                    None => None,
+                },
+                gate_exps: dm(&mut up, w, &l.gate_exps)?,
+                up_exps: dm(&mut up, w, &l.up_exps)?,
+                down_exps: dm(&mut up, w, &l.down_exps)?,
+                shared: match &l.shared {
+                    Some([a, b, c]) => Some([dm(&mut up, w, a)?, dm(&mut up, w, b)?, dm(&mut up, w, c)?]),
+                    None => None,
+                },
+                clamp: cfg.swiglu_clamp[l.il],
+            };
+            layers.push(dl);
+        }
+        let head = match &w.head {
+            Some(h) => Some(DHead {
+                hc_fn: dm(&mut up, w, &h.hc_fn)?,
+                hc_scale: up.vec_f32(&h.hc_scale)?,
+                hc_base: up.vec_f32(&h.hc_base)?,
+                norm: up.vec_f32(&h.norm)?,
+                output: dm(&mut up, w, &h.output)?,
+            }),
+            None => None,
+        };
+        // One pass of large copies through pinned staging buffers.
+        let t0 = std::time::Instant::now();
+        let total = up.bytes;
+        let mut last = 0u64;
+        let items = std::mem::take(&mut up.items);
+        g.upload(&items, |done, tot| {
+            if done * 20 / tot.max(1) != last * 20 / tot.max(1) || done == tot {
+                eprint!("\rcuda: uploading weights {:5.1}% ({:.1} / {:.1} GiB)", 100.0 * done as f64 / tot as f64, done as f64 / GIB, tot as f64 / GIB);
+                last = done;
+            }
+        })?;
+        residency::count(residency::Op::Upload, items.len() as u64);
+        let upload_secs = t0.elapsed().as_secs_f64();
+        eprintln!("\ncuda: {:.2} GiB of weights resident in {:.1} s ({:.1} GB/s)", total as f64 / GIB, upload_secs, total as f64 / 1e9 / upload_secs.max(1e-9));
+        let weights = std::mem::take(&mut up.bufs);
+        drop(items);
+        drop(up);
+        // Q8_0 / IQ2_XXS rows to the split layout of the mv4 kernels (in place, once).
+        let mut layers = layers;
+        let mut head = head;
+        for l in layers.iter_mut() {
+            for m in l.mats_mut() {
+                split_layout(&mut g, m)?;
+            }
+        }
+        if let Some(h) = head.as_mut() {
+            split_layout(&mut g, &mut h.hc_fn)?;
+            split_layout(&mut g, &mut h.output)?;
+        }
+        g.sync()?;
+
+        // KV state.
+        let (d, id) = (cfg.head_dim, cfg.idx_dim);
+        let mut kv = Vec::new();
+        for (li, l) in layers.iter().enumerate() {
+            let il = w.range.first + li;
+            let ratio = l.ratio;
+            let coff = cfg.compress_coff(il);
+            let cap = compressed_capacity(ctx, ratio);
+            let st_len = if ratio != 0 { compressor_rows(ratio) * coff * d } else { 0 };
+            let ist_len = if l.indexer.is_some() { compressor_rows(ratio) * coff * id } else { 0 };
+            let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
+            kv.push(DKv {
+                ring: g.alloc_zeroed(cfg.swa * d * 4)?,
+                comp: opt(if ratio != 0 { cap * d } else { 0 })?,
+                st_kv: opt(st_len)?,
+                st_sc: opt(st_len)?,
+                st_len,
+                idx: opt(if l.indexer.is_some() { cap * id } else { 0 })?,
+                ist_kv: opt(ist_len)?,
+                ist_sc: opt(ist_len)?,
+                ist_len,
+                snap: g.alloc_zeroed((cfg.swa * d + 2 * st_len + 2 * ist_len) * 4)?,
+            });
+        }
+
+        // Work buffers for batches of up to nmax tokens.
+        let n = nmax;
+        let (e, hd, k, ff, ne) = (cfg.n_embd, cfg.hc_dim(), cfg.n_expert_used, cfg.ff_exp, cfg.n_expert);
+        let f = |c: usize| g.alloc(c * 4);
+        let cap4 = compressed_capacity(ctx, 4);
+        let ldsc = cap4.max(1);
+        let logit_rows = if head.is_some() { n } else { 1 };
+        // f16 scratch: the largest matrix that may take the GEMM path, and the largest activation block.
+        let mut wh_elems = 0usize;
+        let mut max_cols = hd;
+        for l in &layers {
+            let mut ms = vec![l.hc_attn.fn_, l.q_a, l.q_b, l.kv, l.out_a, l.out_b, l.hc_ffn.fn_, l.gate_inp];
+            if let Some(c) = &l.comp {
+                ms.extend([c.kv, c.gate]);
+            }
+            if let Some(i) = &l.indexer {
+                ms.extend([i.q_b, i.proj, i.comp.kv, i.comp.gate]);
+            }
+            if let Some(s) = &l.shared {
+                ms.extend(s.iter().copied());
+            }
+            for m in ms.iter().chain([l.gate_exps, l.up_exps, l.down_exps].iter()) {
+                if m.ty != GgmlType::F16 {
+                    wh_elems = wh_elems.max(m.rows * m.cols);
+                }
+                max_cols = max_cols.max(m.cols);
+            }
+        }
+        if let Some(h) = &head {
+            max_cols = max_cols.max(h.hc_fn.cols);
+        }
+        let max_comp = layers
+            .iter()
+            .map(|l| if l.ratio != 0 { compressed_capacity(ctx, l.ratio).min(if l.indexer.is_some() { cfg.idx_topk } else { usize::MAX }) } else { 0 })
+            .max()
+            .unwrap_or(0);
+        let adec_splits = (cfg.swa.min(ctx) + max_comp).div_ceil(32).max(1);
+        let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
+        let wk = Work {
+            x: f(n * hd)?,
+            flat: f(n * hd)?,
+            mix: f(n * cfg.hc_mix().max(cfg.n_hc))?,
+            mixes: f(n * (cfg.n_hc + cfg.n_hc * cfg.n_hc))?,
+            cur: f(n * e)?,
+            xn: f(n * e)?,
+            qr: f(n * cfg.q_lora)?,
+            q: f(n * cfg.q_dim())?,
+            kvb: f(n * d)?,
+            ck: f(n * 2 * d.max(id))?,
+            cg: f(n * 2 * d.max(id))?,
+            pooled: f((n / 4 + 2) * d.max(id))?,
+            iq: f(n * cfg.idx_heads * id)?,
+            iw: f(n * cfg.idx_heads)?,
+            scores: f(n * ldsc)?,
+            ldsc,
+            sel: f(n * cfg.idx_topk)?,
+            o: f(n * cfg.q_dim())?,
+            low: f(n * cfg.o_groups * cfg.o_lora)?,
+            y: f(n * e)?,
+            rlog: f(n * ne)?,
+            eids: f(n * k)?,
+            ew: f(n * k)?,
+            ex_a: f(n * k * ff)?,
+            ex_b: f(n * k * ff)?,
+            ex_out: f(n * k * e)?,
+            gx: f(n * k * e)?,
+            gw: f(n * k)?,
+            gtok: f(n * k)?,
+            slot_pos: f(n * k)?,
+            counts: f(ne)?,
+            cursor: f(ne)?,
+            sh_a: f(n * ff)?,
+            sh_b: f(n * ff)?,
+            sh_out: f(n * e)?,
+            logits: f(logit_rows * cfg.n_vocab)?,
+            tokens: f(n)?,
+            top1: f(1)?,
+            adec: f(adec_splits * cfg.n_head * (d + 2))?,
+            adec_splits,
+            wh: g.alloc(wh_elems.max(1) * 2)?,
+            wh_elems,
+            xh: g.alloc(xh_elems * 2)?,
+        };
+        let dpos_buf = g.alloc(8)?;
+        // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
+        g.reserve_smem("attn_dec", ((8 * d + 32 * d + 8 * 32) * 4) as u32)?;
+        g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 16 * id + 16 * 8) * 4) as u32)?;
+        g.sync()?;
+        let (free2, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
+        eprintln!("cuda: KV + work buffers allocated (ctx {ctx}, batch {nmax}); {:.1} GiB free", free2 as f64 / GIB);
+        let mut s = Self {
+            cfg,
+            g,
+            opts: stage.opts,
+            range: w.range,
+            embed,
+            layers,
+            head,
+            kv,
+            wk,
+            nmax,
+            ctx,
+            dev_pos: 0,
+            snap_pos: None,
+            logits_host: Vec::with_capacity(logit_rows * stage.cfg.n_vocab),
+            hidden_host: Vec::new(),
+            counts_host: vec![0; stage.cfg.n_expert],
+            _weights: weights,
+            weight_bytes: total,
+            upload_secs,
+            trace: None,
+            gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
+            decode_mode: false,
+            dpos: dpos_buf,
+            graphs: [None, None, None, None],
+            use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
+        };
+        s.reset_state()?;
+        Ok(s)
+    }
+
+}

@@ -1,0 +1,146 @@
+//! MoE feed-forward sub-layer on the device: router, routed experts (read by id for one token, grouped
+//! by expert for a batch), shared expert, combination.
+use super::*;
+
+impl CudaStage {
+    pub(super) fn ffn(&mut self, li: usize, n: usize) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (e, ne, k, ff) = (cfg.n_embd, cfg.n_expert, cfg.n_expert_used, cfg.ff_exp);
+        let (hc_fn, hsc, hba) = {
+            let l = &self.layers[li];
+            (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base)
+        };
+        let fnw = self.layers[li].ffn_norm;
+        self.hc_pre(hc_fn, hsc, hba, fnw, n)?;
+        let l = &self.layers[li];
+        let (_, gate_inp, bias, hash, gate, up, down, shared, clamp) =
+            (l.ffn_norm, l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0), l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
+        let wk = &self.wk;
+        let (_, xn, rlog, eids, ew, ex_a, ex_b, ex_out, y) = (wk.cur.ptr, wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.y.ptr);
+        let (sh_a, sh_b, sh_out, tokens) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr, wk.tokens.ptr);
+        // Decode: the shared expert runs on side stream 1 while the router and routed experts run here.
+        let dec = self.decode_mode;
+        let mut add = 0u64;
+        if let Some([sg, su, sd]) = shared {
+            if dec {
+                self.g.fork(1)?;
+            }
+            self.mm(&sg, xn, n, sh_a)?;
+            self.mm(&su, xn, n, sh_b)?;
+            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0)])?;
+            self.mm(&sd, sh_a, n, sh_out)?;
+            add = sh_out;
+            if dec {
+                self.g.to_main();
+            }
+        }
+        self.mm(&gate_inp, xn, n, rlog)?;
+        let bs = (ne.next_power_of_two()).clamp(32, 1024) as u32;
+        if ne > 1024 || k > 16 {
+            return Err("router supports up to 1024 experts and 16 per token".into());
+        }
+        let args = [
+            A::P(rlog),
+            A::I(ne as i32),
+            A::P(bias),
+            A::P(hash),
+            A::P(tokens),
+            A::I(k as i32),
+            A::I(cfg.expert_weights_norm as i32),
+            A::F(cfg.expert_weights_scale),
+            A::P(eids),
+            A::P(ew),
+        ];
+        self.g.launch("route", (n as u32, 1, 1), bs, 0, &args)?;
+        let mut slot_pos = 0u64;
+        if n == 1 {
+            // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
+            if dec {
+                self.g.fork(2)?;
+            }
+            self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
+            if dec {
+                self.g.to_main();
+            }
+            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+            if dec {
+                self.g.join(2)?;
+            }
+            self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew)])?;
+            self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
+        } else {
+            self.experts_grouped(n, gate, up, down, clamp)?;
+            slot_pos = self.wk.slot_pos.ptr;
+        }
+        if dec {
+            // Shared expert and the Sinkhorn matrix (side stream 1).
+            self.g.join(1)?;
+        }
+        let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(y), A::I(e as i32), A::I(n as i32)];
+        self.g.launch("moe_combine", (cdiv(e, 256), n as u32, 1), 256, 0, &args)?;
+        self.hc_post(n)
+    }
+
+    /// Prefill experts: tokens grouped by expert (counts read back once per layer), one GEMM (or
+    /// mat-vec for small groups) per expert matrix over its tokens.
+    pub(super) fn experts_grouped(&mut self, n: usize, gate: DM, up: DM, down: DM, clamp: f32) -> Result<()> {
+        let (e, ne, k, ff) = (self.cfg.n_embd, self.cfg.n_expert, self.cfg.n_expert_used, self.cfg.ff_exp);
+        let total = n * k;
+        let wk = &self.wk;
+        let (eids, ew, counts, cursor, slot_pos, gw, gtok, gx, xn, ex_a, ex_b, ex_out) =
+            (wk.eids.ptr, wk.ew.ptr, wk.counts.ptr, wk.cursor.ptr, wk.slot_pos.ptr, wk.gw.ptr, wk.gtok.ptr, wk.gx.ptr, wk.xn.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
+        // SAFETY: counts holds ne ints on the device.
+        unsafe { cudarc::driver::result::memset_d8_async(counts, 0, ne * 4, self.g.stream) }.map_err(|x| format!("{x:?}"))?;
+        self.g.launch("moe_count", (cdiv(total, 256), 1, 1), 256, 0, &[A::P(eids), A::I(total as i32), A::P(counts)])?;
+        let mut ch = std::mem::take(&mut self.counts_host);
+        self.g.dtoh(&mut ch, counts)?;
+        let mut offs = vec![0i32; ne];
+        let mut acc = 0i32;
+        for x in 0..ne {
+            offs[x] = acc;
+            acc += ch[x];
+        }
+        self.g.htod(cursor, &offs)?;
+        self.g.launch("moe_scatter", (cdiv(total, 256), 1, 1), 256, 0, &[A::P(eids), A::P(ew), A::I(total as i32), A::I(k as i32), A::P(cursor), A::P(slot_pos), A::P(gw), A::P(gtok)])?;
+        self.g.launch("gather_rows", (total as u32, 1, 1), 256, 0, &[A::P(xn), A::P(gtok), A::P(gx), A::I(e as i32)])?;
+        let any_gemm = ch.iter().any(|&c| c as usize >= self.gemm_min);
+        let gxh = if any_gemm { self.to_f16(gx, e, total, e)? } else { 0 };
+        for x in 0..ne {
+            let m = ch[x] as usize;
+            if m == 0 {
+                continue;
+            }
+            let off = offs[x] as usize;
+            for (mat, out) in [(gate, ex_a), (up, ex_b)] {
+                let yo = out + (off * ff * 4) as u64;
+                if m >= self.gemm_min && self.gemm_ok(&mat) {
+                    let wh = self.dequant(&mat, x)?;
+                    self.g.gemm_f16(ff, m, e, wh, e, gxh + (off * e * 2) as u64, e, yo, ff)?;
+                } else {
+                    let w = mat.ptr + (x * mat.mat_bytes()) as u64;
+                    self.mv(w, &mat, 0, 0, gx + (off * e * 4) as u64, e, 0, yo, ff, 0, ff, m, 1)?;
+                }
+            }
+        }
+        self.g.launch("swiglu", (cdiv(total * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((total * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(gw)])?;
+        let ah = if any_gemm { self.to_f16(ex_a, ff, total, ff)? } else { 0 };
+        for x in 0..ne {
+            let m = ch[x] as usize;
+            if m == 0 {
+                continue;
+            }
+            let off = offs[x] as usize;
+            let yo = ex_out + (off * e * 4) as u64;
+            if m >= self.gemm_min && self.gemm_ok(&down) {
+                let wh = self.dequant(&down, x)?;
+                self.g.gemm_f16(e, m, ff, wh, ff, ah + (off * ff * 2) as u64, ff, yo, e)?;
+            } else {
+                let w = down.ptr + (x * down.mat_bytes()) as u64;
+                self.mv(w, &down, 0, 0, ex_a + (off * ff * 4) as u64, ff, 0, yo, e, 0, e, m, 1)?;
+            }
+        }
+        self.counts_host = ch;
+        Ok(())
+    }
+
+}

@@ -1,0 +1,402 @@
+//! `CudaStage`: the forward pass of a stage on the GPU, with the CPU `Stage::forward` signature.
+//! All weights are uploaded once at construction; KV state and work buffers are allocated once from the
+//! memory plan's sizes (batch `nmax` = the prefill chunk, context `ctx`); a forward call then performs no
+//! device allocation and no weight transfer (only the token ids in and the logits out).
+use crate::gpu::{DBuf, Gpu, Result, A, ALLOCS, WEIGHT_UPLOADS};
+use crate::matvec::{cdiv, DM};
+use ds4_gguf::GgmlType;
+use ds4_model::{Config, KvState, LayerRange, Logits, ModelError, Options, Stage};
+use std::sync::atomic::Ordering;
+
+/// Batches at least this large go through dequantize-to-f16 + cuBLAS instead of the mat-vec kernels.
+const GEMM_MIN: usize = 16;
+
+mod attention;
+mod blocks;
+mod build;
+mod ffn;
+mod graph;
+
+use graph::DecodeGraph;
+
+struct DHc {
+    fn_: DM,
+    scale: u64,
+    base: u64,
+}
+
+struct DComp {
+    ape: u64,
+    kv: DM,
+    gate: DM,
+    norm: u64,
+}
+
+struct DIdx {
+    q_b: DM,
+    proj: DM,
+    comp: DComp,
+}
+
+struct DLayer {
+    ratio: usize,
+    freqs: u64,
+    hc_attn: DHc,
+    attn_norm: u64,
+    q_a: DM,
+    q_a_norm: u64,
+    q_b: DM,
+    kv: DM,
+    kv_norm: u64,
+    sinks: u64,
+    out_a: DM,
+    out_b: DM,
+    comp: Option<DComp>,
+    indexer: Option<DIdx>,
+    hc_ffn: DHc,
+    ffn_norm: u64,
+    gate_inp: DM,
+    exp_bias: Option<u64>,
+    tid2eid: Option<u64>,
+    gate_exps: DM,
+    up_exps: DM,
+    down_exps: DM,
+    shared: Option<[DM; 3]>,
+    clamp: f32,
+}
+
+impl DLayer {
+    fn mats_mut(&mut self) -> Vec<&mut DM> {
+        let mut v = vec![&mut self.hc_attn.fn_, &mut self.q_a, &mut self.q_b, &mut self.kv, &mut self.out_a, &mut self.out_b, &mut self.hc_ffn.fn_, &mut self.gate_inp];
+        if let Some(c) = self.comp.as_mut() {
+            v.extend([&mut c.kv, &mut c.gate]);
+        }
+        if let Some(i) = self.indexer.as_mut() {
+            v.extend([&mut i.q_b, &mut i.proj, &mut i.comp.kv, &mut i.comp.gate]);
+        }
+        if let Some(s) = self.shared.as_mut() {
+            let [a, b, c] = s;
+            v.extend([a, b, c]);
+        }
+        v.extend([&mut self.gate_exps, &mut self.up_exps, &mut self.down_exps]);
+        v
+    }
+}
+
+struct DHead {
+    hc_fn: DM,
+    hc_scale: u64,
+    hc_base: u64,
+    norm: u64,
+    output: DM,
+}
+
+/// Device KV state of one layer: raw ring, compressed rows, indexer rows, compressor frontiers.
+struct DKv {
+    ring: DBuf,
+    comp: Option<DBuf>,
+    st_kv: Option<DBuf>,
+    st_sc: Option<DBuf>,
+    st_len: usize,
+    idx: Option<DBuf>,
+    ist_kv: Option<DBuf>,
+    ist_sc: Option<DBuf>,
+    ist_len: usize,
+    /// Snapshot of the mutable parts (ring, frontiers), restored when a session rewinds to it.
+    snap: DBuf,
+}
+
+struct Work {
+    x: DBuf,
+    flat: DBuf,
+    mix: DBuf,
+    mixes: DBuf,
+    cur: DBuf,
+    xn: DBuf,
+    qr: DBuf,
+    q: DBuf,
+    kvb: DBuf,
+    ck: DBuf,
+    cg: DBuf,
+    pooled: DBuf,
+    iq: DBuf,
+    iw: DBuf,
+    scores: DBuf,
+    ldsc: usize,
+    sel: DBuf,
+    o: DBuf,
+    low: DBuf,
+    y: DBuf,
+    rlog: DBuf,
+    eids: DBuf,
+    ew: DBuf,
+    ex_a: DBuf,
+    ex_b: DBuf,
+    ex_out: DBuf,
+    gx: DBuf,
+    gw: DBuf,
+    gtok: DBuf,
+    slot_pos: DBuf,
+    counts: DBuf,
+    cursor: DBuf,
+    sh_a: DBuf,
+    sh_b: DBuf,
+    sh_out: DBuf,
+    logits: DBuf,
+    tokens: DBuf,
+    top1: DBuf,
+    /// Decode attention partials: per split and head, d outputs, then (max, sum) pairs.
+    adec: DBuf,
+    adec_splits: usize,
+    wh: DBuf,
+    wh_elems: usize,
+    xh: DBuf,
+}
+
+/// Counters of what the device did since the last reset.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CudaStats {
+    pub device_allocs: u64,
+    pub weight_uploads: u64,
+}
+
+pub struct CudaStage {
+    pub cfg: Config,
+    opts: Options,
+    range: LayerRange,
+    embed: Option<DM>,
+    layers: Vec<DLayer>,
+    head: Option<DHead>,
+    kv: Vec<DKv>,
+    wk: Work,
+    nmax: usize,
+    ctx: usize,
+    dev_pos: usize,
+    snap_pos: Option<usize>,
+    logits_host: Vec<f32>,
+    hidden_host: Vec<f32>,
+    counts_host: Vec<i32>,
+    _weights: Vec<DBuf>,
+    pub weight_bytes: u64,
+    pub upload_secs: f64,
+    /// When set, the HC streams after every layer of each forward call are appended here (as the CPU
+    /// `Stage::trace`), for layer-by-layer comparison.
+    pub trace: Option<Vec<Vec<f32>>>,
+    /// Batches at least this large use dequantize + f16 cuBLAS GEMMs (DS4_CUDA_GEMM_MIN overrides;
+    /// a huge value keeps every product on the f32 mat-vec kernels).
+    pub gemm_min: usize,
+    /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
+    /// serves every position and can be replayed as a CUDA graph.
+    decode_mode: bool,
+    dpos: DBuf,
+    /// Captured decode graphs, by (hidden input, logits wanted); DS4_CUDA_GRAPH=0 turns them off.
+    graphs: [Option<DecodeGraph>; 4],
+    pub use_graphs: bool,
+    /// Last: dropped after every device buffer above.
+    g: Gpu,
+}
+
+pub(crate) fn me(s: String) -> ModelError { ModelError::Invalid(format!("cuda: {s}")) }
+
+fn ty_code(t: GgmlType) -> i32 {
+    match t {
+        GgmlType::F32 => 0,
+        GgmlType::F16 => 1,
+        GgmlType::Q8_0 => 8,
+        GgmlType::BF16 => 30,
+        _ => -1,
+    }
+}
+
+impl CudaStage {
+    /// Uploads the weights of `stage` (its bound, mapped tensors) and allocates KV state for `ctx` and
+    /// work buffers for batches of up to `nmax` tokens.
+    pub fn new(stage: &Stage, ctx: usize, nmax: usize) -> ds4_model::Result<Self> {
+        Self::build(stage, ctx, nmax.max(1)).map_err(me)
+    }
+
+
+    /// Device allocations and weight uploads so far (process-wide counters).
+    pub fn stats() -> CudaStats {
+        CudaStats { device_allocs: ALLOCS.load(Ordering::Relaxed), weight_uploads: WEIGHT_UPLOADS.load(Ordering::Relaxed) }
+    }
+
+    pub fn device_name(&self) -> &str { &self.g.name }
+
+    /// Per-kernel CUDA-event profile since the last report (DS4_CUDA_PROFILE=1), or None.
+    pub fn profile_report(&mut self) -> Option<String> { self.g.prof_report() }
+
+    pub fn set_profiling(&mut self, on: bool) {
+        if on && self.g.prof.is_none() {
+            self.g.prof = Some(crate::gpu::Profiler::new());
+        } else if !on {
+            self.g.prof = None;
+        }
+    }
+
+    fn reset_state(&mut self) -> Result<()> {
+        for k in 0..self.kv.len() {
+            let (a, b, n) = match (&self.kv[k].st_kv, &self.kv[k].st_sc) {
+                (Some(a), Some(b)) => (a.ptr, b.ptr, self.kv[k].st_len),
+                _ => continue,
+            };
+            self.g.launch("comp_reset", (cdiv(n, 256), 1, 1), 256, 0, &[A::P(a), A::P(b), A::I(n as i32)])?;
+            if let (Some(a), Some(b)) = (&self.kv[k].ist_kv, &self.kv[k].ist_sc) {
+                let (a, b, n) = (a.ptr, b.ptr, self.kv[k].ist_len);
+                self.g.launch("comp_reset", (cdiv(n, 256), 1, 1), 256, 0, &[A::P(a), A::P(b), A::I(n as i32)])?;
+            }
+        }
+        self.dev_pos = 0;
+        Ok(())
+    }
+
+    fn snapshot(&mut self, restore: bool) -> Result<()> {
+        let d = self.cfg.head_dim;
+        for l in &self.kv {
+            let mut off = 0u64;
+            let mut parts: Vec<(u64, usize)> = vec![(l.ring.ptr, self.cfg.swa * d)];
+            for (b, n) in [(&l.st_kv, l.st_len), (&l.st_sc, l.st_len), (&l.ist_kv, l.ist_len), (&l.ist_sc, l.ist_len)] {
+                if let Some(b) = b {
+                    parts.push((b.ptr, n));
+                }
+            }
+            for (p, n) in parts {
+                if restore {
+                    self.g.dtod(p, l.snap.ptr + off, n * 4)?;
+                } else {
+                    self.g.dtod(l.snap.ptr + off, p, n * 4)?;
+                }
+                off += 4 * n as u64;
+            }
+        }
+        Ok(())
+    }
+
+    /// Brings the device state to `pos` (0 = fresh, the current position, or the last snapshot).
+    fn sync_state(&mut self, pos: usize) -> Result<()> {
+        if pos == 0 {
+            if self.dev_pos != 0 {
+                self.reset_state()?;
+            }
+            return Ok(());
+        }
+        if pos == self.dev_pos {
+            return Ok(());
+        }
+        if self.snap_pos == Some(pos) {
+            self.snapshot(true)?;
+            self.dev_pos = pos;
+            return Ok(());
+        }
+        Err(format!("the KV state at position {pos} is not on the device (device at {}, snapshot at {:?})", self.dev_pos, self.snap_pos))
+    }
+
+    /// The HC streams after the last forward call (n × hc_dim), downloaded.
+    pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> {
+        let hd = self.cfg.hc_dim();
+        self.hidden_host.resize(n * hd, 0.0);
+        let p = self.wk.x.ptr;
+        self.g.dtoh(&mut self.hidden_host, p).map_err(me)?;
+        Ok(&self.hidden_host)
+    }
+
+    /// Greedy top-1 of the last logits row, computed on the device (4 bytes back instead of the row).
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32]) -> ds4_model::Result<u32> {
+        self.forward_dev(kv, tokens, None, Logits::Last).map_err(me)?;
+        let v = self.cfg.n_vocab;
+        let (lp, tp) = (self.wk.logits.ptr, self.wk.top1.ptr);
+        self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
+        let mut t = [0i32];
+        self.g.dtoh(&mut t, tp).map_err(me)?;
+        Ok(t[0] as u32)
+    }
+
+    /// Same contract as `Stage::forward`.
+    pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> ds4_model::Result<&[f32]> {
+        let rows = self.forward_dev(kv, tokens, hidden_in, want).map_err(me)?;
+        let v = self.cfg.n_vocab;
+        self.logits_host.resize(rows * v, 0.0);
+        if rows > 0 {
+            let p = self.wk.logits.ptr;
+            self.g.dtoh(&mut self.logits_host, p).map_err(me)?;
+        } else {
+            self.g.sync().map_err(me)?;
+        }
+        Ok(&self.logits_host)
+    }
+
+    /// Runs the forward pass, leaving logits rows on the device; returns the row count.
+    fn forward_dev(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<usize> {
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        if n > self.nmax {
+            return Err(format!("batch of {n} tokens exceeds the prefill chunk {} the buffers were sized for", self.nmax));
+        }
+        if kv.pos + n > kv.ctx || kv.pos + n > self.ctx {
+            return Err(format!("context full: {} + {} tokens exceeds ctx {}", kv.pos, n, kv.ctx.min(self.ctx)));
+        }
+        if self.layers.iter().any(|l| l.tid2eid.is_some()) {
+            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+                return Err(format!("token id {t} is outside the vocabulary"));
+            }
+        }
+        self.sync_state(kv.pos)?;
+        let pos0 = kv.pos;
+        let hd = self.cfg.hc_dim();
+        let tp = self.wk.tokens.ptr;
+        self.g.htod(tp, tokens)?;
+        let d = self.cfg.head_dim;
+        self.decode_mode = n == 1 && d % 4 == 0 && d <= 1024;
+        if self.decode_mode {
+            let p = [pos0 as i64];
+            self.g.htod(self.dpos.ptr, &p)?;
+            if self.use_graphs && self.g.prof.is_none() && self.trace.is_none() {
+                return self.decode_graph(kv, tokens, hidden_in, want);
+            }
+        }
+        match (hidden_in, &self.embed) {
+            (Some(h), _) => {
+                if h.len() != n * hd {
+                    return Err(format!("hidden input has {} floats, expected {}", h.len(), n * hd));
+                }
+                let xp = self.wk.x.ptr;
+                self.g.htod(xp, h)?;
+            }
+            (None, Some(em)) => {
+                if let Some(&t) = tokens.iter().find(|&&t| t as usize >= em.rows) {
+                    return Err(format!("token id {t} is outside the vocabulary ({})", em.rows));
+                }
+                let (ep, ty) = (em.ptr, ty_code(em.ty));
+                let args = [A::P(ep), A::I(ty), A::P(tp), A::P(self.wk.x.ptr), A::I(self.cfg.n_embd as i32), A::I(self.cfg.n_hc as i32)];
+                self.g.launch("embed", (n as u32, 1, 1), 256, 0, &args)?;
+            }
+            (None, None) => return Err("stage without embedding needs a hidden-state input".into()),
+        }
+        for li in 0..self.layers.len() {
+            self.attention(li, n, pos0)?;
+            self.ffn(li, n)?;
+            if self.trace.is_some() {
+                let mut h = vec![0f32; n * hd];
+                self.g.dtoh(&mut h, self.wk.x.ptr)?;
+                self.trace.as_mut().unwrap().push(h);
+            }
+        }
+        kv.pos += n;
+        self.dev_pos = kv.pos;
+        if n > 1 {
+            self.snapshot(false)?;
+            self.snap_pos = Some(kv.pos);
+        }
+        if want == Logits::None || self.head.is_none() {
+            return Ok(0);
+        }
+        let (r0, m) = if want == Logits::Last { (n - 1, 1) } else { (0, n) };
+        self.head_fwd(r0, m)?;
+        Ok(m)
+    }
+
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
