@@ -166,3 +166,34 @@ def test_queue_full_gets_503(make_server):
     assert queued_result["r"].choices[0].finish_reason in ("length", "stop")
     m = s.metrics()
     assert m["ds4_queue_rejected_total"] == 1 and m["ds4_jobs_cancelled_total"] == 1
+
+
+@pytest.mark.parametrize("args,want", [
+    (["--backend", "tpu"], "unknown backend"),
+    (["--mem-limit-gb=-1"], "--mem-limit-gb"),
+    (["--mem-limit-gb", "0"], "--mem-limit-gb"),
+    (["--backend", "cuda", "--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0"], "coordinator"),
+])
+def test_bad_backend_and_budget_flags_exit_2(args, want):
+    import subprocess
+    from conftest import BIN
+    r = subprocess.run([str(BIN)] + args, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, r.stderr
+    assert want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_budget_below_plan_refuses_to_start(tmp_path):
+    # The memory plan is printed at start-up and a budget below it stops the server with the remedy.
+    import subprocess
+    from conftest import BIN
+    r = subprocess.run([str(BIN), "--mem-limit-gb", "0.0001", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "memory:" in r.stderr and "--mem-limit-gb" in r.stderr, r.stderr
+
+
+def test_cuda_backend_without_cuda_build_is_a_clear_error():
+    import subprocess
+    from conftest import BIN
+    r = subprocess.run([str(BIN), "--backend", "cuda", "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "CUDA" in r.stderr, r.stderr

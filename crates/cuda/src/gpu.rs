@@ -199,6 +199,9 @@ impl Gpu {
         Ok(Self { ctx, stream, module, funcs, blas, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
     }
 
+    /// Makes this GPU's context current on the calling thread (a no-op when it already is).
+    pub fn bind(&self) -> Result<()> { self.ctx.bind_to_thread().map_err(e("bind context")) }
+
     pub fn alloc(&self, bytes: usize) -> Result<DBuf> {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         let b = bytes.max(256);

@@ -176,3 +176,21 @@ fn flash4_q2_greedy_64_matches_cpu() {
 fn flash4_q2_noqat_greedy_64_matches_cpu() {
     model_case_opts("flash:4", Mix::Q2, 160, 64, 64, false);
 }
+
+/// A stage built on one thread runs on another (the server builds the engine, then moves it to its
+/// worker thread): same logits.
+#[test]
+fn stage_moves_to_another_thread() {
+    if !gpu_present() {
+        return;
+    }
+    let m = load("tiny", Mix::Q2, 11, true);
+    let ctx = 64;
+    let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, 16).unwrap();
+    let prompt: Vec<u32> = (0..16).collect();
+    let mut kv = m.stage.new_kv(ctx);
+    let want = gpu.forward(&mut kv, &prompt, None, Logits::Last).unwrap().to_vec();
+    let mut kv2 = m.stage.new_kv(ctx);
+    let got = std::thread::spawn(move || gpu.forward(&mut kv2, &prompt, None, Logits::Last).unwrap().to_vec()).join().unwrap();
+    assert!(got == want, "logits differ after moving the stage to another thread");
+}

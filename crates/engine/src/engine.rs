@@ -93,7 +93,11 @@ impl Engine {
             return Err(EngineError::Invalid("--prefill-chunk must be at least 1".into()));
         }
         let threads = rayon::current_num_threads();
-        let plan = MemoryPlan::new(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk, threads);
+        // A GPU backend keeps the weights in device memory: the host only maps the file to upload it.
+        let plan = match opts.backend {
+            Backend::Cpu => MemoryPlan::new(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk, threads),
+            Backend::Cuda => MemoryPlan::for_accelerator(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk),
+        };
         let budget = match opts.mem_limit_gb {
             Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
             Some(g) => return Err(EngineError::Invalid(format!("--mem-limit-gb must be a positive number, got {g}"))),

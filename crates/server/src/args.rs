@@ -60,6 +60,13 @@ pub struct Args {
     /// Prompt tokens per prefill batch.
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
+    #[arg(long = "backend", default_value = "cpu")]
+    pub backend: String,
+    /// Memory budget in GiB: the server refuses to start when its memory plan exceeds it (default: the
+    /// available RAM).
+    #[arg(long = "mem-limit-gb")]
+    pub mem_limit_gb: Option<f64>,
     /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).
     #[arg(long = "kv-snapshots", default_value_t = 8)]
     pub kv_snapshots: usize,
@@ -132,7 +139,14 @@ impl Args {
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err("--api-key must not be empty".into());
         }
+        ds4_engine::Backend::parse(&self.backend).map_err(|e| format!("--backend: {e}"))?;
+        if matches!(self.mem_limit_gb, Some(g) if !(g > 0.0 && g.is_finite())) {
+            return Err("--mem-limit-gb must be a positive number".into());
+        }
         self.dist.validate().map_err(|e| e.to_string())?;
+        if self.dist.active() && self.backend != "cpu" {
+            return Err("--backend cuda is not available on a coordinator: its own layers run on the CPU".into());
+        }
         if self.dist.is_worker() {
             return Err("ds4-server is a coordinator (--role coordinator); run workers with `ds4 --role worker`".into());
         }

@@ -66,7 +66,8 @@ fn run(args: args::Args) -> Result<(), String> {
         let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
         (worker::Model::Route(route), tok, Some(coord))
     } else {
-        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, ..LoadOptions::default() };
+        let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
+        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, ..LoadOptions::default() };
         let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
         let tok = engine.tokenizer().map_err(|e| e.to_string())?;
         (worker::Model::Local(engine), tok, None)

@@ -185,12 +185,21 @@ fn run(a: Args) -> Result<(), String> {
     }
     if let Some(hwm) = peak_rss() {
         let plan = eng.plan.total();
-        eprintln!(
-            "peak RSS {:.3} GiB; memory plan {:.3} GiB; plan / peak = {:.3}",
-            hwm as f64 / (1u64 << 30) as f64,
-            plan as f64 / (1u64 << 30) as f64,
-            plan as f64 / hwm as f64
-        );
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        if eng.plan.mapped > 0 {
+            // GPU backend: the file mapping the weights were uploaded from is part of the RSS (clean page
+            // cache, reclaimable) but not of the host plan.
+            let own = hwm.saturating_sub(eng.plan.mapped);
+            eprintln!(
+                "peak RSS {:.3} GiB, of which up to {:.3} GiB mapped weight pages; memory plan {:.3} GiB; plan / (peak - mapped) = {:.3}",
+                gib(hwm),
+                gib(eng.plan.mapped),
+                gib(plan),
+                plan as f64 / own.max(1) as f64
+            );
+        } else {
+            eprintln!("peak RSS {:.3} GiB; memory plan {:.3} GiB; plan / peak = {:.3}", gib(hwm), gib(plan), plan as f64 / hwm as f64);
+        }
     }
     Ok(())
 }

@@ -196,6 +196,20 @@ pub struct CudaStage {
     g: Gpu,
 }
 
+// SAFETY: the raw CUDA handles a stage owns (stream, module, functions, cuBLAS handle, events, graphs,
+// device pointers) belong to its context, which every public entry point binds to the calling thread
+// first; `&mut self` makes the use exclusive. This lets a server build the stage on one thread and run
+// it on its worker thread.
+unsafe impl Send for CudaStage {}
+
+impl Drop for CudaStage {
+    fn drop(&mut self) {
+        // The device buffers are freed right after this, possibly on another thread than the one that
+        // built the stage: make the context current here.
+        let _ = self.g.bind();
+    }
+}
+
 pub(crate) fn me(s: String) -> ModelError { ModelError::Invalid(format!("cuda: {s}")) }
 
 fn ty_code(t: GgmlType) -> i32 {
@@ -224,7 +238,10 @@ impl CudaStage {
     pub fn device_name(&self) -> &str { &self.g.name }
 
     /// Per-kernel CUDA-event profile since the last report (DS4_CUDA_PROFILE=1), or None.
-    pub fn profile_report(&mut self) -> Option<String> { self.g.prof_report() }
+    pub fn profile_report(&mut self) -> Option<String> {
+        self.g.bind().ok()?;
+        self.g.prof_report()
+    }
 
     pub fn set_profiling(&mut self, on: bool) {
         if on && self.g.prof.is_none() {
@@ -293,6 +310,7 @@ impl CudaStage {
 
     /// The HC streams after the last forward call (n × hc_dim), downloaded.
     pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> {
+        self.g.bind().map_err(me)?;
         let hd = self.cfg.hc_dim();
         self.hidden_host.resize(n * hd, 0.0);
         let p = self.wk.x.ptr;
@@ -302,6 +320,7 @@ impl CudaStage {
 
     /// Greedy top-1 of the last logits row, computed on the device (4 bytes back instead of the row).
     pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32]) -> ds4_model::Result<u32> {
+        self.g.bind().map_err(me)?;
         self.forward_dev(kv, tokens, None, Logits::Last).map_err(me)?;
         let v = self.cfg.n_vocab;
         let (lp, tp) = (self.wk.logits.ptr, self.wk.top1.ptr);
@@ -313,6 +332,7 @@ impl CudaStage {
 
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> ds4_model::Result<&[f32]> {
+        self.g.bind().map_err(me)?;
         let rows = self.forward_dev(kv, tokens, hidden_in, want).map_err(me)?;
         let v = self.cfg.n_vocab;
         self.logits_host.resize(rows * v, 0.0);
