@@ -2,9 +2,9 @@
 worker process (`ds4 --role worker --layers 3:output`) on loopback, tiny model.
 
 The reference is the single-process server on the same model with the same prefill chunk: greedy output
-must be identical (32-bit activations are exact). A worker killed (SIGKILL) or hung (SIGSTOP) while a
-request streams makes that request fail with an error naming the stage within the bound
-(--dist-timeout-s); while the route is incomplete requests fail at once with the missing layer (503);
+must be identical (32-bit activations are exact). A worker killed (SIGKILL) or hung (SIGSTOP, or only its
+compute thread blocked by the test-only DS4_DIST_TEST_HANG while its heartbeats go on) while a request
+streams makes that request fail with an error naming the stage within the bound (--dist-timeout-s); while the route is incomplete requests fail at once with the missing layer (503);
 after the worker registers again the next request succeeds with the reference output."""
 import os
 import signal
@@ -24,12 +24,12 @@ PROMPT = "Tell me about the river, the bridge and the old mill near the village,
 
 
 class Worker:
-    def __init__(self, tmp, port, name):
+    def __init__(self, tmp, port, name, env=None):
         self.log = open(tmp / f"{name}.log", "w")
         self.proc = subprocess.Popen(
             [DS4, "--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", str(port),
              "--ctx", "1024", "--threads", "1", "--dist-timeout-s", str(TIMEOUT_S)],
-            stdout=self.log, stderr=subprocess.STDOUT)
+            stdout=self.log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def stop(self):
         if self.proc.poll() is None:
@@ -50,8 +50,8 @@ def dist(tmp_path_factory):
                                   "--dist-timeout-s", str(TIMEOUT_S)], "coordinator")
     state = {"ref": ref, "coord": coord, "port": port, "tmp": tmp, "workers": []}
 
-    def start_worker():
-        w = Worker(tmp, port, f"worker{len(state['workers'])}")
+    def start_worker(env=None):
+        w = Worker(tmp, port, f"worker{len(state['workers'])}", env)
         state["workers"].append(w)
         wait_route(coord, "complete")
         return w
@@ -174,6 +174,36 @@ def test_hung_worker_is_detected_within_the_bound(dist):
     assert greedy(coord, "another prompt, after the hang") == greedy(dist["ref"], "another prompt, after the hang")
 
 
+def test_hung_compute_with_live_heartbeats_fails_the_stream_naming_the_stage(dist):
+    """The worker stays connected and its heartbeat thread goes on, but its compute thread blocks in
+    its 40th forward request (test-only DS4_DIST_TEST_HANG: a deadlock or GPU hang), mid-stream: the
+    heartbeats show no progress, so the stream gets an error event naming the stage, the timeout after
+    the last token; a restarted worker serves the next request with the reference output."""
+    coord = dist["coord"]
+    dist["workers"][-1].stop()
+    wait_route(coord, "incomplete")
+    hung = dist["start_worker"]({"DS4_DIST_TEST_HANG": "40"})
+    stream = client(coord).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "[[long]] go"}], max_tokens=900, stream=True)
+    seen, t_last = 0, None
+    with pytest.raises(openai.APIError) as e:
+        for ch in stream:
+            if ch.choices and (ch.choices[0].delta.content or getattr(ch.choices[0].delta, "reasoning_content", None)):
+                seen += 1
+                t_last = time.time()
+            assert not (ch.choices and ch.choices[0].finish_reason), "the stream finished although the worker hung"
+    dt = time.time() - t_last
+    msg = str(e.value)
+    assert seen >= 5, f"the hang came before the stream got going ({seen} deltas)"
+    assert "stage 1" in msg and "layers 3:output" in msg and "compute hung" in msg, msg
+    assert TIMEOUT_S - 0.3 <= dt < TIMEOUT_S + 3, f"error {dt:.1f}s after the last token"
+    assert hung.proc.poll() is None, "the hung worker is still running (only its compute thread is stuck)"
+    wait_route(coord, "incomplete")
+    hung.stop()
+    dist["start_worker"]()
+    assert greedy(coord) == greedy(dist["ref"])
+
+
 @pytest.mark.parametrize("args,want", [
     (["--layers", "0:2"], "--layers requires --role"),
     (["--role", "coordinator", "--layers", "0:2"], "--listen"),
@@ -188,3 +218,10 @@ def test_bad_distributed_flags_exit_2(args, want):
     r = subprocess.run([str(BIN)] + args, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2, r.stderr
     assert want in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_bad_test_hang_value_exits_2():
+    r = subprocess.run([DS4, "--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "1"],
+                       capture_output=True, text=True, timeout=30, env={**os.environ, "DS4_DIST_TEST_HANG": "soon"})
+    assert r.returncode == 2, r.stderr
+    assert "DS4_DIST_TEST_HANG" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

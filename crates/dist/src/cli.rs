@@ -20,9 +20,22 @@ pub fn exit_code(e: &DistError) -> u8 { if matches!(e, DistError::Usage(_)) { 2 
 /// `ds4 --role worker`: serve a layer slice until killed.
 pub fn worker_main(dist: &DistArgs, model: Option<&Path>, ctx: usize, threads: Option<usize>, debug: bool) -> Result<()> {
     dist.validate()?;
+    let test_hang_at = test_hang()?;
     let src = resolve_model(model)?;
-    let opts = WorkerOptions { ctx, threads, token: dist.dist_token.clone(), timeout: dist.timeout(), debug, ..WorkerOptions::default() };
+    let opts = WorkerOptions { ctx, threads, token: dist.dist_token.clone(), timeout: dist.timeout(), debug, test_hang_at, ..WorkerOptions::default() };
     run_worker(src.path(), dist.layers.as_deref().unwrap_or_default(), &dist.coordinator_addr()?, &opts)
+}
+
+/// Test only: `DS4_DIST_TEST_HANG=N` blocks the worker's compute thread in its N-th forward request
+/// (see [`WorkerOptions::test_hang_at`]); a value that is not a positive integer is a usage error.
+fn test_hang() -> Result<Option<u64>> {
+    match std::env::var("DS4_DIST_TEST_HANG") {
+        Err(_) => Ok(None),
+        Ok(v) => match v.trim().parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Some(n)),
+            _ => Err(DistError::Usage(format!("DS4_DIST_TEST_HANG must be a positive integer (test only), got {v:?}"))),
+        },
+    }
 }
 
 /// A coordinator session: the local layers loaded, the listener up, and (within `wait`) a complete route.

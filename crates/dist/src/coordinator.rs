@@ -5,7 +5,7 @@ use crate::auth;
 use crate::error::{DistError, Result};
 use crate::exec::{payload_bytes, HopTiming, StageExec, StageInfo, StageOutput, StageRequest};
 use crate::identity;
-use crate::protocol::{self, data_max_frame, Conn, Digest32, ErrorKind, ForwardRef, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
+use crate::protocol::{self, data_max_frame, Busy, Conn, Digest32, ErrorKind, ForwardRef, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
 use bytes::Bytes;
 use futures_util::stream::{SplitSink, SplitStream};
 use futures_util::{SinkExt, StreamExt};
@@ -471,7 +471,7 @@ impl Inner {
                     _ = hb.cancel.cancelled() => break,
                 }
                 seq += 1;
-                if let Err(e) = hb.send_msg(&Msg::Heartbeat { seq }).await {
+                if let Err(e) = hb.send_msg(&Msg::Heartbeat { seq, busy: None }).await {
                     hb.kill(format!("heartbeat: {e}"));
                     break;
                 }
@@ -479,6 +479,8 @@ impl Inner {
         });
         let reason = self.read_loop(&w, stream).await;
         w.kill(reason.clone());
+        // Close our side, so a worker that wakes up later sees the session ended.
+        let _ = tokio::time::timeout(Duration::from_secs(1), async { w.sink.lock().await.close().await }).await;
         {
             let mut r = self.reg.lock().unwrap();
             let before = r.workers.len();
@@ -494,31 +496,61 @@ impl Inner {
         Ok(())
     }
 
+    /// Reads the worker's frames until it fails: closed, silent for the timeout (no frame at all), or
+    /// hung (its heartbeats say it is computing a request, and no layer of it completed for the
+    /// timeout: the deadline is the worker's last progress + timeout, whatever the heartbeat period).
     async fn read_loop(&self, w: &WorkerConn, mut stream: SplitStream<Conn>) -> String {
+        use tokio::time::Instant;
+        let timeout = self.cfg.timeout;
+        let mut silent_at = Instant::now() + timeout;
+        // While the worker reports itself busy: when its computation counts as hung, and its report.
+        let mut stall: Option<(Instant, Busy)> = None;
         loop {
+            let deadline = stall.map_or(silent_at, |(at, _)| at.min(silent_at));
             let next = tokio::select! {
-                n = tokio::time::timeout(self.cfg.timeout, stream.next()) => n,
+                n = tokio::time::timeout_at(deadline, stream.next()) => n,
                 _ = w.cancel.cancelled() => return w.dead_reason().unwrap_or_else(|| "closed".into()),
             };
             let frame = match next {
-                Err(_) => return format!("no heartbeat or reply for {:.1}s (worker hung or unreachable)", self.cfg.timeout.as_secs_f64()),
+                Err(_) => {
+                    return match stall {
+                        Some((at, b)) if at <= silent_at => format!(
+                            "compute hung: request {} made no progress for {:.1}s ({} of {} layers{} done; the worker still sends heartbeats)",
+                            b.request,
+                            timeout.as_secs_f64(),
+                            b.layers_done,
+                            w.range.last + 1 - w.range.first,
+                            if w.range.head { " + head" } else { "" }
+                        ),
+                        _ => format!("no heartbeat or reply for {:.1}s (worker hung or unreachable)", timeout.as_secs_f64()),
+                    }
+                }
                 Ok(None) => return "connection closed by the worker".into(),
                 Ok(Some(Err(e))) => return format!("receive: {e}"),
                 Ok(Some(Ok(b))) => b,
             };
+            let now = Instant::now();
+            silent_at = now + timeout;
             let msg = match protocol::decode(&frame) {
                 Ok(m) => m,
                 Err(e) => return e.to_string(),
             };
             match msg {
-                Msg::Heartbeat { .. } => {}
+                Msg::Heartbeat { busy, .. } => {
+                    stall = busy.map(|b| {
+                        let last = now.checked_sub(Duration::from_millis(b.stalled_ms)).unwrap_or(now);
+                        (last + timeout, b)
+                    });
+                }
                 Msg::Result(res) => {
+                    stall = None;
                     let tx = w.pending.lock().unwrap().waiting.remove(&res.request);
                     if let Some(tx) = tx {
                         let _ = tx.send(Ok(res));
                     }
                 }
                 Msg::Error { request, kind, message } => {
+                    stall = None;
                     let tx = w.pending.lock().unwrap().waiting.remove(&request);
                     if let Some(tx) = tx {
                         let _ = tx.send(Err((kind, message)));

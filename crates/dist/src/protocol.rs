@@ -22,7 +22,8 @@ use crate::error::DistError;
 
 /// Bumped on any incompatible change of the messages below.
 /// 2: 16-bit activations carry a power-of-two exponent per block of 64 (see `codec`).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 3: a worker's heartbeat carries its compute progress ([`Busy`]).
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Frame limit while the peer is not yet authenticated and registered.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 * 1024;
 /// Upper bound of the frame limit after registration, whatever the shapes say.
@@ -134,6 +135,18 @@ pub struct ForwardRes {
     pub payload: Payload,
 }
 
+/// What a worker's compute thread is doing, sent in its heartbeats (the heartbeat comes from another
+/// thread, so a live connection alone does not prove the computation moves).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Busy {
+    /// The forward request being served (read, computed, replied).
+    pub request: u64,
+    /// Layers of it completed so far (the output head counts as one more).
+    pub layers_done: u32,
+    /// Milliseconds since the last progress: the request's start or its last completed layer.
+    pub stalled_ms: u64,
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub enum ErrorKind {
     /// The worker's KV is not at the requested position/prefix: the coordinator replays.
@@ -152,7 +165,8 @@ pub enum Msg {
     Reject { reason: String },
     Forward(ForwardReq),
     Result(ForwardRes),
-    Heartbeat { seq: u64 },
+    /// Liveness; from a worker also its compute progress (None: idle; always None from the coordinator).
+    Heartbeat { seq: u64, busy: Option<Busy> },
     /// Drop a session's KV (all sessions when `session` is None).
     Reset { session: Option<u64> },
     Error { request: u64, kind: ErrorKind, message: String },
@@ -336,6 +350,22 @@ mod tests {
                 .collect();
             let _ = decode(&f);
         }
+    }
+
+    #[test]
+    fn heartbeat_carries_progress() {
+        for busy in [None, Some(Busy { request: u64::MAX, layers_done: 3, stalled_ms: 1234 })] {
+            let m = Msg::Heartbeat { seq: 9, busy };
+            let b = encode(&m).unwrap();
+            assert_eq!(decode(&b).unwrap(), m);
+            for n in 0..b.len() {
+                assert!(decode(&b[..n]).is_err());
+            }
+        }
+        // A version-2 heartbeat (no progress) is refused by version.
+        let mut old = encode(&Msg::Heartbeat { seq: 1, busy: None }).unwrap().to_vec();
+        old[..2].copy_from_slice(&2u16.to_le_bytes());
+        assert!(decode(&old).unwrap_err().to_string().contains("version 2"));
     }
 
     #[test]

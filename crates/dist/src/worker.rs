@@ -6,13 +6,13 @@ use crate::auth;
 use crate::error::{DistError, Result};
 use crate::exec::{Activations, LocalStage, StageRequest};
 use crate::identity;
-use crate::protocol::{self, fnv1a_tokens, Conn, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
+use crate::protocol::{self, fnv1a_tokens, Busy, Conn, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
 use bytes::BytesMut;
 use ds4_gguf::GgufFile;
 use ds4_model::{Config, LayerRange, Options, Stage, Weights};
 use std::io::{Read, Write};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
@@ -30,6 +30,14 @@ pub struct WorkerOptions {
     /// Set to end the worker (tests): the connection is dropped at once.
     pub stop: Arc<AtomicBool>,
     pub debug: bool,
+    /// Test only (env `DS4_DIST_TEST_HANG=N` for the worker binaries): the compute thread blocks
+    /// after the first layer of the N-th forward request this worker serves (counted from 1 over
+    /// all its connections) until `stop` is set, while the heartbeat thread goes on: a hung
+    /// computation (deadlock, GPU hang) on a live connection, which the coordinator must detect.
+    pub test_hang_at: Option<u64>,
+    /// Test only: every completed layer takes this much longer (a slow machine whose requests
+    /// outlast the timeout while layers keep completing: it must not be taken for a hung one).
+    pub test_layer_delay: Option<Duration>,
 }
 
 impl Default for WorkerOptions {
@@ -43,6 +51,8 @@ impl Default for WorkerOptions {
             options: Options::default(),
             stop: Arc::new(AtomicBool::new(false)),
             debug: false,
+            test_hang_at: None,
+            test_layer_delay: None,
         }
     }
 }
@@ -83,6 +93,9 @@ pub fn run_worker(model: &Path, layers: &str, coordinator: &str, opts: &WorkerOp
 /// socket read and it writes the reply: no thread hand-off on the decode path); a helper thread
 /// sends heartbeats so a long computation does not look like a hung worker.
 pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: &WorkerOptions) -> Result<()> {
+    let progress = Arc::new(Progress::new(opts));
+    let p = progress.clone();
+    stage.stage.on_progress = Some(Arc::new(move |_layer| p.step()));
     // The async runtime only dials and runs the handshake.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -101,7 +114,7 @@ pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: 
             Ok(conn) => {
                 last_err = None;
                 eprintln!("ds4: distributed worker: registered with coordinator {coordinator} layers {range}");
-                match session(&mut stage, conn, opts) {
+                match session(&mut stage, conn, &progress, opts) {
                     Ok(why) => eprintln!("ds4: distributed worker: coordinator session ended: {why}"),
                     Err(e) => eprintln!("ds4: distributed worker: {e}"),
                 }
@@ -146,6 +159,85 @@ async fn connect(reg: &Registration, coordinator: &str, opts: &WorkerOptions) ->
     Ok(conn)
 }
 
+/// The compute thread's progress, which the heartbeat thread reports ([`Busy`]): the coordinator
+/// tells a long computation (layers keep completing) from a hung one (none does for the timeout).
+/// Updated with relaxed atomics once per request and once per layer.
+struct Progress {
+    epoch: Instant,
+    busy: AtomicBool,
+    request: AtomicU64,
+    layers_done: AtomicU32,
+    /// Microseconds after `epoch` of the last progress.
+    last_us: AtomicU64,
+    /// Forward requests begun (for the test hang hook).
+    begun: AtomicU64,
+    test_hang_at: Option<u64>,
+    test_layer_delay: Option<Duration>,
+    hung: AtomicBool,
+    stop: Arc<AtomicBool>,
+}
+
+impl Progress {
+    fn new(opts: &WorkerOptions) -> Self {
+        Self {
+            epoch: Instant::now(),
+            busy: AtomicBool::new(false),
+            request: AtomicU64::new(0),
+            layers_done: AtomicU32::new(0),
+            last_us: AtomicU64::new(0),
+            begun: AtomicU64::new(0),
+            test_hang_at: opts.test_hang_at,
+            test_layer_delay: opts.test_layer_delay,
+            hung: AtomicBool::new(false),
+            stop: opts.stop.clone(),
+        }
+    }
+
+    fn now_us(&self) -> u64 { self.epoch.elapsed().as_micros() as u64 }
+
+    /// A forward request was read: the compute thread is busy with it from now on.
+    fn begin(&self, request: u64) {
+        self.begun.fetch_add(1, Ordering::Relaxed);
+        self.request.store(request, Ordering::Relaxed);
+        self.layers_done.store(0, Ordering::Relaxed);
+        self.last_us.store(self.now_us(), Ordering::Relaxed);
+        self.busy.store(true, Ordering::Release);
+    }
+
+    /// A layer (or the output head) completed, on the computing thread.
+    fn step(&self) {
+        if let Some(d) = self.test_layer_delay {
+            std::thread::sleep(d);
+        }
+        self.layers_done.fetch_add(1, Ordering::Relaxed);
+        self.last_us.store(self.now_us(), Ordering::Relaxed);
+        if self.test_hang_at.is_some_and(|n| self.begun.load(Ordering::Relaxed) == n) && !self.hung.swap(true, Ordering::Relaxed) {
+            eprintln!(
+                "ds4: distributed worker: DS4_DIST_TEST_HANG (test only): compute thread blocked in request {} until the worker stops; heartbeats go on",
+                self.request.load(Ordering::Relaxed)
+            );
+            while !self.stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// The reply is ready (called before it is sent).
+    fn end(&self) { self.busy.store(false, Ordering::Release); }
+
+    fn snapshot(&self) -> Option<Busy> {
+        if !self.busy.load(Ordering::Acquire) {
+            return None;
+        }
+        let last = self.last_us.load(Ordering::Relaxed);
+        Some(Busy {
+            request: self.request.load(Ordering::Relaxed),
+            layers_done: self.layers_done.load(Ordering::Relaxed),
+            stalled_ms: self.now_us().saturating_sub(last) / 1000,
+        })
+    }
+}
+
 /// The writing half of a session: frames go out whole under the lock (replies from the computing
 /// thread, heartbeats from the helper), through the same length-delimited codec.
 struct Writer {
@@ -156,10 +248,23 @@ impl Writer {
     fn send(&self, m: &Msg) -> Result<()> {
         let body = protocol::encode_ref(m)?;
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
-        let (sock, codec, buf) = &mut *g;
+        Self::write(&mut g, body, m.name())
+    }
+
+    /// A heartbeat with the progress read under the lock: it is never older than a reply already
+    /// on the wire (the compute thread marks itself idle before it sends its reply), so the
+    /// coordinator never sees a stale "busy" after the result.
+    fn heartbeat(&self, seq: u64, progress: &Progress) -> Result<()> {
+        let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
+        let body = protocol::encode_ref(&Msg::Heartbeat { seq, busy: progress.snapshot() })?;
+        Self::write(&mut g, body, "Heartbeat")
+    }
+
+    fn write(g: &mut (std::net::TcpStream, LengthDelimitedCodec, BytesMut), body: bytes::Bytes, name: &str) -> Result<()> {
+        let (sock, codec, buf) = g;
         buf.clear();
-        codec.encode(body, buf).map_err(|e| DistError::Protocol(format!("send {}: {e}", m.name())))?;
-        sock.write_all(buf).map_err(|e| DistError::Io(format!("send {}: {e}", m.name())))
+        codec.encode(body, buf).map_err(|e| DistError::Protocol(format!("send {name}: {e}")))?;
+        sock.write_all(buf).map_err(|e| DistError::Io(format!("send {name}: {e}")))
     }
 }
 
@@ -168,7 +273,7 @@ const TICK: Duration = Duration::from_millis(50);
 
 /// One registered connection, served on this thread until it ends. Ok(reason) when it ended
 /// without a fatal error (closed, silent for the timeout, malformed frame, stop).
-fn session(stage: &mut LocalStage, conn: Conn, opts: &WorkerOptions) -> Result<String> {
+fn session(stage: &mut LocalStage, conn: Conn, progress: &Arc<Progress>, opts: &WorkerOptions) -> Result<String> {
     let parts = conn.into_parts();
     let mut codec = parts.codec;
     let mut rbuf = parts.read_buf;
@@ -180,7 +285,7 @@ fn session(stage: &mut LocalStage, conn: Conn, opts: &WorkerOptions) -> Result<S
     let writer = Arc::new(Writer { inner: Mutex::new((wsock, codec.clone(), BytesMut::new())) });
     let alive = Arc::new(AtomicBool::new(true));
     let hb = {
-        let (w, alive) = (writer.clone(), alive.clone());
+        let (w, alive, progress) = (writer.clone(), alive.clone(), progress.clone());
         let every = (opts.timeout / 4).max(Duration::from_millis(20));
         std::thread::Builder::new()
             .name("ds4-dist-heartbeat".into())
@@ -192,7 +297,7 @@ fn session(stage: &mut LocalStage, conn: Conn, opts: &WorkerOptions) -> Result<S
                     if Instant::now() >= next {
                         seq += 1;
                         next += every;
-                        if w.send(&Msg::Heartbeat { seq }).is_err() {
+                        if w.heartbeat(seq, &progress).is_err() {
                             break;
                         }
                     }
@@ -200,14 +305,14 @@ fn session(stage: &mut LocalStage, conn: Conn, opts: &WorkerOptions) -> Result<S
             })
             .map_err(|e| DistError::Io(format!("cannot start the heartbeat thread: {e}")))?
     };
-    let r = serve_frames(stage, &sock, &mut codec, &mut rbuf, &writer, opts);
+    let r = serve_frames(stage, &sock, &mut codec, &mut rbuf, &writer, progress, opts);
     alive.store(false, Ordering::SeqCst);
     let _ = sock.shutdown(std::net::Shutdown::Both);
     let _ = hb.join();
     r
 }
 
-fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &mut LengthDelimitedCodec, rbuf: &mut BytesMut, out: &Writer, opts: &WorkerOptions) -> Result<String> {
+fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &mut LengthDelimitedCodec, rbuf: &mut BytesMut, out: &Writer, progress: &Progress, opts: &WorkerOptions) -> Result<String> {
     let mut chunk = vec![0u8; 64 * 1024];
     let mut last = Instant::now();
     loop {
@@ -221,8 +326,11 @@ fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &
             match protocol::decode(&frame) {
                 Err(e) => return Ok(e.to_string()),
                 Ok(Msg::Forward(req)) => {
+                    progress.begin(req.request);
+                    let reply = forward(stage, req, opts.debug);
+                    progress.end();
                     // A dead connection just drops the reply; the coordinator replays.
-                    if let Err(e) = out.send(&forward(stage, req, opts.debug)) {
+                    if let Err(e) = out.send(&reply) {
                         return Ok(e.to_string());
                     }
                 }

@@ -1,6 +1,7 @@
 //! Failures on loopback: refused registrations, malformed frames, killed and hung workers.
 mod common;
 use common::*;
+use ds4_dist::worker::WorkerOptions;
 use ds4_dist::DistError;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
@@ -163,4 +164,78 @@ fn hung_worker_is_detected_by_heartbeat_and_reconnects_when_it_wakes() {
     wait_route(&c);
     assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
     assert_eq!(s.step(rt[1]).unwrap(), &rl[2][..]);
+}
+
+/// The worker's connection stays up and its heartbeat thread keeps beating, but its compute thread
+/// blocks mid-request (test hook after the first layer of its 3rd request = the first decode step,
+/// after two prefill chunks): the heartbeats carry no progress, so the coordinator fails the request
+/// at the worker's last progress + the timeout, naming the stage; a restarted worker replays.
+#[test]
+fn hung_compute_with_live_heartbeats_fails_naming_the_stage_and_restart_recovers() {
+    let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let opts = WorkerOptions { ctx: CTX, timeout: TIMEOUT, test_hang_at: Some(3), ..WorkerOptions::default() };
+    let hung = thread_worker_with(model(), "3:output", &c.addr, opts);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(30, 8);
+    let (rt, rl) = reference(&p, CHUNK, 3);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    let t0 = Instant::now();
+    let e = s.step(rt[0]).unwrap_err().to_string();
+    let dt = t0.elapsed();
+    eprintln!("hung compute detected after {:.2}s: {e}", dt.as_secs_f64());
+    // Not before the bound (the worker was never silent), and not much after it.
+    assert!(dt >= TIMEOUT - Duration::from_millis(100) && dt < TIMEOUT + Duration::from_millis(1500), "{dt:?}");
+    assert!(e.contains("stage 1") && e.contains("3:output") && e.contains("compute hung") && e.contains("1 of 3 layers + head done"), "{e}");
+    assert!(!e.contains("no heartbeat"), "detected by progress, not by silence: {e}");
+    // The route is incomplete until a worker registers again; then the history is replayed.
+    let e2 = s.step(rt[0]).unwrap_err().to_string();
+    assert!(e2.contains("incomplete") && e2.contains("compute hung"), "{e2}");
+    hung.finish().unwrap();
+    let _w2 = thread_worker(model(), "3:output", &c.addr, None, TIMEOUT);
+    wait_route(&c);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+    assert_eq!(s.step(rt[1]).unwrap(), &rl[2][..]);
+}
+
+/// The same hang in a worker process (`DS4_DIST_TEST_HANG`), in its 2nd request: a pipelined
+/// prefill chunk with more chunks in flight behind it.
+#[test]
+fn hung_compute_mid_prefill_in_a_worker_process_fails_in_bounded_time() {
+    let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let w = proc_worker_env(model(), "3:output", &c.addr, &[], &[("DS4_DIST_TEST_HANG", "2")]);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(120, 4);
+    let t0 = Instant::now();
+    let e = s.sync(&p).unwrap_err().to_string();
+    let dt = t0.elapsed();
+    eprintln!("hung prefill detected after {:.2}s: {e}", dt.as_secs_f64());
+    assert!(dt >= TIMEOUT - Duration::from_millis(100) && dt < TIMEOUT + Duration::from_millis(1500), "{dt:?}");
+    assert!(e.contains("stage 1") && e.contains("3:output") && e.contains("compute hung"), "{e}");
+    drop(w);
+    let _w2 = proc_worker(model(), "3:output", &c.addr, &[]);
+    wait_route(&c);
+    let (rt, rl) = reference(&p, CHUNK, 1);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+}
+
+/// A slow worker whose every request outlasts the timeout, while its layers keep completing, is
+/// not taken for a hung one.
+#[test]
+fn slow_compute_that_makes_progress_is_not_killed() {
+    let timeout = Duration::from_millis(600);
+    let (c, local) = coordinator("0:2", 32, None, timeout, CHUNK);
+    let opts = WorkerOptions { ctx: CTX, timeout, test_layer_delay: Some(Duration::from_millis(250)), ..WorkerOptions::default() };
+    let _w = thread_worker_with(model(), "3:output", &c.addr, opts);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(12, 3);
+    let (rt, rl) = reference(&p, CHUNK, 1);
+    let t0 = Instant::now();
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    let dt = t0.elapsed();
+    assert!(dt > timeout, "the request took {dt:?}, not longer than the timeout");
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
 }

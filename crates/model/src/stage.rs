@@ -189,12 +189,20 @@ pub struct Stage {
     /// When set, the HC streams after every layer of each forward call are appended here (debugging and
     /// layer-by-layer comparison with a reference).
     pub trace: Option<Vec<Vec<f32>>>,
+    /// When set, called on the computing thread after each owned layer (with its index) and after the
+    /// output head (with `n_layer`) of every forward call: a progress signal (a distributed worker
+    /// reports it in its heartbeats so a hung computation is told from a long one). It must be cheap
+    /// (an atomic store); it cannot change results.
+    pub on_progress: Option<ProgressHook>,
 }
+
+/// See [`Stage::on_progress`].
+pub type ProgressHook = std::sync::Arc<dyn Fn(usize) + Send + Sync>;
 
 impl Stage {
     pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
         let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
-        Self { cfg, w, opts, ropes, work: Work::default(), trace: None }
+        Self { cfg, w, opts, ropes, work: Work::default(), trace: None, on_progress: None }
     }
 
     /// Reserves work buffers (and each rayon thread's score scratch) for batches of up to `n` tokens at
@@ -276,6 +284,9 @@ impl Stage {
             if let Some(t) = self.trace.as_mut() {
                 t.push(wk.x[..n * hd].to_vec());
             }
+            if let Some(p) = &self.on_progress {
+                p(il);
+            }
         }
         kv.pos += n;
         if want == Logits::None || self.w.head.is_none() {
@@ -283,6 +294,9 @@ impl Stage {
         }
         let rows = if want == Logits::Last { n - 1..n } else { 0..n };
         self.head(wk, rows.clone())?;
+        if let Some(p) = &self.on_progress {
+            p(self.cfg.n_layer);
+        }
         Ok(rows.len())
     }
 

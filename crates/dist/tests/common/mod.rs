@@ -143,9 +143,15 @@ impl Drop for ThreadWorker {
 
 /// A worker in a thread of this process.
 pub fn thread_worker(path: &Path, layers: &str, addr: &str, token: Option<&str>, timeout: Duration) -> ThreadWorker {
+    let opts = WorkerOptions { ctx: CTX, token: token.map(String::from), timeout, ..WorkerOptions::default() };
+    thread_worker_with(path, layers, addr, opts)
+}
+
+/// A worker in a thread of this process with the given options (`stop` is the worker's own).
+pub fn thread_worker_with(path: &Path, layers: &str, addr: &str, opts: WorkerOptions) -> ThreadWorker {
     let (stage, reg) = load_stage(path, layers, CTX, Options::default()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
-    let opts = WorkerOptions { ctx: CTX, token: token.map(String::from), timeout, stop: stop.clone(), ..WorkerOptions::default() };
+    let opts = WorkerOptions { stop: stop.clone(), ..opts };
     let addr = addr.to_string();
     let join = std::thread::spawn(move || serve(stage, reg, &addr, &opts));
     ThreadWorker { stop, join: Some(join) }
@@ -171,8 +177,13 @@ impl Drop for ProcWorker {
 }
 
 pub fn proc_worker(path: &Path, layers: &str, addr: &str, extra: &[&str]) -> ProcWorker {
+    proc_worker_env(path, layers, addr, extra, &[])
+}
+
+pub fn proc_worker_env(path: &Path, layers: &str, addr: &str, extra: &[&str], env: &[(&str, &str)]) -> ProcWorker {
     let (host, port) = addr.rsplit_once(':').unwrap();
     let child = std::process::Command::new(env!("CARGO_BIN_EXE_ds4-dist-worker"))
+        .envs(env.iter().copied())
         .args(["-m", path.to_str().unwrap(), "--ctx", &CTX.to_string(), "--threads", "1", "--role", "worker", "--layers", layers, "--coordinator", host, port, "--dist-timeout-s", "2"])
         .args(extra)
         .stderr(std::process::Stdio::piped())
