@@ -254,10 +254,11 @@ impl Writer {
     /// A heartbeat with the progress read under the lock: it is never older than a reply already
     /// on the wire (the compute thread marks itself idle before it sends its reply), so the
     /// coordinator never sees a stale "busy" after the result.
-    fn heartbeat(&self, seq: u64, progress: &Progress) -> Result<()> {
+    fn heartbeat(&self, seq: u64, progress: &Progress) -> Result<Option<Busy>> {
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
-        let body = protocol::encode_ref(&Msg::Heartbeat { seq, busy: progress.snapshot() })?;
-        Self::write(&mut g, body, "Heartbeat")
+        let busy = progress.snapshot();
+        let body = protocol::encode_ref(&Msg::Heartbeat { seq, busy })?;
+        Self::write(&mut g, body, "Heartbeat").map(|_| busy)
     }
 
     fn write(g: &mut (std::net::TcpStream, LengthDelimitedCodec, BytesMut), body: bytes::Bytes, name: &str) -> Result<()> {
@@ -287,18 +288,31 @@ fn session(stage: &mut LocalStage, conn: Conn, progress: &Arc<Progress>, opts: &
     let hb = {
         let (w, alive, progress) = (writer.clone(), alive.clone(), progress.clone());
         let every = (opts.timeout / 4).max(Duration::from_millis(20));
+        let timeout_ms = opts.timeout.as_millis() as u64;
         std::thread::Builder::new()
             .name("ds4-dist-heartbeat".into())
             .spawn(move || {
                 let mut seq = 0u64;
                 let mut next = Instant::now() + every;
+                let mut warned = None;
                 while alive.load(Ordering::SeqCst) {
                     std::thread::sleep(TICK.min(every));
                     if Instant::now() >= next {
                         seq += 1;
                         next += every;
-                        if w.heartbeat(seq, &progress).is_err() {
-                            break;
+                        match w.heartbeat(seq, &progress) {
+                            Err(_) => break,
+                            // Said here too: the coordinator drops this worker for it.
+                            Ok(Some(b)) if b.stalled_ms >= timeout_ms && warned != Some(b.request) => {
+                                warned = Some(b.request);
+                                eprintln!(
+                                    "ds4: distributed worker: compute thread made no progress on request {} for {:.1}s ({} layers done): hung",
+                                    b.request,
+                                    b.stalled_ms as f64 / 1e3,
+                                    b.layers_done
+                                );
+                            }
+                            Ok(_) => {}
                         }
                     }
                 }
