@@ -1,5 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU-vs-CPU tests, kernel profile on a few Flash-shaped layers, full Flash q2 benchmark.
+# Binaries (stripped, carried in device-bin/): ds4-bench, ds4-gguf (cargo build --release -p ds4-cli --features cuda),
+# device-tests (cargo test --release -p ds4-cuda --features cuda --no-run), engine-tests (same for -p ds4-engine
+# --test cuda_pipeline), gpu_bench (cargo build --release -p ds4-cuda --features cuda --example gpu_bench).
 # Usage on the lent H200 (from the repo root, binaries carried in device-bin/):
 #   bench/cuda/device_run.sh [tests|profile|bench|flash4|all]...   (several modes run in order)
 set -u
@@ -18,7 +21,9 @@ for mode in "${@:-all}"; do
     timeout 120 $B/gpu_bench 50 2>&1 | tee $OUT/gpu_bench.csv ;;
   tests)
     el "device tests (ops + tiny models)"
-    DS4_TEST_DIR=/dev/shm timeout ${TT:-180} $B/device-tests --nocapture --test-threads 1 2>&1 | tee $OUT/tests.log | grep -v "^$" ;;
+    DS4_TEST_DIR=/dev/shm timeout ${TT:-180} $B/device-tests --nocapture --test-threads 1 2>&1 | tee $OUT/tests.log | grep -v "^$"
+    # Engine-level: layers split over CUDA parts equal one stage (cargo test -p ds4-engine --features cuda --test cuda_pipeline --no-run).
+    [ -x $B/engine-tests ] && timeout 120 $B/engine-tests --nocapture --test-threads 1 2>&1 | tee -a $OUT/tests.log | grep -v "^$" ;;
   flash4)
     el "flash:4 model test (64 greedy tokens vs CPU)"
     DS4_TEST_DIR=/dev/shm timeout ${FT:-420} $B/device-tests --nocapture --test-threads 1 --ignored ${FILTER:-flash4} 2>&1 | tee $OUT/tests_flash.log | grep -v "^$" ;;

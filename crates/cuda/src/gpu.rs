@@ -152,13 +152,20 @@ impl Default for Profiler {
 
 impl Gpu {
     /// Opens device 0, compiles (or loads from the cache) the kernels, creates the cuBLAS handle.
-    pub fn new(iq2_grid: &[u64; 256]) -> Result<Self> {
+    pub fn new(iq2_grid: &[u64; 256]) -> Result<Self> { Self::on_device(iq2_grid, 0) }
+
+    /// Opens CUDA device `device` (its primary context).
+    pub fn on_device(iq2_grid: &[u64; 256], device: usize) -> Result<Self> {
         preload_libs();
         // SAFETY: probing for libcuda.
         if !unsafe { dsys::is_culib_present() } {
             return Err("no CUDA driver (libcuda) found: --backend cuda needs an NVIDIA GPU and its driver".into());
         }
-        let ctx = cudarc::driver::CudaContext::new(0).map_err(|err| format!("no usable CUDA device: {err:?}"))?;
+        let n = cudarc::driver::CudaContext::device_count().map_err(|err| format!("no usable CUDA device: {err:?}"))?;
+        if device >= n as usize {
+            return Err(format!("CUDA device {device} does not exist ({n} present)"));
+        }
+        let ctx = cudarc::driver::CudaContext::new(device).map_err(|err| format!("no usable CUDA device {device}: {err:?}"))?;
         // SAFETY: the context is ours; we synchronise explicitly and never use cudarc's event tracking.
         unsafe { ctx.disable_event_tracking() };
         let (maj, min) = ctx.compute_capability().map_err(e("compute capability"))?;

@@ -39,6 +39,8 @@ pub struct LoadOptions {
     /// Memory budget in GiB; default: the RAM available now.
     pub mem_limit_gb: Option<f64>,
     pub backend: Backend,
+    /// CUDA devices the layers are spread over in contiguous parts (the same device may repeat).
+    pub cuda_devices: Vec<usize>,
 }
 
 impl Default for LoadOptions {
@@ -51,6 +53,7 @@ impl Default for LoadOptions {
             prefill_chunk: 256,
             mem_limit_gb: None,
             backend: Backend::Cpu,
+            cuda_devices: vec![0],
         } }
 }
 
@@ -62,7 +65,7 @@ pub struct Engine {
     pub plan: MemoryPlan,
     /// The GPU copy of the stage when loaded with `Backend::Cuda` (then it runs every forward call).
     #[cfg(feature = "cuda")]
-    pub cuda: Option<ds4_cuda::CudaStage>,
+    cuda: Option<crate::cuda_pipeline::CudaPipeline>,
 }
 
 impl Engine {
@@ -108,7 +111,7 @@ impl Engine {
         let mut stage = Stage::new(cfg, weights, opts.options);
         #[cfg(feature = "cuda")]
         let cuda = match opts.backend {
-            Backend::Cuda => Some(ds4_cuda::CudaStage::new(&stage, opts.ctx, opts.prefill_chunk)?),
+            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices)?),
             Backend::Cpu => None,
         };
         #[cfg(not(feature = "cuda"))]

@@ -1,4 +1,6 @@
 //! Engine: model loading (with the embedded default), sessions, prefill/decode/generation, statistics.
+#[cfg(feature = "cuda")]
+mod cuda_pipeline;
 mod default_model;
 mod engine;
 mod error;

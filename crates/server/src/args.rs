@@ -63,6 +63,9 @@ pub struct Args {
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     pub backend: String,
+    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
+    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    pub cuda_devices: Vec<usize>,
     /// Memory budget in GiB: the server refuses to start when its memory plan exceeds it (default: the
     /// available RAM).
     #[arg(long = "mem-limit-gb")]

@@ -67,7 +67,7 @@ fn run(args: args::Args) -> Result<(), String> {
         (worker::Model::Route(route), tok, Some(coord))
     } else {
         let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, ..LoadOptions::default() };
+        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), ..LoadOptions::default() };
         let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
         let tok = engine.tokenizer().map_err(|e| e.to_string())?;
         (worker::Model::Local(engine), tok, None)

@@ -68,6 +68,9 @@ struct Args {
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
+    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
+    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    cuda_devices: Vec<usize>,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
     kv_load: Option<std::path::PathBuf>,
@@ -130,6 +133,7 @@ fn run(args: Args) -> Result<(), String> {
         mem_limit_gb: args.mem_limit_gb,
         debug: args.debug,
         backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
+        cuda_devices: args.cuda_devices.clone(),
         ..LoadOptions::default()
     };
     let eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;

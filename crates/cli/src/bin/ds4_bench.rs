@@ -49,6 +49,9 @@ struct Args {
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
+    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
+    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    cuda_devices: Vec<usize>,
     /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
     gpu_bw_gbps: f64,
@@ -113,7 +116,7 @@ fn run(a: Args) -> Result<(), String> {
     if ctx < need {
         return Err(format!("--ctx {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
     }
-    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend: ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?, ..LoadOptions::default() };
+    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend: ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?, cuda_devices: a.cuda_devices.clone(), ..LoadOptions::default() };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if let Some(r) = eng.backend_report() {
         eprintln!("after load: {r}");

@@ -19,7 +19,7 @@ struct Uploader<'a> {
 
 impl<'a> Uploader<'a> {
     fn bytes(&mut self, data: &'a [u8]) -> Result<u64> {
-        let b = self.g.alloc(data.len())?;
+        let b = self.g.alloc(data.len()).map_err(|e| format!("{e} while placing the weights: serve fewer layers with --layers, or spread them over several GPUs with --cuda-devices"))?;
         let p = b.ptr;
         self.items.push((p, data));
         self.bytes += data.len() as u64;
@@ -54,16 +54,22 @@ impl<'a> Uploader<'a> {
 }
 
 impl CudaStage {
-    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize) -> Result<Self> {
+    /// Uploads the part `part` (a sub-range of the stage's layers; the embedding and head only when it
+    /// starts / ends the stage's range) to CUDA device `device`.
+    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> Result<Self> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
-        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        if part.first < w.range.first || part.last > w.range.last || part.first > part.last {
+            return Err(format!("layers {} are not within the stage's layers {}", part.label(), w.range.label()));
+        }
+        let part = LayerRange { embed: w.range.embed && part.first == w.range.first, head: w.range.head && part.last == w.range.last, ..part };
+        let mut g = Gpu::on_device(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST, device)?;
         let (free, total) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
-        eprintln!("cuda: {} ({}, {} SMs), {:.1} GiB free of {:.1} GiB", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB);
+        eprintln!("cuda: device {device}: {} ({}, {} SMs), {:.1} GiB free of {:.1} GiB; layers {}", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB, part.label());
         let need = w.resident_bytes();
-        if need as f64 > free as f64 * 0.97 {
+        if part == w.range && need as f64 > free as f64 * 0.97 {
             return Err(format!(
-                "the stage's weights ({:.1} GiB) do not fit in the GPU's free memory ({:.1} GiB): serve fewer layers with --layers",
+                "the stage's weights ({:.1} GiB) do not fit in the GPU's free memory ({:.1} GiB): serve fewer layers with --layers, or spread them over several GPUs with --cuda-devices",
                 need as f64 / GIB,
                 free as f64 / GIB
             ));
@@ -86,7 +92,7 @@ impl CudaStage {
             Ok(DComp { ape: up.vec_f32(&c.ape)?, kv: dm(up, w, &c.kv)?, gate: dm(up, w, &c.gate)?, norm: up.vec_f32(&c.norm)? })
         }
         residency::set_phase(residency::Phase::Load);
-        let embed = match &w.embed {
+        let embed = match w.embed.as_ref().filter(|_| part.embed) {
             Some(m) => {
                 if ty_code(m.ty) < 0 {
                     return Err(format!("embedding type {} not supported on CUDA", m.ty.name()));
@@ -96,7 +102,7 @@ impl CudaStage {
             None => None,
         };
         let mut layers = Vec::new();
-        for l in &w.layers {
+        for l in w.layers.iter().filter(|l| part.contains(l.il)) {
             let rope = Rope::for_layer(&cfg, cfg.ratio(l.il));
             let dl = DLayer {
                 ratio: cfg.ratio(l.il),
@@ -141,7 +147,7 @@ impl CudaStage {
             };
             layers.push(dl);
         }
-        let head = match &w.head {
+        let head = match w.head.as_ref().filter(|_| part.head) {
             Some(h) => Some(DHead {
                 hc_fn: dm(&mut up, w, &h.hc_fn)?,
                 hc_scale: up.vec_f32(&h.hc_scale)?,
@@ -186,7 +192,7 @@ impl CudaStage {
         let (d, id) = (cfg.head_dim, cfg.idx_dim);
         let mut kv = Vec::new();
         for (li, l) in layers.iter().enumerate() {
-            let il = w.range.first + li;
+            let il = part.first + li;
             let ratio = l.ratio;
             let coff = cfg.compress_coff(il);
             let cap = compressed_capacity(ctx, ratio);
@@ -301,7 +307,7 @@ impl CudaStage {
             cfg,
             g,
             opts: stage.opts,
-            range: w.range,
+            range: part,
             embed,
             layers,
             head,

@@ -226,8 +226,17 @@ impl CudaStage {
     /// Uploads the weights of `stage` (its bound, mapped tensors) and allocates KV state for `ctx` and
     /// work buffers for batches of up to `nmax` tokens.
     pub fn new(stage: &Stage, ctx: usize, nmax: usize) -> ds4_model::Result<Self> {
-        Self::build(stage, ctx, nmax.max(1)).map_err(me)
+        Self::build(stage, ctx, nmax.max(1), stage.w.range, 0).map_err(me)
     }
+
+    /// The layers `part` of `stage` on CUDA device `device`: one of several stages of a pipeline over
+    /// GPUs (each owns its layers' weights and KV; the hidden state passes between them).
+    pub fn new_part(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> ds4_model::Result<Self> {
+        Self::build(stage, ctx, nmax.max(1), part, device).map_err(me)
+    }
+
+    /// The layers this stage runs.
+    pub fn layers(&self) -> LayerRange { self.range }
 
 
     /// Device allocations and weight uploads so far (process-wide counters).

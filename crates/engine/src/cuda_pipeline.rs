@@ -1,0 +1,82 @@
+//! The CUDA backend of an engine: the stage's layers on one GPU, or split into contiguous parts over
+//! several GPUs (`--cuda-devices 0,1,...`), each part owning its layers' weights and KV; the hidden state
+//! passes from one part to the next through a reused host buffer (no allocation per token).
+use ds4_cuda::CudaStage;
+use ds4_model::{KvState, LayerRange, Logits, Result, Stage};
+
+pub struct CudaPipeline {
+    pub stages: Vec<CudaStage>,
+    hidden: Vec<f32>,
+}
+
+/// Splits `range` into `n` contiguous parts of (nearly) equal layer counts.
+pub fn split_layers(range: LayerRange, n: usize) -> Vec<LayerRange> {
+    let total = range.last - range.first + 1;
+    let n = n.clamp(1, total);
+    let mut parts = Vec::with_capacity(n);
+    let mut first = range.first;
+    for i in 0..n {
+        let len = total / n + usize::from(i < total % n);
+        let last = first + len - 1;
+        parts.push(LayerRange { first, last, embed: range.embed && i == 0, head: range.head && i == n - 1 });
+        first = last + 1;
+    }
+    parts
+}
+
+impl CudaPipeline {
+    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize]) -> Result<Self> {
+        let stages = if devices.len() <= 1 {
+            vec![CudaStage::new_part(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0))?]
+        } else {
+            let parts = split_layers(stage.w.range, devices.len());
+            parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part(stage, ctx, nmax, p, d)).collect::<Result<Vec<_>>>()?
+        };
+        Ok(Self { stages, hidden: Vec::new() })
+    }
+
+    /// Same contract as `Stage::forward`: every part sees the same positions; the last one makes logits.
+    pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        let n = tokens.len();
+        let pos = kv.pos;
+        let (last, rest) = self.stages.split_last_mut().expect("a pipeline has at least one stage");
+        let mut carried = false;
+        for (i, st) in rest.iter_mut().enumerate() {
+            kv.pos = pos;
+            let input = if i == 0 { hidden_in } else { Some(&self.hidden[..]) };
+            st.forward(kv, tokens, input, Logits::None)?;
+            let h = st.hidden(n)?;
+            self.hidden.clear();
+            self.hidden.extend_from_slice(h);
+            carried = true;
+        }
+        kv.pos = pos;
+        let input = if carried { Some(&self.hidden[..]) } else { hidden_in };
+        last.forward(kv, tokens, input, want)
+    }
+
+    /// Per-kernel profiles of every part (DS4_CUDA_PROFILE=1).
+    pub fn profile_report(&mut self) -> Option<String> {
+        let reports: Vec<String> = self.stages.iter_mut().filter_map(|s| s.profile_report()).collect();
+        (!reports.is_empty()).then(|| reports.join("\n"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layer_split_is_contiguous_and_balanced() {
+        let r = LayerRange { first: 0, last: 42, embed: true, head: true };
+        let p = split_layers(r, 4);
+        assert_eq!(p.iter().map(|x| x.last - x.first + 1).collect::<Vec<_>>(), vec![11, 11, 11, 10]);
+        assert_eq!((p[0].first, p[3].last), (0, 42));
+        assert!(p.windows(2).all(|w| w[1].first == w[0].last + 1));
+        assert!(p[0].embed && !p[1].embed && !p[2].head && p[3].head);
+        assert_eq!(split_layers(r, 1), vec![r]);
+        // More devices than layers: one layer each.
+        let small = LayerRange { first: 3, last: 4, embed: false, head: true };
+        assert_eq!(split_layers(small, 5).len(), 2);
+    }
+}
