@@ -225,17 +225,17 @@ fn hung_compute_mid_prefill_in_a_worker_process_fails_in_bounded_time() {
 /// not taken for a hung one.
 #[test]
 fn slow_compute_that_makes_progress_is_not_killed() {
-    let timeout = Duration::from_millis(600);
+    // 3 layers + head at 400 ms each: 1.6 s per request, with progress every 400 ms.
+    let timeout = Duration::from_secs(1);
     let (c, local) = coordinator("0:2", 32, None, timeout, CHUNK);
-    let opts = WorkerOptions { ctx: CTX, timeout, test_layer_delay: Some(Duration::from_millis(250)), ..WorkerOptions::default() };
+    let opts = WorkerOptions { ctx: CTX, timeout, test_layer_delay: Some(Duration::from_millis(400)), ..WorkerOptions::default() };
     let _w = thread_worker_with(model(), "3:output", &c.addr, opts);
     wait_route(&c);
     let mut s = session(&c, local, 32, CHUNK);
     let p = prompt(12, 3);
-    let (rt, rl) = reference(&p, CHUNK, 1);
+    let (_, rl) = reference(&p, CHUNK, 0);
     let t0 = Instant::now();
     assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
     let dt = t0.elapsed();
-    assert!(dt > timeout, "the request took {dt:?}, not longer than the timeout");
-    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+    assert!(dt > timeout + timeout / 2, "the request took {dt:?}, not clearly longer than the timeout");
 }
