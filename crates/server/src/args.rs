@@ -147,6 +147,10 @@ impl Args {
             return Err("--mem-limit-gb must be a positive number".into());
         }
         self.dist.validate().map_err(|e| e.to_string())?;
+        if self.backend == "cuda" && self.kv_disk_dir.is_some() {
+            // The GPU keeps the KV state on the device; the host copy the cache would save is not it.
+            return Err("--kv-disk-dir is not available with --backend cuda yet (the KV state lives on the GPU)".into());
+        }
         if self.dist.active() && self.backend != "cpu" {
             return Err("--backend cuda is not available on a coordinator: its own layers run on the CPU".into());
         }

@@ -85,7 +85,14 @@ fn run(args: args::Args) -> Result<(), String> {
         }
         _ => None,
     };
-    let wcfg = worker::WorkerConfig { snapshots: args.kv_snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk };
+    // Rewinds restore host KV snapshots; with the CUDA backend the state lives on the device.
+    let snapshots = if args.backend == "cuda" && args.kv_snapshots > 0 {
+        eprintln!("ds4-server: KV snapshots (rewinds to a common prefix) are off with --backend cuda; a new conversation prefills from the start");
+        0
+    } else {
+        args.kv_snapshots
+    };
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk };
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
         .map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let mut app = app::App::from_args(&args, tok, submitter, metrics, tool_mem, script);

@@ -110,6 +110,10 @@ fn run(args: Args) -> Result<(), String> {
     if args.prefill_chunk == 0 {
         return Err("--prefill-chunk must be at least 1".into());
     }
+    if args.backend == "cuda" && (args.kv_load.is_some() || args.kv_save.is_some()) {
+        // The saved file holds the host KV state; with the CUDA backend the state lives on the GPU.
+        return Err("--kv-load/--kv-save are not available with --backend cuda yet (the KV state lives on the GPU)".into());
+    }
     if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
         return Err("--temp must be >= 0, --top-p and --min-p within [0, 1]".into());
     }
