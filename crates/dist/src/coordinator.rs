@@ -537,10 +537,8 @@ impl Inner {
             };
             match msg {
                 Msg::Heartbeat { busy, .. } => {
-                    stall = busy.map(|b| {
-                        let last = now.checked_sub(Duration::from_millis(b.stalled_ms)).unwrap_or(now);
-                        (last + timeout, b)
-                    });
+                    // Hung at (last progress + timeout) = now + (timeout - stalled), or now already.
+                    stall = busy.map(|b| (now + timeout.saturating_sub(Duration::from_millis(b.stalled_ms)), b));
                 }
                 Msg::Result(res) => {
                     stall = None;
