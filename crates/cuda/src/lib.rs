@@ -9,7 +9,7 @@ pub const KERNELS_CU: &str = include_str!("kernels.cu");
 pub const KERNEL_NAMES: &[&str] = &[
     "mv_q8_0_n1", "mv_q8_0_n4", "mv_q2_k_n1", "mv_q2_k_n4", "mv_q4_k_n1", "mv_q4_k_n4", "mv_iq2_xxs_n1", "mv_iq2_xxs_n4",
     "mv_f16_n1", "mv_f16_n4", "mv_bf16_n1", "mv_bf16_n4", "mv_f32_n1", "mv_f32_n4", "dq_q8_0", "dq_q2_k", "dq_q4_k",
-    "dq_iq2_xxs", "dq_bf16", "dq_f32", "f32_to_f16", "embed", "rms_rows", "norm_rope_qat", "hc_pre", "hc_post",
+    "dq_iq2_xxs", "dq_bf16", "dq_f32", "f32_to_f16", "embed", "rms_rows", "norm_rope_qat", "hc_post",
     "head_collapse", "attn_h1", "attn_h4", "attn_h16", "ring_store", "comp_seq", "comp_reset", "idx_scores", "idx_topk",
     "route", "swiglu", "moe_combine", "moe_count", "moe_scatter", "gather_rows", "scale_inplace", "argmax_row",
     "mv4_f16_n1", "mv4_f16_n4", "mv4_q8s_n1", "mv4_q8s_n4", "mv4_q2_k_n1", "mv4_q2_k_n4", "mv4_q4_k_n1", "mv4_q4_k_n4", "mv4_iq2s_n1",
