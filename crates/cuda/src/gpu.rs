@@ -9,6 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub type Result<T> = std::result::Result<T, String>;
 
+/// Side streams: 1 and 2 carry the decode step's independent chains; all of them carry the prefill's
+/// per-expert GEMMs (one GEMM of ~100 tokens fills a fraction of the SMs, several at once fill them).
+pub const SIDE_STREAMS: usize = 6;
+
 /// Device allocations made since start (the decode loop must make none).
 pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
 /// Host-to-device copies of weights (done once, at load).
@@ -120,7 +124,8 @@ pub struct Gpu {
     pub stream: dsys::CUstream,
     module: dsys::CUmodule,
     funcs: HashMap<&'static str, dsys::CUfunction>,
-    pub blas: bsys::cublasHandle_t,
+    /// cuBLAS handles: index 0 on the main stream, k on side stream k.
+    blas: Vec<bsys::cublasHandle_t>,
     pub name: String,
     pub sms: i32,
     pub arch: String,
@@ -130,9 +135,9 @@ pub struct Gpu {
     smem_set: HashMap<&'static str, u32>,
     /// Side streams for independent branches of a decode step (fork/join through events), and the
     /// stream kernels are launched on now (0 = the main stream).
-    side: [dsys::CUstream; 2],
-    fork_ev: [dsys::CUevent; 2],
-    join_ev: [dsys::CUevent; 2],
+    side: Vec<dsys::CUstream>,
+    fork_ev: Vec<dsys::CUevent>,
+    join_ev: Vec<dsys::CUevent>,
     cur: usize,
 }
 
@@ -194,16 +199,23 @@ impl Gpu {
         }
         // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
         unsafe { drv::memcpy_htod_sync(gptr, &iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
-        let blas = blas::create_handle().map_err(e("cublasCreate"))?;
-        // SAFETY: handle and stream are live.
-        unsafe { blas::set_stream(blas, stream as _) }.map_err(e("cublasSetStream"))?;
         let prof = std::env::var("DS4_CUDA_PROFILE").ok().filter(|v| v != "0").map(|_| Profiler::new());
         let mk_stream = || drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(e("stream"));
-        let side = [mk_stream()?, mk_stream()?];
         let mk_ev = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"));
-        let fork_ev = [mk_ev()?, mk_ev()?];
-        let join_ev = [mk_ev()?, mk_ev()?];
-        Ok(Self { ctx, stream, module, funcs, blas, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
+        let (mut side, mut fork_ev, mut join_ev) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..SIDE_STREAMS {
+            side.push(mk_stream()?);
+            fork_ev.push(mk_ev()?);
+            join_ev.push(mk_ev()?);
+        }
+        let mut handles = Vec::new();
+        for st in std::iter::once(stream).chain(side.iter().copied()) {
+            let h = blas::create_handle().map_err(e("cublasCreate"))?;
+            // SAFETY: handle and stream are live.
+            unsafe { blas::set_stream(h, st as _) }.map_err(e("cublasSetStream"))?;
+            handles.push(h);
+        }
+        Ok(Self { ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -289,7 +301,7 @@ impl Gpu {
         }
     }
 
-    /// Starts an independent branch: later launches go to side stream `k` (1 or 2), which first waits
+    /// Starts an independent branch: later launches go to side stream `k` (1..=SIDE_STREAMS), which first waits
     /// for everything issued so far on the main stream.
     pub fn fork(&mut self, k: usize) -> Result<()> {
         let (ev, st) = (self.fork_ev[k - 1], self.side[k - 1]);
@@ -316,6 +328,26 @@ impl Gpu {
 
     /// Continues on the main stream without waiting (the branch is joined later with `join`).
     pub fn to_main(&mut self) { self.cur = 0; }
+
+    /// Launches go to side stream `k` (already forked), without a new dependency; 0 = main.
+    pub fn on(&mut self, k: usize) { self.cur = k.min(self.side.len()); }
+
+    /// Forks every side stream from the main stream (each waits for the work issued so far).
+    pub fn fork_all(&mut self) -> Result<()> {
+        for k in 1..=self.side.len() {
+            self.fork(k)?;
+        }
+        self.cur = 0;
+        Ok(())
+    }
+
+    /// Joins every side stream into the main stream; launches go to main again.
+    pub fn join_all(&mut self) -> Result<()> {
+        for k in 1..=self.side.len() {
+            self.join(k)?;
+        }
+        Ok(())
+    }
 
     /// Launches kernel `name`; grid/block as (x, y, z).
     pub fn launch(&mut self, name: &'static str, grid: (u32, u32, u32), block: u32, smem: u32, args: &[A]) -> Result<()> {
@@ -422,7 +454,7 @@ impl Gpu {
     pub fn gemm_f16(&mut self, m: usize, n: usize, k: usize, a: u64, lda: usize, b: u64, ldb: usize, c: u64, ldc: usize) -> Result<()> {
         let alpha = 1.0f32;
         let beta = 0.0f32;
-        let h = self.blas;
+        let h = self.blas[self.cur];
         self.region("cublas_gemm", |_| {
             // SAFETY: pointers are live device buffers sized by the caller for these dimensions; alpha/beta are host scalars.
             unsafe {
@@ -511,10 +543,12 @@ impl Drop for Gpu {
         // SAFETY: destroying the handles this struct created, after the stream drains.
         unsafe {
             let _ = drv::stream::synchronize(self.stream);
-            let _ = blas::destroy_handle(self.blas);
+            for &h in &self.blas {
+                let _ = blas::destroy_handle(h);
+            }
             let _ = drv::module::unload(self.module);
             let _ = drv::stream::destroy(self.stream);
-            for k in 0..2 {
+            for k in 0..self.side.len() {
                 let _ = drv::stream::synchronize(self.side[k]);
                 let _ = drv::stream::destroy(self.side[k]);
                 let _ = drv::event::destroy(self.fork_ev[k]);

@@ -79,3 +79,70 @@ pub fn bench_read(bytes: usize, reps: usize) -> ds4_model::Result<f64> {
     .map_err(me)
 }
 
+
+/// Inputs of one prefill attention call for [`attention_paths`]: `n` tokens at positions
+/// `pos0..pos0+n`, `nh` heads of `d` dims; the window's rows before `pos0` come from `ring`
+/// (`swa` rows, position p at row p % swa), later ones from `kvb`; compressed rows `comp`
+/// (`(pos + 1) / ratio` of them visible to position pos), or the `topk` per token listed in `sel`.
+pub struct AttnCase<'a> {
+    pub n: usize,
+    pub nh: usize,
+    pub d: usize,
+    pub pos0: usize,
+    pub swa: usize,
+    pub ratio: usize,
+    pub topk: usize,
+    pub q: &'a [f32],
+    pub kvb: &'a [f32],
+    pub ring: &'a [f32],
+    pub comp: &'a [f32],
+    pub sel: Option<&'a [i32]>,
+    pub sinks: &'a [f32],
+    pub freqs: &'a [f64],
+}
+
+/// Op-level check of prefill attention: the output (n × nh × d, inverse rope applied) of the f32
+/// kernel and of the tensor-core kernel with `tc_heads` heads per block (64 or 32).
+pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
+            let b = g.alloc(v.len().max(1) * 4)?;
+            if !v.is_empty() {
+                g.htod(b.ptr, v)?;
+            }
+            Ok(b)
+        };
+        let (q, kvb, ring, comp, sinks) = (up(&g, c.q)?, up(&g, c.kvb)?, up(&g, c.ring)?, up(&g, c.comp)?, up(&g, c.sinks)?);
+        let fr = g.alloc(c.freqs.len().max(1) * 8)?;
+        g.htod(fr.ptr, c.freqs)?;
+        let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
+        if let Some(s) = c.sel {
+            g.htod(sel.ptr, s)?;
+        }
+        let selp = if c.sel.is_some() { sel.ptr } else { 0 };
+        let out = c.n * c.nh * c.d;
+        let (o1, o2) = (g.alloc(out * 4)?, g.alloc(out * 4)?);
+        let half = (c.freqs.len()) as i32;
+        // f32 kernel: 16 heads per block when the scores fit, as the stage chooses.
+        let ncand = c.swa.min(c.pos0 + c.n) + if c.sel.is_some() { c.topk } else { (c.pos0 + c.n) / c.ratio.max(1) };
+        let smem = ((16 * (c.d + ncand)) * 4) as u32;
+        let args = [
+            A::P(q.ptr), A::P(kvb.ptr), A::P(ring.ptr), A::P(comp.ptr), A::P(selp), A::P(sinks.ptr), A::P(o1.ptr), A::I(c.nh as i32), A::I(c.d as i32),
+            A::L(c.pos0 as i64), A::I(c.swa as i32), A::I(c.ratio as i32), A::I(c.topk as i32), A::P(fr.ptr), A::I(half),
+        ];
+        g.launch("attn_h16", (c.n as u32, (c.nh / 16) as u32, 1), 256, smem, &args)?;
+        let smem = ((tc_heads + 32) * 520 * 2 + tc_heads * 36 * 4) as u32;
+        let args = [
+            A::P(q.ptr), A::P(kvb.ptr), A::P(ring.ptr), A::P(comp.ptr), A::P(selp), A::P(sinks.ptr), A::P(o2.ptr), A::I(c.nh as i32),
+            A::L(c.pos0 as i64), A::I(c.swa as i32), A::I(c.ratio as i32), A::I(c.topk as i32), A::P(fr.ptr), A::I(half),
+        ];
+        g.launch(if tc_heads == 64 { "attn_tc64" } else { "attn_tc32" }, (c.n as u32, (c.nh / tc_heads) as u32, 1), 256, smem, &args)?;
+        let mut a = vec![0f32; out];
+        let mut b = vec![0f32; out];
+        g.dtoh(&mut a, o1.ptr)?;
+        g.dtoh(&mut b, o2.ptr)?;
+        Ok((a, b))
+    })()
+    .map_err(me)
+}

@@ -194,3 +194,78 @@ fn stage_moves_to_another_thread() {
     let got = std::thread::spawn(move || gpu.forward(&mut kv2, &prompt, None, Logits::Last).unwrap().to_vec()).join().unwrap();
     assert!(got == want, "logits differ after moving the stage to another thread");
 }
+
+/// CPU reference of prefill attention with sinks (f64): softmax over the window rows and the
+/// compressed rows (or the selected ones), the sink in the denominator, inverse rope on the tail.
+fn attention_reference(c: &ds4_cuda::AttnCase) -> Vec<f32> {
+    let (d, half) = (c.d, c.freqs.len());
+    let mut out = vec![0f32; c.n * c.nh * d];
+    for i in 0..c.n {
+        let pos = c.pos0 + i;
+        let lo = (pos + 1).saturating_sub(c.swa);
+        let mut rows: Vec<&[f32]> = (lo..=pos).map(|p| if p >= c.pos0 { &c.kvb[(p - c.pos0) * d..][..d] } else { &c.ring[(p % c.swa) * d..][..d] }).collect();
+        let nc = if c.ratio > 0 { (pos + 1) / c.ratio } else { 0 };
+        match c.sel {
+            Some(s) if nc > c.topk => rows.extend(s[i * c.topk..][..c.topk].iter().map(|&r| &c.comp[r as usize * d..][..d])),
+            _ => rows.extend((0..nc).map(|r| &c.comp[r * d..][..d])),
+        }
+        for h in 0..c.nh {
+            let qv = &c.q[(i * c.nh + h) * d..][..d];
+            let sc: Vec<f64> = rows.iter().map(|r| r.iter().zip(qv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt()).collect();
+            let sink = c.sinks[h] as f64;
+            let mx = sc.iter().fold(sink, |m, &v| m.max(v));
+            let den: f64 = sc.iter().map(|v| (v - mx).exp()).sum::<f64>() + (sink - mx).exp();
+            let mut acc = vec![0f64; d];
+            for (r, s) in rows.iter().zip(&sc) {
+                let p = (s - mx).exp() / den;
+                for k in 0..d {
+                    acc[k] += p * r[k] as f64;
+                }
+            }
+            let tail0 = d - 2 * half;
+            for kk in 0..half {
+                let (sn, cs) = (pos as f64 * c.freqs[kk]).sin_cos();
+                let (x0, x1) = (acc[tail0 + 2 * kk], acc[tail0 + 2 * kk + 1]);
+                acc[tail0 + 2 * kk] = x0 * cs + x1 * sn;
+                acc[tail0 + 2 * kk + 1] = -x0 * sn + x1 * cs;
+            }
+            for k in 0..d {
+                out[(i * c.nh + h) * d + k] = acc[k] as f32;
+            }
+        }
+    }
+    out
+}
+
+/// Tensor-core prefill attention (f16 operands, f32 accumulation) and the f32 kernel vs the f64 CPU
+/// reference: window rows from the batch and the ring, all compressed rows, and an indexer selection.
+#[test]
+fn prefill_attention_kernels_match_reference() {
+    if !gpu_present() {
+        return;
+    }
+    let (d, nh, swa, half) = (512usize, 64usize, 128usize, 32usize);
+    let mut rng = ds4_quant::random::SplitMix64(5);
+    let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
+    for (n, pos0, ratio, topk, with_sel) in [(37usize, 0usize, 4usize, 0usize, false), (70, 200, 128, 0, false), (45, 300, 4, 24, true)] {
+        let ncomp = (pos0 + n) / ratio + 1;
+        let q = v(n * nh * d, 1.5);
+        let kvb = v(n * d, 1.0);
+        let ring = v(swa * d, 1.0);
+        let comp = v(ncomp * d, 1.0);
+        let sinks = v(nh, 1.0);
+        let freqs: Vec<f64> = (0..half).map(|k| 1.0 / 10000f64.powf(2.0 * k as f64 / (2 * half) as f64)).collect();
+        let sel: Vec<i32> = (0..n * topk.max(1)).map(|j| ((j * 7919) % ncomp.min((pos0 + 1) / ratio).max(1)) as i32).collect();
+        let c = ds4_cuda::AttnCase {
+            n, nh, d, pos0, swa, ratio, topk, q: &q, kvb: &kvb, ring: &ring, comp: &comp, sel: if with_sel { Some(&sel) } else { None }, sinks: &sinks, freqs: &freqs,
+        };
+        let want = attention_reference(&c);
+        for tc in [64usize, 32] {
+            let (f32k, tck) = ds4_cuda::attention_paths(&c, tc).unwrap();
+            let (e1, e2) = (rel_err(&f32k, &want), rel_err(&tck, &want));
+            println!("op attention n={n} pos0={pos0} ratio={ratio} sel={with_sel}: f32 kernel rel err {e1:.2e}, tensor cores ({tc} heads/block) rel err {e2:.2e}");
+            assert!(e1 < 1e-5, "f32 attention rel err {e1}");
+            assert!(e2 < 3e-3, "tensor-core attention rel err {e2}");
+        }
+    }
+}

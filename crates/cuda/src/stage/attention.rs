@@ -128,6 +128,29 @@ impl CudaStage {
         if dec {
             return self.attention_decode(li, pos0, sel);
         }
+        // Batches on the f16 path (as the GEMMs) with 512-dim heads: tensor-core attention.
+        let tc = if n >= self.gemm_min && d == 512 { [64usize, 32].into_iter().find(|&h| h <= self.attn_tc_heads && nh % h == 0) } else { None };
+        if let Some(hb) = tc {
+            let smem = ((hb + 32) * 520 * 2 + hb * 36 * 4) as u32;
+            let args = [
+                A::P(q),
+                A::P(kvb),
+                A::P(ring),
+                A::P(comp_rows),
+                A::P(sel),
+                A::P(sinks),
+                A::P(o),
+                A::I(nh as i32),
+                A::L(pos0 as i64),
+                A::I(cfg.swa as i32),
+                A::I(ratio as i32),
+                A::I(topk as i32),
+                A::P(freqs),
+                A::I((cfg.rope_dim / 2) as i32),
+            ];
+            self.g.launch(if hb == 64 { "attn_tc64" } else { "attn_tc32" }, (n as u32, (nh / hb) as u32, 1), 256, smem, &args)?;
+            return self.attention_out(li, n, pos0, true);
+        }
         let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
         if smem > 220 * 1024 {
             return Err(format!("attention over {ncand} candidates needs {smem} bytes of shared memory"));

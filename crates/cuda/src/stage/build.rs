@@ -251,6 +251,16 @@ impl CudaStage {
             .unwrap_or(0);
         let adec_splits = (cfg.swa.min(ctx) + max_comp).div_ceil(32).max(1);
         let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
+        // Expert scratch: room for every expert's gate and up matrices at once when a quarter of the
+        // free memory allows it (Flash q2 on an H200: 512 x 16.8 MB), else fewer; at least two.
+        let ewh_slot = layers.iter().flat_map(|l| [l.gate_exps, l.up_exps, l.down_exps]).map(|m| m.rows * m.cols).max().unwrap_or(0);
+        let ewh_slots = if nmax > 1 && ewh_slot > 0 {
+            let (free, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
+            let cap = std::env::var("DS4_CUDA_EXPERT_SCRATCH_GB").ok().and_then(|v| v.parse::<f64>().ok()).map_or(free / 4, |gb| (gb * GIB) as usize);
+            (cap / (ewh_slot * 2)).clamp(2, 2 * ne)
+        } else {
+            0
+        };
         let wk = Work {
             x: f(n * hd)?,
             flat: f(n * hd)?,
@@ -295,6 +305,9 @@ impl CudaStage {
             wh: g.alloc(wh_elems.max(1) * 2)?,
             wh_elems,
             xh: g.alloc(xh_elems * 2)?,
+            ewh: g.alloc(ewh_slots * ewh_slot * 2)?,
+            ewh_slot,
+            ewh_slots,
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
@@ -325,6 +338,7 @@ impl CudaStage {
             upload_secs,
             trace: None,
             gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
+            attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None],

@@ -1,6 +1,8 @@
 //! MoE feed-forward sub-layer on the device: router, routed experts (read by id for one token, grouped
 //! by expert for a batch), shared expert, combination.
 use super::*;
+use crate::gpu::SIDE_STREAMS;
+use crate::matvec::launch_dq;
 
 impl CudaStage {
     pub(super) fn ffn(&mut self, li: usize, n: usize) -> Result<()> {
@@ -105,42 +107,68 @@ impl CudaStage {
         self.g.launch("gather_rows", (total as u32, 1, 1), 256, 0, &[A::P(xn), A::P(gtok), A::P(gx), A::I(e as i32)])?;
         let any_gemm = ch.iter().any(|&c| c as usize >= self.gemm_min);
         let gxh = if any_gemm { self.to_f16(gx, e, total, e)? } else { 0 };
-        for x in 0..ne {
-            let m = ch[x] as usize;
-            if m == 0 {
-                continue;
-            }
-            let off = offs[x] as usize;
-            for (mat, out) in [(gate, ex_a), (up, ex_b)] {
-                let yo = out + (off * ff * 4) as u64;
-                if m >= self.gemm_min && self.gemm_ok(&mat) {
-                    let wh = self.dequant(&mat, x)?;
-                    self.g.gemm_f16(ff, m, e, wh, e, gxh + (off * e * 2) as u64, e, yo, ff)?;
-                } else {
-                    let w = mat.ptr + (x * mat.mat_bytes()) as u64;
-                    self.mv(w, &mat, 0, 0, gx + (off * e * 4) as u64, e, 0, yo, ff, 0, ff, m, 1)?;
-                }
-            }
-        }
+        self.expert_mats(&[(gate, ex_a), (up, ex_b)], gx, gxh, &ch, &offs)?;
         self.g.launch("swiglu", (cdiv(total * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((total * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(gw)])?;
         let ah = if any_gemm { self.to_f16(ex_a, ff, total, ff)? } else { 0 };
-        for x in 0..ne {
-            let m = ch[x] as usize;
-            if m == 0 {
-                continue;
-            }
-            let off = offs[x] as usize;
-            let yo = ex_out + (off * e * 4) as u64;
-            if m >= self.gemm_min && self.gemm_ok(&down) {
-                let wh = self.dequant(&down, x)?;
-                self.g.gemm_f16(e, m, ff, wh, ff, ah + (off * ff * 2) as u64, ff, yo, e)?;
-            } else {
-                let w = down.ptr + (x * down.mat_bytes()) as u64;
-                self.mv(w, &down, 0, 0, ex_a + (off * ff * 4) as u64, ff, 0, yo, e, 0, e, m, 1)?;
-            }
-        }
+        self.expert_mats(&[(down, ex_out)], ex_a, ah, &ch, &offs)?;
         self.counts_host = ch;
         Ok(())
     }
 
+
+    /// Per-expert products over the grouped token rows: for each expert with `m` tokens (rows
+    /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with enough
+    /// tokens take a cuBLAS GEMM on f16 weights: a group of experts is dequantized by one launch per
+    /// matrix into the expert scratch, then its GEMMs run round-robin on the side streams (one GEMM of
+    /// ~100 tokens leaves most SMs idle). Smaller groups take the quantized mat-vec.
+    fn expert_mats(&mut self, mats: &[(DM, u64)], x32: u64, xh: u64, ch: &[i32], offs: &[i32]) -> Result<()> {
+        let ne = ch.len();
+        let nmat = mats.len();
+        let use_gemm = |s: &Self, m: &DM| m.ty == GgmlType::F16 || m.rows * m.cols <= s.wk.ewh_slot;
+        let group = (self.wk.ewh_slots / nmat).max(1);
+        let mut g0 = 0usize;
+        while g0 < ne {
+            let g1 = (g0 + group).min(ne);
+            let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= self.gemm_min).collect();
+            // One dequantization launch per matrix for the experts of the group that take a GEMM.
+            if let (Some(&lo), Some(&hi)) = (big.first(), big.last()) {
+                for (j, (m, _)) in mats.iter().enumerate() {
+                    if m.ty != GgmlType::F16 && use_gemm(self, m) {
+                        let src = m.ptr + (lo * m.mat_bytes()) as u64;
+                        let dst = self.wk.ewh.ptr + ((j * group + lo - g0) * self.wk.ewh_slot * 2) as u64;
+                        launch_dq(&mut self.g, m, src, dst, (hi + 1 - lo) * m.rows * m.cols)?;
+                    }
+                }
+            }
+            self.g.fork_all()?;
+            let mut turn = 0usize;
+            for x in g0..g1 {
+                let m = ch[x] as usize;
+                if m == 0 {
+                    continue;
+                }
+                self.g.on(1 + turn % SIDE_STREAMS);
+                turn += 1;
+                let off = offs[x] as usize;
+                for (j, (mat, out)) in mats.iter().enumerate() {
+                    let (rows, cols) = (mat.rows, mat.cols);
+                    let yo = out + (off * rows * 4) as u64;
+                    if m >= self.gemm_min && use_gemm(self, mat) {
+                        let wh = if mat.ty == GgmlType::F16 {
+                            mat.ptr + (x * mat.mat_bytes()) as u64
+                        } else {
+                            self.wk.ewh.ptr + ((j * group + x - g0) * self.wk.ewh_slot * 2) as u64
+                        };
+                        self.g.gemm_f16(rows, m, cols, wh, cols, xh + (off * cols * 2) as u64, cols, yo, rows)?;
+                    } else {
+                        let w = mat.ptr + (x * mat.mat_bytes()) as u64;
+                        self.mv(w, mat, 0, 0, x32 + (off * cols * 4) as u64, cols, 0, yo, rows, 0, rows, m, 1)?;
+                    }
+                }
+            }
+            self.g.join_all()?;
+            g0 = g1;
+        }
+        Ok(())
+    }
 }

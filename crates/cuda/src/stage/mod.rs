@@ -151,6 +151,11 @@ struct Work {
     wh: DBuf,
     wh_elems: usize,
     xh: DBuf,
+    /// Prefill expert scratch: `ewh_slots` f16 matrices of `ewh_slot` elements (a group of experts
+    /// dequantized by one launch per matrix kind).
+    ewh: DBuf,
+    ewh_slot: usize,
+    ewh_slots: usize,
 }
 
 /// Counters of what the device did since the last reset.
@@ -185,6 +190,9 @@ pub struct CudaStage {
     /// Batches at least this large use dequantize + f16 cuBLAS GEMMs (DS4_CUDA_GEMM_MIN overrides;
     /// a huge value keeps every product on the f32 mat-vec kernels).
     pub gemm_min: usize,
+    /// Heads per block of the tensor-core prefill attention (64 or 32; 0 = the f32 kernels);
+    /// DS4_CUDA_ATTN_TC overrides.
+    pub attn_tc_heads: usize,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,

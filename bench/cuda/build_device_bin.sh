@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the binaries bench/cuda/device_run.sh runs on the lent GPU (no Rust there) into device-bin/
+# (git-ignored; pass it in the device call's `carry`).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+mkdir -p device-bin
+cargo build --release -p ds4-cli --features cuda --bin ds4-bench --bin ds4-gguf
+cargo build --release -p ds4-cuda --features cuda --example gpu_bench
+cp target/release/ds4-bench target/release/ds4-gguf target/release/examples/gpu_bench device-bin/
+exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys,json
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
+cp "$(exe -p ds4-cuda --features cuda --test device)" device-bin/device-tests
+cp "$(exe -p ds4-engine --features cuda --test cuda_pipeline)" device-bin/engine-tests
+strip device-bin/*
+ls -la device-bin
