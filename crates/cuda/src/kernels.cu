@@ -606,15 +606,20 @@ extern "C" __global__ void split_rows(u8* W, int nb, int bs) {
 
 // f16 copies of split-layout Q8_0 / IQ2_XXS matrices (`n` elements, rows of `cols`).
 extern "C" __global__ void dq_q8s(const u8* W, u16* out, u64 n, int cols) {
-    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = 32 elements (one block)
-    if (u * 32 >= n) return;
-    int nb = cols >> 5;
-    u64 row = u / nb;
-    int ib = (int)(u % nb);
-    const u8* wr = W + row * (u64)nb * 34;
-    float d = h2f(ld16(wr + cols + 2 * ib));
-    const u8* q = wr + 32 * ib;
-    for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(d * (float)(signed char)q[k]);
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = 8 elements, one 16-byte store
+    if (u * 8 >= n) return;
+    u64 row = (u * 8) / cols;
+    int e0 = (int)((u * 8) % cols);
+    const u8* wr = W + row * (u64)(cols >> 5) * 34;
+    float d = h2f(ld16(wr + cols + 2 * (e0 >> 5)));
+    u32 q0 = *(const u32*)(wr + e0), q1 = *(const u32*)(wr + e0 + 4);
+    u32 o[4];
+    for (int k = 0; k < 4; k++) {
+        u32 qq = k < 2 ? q0 : q1;
+        int sh = (k & 1) * 16;
+        o[k] = (u32)f2h(d * (float)(signed char)(qq >> sh)) | ((u32)f2h(d * (float)(signed char)(qq >> (sh + 8))) << 16);
+    }
+    *(uint4*)(out + u * 8) = make_uint4(o[0], o[1], o[2], o[3]);
 }
 extern "C" __global__ void dq_iq2s(const u8* W, u16* out, u64 n, int cols) {
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group, l) -> 8 elements
@@ -721,6 +726,15 @@ extern "C" __global__ void dq_f32(const u8* W, u16* out, u64 n) {
 }
 
 // f32 (rows with stride ld) -> compact f16 rows of `cols`.
+// Four elements per thread (x 16-byte aligned, ld and cols multiples of 4).
+extern "C" __global__ void f32_to_f16_v4(const float* x, int ld, u16* out, int rows, int cols) {
+    u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
+    int cq = cols >> 2;
+    if (u >= (u64)rows * cq) return;
+    u64 r = u / cq, c = (u % cq) * 4;
+    float4 v = *(const float4*)(x + r * ld + c);
+    *(uint2*)(out + r * cols + c) = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
+}
 extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows, int cols) {
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)rows * cols) return;

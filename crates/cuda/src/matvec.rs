@@ -162,7 +162,7 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
 pub(crate) fn launch_dq(g: &mut Gpu, m: &DM, src: u64, dst: u64, elems: usize) -> Result<()> {
     if m.split {
         let (name, unit) = match m.ty {
-            GgmlType::Q8_0 => ("dq_q8s", 32),
+            GgmlType::Q8_0 => ("dq_q8s", 8),
             GgmlType::IQ2_XXS => ("dq_iq2s", 8),
             t => return Err(format!("no split-layout dequantization for {}", t.name())),
         };

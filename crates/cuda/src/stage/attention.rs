@@ -51,7 +51,7 @@ impl CudaStage {
             self.mm(&ckm, xn, n, ck)?;
             self.mm(&cgm, xn, n, cg)?;
             let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(wd as i32), A::I(d as i32), A::P(dp)];
-            self.g.launch("comp_seq", (1, 1, 1), (wd as u32).div_ceil(32) * 32, 0, &args)?;
+            self.compress(&args, dec, nwin, wd, d)?;
             self.nrq_at(pooled, d, comp_rows + (out0 * d * 4) as u64, d, nwin, d, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 1 } else { 0 }, cr)?;
             if let Some((_, _, iape, ikm, igm, inorm)) = idx {
                 let id = cfg.idx_dim;
@@ -59,7 +59,7 @@ impl CudaStage {
                 self.mm(&ikm, xn, n, ck)?;
                 self.mm(&igm, xn, n, cg)?;
                 let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32), A::P(dp)];
-                self.g.launch("comp_seq", (1, 1, 1), (iwd as u32).div_ceil(32) * 32, 0, &args)?;
+                self.compress(&args, dec, nwin, iwd, id)?;
                 self.nrq_at(pooled, id, idx_rows + (out0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 }, cr)?;
             }
         }
@@ -265,4 +265,17 @@ impl CudaStage {
         self.hc_post(n)
     }
 
+
+    /// Compressor update for a batch (`args` as comp_seq takes them): decode walks its one position
+    /// (comp_seq); a prefill chunk pools its `nwin` closing windows in parallel, then updates the state.
+    fn compress(&mut self, args: &[A; 12], dec: bool, nwin: usize, w: usize, d: usize) -> Result<()> {
+        if dec {
+            return self.g.launch("comp_seq", (1, 1, 1), (w as u32).div_ceil(32) * 32, 0, args);
+        }
+        let [kvp, gp, ape, st_kv, st_sc, pooled, n, pos0, ratio, ..] = *args;
+        let pool = [kvp, gp, ape, st_kv, st_sc, pooled, pos0, ratio, A::I(w as i32), A::I(d as i32)];
+        self.g.launch("comp_pool", (nwin as u32, cdiv(d, 128), 1), 128, 0, &pool)?;
+        let state = [kvp, gp, ape, st_kv, st_sc, n, pos0, ratio, A::I(w as i32)];
+        self.g.launch("comp_state", (cdiv(w, 256), 1, 1), 256, 0, &state)
+    }
 }

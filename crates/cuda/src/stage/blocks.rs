@@ -28,7 +28,12 @@ impl CudaStage {
 
     pub(super) fn to_f16(&mut self, x: u64, ld: usize, rows: usize, cols: usize) -> Result<u64> {
         let dst = self.wk.xh.ptr;
-        self.g.launch("f32_to_f16", (cdiv(rows * cols, 256), 1, 1), 256, 0, &[A::P(x), A::I(ld as i32), A::P(dst), A::I(rows as i32), A::I(cols as i32)])?;
+        let args = [A::P(x), A::I(ld as i32), A::P(dst), A::I(rows as i32), A::I(cols as i32)];
+        if x % 16 == 0 && ld % 4 == 0 && cols % 4 == 0 {
+            self.g.launch("f32_to_f16_v4", (cdiv(rows * cols / 4, 256), 1, 1), 256, 0, &args)?;
+        } else {
+            self.g.launch("f32_to_f16", (cdiv(rows * cols, 256), 1, 1), 256, 0, &args)?;
+        }
         Ok(dst)
     }
 

@@ -308,6 +308,8 @@ impl CudaStage {
             ewh: g.alloc(ewh_slots * ewh_slot * 2)?,
             ewh_slot,
             ewh_slots,
+            gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
+            gptr_cap: n * k / 64 + ne + 1,
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
@@ -339,6 +341,7 @@ impl CudaStage {
             trace: None,
             gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
             attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
+            grouped_gemm: std::env::var("DS4_CUDA_GROUPED").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None],

@@ -140,11 +140,17 @@ impl CudaStage {
                     }
                 }
             }
+            // One grouped GEMM launch per matrix kind for the group's GEMM experts (main stream); the
+            // remaining experts' mat-vecs run beside it on the side streams.
+            let mut grouped = false;
+            if self.grouped_gemm && big.len() > 1 {
+                grouped = self.expert_mats_grouped(mats, xh, &big, g0, group, offs, ch)?;
+            }
             self.g.fork_all()?;
             let mut turn = 0usize;
             for x in g0..g1 {
                 let m = ch[x] as usize;
-                if m == 0 {
+                if m == 0 || (grouped && m >= self.gemm_min) {
                     continue;
                 }
                 self.g.on(1 + turn % SIDE_STREAMS);
@@ -170,5 +176,37 @@ impl CudaStage {
             g0 = g1;
         }
         Ok(())
+    }
+
+    /// The GEMM part of [`Self::expert_mats`] as one `moe_gemm` launch per matrix kind over tiles of
+    /// up to 64 tokens of each expert in `big`. Returns false (nothing issued) when a matrix's shape
+    /// does not suit the kernel.
+    #[allow(clippy::too_many_arguments)]
+    fn expert_mats_grouped(&mut self, mats: &[(DM, u64)], xh: u64, big: &[usize], g0: usize, group: usize, offs: &[i32], ch: &[i32]) -> Result<bool> {
+        let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot) && m.rows % 128 == 0 && m.cols % 32 == 0;
+        if !mats.iter().all(|(m, _)| fits(m)) {
+            return Ok(false);
+        }
+        let mut tiles: Vec<[i32; 4]> = Vec::new();
+        for &x in big {
+            let (off, m) = (offs[x], ch[x]);
+            for t0 in (0..m).step_by(64) {
+                tiles.push([(x - g0) as i32, off + t0, (m - t0).min(64), 0]);
+            }
+        }
+        if tiles.len() > self.wk.gptr_cap {
+            return Ok(false);
+        }
+        self.g.htod(self.wk.gptrs.ptr, &tiles)?;
+        for (j, (mat, out)) in mats.iter().enumerate() {
+            let (w, ws) = if mat.ty == GgmlType::F16 {
+                (mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.rows * mat.cols)
+            } else {
+                (self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot)
+            };
+            let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32)];
+            self.g.launch("moe_gemm", (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
+        }
+        Ok(true)
     }
 }

@@ -156,6 +156,9 @@ struct Work {
     ewh: DBuf,
     ewh_slot: usize,
     ewh_slots: usize,
+    /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
+    gptrs: DBuf,
+    gptr_cap: usize,
 }
 
 /// Counters of what the device did since the last reset.
@@ -193,6 +196,9 @@ pub struct CudaStage {
     /// Heads per block of the tensor-core prefill attention (64 or 32; 0 = the f32 kernels);
     /// DS4_CUDA_ATTN_TC overrides.
     pub attn_tc_heads: usize,
+    /// Prefill expert GEMMs as one grouped launch per matrix kind (`moe_gemm`; DS4_CUDA_GROUPED=0: one
+    /// cuBLAS GEMM per expert over the side streams).
+    pub grouped_gemm: bool,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
