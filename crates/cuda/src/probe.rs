@@ -146,3 +146,32 @@ pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<
     })()
     .map_err(me)
 }
+
+/// Op-level check of the indexer scores for `n` tokens at positions `pos0..` (64 heads of 128 dims;
+/// `keys` holds the compressed rows): the scores (n × ldsc, ldsc = rows of `keys`) of the f32 kernel
+/// and of the tensor-core kernel; rows of tokens with at most `topk` candidates are left at zero.
+pub fn indexer_paths(q: &[f32], wts: &[f32], keys: &[f32], n: usize, pos0: usize, ratio: usize, topk: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let (h, d) = (64usize, 128usize);
+        let ldsc = keys.len() / d;
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
+            let b = g.alloc(v.len() * 4)?;
+            g.htod(b.ptr, v)?;
+            Ok(b)
+        };
+        let (qb, wb, kb) = (up(&g, q)?, up(&g, wts)?, up(&g, keys)?);
+        let (s1, s2) = (g.alloc_zeroed(n * ldsc * 4)?, g.alloc_zeroed(n * ldsc * 4)?);
+        let smem = ((h * (d + 1) + 16 * d + 16 * 8) * 4) as u32;
+        let args = [A::P(qb.ptr), A::P(wb.ptr), A::P(kb.ptr), A::P(s1.ptr), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(h as i32), A::I(d as i32), A::P(0)];
+        g.launch("idx_scores", (cdiv(ldsc, 16), n as u32, 1), 256, smem, &args)?;
+        let args = [A::P(qb.ptr), A::P(wb.ptr), A::P(kb.ptr), A::P(s2.ptr), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
+        g.launch("idx_scores_tc", (cdiv(ldsc, 64), n as u32, 1), 128, 0, &args)?;
+        let mut a = vec![0f32; n * ldsc];
+        let mut b = vec![0f32; n * ldsc];
+        g.dtoh(&mut a, s1.ptr)?;
+        g.dtoh(&mut b, s2.ptr)?;
+        Ok((a, b))
+    })()
+    .map_err(me)
+}

@@ -302,3 +302,36 @@ fn prefill_attention_kernels_match_reference() {
         }
     }
 }
+
+/// Indexer scores, f32 kernel and tensor cores (f16 operands), vs an f64 CPU reference.
+#[test]
+fn indexer_score_kernels_match_reference() {
+    if !gpu_present() {
+        return;
+    }
+    let (h, d, ratio, topk, pos0, n) = (64usize, 128usize, 4usize, 16usize, 100usize, 50usize);
+    let nrows = (pos0 + n) / ratio;
+    let mut rng = ds4_quant::random::SplitMix64(9);
+    let mut v = |k: usize, s: f32| -> Vec<f32> { (0..k).map(|_| rng.normal() * s).collect() };
+    let (q, wts, keys) = (v(n * h * d, 1.0), v(n * h, 0.3), v(nrows * d, 1.0));
+    let mut want = vec![0f32; n * nrows];
+    for i in 0..n {
+        let nc = (pos0 + i + 1) / ratio;
+        if nc <= topk {
+            continue;
+        }
+        for c in 0..nc {
+            let mut s = 0f64;
+            for hh in 0..h {
+                let dot: f64 = (0..d).map(|k| q[(i * h + hh) * d + k] as f64 * keys[c * d + k] as f64).sum();
+                s += wts[i * h + hh] as f64 * dot.max(0.0);
+            }
+            want[i * nrows + c] = s as f32;
+        }
+    }
+    let (f32k, tck) = ds4_cuda::indexer_paths(&q, &wts, &keys, n, pos0, ratio, topk).unwrap();
+    let (e1, e2) = (rel_err(&f32k, &want), rel_err(&tck, &want));
+    println!("op indexer scores n={n} rows={nrows}: f32 kernel rel err {e1:.2e}, tensor cores rel err {e2:.2e}");
+    assert!(e1 < 1e-5, "f32 indexer rel err {e1}");
+    assert!(e2 < 3e-3, "tensor-core indexer rel err {e2}");
+}

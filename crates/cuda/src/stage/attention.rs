@@ -107,7 +107,13 @@ impl CudaStage {
                 // position's rows return at once), so the launch does not depend on the position.
                 let rows_grid = if dec { compressed_capacity(self.ctx, ratio) } else { nc_last };
                 let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
-                self.g.launch("idx_scores", (cdiv(rows_grid, 16), n as u32, 1), 256, smem, &args)?;
+                if !dec && n >= self.gemm_min && ih == 64 && id == 128 {
+                    // Prefill on the f16 path: tensor cores.
+                    let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
+                    self.g.launch("idx_scores_tc", (cdiv(rows_grid, 64), n as u32, 1), 128, 0, &args)?;
+                } else {
+                    self.g.launch("idx_scores", (cdiv(rows_grid, 16), n as u32, 1), 256, smem, &args)?;
+                }
                 let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
                 self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
                 sel = selp;
