@@ -127,24 +127,40 @@ impl DistSession {
 
     /// Rebuilds every stage's KV from the token history (after a failure, a route change or a KV
     /// mismatch). With `--dist-replay-check` the replayed logits must equal the ones held.
+    ///
+    /// A replay that fails (a stage fails again, e.g. the route is still the one with the failed
+    /// worker, or the replay check fails) leaves the session as it was: the same history, hash
+    /// and logits, still dirty, so the next request replays the whole history again. (It used
+    /// to leave an empty, clean session: the next request after a worker restart then ran at
+    /// position 0 and returned the logits of a one-token conversation.)
     fn replay(&mut self, why: &str) -> Result<()> {
         let history = std::mem::take(&mut self.tokens);
         let held = std::mem::take(&mut self.logits);
+        let hash = self.hash;
         eprintln!("ds4: distributed coordinator: replaying {} tokens after {why}", history.len());
         self.reset();
         if history.is_empty() {
             return Ok(());
         }
         let want = if held.is_empty() { Want::Ack } else { Want::LastLogits };
-        self.prefill_span(&history, want, &AtomicBool::new(false))?;
-        if self.opts.replay_check && !held.is_empty() {
-            if self.logits != held {
-                let d = self.logits.iter().zip(&held).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-                return Err(DistError::Stage(format!("distributed replay check failed: logits differ after replay (max |d| {d:e})")));
+        let r = self.prefill_span(&history, want, &AtomicBool::new(false)).and_then(|()| {
+            if self.opts.replay_check && !held.is_empty() {
+                if self.logits != held {
+                    let d = self.logits.iter().zip(&held).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    return Err(DistError::Stage(format!("distributed replay check failed: logits differ after replay (max |d| {d:e})")));
+                }
+                eprintln!("ds4: distributed replay check passed ({} tokens)", history.len());
             }
-            eprintln!("ds4: distributed replay check passed ({} tokens)", history.len());
+            Ok(())
+        });
+        if r.is_err() {
+            // The stages hold some prefix of the history (or none): replay it all next time.
+            self.tokens = history;
+            self.logits = held;
+            self.hash = hash;
+            self.dirty = true;
         }
-        Ok(())
+        r
     }
 
     fn prepare(&mut self) -> Result<()> {
@@ -282,7 +298,9 @@ impl DistSession {
                 let w = if k + 1 == n { want } else { Want::Ack };
                 match self.chain(c, w)? {
                     Payload::Logits(l) => self.logits = l,
-                    Payload::Ack => {}
+                    // The logits held no longer belong to the history once this chunk is in it
+                    // (a later chunk may fail or be cancelled; a replay must not check them).
+                    Payload::Ack => self.logits.clear(),
                     p => return Err(DistError::Protocol(format!("expected logits or ack, got {p:?}"))),
                 }
                 self.commit(c);
