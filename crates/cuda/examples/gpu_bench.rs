@@ -35,4 +35,21 @@ fn main() {
             Err(e) => println!("{what},{},{rows},{cols},{z},{mb:.2},error: {e}", ty.name()),
         }
     }
+    // Prefill GEMMs (f16 in, f32 out) at 4096 tokens: GPU time and host time per call.
+    println!("gemm,rows,tokens,cols,us,TFLOPS,host_us");
+    for &(m, k) in &[(512usize, 4096usize), (1024, 4096), (32768, 1024), (4096, 8192), (2048, 4096), (4096, 2048), (256, 4096)] {
+        let n = 4096;
+        match ds4_cuda::bench_gemm(m, n, k, 20) {
+            Ok((s, h)) => println!("gemm,{m},{n},{k},{:.1},{:.0},{:.1}", s * 1e6, 2.0 * (m * n * k) as f64 / s / 1e12, h * 1e6),
+            Err(e) => println!("gemm,{m},{n},{k},error: {e}"),
+        }
+    }
+    // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes.
+    for &(what, ty, rows, cols, z) in &[("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize), ("experts down fast", GgmlType::Q2_K, 4096, 2048, 6)] {
+        let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;
+        match ds4_cuda::bench_matvec_fast(ty, rows, cols, z, reps) {
+            Ok(s) => println!("{what},{},{rows},{cols},{z},{mb:.2},{:.2},{:.0},{:.3}", ty.name(), s * 1e6, mb / 1e3 / s, mb / 1e3 / s / bw),
+            Err(e) => println!("{what},{},{rows},{cols},{z},{mb:.2},error: {e}", ty.name()),
+        }
+    }
 }

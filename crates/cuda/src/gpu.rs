@@ -120,6 +120,8 @@ pub enum A {
 }
 
 pub struct Gpu {
+    /// cuBLAS workspaces, one per handle (declared first: freed before the context goes).
+    _blas_ws: Vec<DBuf>,
     pub ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     pub stream: dsys::CUstream,
     module: dsys::CUmodule,
@@ -145,10 +147,12 @@ pub struct Profiler {
     pending: Vec<(&'static str, dsys::CUevent, dsys::CUevent)>,
     pool: Vec<dsys::CUevent>,
     pub totals: HashMap<&'static str, (f64, u64)>,
+    /// Profile labels of GEMM shapes ("gemm MxNxK"), made once per shape.
+    labels: HashMap<(usize, usize, usize), &'static str>,
 }
 
 impl Profiler {
-    pub fn new() -> Self { Self { pending: Vec::new(), pool: Vec::new(), totals: HashMap::new() } }
+    pub fn new() -> Self { Self { pending: Vec::new(), pool: Vec::new(), totals: HashMap::new(), labels: HashMap::new() } }
 }
 
 impl Default for Profiler {
@@ -215,7 +219,19 @@ impl Gpu {
             unsafe { blas::set_stream(h, st as _) }.map_err(e("cublasSetStream"))?;
             handles.push(h);
         }
-        Ok(Self { ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
+        // An explicit workspace per handle: without one, some GEMM shapes took milliseconds of host
+        // time per call inside cuBLAS (seen as the GPU idling at 512x4096x4096 in prefill profiles).
+        let mut ws = Vec::new();
+        for &h in &handles {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+            const WS: usize = 32 << 20;
+            // SAFETY: plain device allocation, owned by the DBuf below.
+            let ptr = unsafe { drv::malloc_sync(WS) }.map_err(e("cuBLAS workspace"))?;
+            ws.push(DBuf { ptr, bytes: WS });
+            // SAFETY: live handle; the workspace outlives it (freed after the handles are destroyed).
+            unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, WS) }.result().map_err(e("cublasSetWorkspace"))?;
+        }
+        Ok(Self { _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -455,7 +471,12 @@ impl Gpu {
         let alpha = 1.0f32;
         let beta = 0.0f32;
         let h = self.blas[self.cur];
-        self.region("cublas_gemm", |_| {
+        // Profiling labels each GEMM shape (a few dozen per model, leaked once).
+        let label = match self.prof.as_mut() {
+            Some(p) => *p.labels.entry((m, n, k)).or_insert_with(|| Box::leak(format!("gemm {m}x{n}x{k}").into_boxed_str())),
+            None => "cublas_gemm",
+        };
+        self.region(label, |_| {
             // SAFETY: pointers are live device buffers sized by the caller for these dimensions; alpha/beta are host scalars.
             unsafe {
                 blas::gemm_ex(

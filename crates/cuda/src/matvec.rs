@@ -130,15 +130,8 @@ pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u
 /// One-token IQ2_XXS / Q2_K mat-vec through `mvq_*_n1` (8 rows per warp; IQ2 activations in shared memory).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
-    const R: usize = 8;
     let iq2 = m.ty == GgmlType::IQ2_XXS;
-    // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
-    let steps = if iq2 { (m.cols / 256 * 8).div_ceil(32) } else { (m.cols / 256).div_ceil(2) };
-    let warps = rows.div_ceil(R) * z;
-    let mut ks = 1;
-    while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
-        ks *= 2;
-    }
+    let ks = mvq_ks(m, rows, z);
     let args = [
         A::P(w),
         A::P(w_mat_bytes as u64),
@@ -155,7 +148,60 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
         A::I(ks as i32),
     ];
     let (name, smem) = if iq2 { ("mvq_iq2s_n1", (m.cols * 4) as u32) } else { ("mvq_q2_k_n1", 0) };
-    g.launch(name, (cdiv(rows, R * (8 / ks)), 1, z as u32), 256, smem, &args)
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args)
+}
+
+/// Rows per warp of the `mvq*` kernels.
+const MVQ_R: usize = 8;
+
+/// Warps sharing a row group of an `mvq*` kernel: split K until about 4096 warps are busy.
+fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
+    // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
+    let steps = if m.ty == GgmlType::IQ2_XXS { (m.cols / 256 * 8).div_ceil(32) } else { (m.cols / 256).div_ceil(2) };
+    let warps = rows.div_ceil(MVQ_R) * z;
+    let mut ks = 1;
+    while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
+        ks *= 2;
+    }
+    ks
+}
+
+/// Whether `m` has a one-token kernel with int8 (Q8_K) activations (`mvq8_*`). Split IQ2_XXS rows
+/// must start 8-byte aligned (the kernel loads a group's 8 bytes at once): a multiple of 4 blocks.
+pub(crate) fn q8_ok(m: &DM) -> bool { (m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0) || (m.ty == GgmlType::Q2_K && m.cols % 256 == 0) }
+
+/// Q8_K copy of `z` rows of `cols` floats (row stride `x_z`): int8 values to `q` (row stride `cols`),
+/// one f32 scale per 256 values to `d` (as the CPU's quantize_row_q8_k).
+pub(crate) fn launch_q8k(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize, q: u64, d: u64) -> Result<()> {
+    if cols % 256 != 0 {
+        return Err(format!("Q8_K activations need a multiple of 256 columns, got {cols}"));
+    }
+    g.launch("q8k_quant", ((cols / 256) as u32, z as u32, 1), 256, 0, &[A::P(x), A::I(x_z as i32), A::I(cols as i32), A::P(q), A::P(d)])
+}
+
+/// One-token mat-vec of `z` slots with Q8_K activations (`xq`/`xd` from [`launch_q8k`]; `xq_z` = 0
+/// when every slot reads the same row, else `m.cols`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mvq8(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+    if !q8_ok(m) {
+        return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split));
+    }
+    let name = if m.ty == GgmlType::IQ2_XXS { "mvq8_iq2s_n1" } else { "mvq8_q2_k_n1" };
+    let ks = mvq_ks(m, rows, z);
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(xq),
+        A::P(xd),
+        A::I(xq_z as i32),
+        A::P(y),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(ks as i32),
+    ];
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, 0, &args)
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).
@@ -194,4 +240,17 @@ pub(crate) fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
     }
     m.split = true;
     Ok(())
+}
+
+/// The grouped expert GEMM kernel that reads `m`'s quantized blocks as stored, if there is one
+/// (IQ2_XXS rows in the split layout, 4-byte aligned; Q2_K).
+pub(crate) fn grouped_direct(m: &DM) -> Option<&'static str> {
+    if m.rows % 128 != 0 {
+        return None;
+    }
+    match m.ty {
+        GgmlType::IQ2_XXS if m.split && m.cols % 512 == 0 => Some("moe_gemm_iq2s"),
+        GgmlType::Q2_K if m.cols % 256 == 0 => Some("moe_gemm_q2k"),
+        _ => None,
+    }
 }

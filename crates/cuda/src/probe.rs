@@ -1,7 +1,7 @@
 //! Op-level probes of the matrix kernels for tests and benchmarks: the mat-vec and GEMM paths on given
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, launch_dq, launch_mv, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_q8k, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -42,6 +42,112 @@ pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f3
     .map_err(me)
 }
 
+/// Op-level check of the int8-activation decode kernels (`Precision::Fast`): `data` holds `z`
+/// matrices of `rows` × `cols` (`ty` Q2_K or IQ2_XXS, the latter converted to the split layout as at
+/// load), slot i reading matrix `z - 1 - i` by id; `x` is one activation row shared by every slot
+/// (`x.len() == cols`) or one per slot. Returns y (z × rows), the Q8_K values and the Q8_K scales.
+pub fn matvec_fast_paths(ty: GgmlType, rows: usize, cols: usize, z: usize, data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        if data.len() != row_bytes * rows * z || (x.len() != cols && x.len() != cols * z) {
+            return Err("matvec_fast_paths: bad sizes".into());
+        }
+        let wb = g.alloc(data.len())?;
+        g.htod(wb.ptr, data)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
+        split_layout(&mut g, &mut m)?;
+        let xr = x.len() / cols;
+        let xb = g.alloc(x.len() * 4)?;
+        g.htod(xb.ptr, x)?;
+        let qb = g.alloc(x.len())?;
+        let db = g.alloc(x.len() / 256 * 4)?;
+        let yb = g.alloc(z * rows * 4)?;
+        let eids: Vec<i32> = (0..z as i32).rev().collect();
+        let eb = g.alloc(z * 4)?;
+        g.htod(eb.ptr, &eids)?;
+        launch_q8k(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
+        let xq_z = if xr == 1 { 0 } else { cols };
+        launch_mvq8(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
+        let mut y = vec![0f32; z * rows];
+        let mut q = vec![0i8; x.len()];
+        let mut d = vec![0f32; x.len() / 256];
+        g.dtoh(&mut y, yb.ptr)?;
+        g.dtoh(&mut q, qb.ptr)?;
+        g.dtoh(&mut d, db.ptr)?;
+        Ok((y, q, d))
+    })()
+    .map_err(me)
+}
+
+/// Op-level check of the grouped expert GEMM: `data` holds `counts.len()` expert matrices of `rows`
+/// × `cols` (`ty` IQ2_XXS, converted to the split layout as at load, or Q2_K); expert e takes the
+/// next `counts[e]` rows of `x` (f32, converted to f16 as in prefill). Returns Y (tokens × rows)
+/// from the kernel reading the blocks as stored and from dequantize-to-f16 + the f16 kernel.
+pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usize], data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let ne = counts.len();
+        let total: usize = counts.iter().sum();
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        if data.len() != row_bytes * rows * ne || x.len() != total * cols {
+            return Err("grouped_gemm_paths: bad sizes".into());
+        }
+        let wb = g.alloc(data.len())?;
+        g.htod(wb.ptr, data)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: ne, row_bytes, split: false };
+        split_layout(&mut g, &mut m)?;
+        let name = grouped_direct(&m).ok_or("no direct grouped kernel for this type and shape")?;
+        let xb = g.alloc(x.len() * 4)?;
+        g.htod(xb.ptr, x)?;
+        let xh = g.alloc(x.len() * 2)?;
+        g.launch("f32_to_f16", (cdiv(x.len(), 256), 1, 1), 256, 0, &[A::P(xb.ptr), A::I(cols as i32), A::P(xh.ptr), A::I(total as i32), A::I(cols as i32)])?;
+        let mut tiles: Vec<[i32; 4]> = Vec::new();
+        let mut off = 0usize;
+        for (e, &c) in counts.iter().enumerate() {
+            for t0 in (0..c).step_by(64) {
+                tiles.push([e as i32, (off + t0) as i32, (c - t0).min(64) as i32, 0]);
+            }
+            off += c;
+        }
+        let tb = g.alloc(tiles.len().max(1) * 16)?;
+        g.htod(tb.ptr, &tiles)?;
+        let wh = g.alloc(ne * rows * cols * 2)?;
+        launch_dq(&mut g, &m, wb.ptr, wh.ptr, ne * rows * cols)?;
+        let (y1, y2) = (g.alloc(total * rows * 4)?, g.alloc(total * rows * 4)?);
+        let grid = (tiles.len() as u32, (rows / 128) as u32, 1);
+        g.launch(name, grid, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32)])?;
+        g.launch("moe_gemm", grid, 256, 0, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32)])?;
+        let (mut a, mut b) = (vec![0f32; total * rows], vec![0f32; total * rows]);
+        g.dtoh(&mut a, y1.ptr)?;
+        g.dtoh(&mut b, y2.ptr)?;
+        Ok((a, b))
+    })()
+    .map_err(me)
+}
+
+/// Seconds per int8-activation mat-vec call (one token, `z` slots of `rows` × `cols`; arbitrary
+/// weights), timed with CUDA events over `reps` launches; the activation quantization is not timed.
+pub fn bench_matvec_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usize) -> ds4_model::Result<f64> {
+    (|| -> Result<f64> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        let wb = g.alloc_zeroed(row_bytes * rows * z)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
+        split_layout(&mut g, &mut m)?;
+        let qb = g.alloc_zeroed(cols)?;
+        let db = g.alloc_zeroed(cols / 256 * 4)?;
+        let yb = g.alloc_zeroed(rows * z * 4)?;
+        let eids: Vec<i32> = (0..z as i32).collect();
+        let eb = g.alloc(z * 4)?;
+        g.htod(eb.ptr, &eids)?;
+        let run = |g: &mut Gpu| launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z);
+        run(&mut g)?;
+        g.time(reps, run)
+    })()
+    .map_err(me)
+}
+
 /// Seconds per mat-vec call (one token) of the kernel the stage would use for a `ty` matrix stack of
 /// `z` slots of `rows` × `cols` (weights are arbitrary bytes: only the timing is of interest), timed
 /// with CUDA events over `reps` back-to-back launches.
@@ -61,6 +167,22 @@ pub fn bench_matvec(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usiz
         let run = |g: &mut Gpu| launch_mv(g, &m, wb.ptr, m.mat_bytes(), ep, xb.ptr, cols, 0, yb.ptr, rows, rows, rows, 1, z);
         run(&mut g)?;
         g.time(reps, run)
+    })()
+    .map_err(me)
+}
+
+/// Seconds per f16 cuBLAS GEMM Y (n × m) = X (n × k) · Wᵀ (the prefill product), timed with CUDA
+/// events over `reps` back-to-back calls, and host seconds per call to issue them.
+pub fn bench_gemm(m: usize, n: usize, k: usize, reps: usize) -> ds4_model::Result<(f64, f64)> {
+    (|| -> Result<(f64, f64)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let (w, x, y) = (g.alloc_zeroed(m * k * 2)?, g.alloc_zeroed(n * k * 2)?, g.alloc_zeroed(n * m * 4)?);
+        let run = |g: &mut Gpu| g.gemm_f16(m, n, k, w.ptr, k, x.ptr, k, y.ptr, m);
+        run(&mut g)?;
+        g.sync()?;
+        let t0 = std::time::Instant::now();
+        let gpu = g.time(reps, run)?;
+        Ok((gpu, t0.elapsed().as_secs_f64() / reps as f64))
     })()
     .map_err(me)
 }

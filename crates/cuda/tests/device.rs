@@ -63,8 +63,9 @@ fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model {
 
 /// Greedy decoding on both backends from the same prompt (prefilled in chunks); returns
 /// (cpu tokens, gpu tokens, worst relative logits error, first-step top-2 margin at divergence).
-fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize) -> (Vec<u32>, Vec<u32>, f64) {
+fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize, fast_gpu: bool) -> (Vec<u32>, Vec<u32>, f64) {
     let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, chunk).unwrap();
+    gpu.fast_experts = fast_gpu;
     // Token-identity runs keep every product in f32 (the f16 GEMM prefill path is checked op by op).
     gpu.gemm_min = usize::MAX;
     let mut kc = m.stage.new_kv(ctx);
@@ -140,7 +141,7 @@ fn model_case_opts(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
     let ctx = prompt_len + steps + 8;
     let allocs0 = ds4_cuda::CudaStage::stats();
-    let (tc, tg, worst) = compare(&mut m, &prompt, chunk, steps, ctx);
+    let (tc, tg, worst) = compare(&mut m, &prompt, chunk, steps, ctx, false);
     let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
     println!("model {shape} {mix:?} (qat {qat}): prompt {prompt_len} (chunks of {chunk}), {steps} greedy steps: {same}/{steps} tokens identical; worst logits rel err {worst:.2e}");
     println!("  cpu: {:?}", &tc[..16.min(steps)]);
@@ -175,6 +176,100 @@ fn flash4_q2_greedy_64_matches_cpu() {
 #[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
 fn flash4_q2_noqat_greedy_64_matches_cpu() {
     model_case_opts("flash:4", Mix::Q2, 160, 64, 64, false);
+}
+
+/// The int8-activation (Q8_K) expert kernels of `Precision::Fast` vs the CPU's Fast dot products:
+/// the activation quantization is bit-identical, the integer block dots are equal, so only the
+/// order of the per-block float sums differs. Shared and per-slot activation rows, expert ids.
+#[test]
+fn fast_expert_matvec_matches_cpu_fast() {
+    if !gpu_present() {
+        return;
+    }
+    for ty in [GgmlType::Q2_K, GgmlType::IQ2_XXS] {
+        for (rows, cols, z, per_slot) in [(2048usize, 4096usize, 6usize, false), (4096, 2048, 6, true), (40, 3072, 3, false), (13, 1024, 2, true), (7, 1024, 1, false)] {
+            let row_bytes = ty.row_bytes(cols).unwrap();
+            let data = ds4_quant::random_valid_blocks(ty, 31 + rows as u64, rows * cols / ty.block_elems() * z);
+            let xr = if per_slot { z } else { 1 };
+            let mut rng = ds4_quant::random::SplitMix64(rows as u64);
+            let mut x: Vec<f32> = (0..xr * cols).map(|_| rng.normal()).collect();
+            x[3] = 0.0;
+            if cols >= 512 {
+                // An all-zero block quantizes to zeros with scale 0.
+                x[256..512].iter_mut().for_each(|v| *v = 0.0);
+            }
+            let (y, q, d) = ds4_cuda::matvec_fast_paths(ty, rows, cols, z, &data, &x).unwrap();
+            let mut want_q = vec![0u8; xr * cols / 256 * 292];
+            for (xrow, o) in x.chunks(cols).zip(want_q.chunks_mut(cols / 256 * 292)) {
+                ds4_quant::quantize_row_q8_k(xrow, o);
+            }
+            for (b, blk) in want_q.chunks(292).enumerate() {
+                assert_eq!(f32::from_le_bytes(blk[0..4].try_into().unwrap()).to_bits(), d[b].to_bits(), "Q8_K scale of block {b}");
+                let got: Vec<u8> = q[b * 256..][..256].iter().map(|&v| v as u8).collect();
+                assert_eq!(&blk[4..260], &got[..], "Q8_K values of block {b}");
+            }
+            let mut worst = 0f64;
+            for i in 0..z {
+                let mat = z - 1 - i;
+                let w = MatRef::new(ty, &data[mat * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
+                let xrow = &x[if per_slot { i * cols } else { 0 }..][..cols];
+                let mut want = vec![0f32; rows];
+                ds4_quant::matvec(&w, xrow, &mut want, Precision::Fast);
+                worst = worst.max(rel_err(&y[i * rows..][..rows], &want));
+            }
+            println!("op fast {:<8} {rows}x{cols} z={z} per_slot={per_slot}: Q8_K activations identical, rel err vs CPU Fast {worst:.2e}", ty.name());
+            assert!(worst < 1e-5, "fast {} rel err {worst}", ty.name());
+        }
+    }
+}
+
+/// The grouped expert GEMM reading IQ2_XXS / Q2_K blocks as stored gives bit-identical results to
+/// dequantizing to f16 first (same f16 values, same kernel), and both are within f16 accuracy of the
+/// CPU's f32 product; experts with 0, 1, 64 and 100 tokens (tiles of up to 64).
+#[test]
+fn grouped_expert_gemm_reads_quantized_blocks() {
+    if !gpu_present() {
+        return;
+    }
+    for (ty, rows, cols) in [(GgmlType::IQ2_XXS, 256usize, 1024usize), (GgmlType::Q2_K, 384, 512), (GgmlType::IQ2_XXS, 2048, 4096), (GgmlType::Q2_K, 4096, 2048)] {
+        let counts = [100usize, 0, 1, 64, 17];
+        let total: usize = counts.iter().sum();
+        let row_bytes = ty.row_bytes(cols).unwrap();
+        let data = ds4_quant::random_valid_blocks(ty, 7 + cols as u64, rows * cols / ty.block_elems() * counts.len());
+        let mut rng = ds4_quant::random::SplitMix64(rows as u64);
+        let x: Vec<f32> = (0..total * cols).map(|_| rng.normal()).collect();
+        let (direct, via_f16) = ds4_cuda::grouped_gemm_paths(ty, rows, cols, &counts, &data, &x).unwrap();
+        let mut want = vec![0f32; total * rows];
+        let mut off = 0usize;
+        for (e, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                let w = MatRef::new(ty, &data[e * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
+                matmul(&w, &x[off * cols..(off + c) * cols], c, &mut want[off * rows..(off + c) * rows], Precision::Exact);
+            }
+            off += c;
+        }
+        let e = rel_err(&direct, &want);
+        println!("op grouped {:<8} {rows}x{cols} experts {counts:?}: direct == dequantized-first {}, rel err vs CPU {e:.2e}", ty.name(), direct == via_f16);
+        assert!(direct == via_f16, "direct and dequantized-first grouped GEMMs differ");
+        assert!(e < 3e-3, "grouped GEMM rel err {e}");
+    }
+}
+
+/// Decode with the int8-activation experts on the GPU vs the CPU's f32 (Exact) reference: the
+/// difference is the Q8_K rounding of the expert activations (about 2^-8 of each block's largest
+/// value), so the logits stay within 2e-2 while near-tied tokens may part.
+#[test]
+fn tiny_q2_fast_experts_decode_near_cpu_exact() {
+    if !gpu_present() {
+        return;
+    }
+    let mut m = load("tiny", Mix::Q2, 11, true);
+    let v = m.stage.cfg.n_vocab as u32;
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
+    let (tc, tg, worst) = compare(&mut m, &prompt, 40, 32, 80, true);
+    let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
+    println!("model tiny Q2 fast experts on the GPU vs CPU Exact: {same}/32 greedy tokens identical; worst logits rel err while identical {worst:.2e}");
+    assert!(worst < 2e-2, "logits rel err {worst}");
 }
 
 /// A stage built on one thread runs on another (the server builds the engine, then moves it to its

@@ -41,7 +41,9 @@ impl CudaStage {
 
     /// y (n × rows, ldy) = x (n × cols, ldx) · Wᵀ for matrix `idx` of `m`.
     pub(super) fn mm_idx(&mut self, m: &DM, idx: usize, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<()> {
-        if n < self.gemm_min || !self.gemm_ok(m) {
+        // Few output rows (the hyper-connection mix: 24 rows of 16384): cuBLAS picks a kernel that
+        // takes ~7 ms at 4096 tokens; the mat-vec kernel reads the small matrix from L2 per 4 tokens.
+        if n < self.gemm_min || !self.gemm_ok(m) || m.rows < 64 {
             let w = m.ptr + (idx * m.mat_bytes()) as u64;
             return self.mv(w, m, 0, 0, x, ldx, 0, y, ldy, 0, m.rows, n, 1);
         }

@@ -308,6 +308,8 @@ impl CudaStage {
             ewh: g.alloc(ewh_slots * ewh_slot * 2)?,
             ewh_slot,
             ewh_slots,
+            xq: g.alloc(e.max(k * ff).next_multiple_of(256))?,
+            xqd: g.alloc(e.max(k * ff).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
             gptr_cap: n * k / 64 + ne + 1,
         };
@@ -342,6 +344,8 @@ impl CudaStage {
             gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
             attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             grouped_gemm: std::env::var("DS4_CUDA_GROUPED").map_or(true, |v| v != "0"),
+            grouped_quant: std::env::var("DS4_CUDA_GROUPED_QUANT").map_or(true, |v| v != "0"),
+            fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None],

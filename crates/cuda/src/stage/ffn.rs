@@ -2,7 +2,7 @@
 //! by expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::launch_dq;
+use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_q8k, q8_ok};
 
 impl CudaStage {
     pub(super) fn ffn(&mut self, li: usize, n: usize) -> Result<()> {
@@ -57,19 +57,38 @@ impl CudaStage {
         let mut slot_pos = 0u64;
         if n == 1 {
             // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
+            let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
+            let (xq, xd) = (self.wk.xq.ptr, self.wk.xqd.ptr);
+            if q8 {
+                launch_q8k(&mut self.g, xn, e, e, 1, xq, xd)?;
+            }
             if dec {
                 self.g.fork(2)?;
             }
-            self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
+            if q8 {
+                launch_mvq8(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xq, xd, 0, ex_b, ff, ff, k)?;
+            } else {
+                self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
+            }
             if dec {
                 self.g.to_main();
             }
-            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+            if q8 {
+                launch_mvq8(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xq, xd, 0, ex_a, ff, ff, k)?;
+            } else {
+                self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+            }
             if dec {
                 self.g.join(2)?;
             }
             self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew)])?;
-            self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
+            if q8 {
+                // The up product (side stream) has been joined: the Q8_K buffer is free again.
+                launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
+                launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
+            } else {
+                self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
+            }
         } else {
             self.experts_grouped(n, gate, up, down, clamp)?;
             slot_pos = self.wk.slot_pos.ptr;
@@ -118,9 +137,11 @@ impl CudaStage {
 
     /// Per-expert products over the grouped token rows: for each expert with `m` tokens (rows
     /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with enough
-    /// tokens take a cuBLAS GEMM on f16 weights: a group of experts is dequantized by one launch per
-    /// matrix into the expert scratch, then its GEMMs run round-robin on the side streams (one GEMM of
-    /// ~100 tokens leaves most SMs idle). Smaller groups take the quantized mat-vec.
+    /// tokens take tensor cores: one grouped `moe_gemm*` launch per matrix kind over all of them
+    /// (reading IQ2_XXS / Q2_K blocks as stored, or f16), or else (DS4_CUDA_GROUPED=0, shapes the
+    /// kernel does not take) a group of experts is dequantized by one launch per matrix into the expert
+    /// scratch and its cuBLAS GEMMs run round-robin on the side streams (one GEMM of ~100 tokens leaves
+    /// most SMs idle). Smaller groups take the quantized mat-vec.
     fn expert_mats(&mut self, mats: &[(DM, u64)], x32: u64, xh: u64, ch: &[i32], offs: &[i32]) -> Result<()> {
         let ne = ch.len();
         let nmat = mats.len();
@@ -130,21 +151,33 @@ impl CudaStage {
         while g0 < ne {
             let g1 = (g0 + group).min(ne);
             let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= self.gemm_min).collect();
-            // One dequantization launch per matrix for the experts of the group that take a GEMM.
+            let tiles = if self.grouped_gemm && big.len() > 1 { self.grouped_tiles(mats, &big, g0, offs, ch) } else { None };
+            let direct = |m: &DM| tiles.is_some() && self.grouped_quant && grouped_direct(m).is_some();
+            // One dequantization launch per matrix for the experts of the group that take a GEMM on
+            // f16 slots.
             if let (Some(&lo), Some(&hi)) = (big.first(), big.last()) {
                 for (j, (m, _)) in mats.iter().enumerate() {
-                    if m.ty != GgmlType::F16 && use_gemm(self, m) {
+                    if m.ty != GgmlType::F16 && use_gemm(self, m) && !direct(m) {
                         let src = m.ptr + (lo * m.mat_bytes()) as u64;
                         let dst = self.wk.ewh.ptr + ((j * group + lo - g0) * self.wk.ewh_slot * 2) as u64;
                         launch_dq(&mut self.g, m, src, dst, (hi + 1 - lo) * m.rows * m.cols)?;
                     }
                 }
             }
-            // One grouped GEMM launch per matrix kind for the group's GEMM experts (main stream); the
-            // remaining experts' mat-vecs run beside it on the side streams.
-            let mut grouped = false;
-            if self.grouped_gemm && big.len() > 1 {
-                grouped = self.expert_mats_grouped(mats, xh, &big, g0, group, offs, ch)?;
+            // The grouped launches run on the main stream; the remaining experts' mat-vecs beside
+            // them on the side streams.
+            let grouped = tiles.is_some();
+            if let Some(tiles) = tiles {
+                self.g.htod(self.wk.gptrs.ptr, &tiles)?;
+                for (j, (mat, out)) in mats.iter().enumerate() {
+                    let (name, w, ws) = match grouped_direct(mat) {
+                        Some(name) if self.grouped_quant => (name, mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
+                        _ if mat.ty == GgmlType::F16 => ("moe_gemm", mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
+                        _ => ("moe_gemm", self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot * 2),
+                    };
+                    let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32)];
+                    self.g.launch(name, (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
+                }
             }
             self.g.fork_all()?;
             let mut turn = 0usize;
@@ -178,14 +211,12 @@ impl CudaStage {
         Ok(())
     }
 
-    /// The GEMM part of [`Self::expert_mats`] as one `moe_gemm` launch per matrix kind over tiles of
-    /// up to 64 tokens of each expert in `big`. Returns false (nothing issued) when a matrix's shape
-    /// does not suit the kernel.
-    #[allow(clippy::too_many_arguments)]
-    fn expert_mats_grouped(&mut self, mats: &[(DM, u64)], xh: u64, big: &[usize], g0: usize, group: usize, offs: &[i32], ch: &[i32]) -> Result<bool> {
-        let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot) && m.rows % 128 == 0 && m.cols % 32 == 0;
+    /// Tiles of up to 64 tokens of each expert in `big` (slot = expert - g0) for the grouped GEMM,
+    /// or None when a matrix's shape does not suit the kernel or the tile list does not fit.
+    fn grouped_tiles(&self, mats: &[(DM, u64)], big: &[usize], g0: usize, offs: &[i32], ch: &[i32]) -> Option<Vec<[i32; 4]>> {
+        let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot || grouped_direct(m).is_some()) && m.rows % 128 == 0 && m.cols % 32 == 0;
         if !mats.iter().all(|(m, _)| fits(m)) {
-            return Ok(false);
+            return None;
         }
         let mut tiles: Vec<[i32; 4]> = Vec::new();
         for &x in big {
@@ -194,19 +225,6 @@ impl CudaStage {
                 tiles.push([(x - g0) as i32, off + t0, (m - t0).min(64), 0]);
             }
         }
-        if tiles.len() > self.wk.gptr_cap {
-            return Ok(false);
-        }
-        self.g.htod(self.wk.gptrs.ptr, &tiles)?;
-        for (j, (mat, out)) in mats.iter().enumerate() {
-            let (w, ws) = if mat.ty == GgmlType::F16 {
-                (mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.rows * mat.cols)
-            } else {
-                (self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot)
-            };
-            let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32)];
-            self.g.launch("moe_gemm", (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
-        }
-        Ok(true)
+        (tiles.len() <= self.wk.gptr_cap).then_some(tiles)
     }
 }

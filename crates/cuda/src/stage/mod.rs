@@ -156,6 +156,10 @@ struct Work {
     ewh: DBuf,
     ewh_slot: usize,
     ewh_slots: usize,
+    /// Q8_K copy of a decode activation (int8 values, then one f32 scale per 256 in `xqd`) for the
+    /// int8-activation expert mat-vecs (Precision::Fast).
+    xq: DBuf,
+    xqd: DBuf,
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
     gptrs: DBuf,
     gptr_cap: usize,
@@ -199,6 +203,12 @@ pub struct CudaStage {
     /// Prefill expert GEMMs as one grouped launch per matrix kind (`moe_gemm`; DS4_CUDA_GROUPED=0: one
     /// cuBLAS GEMM per expert over the side streams).
     pub grouped_gemm: bool,
+    /// The grouped expert GEMM reads IQ2_XXS / Q2_K blocks as stored instead of f16 copies made by a
+    /// dequantization pass (DS4_CUDA_GROUPED_QUANT=0 turns that off).
+    pub grouped_quant: bool,
+    /// Decode routed experts (Q2_K, IQ2_XXS) take int8 activations (Q8_K) as the CPU's
+    /// `Precision::Fast` does; `Precision::Exact` keeps f32 activations (DS4_CUDA_FAST=0 forces that).
+    pub fast_experts: bool,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
