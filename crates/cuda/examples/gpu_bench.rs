@@ -45,7 +45,15 @@ fn main() {
         }
     }
     // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes.
-    for &(what, ty, rows, cols, z) in &[("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize), ("experts down fast", GgmlType::Q2_K, 4096, 2048, 6)] {
+    for &(what, ty, rows, cols, z) in &[
+        ("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize),
+        ("experts down fast", GgmlType::Q2_K, 4096, 2048, 6),
+        ("q_a fast", GgmlType::Q8_0, 1024, 4096, 1),
+        ("q_b fast", GgmlType::Q8_0, 32768, 1024, 1),
+        ("out_b fast", GgmlType::Q8_0, 4096, 8192, 1),
+        ("shared gate fast", GgmlType::Q8_0, 2048, 4096, 1),
+        ("output head fast", GgmlType::Q8_0, 129280, 4096, 1),
+    ] {
         let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;
         match ds4_cuda::bench_matvec_fast(ty, rows, cols, z, reps) {
             Ok(s) => println!("{what},{},{rows},{cols},{z},{mb:.2},{:.2},{:.0},{:.3}", ty.name(), s * 1e6, mb / 1e3 / s, mb / 1e3 / s / bw),

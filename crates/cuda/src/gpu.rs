@@ -348,6 +348,9 @@ impl Gpu {
     /// Launches go to side stream `k` (already forked), without a new dependency; 0 = main.
     pub fn on(&mut self, k: usize) { self.cur = k.min(self.side.len()); }
 
+    /// The stream launches go to now (0 = main, k = side stream k).
+    pub fn current(&self) -> usize { self.cur }
+
     /// Forks every side stream from the main stream (each waits for the work issued so far).
     pub fn fork_all(&mut self) -> Result<()> {
         for k in 1..=self.side.len() {

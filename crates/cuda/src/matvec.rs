@@ -157,7 +157,11 @@ const MVQ_R: usize = 8;
 /// Warps sharing a row group of an `mvq*` kernel: split K until about 4096 warps are busy.
 fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
-    let steps = if m.ty == GgmlType::IQ2_XXS { (m.cols / 256 * 8).div_ceil(32) } else { (m.cols / 256).div_ceil(2) };
+    let steps = match m.ty {
+        GgmlType::IQ2_XXS => (m.cols / 256 * 8).div_ceil(32),
+        GgmlType::Q8_0 => (m.cols / 32).div_ceil(32),
+        _ => (m.cols / 256).div_ceil(2),
+    };
     let warps = rows.div_ceil(MVQ_R) * z;
     let mut ks = 1;
     while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
@@ -169,6 +173,43 @@ fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
 /// Whether `m` has a one-token kernel with int8 (Q8_K) activations (`mvq8_*`). Split IQ2_XXS rows
 /// must start 8-byte aligned (the kernel loads a group's 8 bytes at once): a multiple of 4 blocks.
 pub(crate) fn q8_ok(m: &DM) -> bool { (m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0) || (m.ty == GgmlType::Q2_K && m.cols % 256 == 0) }
+
+/// Whether `m` has a one-token kernel with Q8_0 activations (`mvq8_q8s_n1`): split rows whose
+/// payloads start 16-byte aligned (a multiple of 8 blocks).
+pub(crate) fn q80_ok(m: &DM) -> bool { m.ty == GgmlType::Q8_0 && m.split && m.cols % 256 == 0 }
+
+/// Q8_0 copy of `z` rows of `cols` floats (row stride `x_z`): int8 values to `q` (row stride `cols`),
+/// one scale per 32 values to `d` (the f16 the CPU's quantize_row_q8_0 stores, as f32).
+pub(crate) fn launch_q80(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize, q: u64, d: u64) -> Result<()> {
+    if cols % 256 != 0 {
+        return Err(format!("Q8_0 activations need a multiple of 256 columns, got {cols}"));
+    }
+    g.launch("q80_quant", ((cols / 256) as u32, z as u32, 1), 256, 0, &[A::P(x), A::I(x_z as i32), A::I(cols as i32), A::P(q), A::P(d)])
+}
+
+/// One-token split-Q8_0 mat-vec of `z` slots with Q8_0 activations from [`launch_q80`] (`xq_z` = 0
+/// when every slot reads the same row, else `m.cols`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mvq80(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+    if !q80_ok(m) {
+        return Err(format!("no Q8_0-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split));
+    }
+    let ks = mvq_ks(m, rows, z);
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(xq),
+        A::P(xd),
+        A::I(xq_z as i32),
+        A::P(y),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(ks as i32),
+    ];
+    g.launch("mvq8_q8s_n1", (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, 0, &args)
+}
 
 /// Q8_K copy of `z` rows of `cols` floats (row stride `x_z`): int8 values to `q` (row stride `cols`),
 /// one f32 scale per 256 values to `d` (as the CPU's quantize_row_q8_k).

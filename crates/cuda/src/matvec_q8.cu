@@ -193,3 +193,74 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
         Y[(u64)z * y_z + r0 + lane] = v;
     }
 }
+
+// Q8_0 quantization of `gridDim.y` rows of `cols` floats (row stride `x_z`) as the CPU's
+// quantize_row_q8_0: one warp per 32 values, d = amax / 127, q = round-half-away(x / d); the scale
+// is kept as the f16 the CPU stores (widened to f32): Q[z * cols + j], D[z * cols / 32 + j / 32].
+extern "C" __global__ void q80_quant(const float* __restrict__ X, int x_z, int cols, signed char* __restrict__ Q, float* __restrict__ D) {
+    int z = blockIdx.y, j = blockIdx.x * 256 + threadIdx.x;
+    float v = X[(u64)z * x_z + j];
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    Q[(u64)z * cols + j] = (signed char)(int)roundf(v * id);
+    if ((threadIdx.x & 31) == 0) D[(u64)z * (cols >> 5) + (j >> 5)] = h2f(f2h(d));
+}
+
+// Split-layout Q8_0 · Q8_0: a lane takes whole 32-value blocks (two 16-byte payload loads per row,
+// all R rows issued before the arithmetic), eight dp4a per block and row. Activation scales are
+// per 32 values here (D row stride xq_z / 32).
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) {
+    __shared__ float red[8][MVQ_R];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
+    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
+    int z = blockIdx.z;
+    int mat = eids ? eids[z] : z;
+    const u8* wm = W + (u64)mat * w_mat_bytes;
+    const signed char* xq = XQ + (u64)z * xq_z;
+    const float* xd = XD + (u64)z * (xq_z >> 5);
+    int nb = cols >> 5, nsteps = (nb + 31) >> 5;
+    u64 rb = (u64)nb * 34;
+    float acc[MVQ_R];
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
+    for (int st = part; st < nsteps; st += ks) {
+        int b = st * 32 + lane;
+        if (b >= nb) continue;
+        uint4 w0[MVQ_R], w1[MVQ_R];
+        u16 dw[MVQ_R];
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;
+            w0[r] = *(const uint4*)(wr + 32 * b);
+            w1[r] = *(const uint4*)(wr + 32 * b + 16);
+            dw[r] = ld16(wr + cols + 2 * b);
+        }
+        const int4* xp = (const int4*)(xq + 32 * b);
+        int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+        float dx = __ldg(xd + b);
+#pragma unroll
+        for (int r = 0; r < MVQ_R; r++) {
+            int s = __dp4a((int)w0[r].x, x0.x, 0);
+            s = __dp4a((int)w0[r].y, x0.y, s);
+            s = __dp4a((int)w0[r].z, x0.z, s);
+            s = __dp4a((int)w0[r].w, x0.w, s);
+            s = __dp4a((int)w1[r].x, x1.x, s);
+            s = __dp4a((int)w1[r].y, x1.y, s);
+            s = __dp4a((int)w1[r].z, x1.z, s);
+            s = __dp4a((int)w1[r].w, x1.w, s);
+            acc[r] += (float)s * (h2f(dw[r]) * dx);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[wid][r] = v;
+    }
+    __syncthreads();
+    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
+        float v = 0.0f;
+        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
+        Y[(u64)z * y_z + r0 + lane] = v;
+    }
+}

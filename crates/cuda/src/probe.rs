@@ -1,7 +1,7 @@
 //! Op-level probes of the matrix kernels for tests and benchmarks: the mat-vec and GEMM paths on given
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_q8k, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_mvq80, launch_q80, launch_q8k, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -43,9 +43,9 @@ pub fn matmul_paths(ty: GgmlType, rows: usize, cols: usize, data: &[u8], x: &[f3
 }
 
 /// Op-level check of the int8-activation decode kernels (`Precision::Fast`): `data` holds `z`
-/// matrices of `rows` × `cols` (`ty` Q2_K or IQ2_XXS, the latter converted to the split layout as at
-/// load), slot i reading matrix `z - 1 - i` by id; `x` is one activation row shared by every slot
-/// (`x.len() == cols`) or one per slot. Returns y (z × rows), the Q8_K values and the Q8_K scales.
+/// matrices of `rows` × `cols` (`ty` Q2_K, or IQ2_XXS / Q8_0 converted to the split layout as at
+/// load; Q8_0 takes Q8_0 activations, the others Q8_K), slot i reading matrix `z - 1 - i` by id; `x` is one activation row shared by every slot
+/// (`x.len() == cols`) or one per slot. Returns y (z × rows), the activation values and scales.
 pub fn matvec_fast_paths(ty: GgmlType, rows: usize, cols: usize, z: usize, data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
     (|| -> Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
@@ -60,18 +60,25 @@ pub fn matvec_fast_paths(ty: GgmlType, rows: usize, cols: usize, z: usize, data:
         let xr = x.len() / cols;
         let xb = g.alloc(x.len() * 4)?;
         g.htod(xb.ptr, x)?;
+        // Q8_0 activations carry a scale per 32 values, Q8_K per 256.
+        let per = if ty == GgmlType::Q8_0 { 32 } else { 256 };
         let qb = g.alloc(x.len())?;
-        let db = g.alloc(x.len() / 256 * 4)?;
+        let db = g.alloc(x.len() / per * 4)?;
         let yb = g.alloc(z * rows * 4)?;
         let eids: Vec<i32> = (0..z as i32).rev().collect();
         let eb = g.alloc(z * 4)?;
         g.htod(eb.ptr, &eids)?;
-        launch_q8k(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
         let xq_z = if xr == 1 { 0 } else { cols };
-        launch_mvq8(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
+        if ty == GgmlType::Q8_0 {
+            launch_q80(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
+            launch_mvq80(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
+        } else {
+            launch_q8k(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
+            launch_mvq8(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
+        }
         let mut y = vec![0f32; z * rows];
         let mut q = vec![0i8; x.len()];
-        let mut d = vec![0f32; x.len() / 256];
+        let mut d = vec![0f32; x.len() / per];
         g.dtoh(&mut y, yb.ptr)?;
         g.dtoh(&mut q, qb.ptr)?;
         g.dtoh(&mut d, db.ptr)?;
@@ -136,12 +143,19 @@ pub fn bench_matvec_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, reps:
         let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
         split_layout(&mut g, &mut m)?;
         let qb = g.alloc_zeroed(cols)?;
-        let db = g.alloc_zeroed(cols / 256 * 4)?;
+        let db = g.alloc_zeroed(cols / 32 * 4)?;
         let yb = g.alloc_zeroed(rows * z * 4)?;
         let eids: Vec<i32> = (0..z as i32).collect();
         let eb = g.alloc(z * 4)?;
         g.htod(eb.ptr, &eids)?;
-        let run = |g: &mut Gpu| launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z);
+        let q8 = ty == GgmlType::Q8_0;
+        let run = |g: &mut Gpu| {
+            if q8 {
+                launch_mvq80(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z)
+            } else {
+                launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z)
+            }
+        };
         run(&mut g)?;
         g.time(reps, run)
     })()

@@ -66,6 +66,7 @@ fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model {
 fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize, fast_gpu: bool) -> (Vec<u32>, Vec<u32>, f64) {
     let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, chunk).unwrap();
     gpu.fast_experts = fast_gpu;
+    gpu.fast_q8 = fast_gpu;
     // Token-identity runs keep every product in f32 (the f16 GEMM prefill path is checked op by op).
     gpu.gemm_min = usize::MAX;
     let mut kc = m.stage.new_kv(ctx);
@@ -255,9 +256,49 @@ fn grouped_expert_gemm_reads_quantized_blocks() {
     }
 }
 
-/// Decode with the int8-activation experts on the GPU vs the CPU's f32 (Exact) reference: the
-/// difference is the Q8_K rounding of the expert activations (about 2^-8 of each block's largest
-/// value), so the logits stay within 2e-2 while near-tied tokens may part.
+/// The Q8_0-activation kernel of `Precision::Fast` vs the CPU's Fast Q8_0 dot: activations
+/// identical (values and f16 scales), integer block dots equal, float sums in another order.
+#[test]
+fn fast_q8_0_matvec_matches_cpu_fast() {
+    if !gpu_present() {
+        return;
+    }
+    let ty = GgmlType::Q8_0;
+    for (rows, cols, z, per_slot) in [(1024usize, 4096usize, 1usize, false), (4096, 8192, 1, false), (1024, 4096, 8, true), (37, 256, 3, false), (300, 1024, 2, true)] {
+        let row_bytes = ty.row_bytes(cols).unwrap();
+        let data = ds4_quant::random_valid_blocks(ty, 41 + rows as u64, rows * cols / 32 * z);
+        let xr = if per_slot { z } else { 1 };
+        let mut rng = ds4_quant::random::SplitMix64(3 + rows as u64);
+        let mut x: Vec<f32> = (0..xr * cols).map(|_| rng.normal()).collect();
+        x[32..64].iter_mut().for_each(|v| *v = 0.0);
+        let (y, q, d) = ds4_cuda::matvec_fast_paths(ty, rows, cols, z, &data, &x).unwrap();
+        let mut want_q = vec![0u8; xr * cols / 32 * 34];
+        for (xrow, o) in x.chunks(cols).zip(want_q.chunks_mut(cols / 32 * 34)) {
+            ds4_quant::quantize_row_q8_0(xrow, o);
+        }
+        for (b, blk) in want_q.chunks(34).enumerate() {
+            let cd = ds4_quant::blocks::f16_at(blk, 0);
+            assert_eq!(cd.to_bits(), d[b].to_bits(), "Q8_0 scale of block {b}");
+            let got: Vec<u8> = q[b * 32..][..32].iter().map(|&v| v as u8).collect();
+            assert_eq!(&blk[2..34], &got[..], "Q8_0 values of block {b}");
+        }
+        let mut worst = 0f64;
+        for i in 0..z {
+            let mat = z - 1 - i;
+            let w = MatRef::new(ty, &data[mat * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
+            let xrow = &x[if per_slot { i * cols } else { 0 }..][..cols];
+            let mut want = vec![0f32; rows];
+            ds4_quant::matvec(&w, xrow, &mut want, Precision::Fast);
+            worst = worst.max(rel_err(&y[i * rows..][..rows], &want));
+        }
+        println!("op fast Q8_0 {rows}x{cols} z={z} per_slot={per_slot}: Q8_0 activations identical, rel err vs CPU Fast {worst:.2e}");
+        assert!(worst < 1e-5, "fast Q8_0 rel err {worst}");
+    }
+}
+
+/// Decode with the int8-activation kernels (Q8_K experts, Q8_0 matrices) on the GPU vs the CPU's
+/// f32 (Exact) reference: the difference is the rounding of the activations (about 2^-8 of each
+/// block's largest value), so the logits stay within 2e-2 while near-tied tokens may part.
 #[test]
 fn tiny_q2_fast_experts_decode_near_cpu_exact() {
     if !gpu_present() {

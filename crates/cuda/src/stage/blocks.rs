@@ -1,13 +1,23 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv};
+use crate::matvec::{launch_dq, launch_mv, launch_mvq80, launch_q80, q80_ok};
 
 impl CudaStage {
 
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in kernels.cu).
     #[allow(clippy::too_many_arguments)]
+    /// One token under `Precision::Fast` takes Q8_0 activations for split Q8_0 matrices (as the
+    /// CPU); the quantized copy goes to the current stream's own scratch (side streams run at once).
     pub(super) fn mv(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+        let rows_in = if x_z == 0 { 1 } else { z };
+        if self.fast_q8 && n == 1 && q80_ok(m) && m.cols * rows_in <= self.wk.xq80_cap {
+            let s = self.g.current();
+            let q = self.wk.xq80.ptr + (s * self.wk.xq80_cap) as u64;
+            let d = self.wk.xq80d.ptr + (s * self.wk.xq80_cap / 32 * 4) as u64;
+            launch_q80(&mut self.g, x, x_z, m.cols, rows_in, q, d)?;
+            return launch_mvq80(&mut self.g, m, w, w_mat_bytes, eids, q, d, if x_z == 0 { 0 } else { m.cols }, y, y_z, rows, z);
+        }
         launch_mv(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z)
     }
 

@@ -1,7 +1,7 @@
 //! Construction of a `CudaStage`: weight upload (one pass of large copies), the split row layout, KV
 //! state and work buffers sized from the context and the prefill chunk.
 use super::*;
-use crate::gpu::DBuf;
+use crate::gpu::{DBuf, SIDE_STREAMS};
 use crate::matvec::split_layout;
 use ds4_model::kv::{compressed_capacity, compressor_rows};
 use ds4_model::rope::Rope;
@@ -261,6 +261,9 @@ impl CudaStage {
         } else {
             0
         };
+        // Largest one-token mat-vec input: columns times the slots reading their own rows (the
+        // output projection's groups, the routed experts).
+        let xq80_cap = (max_cols * cfg.o_groups.max(k).max(1)).max(cfg.q_dim()).next_multiple_of(256);
         let wk = Work {
             x: f(n * hd)?,
             flat: f(n * hd)?,
@@ -308,6 +311,9 @@ impl CudaStage {
             ewh: g.alloc(ewh_slots * ewh_slot * 2)?,
             ewh_slot,
             ewh_slots,
+            xq80: g.alloc((SIDE_STREAMS + 1) * xq80_cap)?,
+            xq80d: g.alloc((SIDE_STREAMS + 1) * xq80_cap / 32 * 4)?,
+            xq80_cap,
             xq: g.alloc(e.max(k * ff).next_multiple_of(256))?,
             xqd: g.alloc(e.max(k * ff).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
@@ -345,6 +351,7 @@ impl CudaStage {
             attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             grouped_gemm: std::env::var("DS4_CUDA_GROUPED").map_or(true, |v| v != "0"),
             grouped_quant: std::env::var("DS4_CUDA_GROUPED_QUANT").map_or(true, |v| v != "0"),
+            fast_q8: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,

@@ -160,6 +160,10 @@ struct Work {
     /// int8-activation expert mat-vecs (Precision::Fast).
     xq: DBuf,
     xqd: DBuf,
+    /// Q8_0 copies of one-token mat-vec inputs (Precision::Fast), `xq80_cap` values per stream.
+    xq80: DBuf,
+    xq80d: DBuf,
+    xq80_cap: usize,
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
     gptrs: DBuf,
     gptr_cap: usize,
@@ -209,6 +213,8 @@ pub struct CudaStage {
     /// Decode routed experts (Q2_K, IQ2_XXS) take int8 activations (Q8_K) as the CPU's
     /// `Precision::Fast` does; `Precision::Exact` keeps f32 activations (DS4_CUDA_FAST=0 forces that).
     pub fast_experts: bool,
+    /// One-token split-Q8_0 products take Q8_0 activations (the CPU's `Precision::Fast`).
+    pub fast_q8: bool,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
