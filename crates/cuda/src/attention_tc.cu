@@ -202,5 +202,5 @@ __device__ void attn_tc_impl(const float* __restrict__ q, const float* __restric
 #define ATTN_TC_ARGS const float* q, const float* kvb, const float* ring, const float* comp, const int* sel, const float* sinks, float* o, int nh, \
     long long pos0, int swa, int ratio, int topk, const double* freqs, int half
 #define ATTN_TC_CALL q, kvb, ring, comp, sel, sinks, o, nh, pos0, swa, ratio, topk, freqs, half
-extern "C" __global__ void __launch_bounds__(256, 1) attn_tc64(ATTN_TC_ARGS) { attn_tc_impl<4>(ATTN_TC_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) attn_tc32(ATTN_TC_ARGS) { attn_tc_impl<2>(ATTN_TC_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 1) attn_tc64(ATTN_TC_ARGS) { PDL_ENTRY attn_tc_impl<4>(ATTN_TC_CALL); }
+extern "C" __global__ void __launch_bounds__(256, 2) attn_tc32(ATTN_TC_ARGS) { PDL_ENTRY attn_tc_impl<2>(ATTN_TC_CALL); }

@@ -30,7 +30,7 @@ __device__ __forceinline__ void comp_entry(const float* __restrict__ kvp, const 
 
 // Grid (windows closing in the chunk, ceil(d / blockDim.x)); window k is number pos0 / ratio + k.
 extern "C" __global__ void comp_pool(const float* kvp, const float* gp, const float* ape, const float* st_kv, const float* st_sc, float* pooled,
-                                     long long pos0, int ratio, int w, int d) {
+                                     long long pos0, int ratio, int w, int d) { PDL_ENTRY
     int k = blockIdx.x, j = blockIdx.y * blockDim.x + threadIdx.x;
     if (j >= d) return;
     long long pend = (pos0 / ratio + k + 1) * ratio - 1;
@@ -62,7 +62,7 @@ extern "C" __global__ void comp_pool(const float* kvp, const float* gp, const fl
 // Frontier state after the chunk (thread per channel of w): ratio 4 first copies the last window
 // closed in the chunk to rows 0..3 (reading the old open-window rows it needs before they change);
 // then each slot's row takes the chunk's latest position of that slot.
-extern "C" __global__ void comp_state(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, int n, long long pos0, int ratio, int w) {
+extern "C" __global__ void comp_state(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, int n, long long pos0, int ratio, int w) { PDL_ENTRY
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= w) return;
     long long pl = pos0 + n - 1;

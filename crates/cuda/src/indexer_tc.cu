@@ -8,7 +8,7 @@
 #define IX_LD 136  // f16 row stride (272 bytes: conflict-free fragment loads)
 
 extern "C" __global__ void __launch_bounds__(128) idx_scores_tc(const float* __restrict__ q, const float* __restrict__ wts, const float* __restrict__ keys,
-                                                                float* __restrict__ scores, int ldsc, long long pos0, int ratio, int topk) {
+                                                                float* __restrict__ scores, int ldsc, long long pos0, int ratio, int topk) { PDL_ENTRY
     __shared__ __align__(16) u16 qs[64 * IX_LD];
     __shared__ __align__(16) u16 ks[64 * IX_LD];
     __shared__ float part[4][64];

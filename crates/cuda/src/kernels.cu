@@ -9,6 +9,19 @@ typedef unsigned int u32;
 typedef unsigned long long u64;
 #define INFINITY __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (launches carry the stream-serialization attribute when enabled):
+// every kernel lets the next one be scheduled at once and then waits for its predecessor's
+// results, so the launch latency and ramp of kernel N+1 overlap kernel N's tail. Both are no-ops
+// for a launch without the attribute.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_TRIGGER asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#define PDL_WAIT asm volatile("griddepcontrol.wait;" ::: "memory");
+#else
+#define PDL_TRIGGER
+#define PDL_WAIT
+#endif
+#define PDL_ENTRY PDL_TRIGGER PDL_WAIT
+
 __device__ u64 iq2xxs_grid[256];
 
 __device__ __forceinline__ float h2f(u16 h) { float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
@@ -256,7 +269,7 @@ template <int NT> __device__ void mv_f32(MV_ARGS) {
 
 #define MV_CALL W, w_mat_bytes, eids, X, ldx, x_z, Y, ldy, y_z, rows, cols, n, ks
 #define MV_KERNEL(NAME, NT) \
-    extern "C" __global__ void __launch_bounds__(256) NAME##_n##NT(MV_ARGS) { NAME<NT>(MV_CALL); }
+    extern "C" __global__ void __launch_bounds__(256) NAME##_n##NT(MV_ARGS) { PDL_ENTRY NAME<NT>(MV_CALL); }
 MV_KERNEL(mv_q8_0, 1) MV_KERNEL(mv_q8_0, 4)
 MV_KERNEL(mv_q2_k, 1) MV_KERNEL(mv_q2_k, 4)
 MV_KERNEL(mv_q4_k, 1) MV_KERNEL(mv_q4_k, 4)
@@ -264,7 +277,7 @@ MV_KERNEL(mv_f16, 1) MV_KERNEL(mv_f16, 4)
 MV_KERNEL(mv_bf16, 1) MV_KERNEL(mv_bf16, 4)
 MV_KERNEL(mv_f32, 1) MV_KERNEL(mv_f32, 4)
 #define MV_IQ2(NT) \
-    extern "C" __global__ void __launch_bounds__(256) mv_iq2_xxs_n##NT(MV_ARGS) { \
+    extern "C" __global__ void __launch_bounds__(256) mv_iq2_xxs_n##NT(MV_ARGS) { PDL_ENTRY \
         __shared__ u64 grid[256]; \
         for (int i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = iq2xxs_grid[i]; \
         __syncthreads(); \
@@ -420,13 +433,13 @@ template <int K, int NT, int U> __device__ __forceinline__ void mv4_impl(MV_ARGS
 }
 
 #define MV4_KERNEL(NAME, K, NT, U, MINB) \
-    extern "C" __global__ void __launch_bounds__(256, MINB) NAME##_n##NT(MV_ARGS) { mv4_impl<K, NT, U>(MV_CALL, nullptr); }
+    extern "C" __global__ void __launch_bounds__(256, MINB) NAME##_n##NT(MV_ARGS) { PDL_ENTRY mv4_impl<K, NT, U>(MV_CALL, nullptr); }
 MV4_KERNEL(mv4_f16, WK_F16, 1, 4, 2) MV4_KERNEL(mv4_f16, WK_F16, 4, 1, 2)
 MV4_KERNEL(mv4_q8s, WK_Q8S, 1, 4, 2) MV4_KERNEL(mv4_q8s, WK_Q8S, 4, 1, 2)
 MV4_KERNEL(mv4_q2_k, WK_Q2K, 1, 4, 2) MV4_KERNEL(mv4_q2_k, WK_Q2K, 4, 1, 2)
 MV4_KERNEL(mv4_q4_k, WK_Q4K, 1, 4, 2) MV4_KERNEL(mv4_q4_k, WK_Q4K, 4, 1, 2)
 #define MV4_IQ2(NT, U, MINB) \
-    extern "C" __global__ void __launch_bounds__(256, MINB) mv4_iq2s_n##NT(MV_ARGS) { \
+    extern "C" __global__ void __launch_bounds__(256, MINB) mv4_iq2s_n##NT(MV_ARGS) { PDL_ENTRY \
         __shared__ u64 grid[256]; \
         grid[threadIdx.x] = iq2xxs_grid[threadIdx.x]; \
         __syncthreads(); \
@@ -441,7 +454,7 @@ MV4_IQ2(1, 4, 2) MV4_IQ2(4, 1, 2)
 #define MVQ_R 8
 __device__ __forceinline__ float sgnx(float x, u32 sg, int k) { return __uint_as_float(__float_as_uint(x) ^ ((sg >> k) << 31)); }
 
-extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) { PDL_ENTRY
     extern __shared__ float4 xs4[];  // cols/4 slots
     __shared__ u64 grid[256];
     __shared__ float red[8][MVQ_R];
@@ -519,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) {
 // reads 4 quant bytes = 16 weights (4 shifts) plus the 8 scale bytes and d/dmin of its half, 8 rows per
 // warp, next step's words requested before this step's arithmetic; activations (4 float4 per lane,
 // contiguous per quarter-warp) come straight from L1. One token.
-extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) { PDL_ENTRY
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
     int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
@@ -591,7 +604,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) {
 
 // In-place conversion of rows of `nb` blocks (`bs` bytes each, a 2-byte f16 scale first) to the split
 // layout: the nb payloads of bs-2 bytes, then the nb scales. One block per row; row in shared memory.
-extern "C" __global__ void split_rows(u8* W, int nb, int bs) {
+extern "C" __global__ void split_rows(u8* W, int nb, int bs) { PDL_ENTRY
     extern __shared__ u8 rowbuf[];
     u8* row = W + (u64)blockIdx.x * nb * bs;
     int rb = nb * bs, pb = bs - 2;
@@ -605,7 +618,7 @@ extern "C" __global__ void split_rows(u8* W, int nb, int bs) {
 }
 
 // f16 copies of split-layout Q8_0 / IQ2_XXS matrices (`n` elements, rows of `cols`).
-extern "C" __global__ void dq_q8s(const u8* W, u16* out, u64 n, int cols) {
+extern "C" __global__ void dq_q8s(const u8* W, u16* out, u64 n, int cols) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = 8 elements, one 16-byte store
     if (u * 8 >= n) return;
     u64 row = (u * 8) / cols;
@@ -621,7 +634,7 @@ extern "C" __global__ void dq_q8s(const u8* W, u16* out, u64 n, int cols) {
     }
     *(uint4*)(out + u * 8) = make_uint4(o[0], o[1], o[2], o[3]);
 }
-extern "C" __global__ void dq_iq2s(const u8* W, u16* out, u64 n, int cols) {
+extern "C" __global__ void dq_iq2s(const u8* W, u16* out, u64 n, int cols) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group, l) -> 8 elements
     if (u * 8 >= n) return;
     int nb = cols >> 8;
@@ -650,14 +663,14 @@ extern "C" __global__ void dq_iq2s(const u8* W, u16* out, u64 n, int cols) {
 // Dequantization to f16 (input of cuBLAS GEMMs in prefill). `n` elements (whole blocks); one
 // thread per 32-element unit.
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void dq_q8_0(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_q8_0(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (u * 32 >= n) return;
     const u8* b = W + u * 34;
     float d = h2f(ld16(b));
     for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(d * (float)(signed char)b[2 + k]);
 }
-extern "C" __global__ void dq_q2_k(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_q2_k(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, h, j, l8) -> 8 elements, one 16-byte store
     if (u * 8 >= n) return;
     u64 ib = u >> 5;
@@ -676,7 +689,7 @@ extern "C" __global__ void dq_q2_k(const u8* W, u16* out, u64 n) {
     }
     *(uint4*)(out + ib * 256 + 128 * h + 32 * j + l0) = make_uint4(o[0], o[1], o[2], o[3]);
 }
-extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, j, half)
     if (u * 32 >= n) return;
     u64 ib = u >> 3;
@@ -692,7 +705,7 @@ extern "C" __global__ void dq_q4_k(const u8* W, u16* out, u64 n) {
         o[l] = f2h(d * sc * (float)q - dmin * m);
     }
 }
-extern "C" __global__ void dq_iq2_xxs(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_iq2_xxs(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;  // unit = (block, group, l) -> 8 elements, one 16-byte store
     if (u * 8 >= n) return;
     u64 ib = u >> 5;
@@ -712,13 +725,13 @@ extern "C" __global__ void dq_iq2_xxs(const u8* W, u16* out, u64 n) {
     }
     *(uint4*)(out + ib * 256 + 32 * g + 8 * l) = make_uint4(o[0], o[1], o[2], o[3]);
 }
-extern "C" __global__ void dq_bf16(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_bf16(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (u * 32 >= n) return;
     const u16* s = (const u16*)W;
     for (int k = 0; k < 32; k++) out[u * 32 + k] = f2h(bf2f(s[u * 32 + k]));
 }
-extern "C" __global__ void dq_f32(const u8* W, u16* out, u64 n) {
+extern "C" __global__ void dq_f32(const u8* W, u16* out, u64 n) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (u * 32 >= n) return;
     const float* s = (const float*)W;
@@ -727,7 +740,7 @@ extern "C" __global__ void dq_f32(const u8* W, u16* out, u64 n) {
 
 // f32 (rows with stride ld) -> compact f16 rows of `cols`.
 // Four elements per thread (x 16-byte aligned, ld and cols multiples of 4).
-extern "C" __global__ void f32_to_f16_v4(const float* x, int ld, u16* out, int rows, int cols) {
+extern "C" __global__ void f32_to_f16_v4(const float* x, int ld, u16* out, int rows, int cols) { PDL_ENTRY
     u64 u = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     int cq = cols >> 2;
     if (u >= (u64)rows * cq) return;
@@ -735,7 +748,7 @@ extern "C" __global__ void f32_to_f16_v4(const float* x, int ld, u16* out, int r
     float4 v = *(const float4*)(x + r * ld + c);
     *(uint2*)(out + r * cols + c) = make_uint2((u32)f2h(v.x) | ((u32)f2h(v.y) << 16), (u32)f2h(v.z) | ((u32)f2h(v.w) << 16));
 }
-extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows, int cols) {
+extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows, int cols) { PDL_ENTRY
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (u64)rows * cols) return;
     u64 r = i / cols, c = i % cols;
@@ -743,7 +756,7 @@ extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows
 }
 
 // Embedding rows (F16 / F32 / BF16 / Q8_0 tables) broadcast into the n_hc streams.
-extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, float* x, int e, int n_hc) {
+extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, float* x, int e, int n_hc) { PDL_ENTRY
     int i = blockIdx.x;
     u64 t = tokens[i];
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
@@ -762,7 +775,7 @@ extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, flo
 // Norms, rope, QAT simulation.
 // ---------------------------------------------------------------------------------------------
 // RMS norm of rows of `d` (in -> out, may alias), optional weight. Sum of squares in double like the CPU.
-extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ldo, int d, const float* w, float eps) {
+extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ldo, int d, const float* w, float eps) { PDL_ENTRY
     __shared__ double red[32];
     const float* x = in + (u64)blockIdx.x * ldi;
     float* y = out + (u64)blockIdx.x * ldo;
@@ -822,7 +835,7 @@ __device__ void fp4_block(float* b, int n) {
 // blockDim.x == d (<= 1024).
 extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, int ldo, int d, int do_norm, const float* w, float eps,
                                          const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat,
-                                         const long long* dpos, int comp_ratio) {
+                                         const long long* dpos, int comp_ratio) { PDL_ENTRY
     // Decode (graph-replayable): the position comes from device memory. With comp_ratio, the single
     // row is the compressor window that closes at this position (nothing to do when none closes).
     if (dpos) {
@@ -935,7 +948,7 @@ __device__ __forceinline__ void hc_comb_warp(const float* mr, float inv, const f
 // since only the sub-layer's output step (hc_post) needs it.
 extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixraw, const float* scale, const float* base, int nh, int iters,
                                                               float hc_eps, const float* x, int e, float* mixes, const float* w, float eps,
-                                                              float* xn, int comb) {
+                                                              float* xn, int comb) { PDL_ENTRY
     __shared__ double red[32];
     __shared__ float pre[16];
     __shared__ float s_inv;
@@ -971,7 +984,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
 
 // The Sinkhorn matrix alone (decode, on a side stream). One block of 1024 threads per token.
 extern "C" __global__ void __launch_bounds__(1024) hc_comb(const float* mixraw, const float* scale, const float* base, int nh, int iters, float hc_eps,
-                                                          const float* x, int e, float* mixes, float eps) {
+                                                          const float* x, int e, float* mixes, float eps) { PDL_ENTRY
     __shared__ double red[32];
     int i = blockIdx.x, t = threadIdx.x;
     int hd = nh * e, nm = (2 + nh) * nh;
@@ -984,7 +997,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_comb(const float* mixraw, 
 }
 
 // X'[c] = post[c]*y + sum_r comb[r][c]*X[r], in place. Grid: (ceil(e/256), n).
-extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, float* x, int e) {
+extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, float* x, int e) { PDL_ENTRY
     int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= e) return;
     const float* mo = mixes + (u64)i * (nh + nh * nh);
@@ -1000,7 +1013,7 @@ extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, f
 }
 
 // Output-head collapse: w[s] = sigmoid(m[s]*scale + base[s]) + eps; out = sum w[s] X[s].
-extern "C" __global__ void head_collapse(const float* mix, const float* scale, const float* base, float eps, const float* x, int nh, int e, float* out) {
+extern "C" __global__ void head_collapse(const float* mix, const float* scale, const float* base, float eps, const float* x, int nh, int e, float* out) { PDL_ENTRY
     int i = blockIdx.x;
     for (int j = threadIdx.x; j < e; j += blockDim.x) {
         float o = 0.0f;
@@ -1173,9 +1186,9 @@ __device__ void attn_impl(const float* __restrict__ q, const float* __restrict__
 #define ATTN_ARGS const float* q, const float* kvb, const float* ring, const float* comp, const int* sel, const float* sinks, float* o, int nh, int d, \
     long long pos0, int swa, int ratio, int topk, const double* freqs, int half
 #define ATTN_CALL q, kvb, ring, comp, sel, sinks, o, nh, d, pos0, swa, ratio, topk, freqs, half
-extern "C" __global__ void __launch_bounds__(256) attn_h1(ATTN_ARGS) { attn_impl<1>(ATTN_CALL); }
-extern "C" __global__ void __launch_bounds__(256) attn_h4(ATTN_ARGS) { attn_impl<4>(ATTN_CALL); }
-extern "C" __global__ void __launch_bounds__(256) attn_h16(ATTN_ARGS) { attn_impl<16>(ATTN_CALL); }
+extern "C" __global__ void __launch_bounds__(256) attn_h1(ATTN_ARGS) { PDL_ENTRY attn_impl<1>(ATTN_CALL); }
+extern "C" __global__ void __launch_bounds__(256) attn_h4(ATTN_ARGS) { PDL_ENTRY attn_impl<4>(ATTN_CALL); }
+extern "C" __global__ void __launch_bounds__(256) attn_h16(ATTN_ARGS) { PDL_ENTRY attn_impl<16>(ATTN_CALL); }
 
 // Decode attention (one token), split over candidates: block (head group of 8, chunk of ADEC_CH
 // candidates) writes its unnormalised partial output with the chunk's max and sum; `attn_dec_merge`
@@ -1196,7 +1209,7 @@ __device__ __forceinline__ const float* attn_row(int c, int nraw, long long lo, 
 
 extern "C" __global__ void __launch_bounds__(256) attn_dec(const float* __restrict__ q, const float* __restrict__ kvb, const float* __restrict__ ring,
                                                            const float* __restrict__ comp, const int* __restrict__ sel, float* __restrict__ part,
-                                                           int nh, int d, long long pos0, int swa, int ratio, int topk, int nsplit, const long long* dpos) {
+                                                           int nh, int d, long long pos0, int swa, int ratio, int topk, int nsplit, const long long* dpos) { PDL_ENTRY
     extern __shared__ float smf[];
     if (dpos) pos0 = *dpos;
     int h0 = blockIdx.x * ADEC_HG, sp = blockIdx.y;
@@ -1288,7 +1301,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_dec(const float* __restri
 // `nsplit` is the stride the partials were written with; the splits in use follow from the position.
 extern "C" __global__ void attn_dec_merge(const float* __restrict__ part, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d,
                                           long long pos, int nsplit, int swa, int ratio, int topk, const int* sel, const double* __restrict__ freqs,
-                                          int half, const long long* dpos, const float* kvb, float* ring) {
+                                          int half, const long long* dpos, const float* kvb, float* ring) { PDL_ENTRY
     if (dpos) pos = *dpos;
     int h = blockIdx.x, k = threadIdx.x * 4;
     // The ring update of this token (slot pos % swa held position pos - swa, outside every window read above).
@@ -1322,7 +1335,7 @@ extern "C" __global__ void attn_dec_merge(const float* __restrict__ part, const 
 }
 
 // Ring update: the last min(n, swa) batch rows into ring slots pos % swa.
-extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int d, long long pos0, int swa, const long long* dpos) {
+extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int d, long long pos0, int swa, const long long* dpos) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     int i = blockIdx.x;
     if (i < n - swa) return;
@@ -1335,7 +1348,7 @@ extern "C" __global__ void ring_store(const float* kvb, float* ring, int n, int 
 // the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
-                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos) {
+                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     int j = threadIdx.x;
     int k = 0;
@@ -1382,7 +1395,7 @@ extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const flo
 }
 
 // Resets compressor state scores to -inf (kv to 0).
-extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) {
+extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) { PDL_ENTRY
     int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j < len) { st_kv[j] = 0.0f; st_sc[j] = -INFINITY; }
 }
@@ -1393,7 +1406,7 @@ extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) {
 // generic fallback below otherwise).
 // ---------------------------------------------------------------------------------------------
 extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* q, const float* wts, const float* keys, float* scores, int ldsc,
-                                                             long long pos0, int ratio, int topk, int H, int D, const long long* dpos) {
+                                                             long long pos0, int ratio, int topk, int H, int D, const long long* dpos) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     extern __shared__ float sm2[];
     int i = blockIdx.y;
@@ -1444,7 +1457,7 @@ __device__ __forceinline__ u32 fkey(float f) {
 
 // Top-k (largest scores, ties to the lowest index), output in ascending index order.
 // One block of 1024 threads per token with nc > topk.
-extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores, int ldsc, int* sel, long long pos0, int ratio, int topk, const long long* dpos) {
+extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores, int ldsc, int* sel, long long pos0, int ratio, int topk, const long long* dpos) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_need;
@@ -1527,7 +1540,7 @@ extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores,
 // ---------------------------------------------------------------------------------------------
 // One block (>= n_expert threads, <= 1024) per token.
 extern "C" __global__ void route(const float* logits, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
-                                 float scale, int* eids, float* ew) {
+                                 float scale, int* eids, float* ew) { PDL_ENTRY
     __shared__ float wv[32];
     __shared__ int wi[32];
     __shared__ int chosen[16];
@@ -1581,7 +1594,7 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
 }
 
 // a = silu(min(a, c)) * clamp(b, -c, c) * (w ? w[row] : 1), rows of ff.
-extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, float c, const float* w) {
+extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, float c, const float* w) { PDL_ENTRY
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= total) return;
     float x = fminf(a[idx], c), y = fminf(fmaxf(b[idx], -c), c);
@@ -1591,7 +1604,7 @@ extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, f
 }
 
 // Decode/prefill combine: y[i] = sum_s rows[slot_of(i,s)] (+ add[i]). slot_pos null => i*k+s.
-extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, int k, const float* add, float* y, int e, int n) {
+extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, int k, const float* add, float* y, int e, int n) { PDL_ENTRY
     int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= e) return;
     float acc = 0.0f;
@@ -1603,13 +1616,13 @@ extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, i
     y[(u64)i * e + j] = acc;
 }
 
-extern "C" __global__ void moe_count(const int* eids, int total, int* counts) {
+extern "C" __global__ void moe_count(const int* eids, int total, int* counts) { PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < total) atomicAdd(&counts[eids[t]], 1);
 }
 
 // Scatter (token, slot) pairs into expert-sorted order: gathered inputs, weights, slot positions.
-extern "C" __global__ void moe_scatter(const int* eids, const float* ew, int total, int k, int* cursor, int* slot_pos, float* gw, int* gtok) {
+extern "C" __global__ void moe_scatter(const int* eids, const float* ew, int total, int k, int* cursor, int* slot_pos, float* gw, int* gtok) { PDL_ENTRY
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= total) return;
     int p = atomicAdd(&cursor[eids[t]], 1);
@@ -1618,19 +1631,19 @@ extern "C" __global__ void moe_scatter(const int* eids, const float* ew, int tot
     gtok[p] = t / k;
 }
 
-extern "C" __global__ void gather_rows(const float* x, const int* gtok, float* out, int e) {
+extern "C" __global__ void gather_rows(const float* x, const int* gtok, float* out, int e) { PDL_ENTRY
     int r = blockIdx.x;
     const float* s = x + (u64)gtok[r] * e;
     for (int j = threadIdx.x; j < e; j += blockDim.x) out[(u64)r * e + j] = s[j];
 }
 
-extern "C" __global__ void scale_inplace(float* x, u64 n, float s) {
+extern "C" __global__ void scale_inplace(float* x, u64 n, float s) { PDL_ENTRY
     u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 // Argmax of one row (ties to the lowest index). One block of 1024 threads.
-extern "C" __global__ void argmax_row(const float* x, int n, int* out) {
+extern "C" __global__ void argmax_row(const float* x, int n, int* out) { PDL_ENTRY
     __shared__ float sv[1024];
     __shared__ int si[1024];
     int t = threadIdx.x;
@@ -1655,7 +1668,7 @@ extern "C" __global__ void argmax_row(const float* x, int n, int* out) {
 }
 
 // Streaming read of `n16` 16-byte words (grid-stride), for the machine's achievable read bandwidth.
-extern "C" __global__ void read_sum(const uint4* __restrict__ src, u64 n16, u32* out) {
+extern "C" __global__ void read_sum(const uint4* __restrict__ src, u64 n16, u32* out) { PDL_ENTRY
     u32 acc = 0;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n16; i += (u64)gridDim.x * blockDim.x) {
         uint4 v = __ldcs(src + i);

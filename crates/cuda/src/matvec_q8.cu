@@ -8,7 +8,7 @@
 // Q8_K quantization of `gridDim.y` rows of `cols` floats (row stride `x_z`): block b of row z to
 // Q[z * cols + 256 b ..] and D[z * cols / 256 + b]. The scale comes from the value of largest
 // magnitude (the first one on ties, as the CPU picks it); q = round-half-even(-127 / max * x).
-extern "C" __global__ void q8k_quant(const float* __restrict__ X, int x_z, int cols, signed char* __restrict__ Q, float* __restrict__ D) {
+extern "C" __global__ void q8k_quant(const float* __restrict__ X, int x_z, int cols, signed char* __restrict__ Q, float* __restrict__ D) { PDL_ENTRY
     __shared__ u64 red[8];
     __shared__ float mx;
     int b = blockIdx.x, z = blockIdx.y, t = threadIdx.x;
@@ -51,7 +51,7 @@ __device__ __forceinline__ u32 sign_mask4(u32 s) { return ((s * 0x00204081u) & 0
 // lane, next step's weight words requested before this step's arithmetic); a lane's 32 int8
 // activations are two 16-byte loads reused over the R rows. Signed grid bytes: (g ^ m) + (m & 1)
 // per byte is -g where the mask m is 0xff (grid bytes are 8..43, so no byte carries).
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { PDL_ENTRY
     __shared__ u64 grid[256];
     __shared__ float red[8][MVQ_R];
     grid[threadIdx.x] = iq2xxs_grid[threadIdx.x];
@@ -123,7 +123,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) {
 // Q2_K · Q8_K: the lane mapping of mvq_q2_k_n1 (superblock half h, byte quad t: 16 weights at 4
 // shifts). A 2-bit quant times its 4-bit scale fits a byte (<= 45), so one multiply scales four
 // quants and a dp4a takes the dot; the min term uses the lane's sums of four activations.
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) { PDL_ENTRY
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
     int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
@@ -197,7 +197,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
 // Q8_0 quantization of `gridDim.y` rows of `cols` floats (row stride `x_z`) as the CPU's
 // quantize_row_q8_0: one warp per 32 values, d = amax / 127, q = round-half-away(x / d); the scale
 // is kept as the f16 the CPU stores (widened to f32): Q[z * cols + j], D[z * cols / 32 + j / 32].
-extern "C" __global__ void q80_quant(const float* __restrict__ X, int x_z, int cols, signed char* __restrict__ Q, float* __restrict__ D) {
+extern "C" __global__ void q80_quant(const float* __restrict__ X, int x_z, int cols, signed char* __restrict__ Q, float* __restrict__ D) { PDL_ENTRY
     int z = blockIdx.y, j = blockIdx.x * 256 + threadIdx.x;
     float v = X[(u64)z * x_z + j];
     float amax = warp_max(fabsf(v));
@@ -210,11 +210,14 @@ extern "C" __global__ void q80_quant(const float* __restrict__ X, int x_z, int c
 // Split-layout Q8_0 · Q8_0: a lane takes whole 32-value blocks (two 16-byte payload loads per row,
 // all R rows issued before the arithmetic), eight dp4a per block and row. Activation scales are
 // per 32 values here (D row stride xq_z / 32).
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) { PDL_TRIGGER
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
     int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
     int z = blockIdx.z;
+    // Weights do not depend on the previous kernel: without expert ids the first weight loads are
+    // issued before waiting for it (their DRAM latency overlaps its tail).
+    if (eids) PDL_WAIT
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
     const signed char* xq = XQ + (u64)z * xq_z;
@@ -236,6 +239,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) {
             w1[r] = *(const uint4*)(wr + 32 * b + 16);
             dw[r] = ld16(wr + cols + 2 * b);
         }
+        PDL_WAIT
         const int4* xp = (const int4*)(xq + 32 * b);
         int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
         float dx = __ldg(xd + b);
@@ -252,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) {
             acc[r] += (float)s * (h2f(dw[r]) * dx);
         }
     }
+    PDL_WAIT  // (threads that loaded no block) the output may still be read by the previous kernel
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) {
         float v = warp_sum(acc[r]);

@@ -170,7 +170,7 @@ template <int WT> __device__ __forceinline__ void moe_gemm_impl(const u8* __rest
 
 #define MOE_GEMM(NAME, WT) \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X, \
-                                                           float* __restrict__ Y, int K, int R) { moe_gemm_impl<WT>(W, ws, tiles, X, Y, K, R); }
+                                                           float* __restrict__ Y, int K, int R) { PDL_ENTRY moe_gemm_impl<WT>(W, ws, tiles, X, Y, K, R); }
 MOE_GEMM(moe_gemm, MG_F16)
 MOE_GEMM(moe_gemm_iq2s, MG_IQ2S)
 MOE_GEMM(moe_gemm_q2k, MG_Q2K)
