@@ -30,10 +30,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes
 #define MG_Q2K 2
 
 template <int WT> __device__ __forceinline__ void moe_gemm_impl(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X,
-                                                               float* __restrict__ Y, int K, int R) {
+                                                               float* __restrict__ Y, int K, int R, int n) {
     __shared__ __align__(16) u16 xs[2][MG_BT * MG_LD];
     __shared__ __align__(16) u16 wsh[2][MG_BR * MG_LD];
-    int4 tl = tiles[blockIdx.x];
+    // Without a tile list: one dense product over n tokens (slot 0, tiles of 64 tokens in order).
+    int4 tl = tiles ? tiles[blockIdx.x] : make_int4(0, blockIdx.x * MG_BT, min(MG_BT, n - (int)blockIdx.x * MG_BT), 0);
     int nb = K >> 8;
     u64 rb = WT == MG_F16 ? (u64)K * 2 : WT == MG_IQ2S ? (u64)nb * 66 : (u64)nb * 84;
     const u8* Wb = W + (u64)tl.x * ws + (u64)blockIdx.y * MG_BR * rb;
@@ -170,7 +171,7 @@ template <int WT> __device__ __forceinline__ void moe_gemm_impl(const u8* __rest
 
 #define MOE_GEMM(NAME, WT) \
     extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X, \
-                                                           float* __restrict__ Y, int K, int R) { PDL_ENTRY moe_gemm_impl<WT>(W, ws, tiles, X, Y, K, R); }
+                                                           float* __restrict__ Y, int K, int R, int n) { PDL_ENTRY moe_gemm_impl<WT>(W, ws, tiles, X, Y, K, R, n); }
 MOE_GEMM(moe_gemm, MG_F16)
 MOE_GEMM(moe_gemm_iq2s, MG_IQ2S)
 MOE_GEMM(moe_gemm_q2k, MG_Q2K)

@@ -123,8 +123,8 @@ pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usiz
         launch_dq(&mut g, &m, wb.ptr, wh.ptr, ne * rows * cols)?;
         let (y1, y2) = (g.alloc(total * rows * 4)?, g.alloc(total * rows * 4)?);
         let grid = (tiles.len() as u32, (rows / 128) as u32, 1);
-        g.launch(name, grid, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32)])?;
-        g.launch("moe_gemm", grid, 256, 0, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32)])?;
+        g.launch(name, grid, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
+        g.launch("moe_gemm", grid, 256, 0, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
         let (mut a, mut b) = (vec![0f32; total * rows], vec![0f32; total * rows]);
         g.dtoh(&mut a, y1.ptr)?;
         g.dtoh(&mut b, y2.ptr)?;

@@ -49,7 +49,9 @@ struct Model {
     stage: Stage,
 }
 
-fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model {
+fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model { load_p(shape, mix, seed, qat, Precision::Exact) }
+
+fn load_p(shape: &str, mix: Mix, seed: u64, qat: bool, precision: Precision) -> Model {
     let dir = std::env::var("DS4_TEST_DIR").unwrap_or_else(|_| std::env::temp_dir().to_string_lossy().into_owned());
     let path = std::path::Path::new(&dir).join(format!("ds4cuda-{}-{:?}-{seed}.gguf", shape.replace(':', "_"), mix));
     if !path.exists() {
@@ -58,7 +60,7 @@ fn load(shape: &str, mix: Mix, seed: u64, qat: bool) -> Model {
     let f = Arc::new(GgufFile::open(&path).unwrap());
     let cfg = Config::from_gguf(&f).unwrap();
     let w = Weights::bind_mapped(f, &path, &cfg, LayerRange::full(&cfg)).unwrap();
-    Model { stage: Stage::new(cfg, w, Options { precision: Precision::Exact, qat }) }
+    Model { stage: Stage::new(cfg, w, Options { precision, qat }) }
 }
 
 /// Greedy decoding on both backends from the same prompt (prefilled in chunks); returns
@@ -296,21 +298,38 @@ fn fast_q8_0_matvec_matches_cpu_fast() {
     }
 }
 
-/// Decode with the int8-activation kernels (Q8_K experts, Q8_0 matrices) on the GPU vs the CPU's
-/// f32 (Exact) reference: the difference is the rounding of the activations (about 2^-8 of each
-/// block's largest value), so the logits stay within 2e-2 while near-tied tokens may part.
+/// `Precision::Fast` on the GPU (int8 activations for split Q8_0 matrices and, where the shapes
+/// allow, Q8_K for the experts) against the CPU's f32 reference, token by token (teacher-forced with
+/// the reference's greedy tokens, one token per call so every product is a mat-vec): its error must
+/// be no larger than the CPU's own Fast path shows against the same reference (the GPU quantizes a
+/// subset of the activations the CPU Fast path does: tiny's 256-column IQ2_XXS experts stay f32).
 #[test]
-fn tiny_q2_fast_experts_decode_near_cpu_exact() {
+fn tiny_q2_fast_decode_error_within_cpu_fast_error() {
     if !gpu_present() {
         return;
     }
-    let mut m = load("tiny", Mix::Q2, 11, true);
-    let v = m.stage.cfg.n_vocab as u32;
+    let mut exact = load("tiny", Mix::Q2, 11, true);
+    let mut fast = load_p("tiny", Mix::Q2, 11, true, Precision::Fast);
+    let v = exact.stage.cfg.n_vocab as u32;
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
-    let (tc, tg, worst) = compare(&mut m, &prompt, 40, 32, 80, true);
-    let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
-    println!("model tiny Q2 fast experts on the GPU vs CPU Exact: {same}/32 greedy tokens identical; worst logits rel err while identical {worst:.2e}");
-    assert!(worst < 2e-2, "logits rel err {worst}");
+    let ctx = 80;
+    let mut gpu = ds4_cuda::CudaStage::new(&exact.stage, ctx, 1).unwrap();
+    gpu.fast_experts = true;
+    gpu.fast_q8 = true;
+    let (mut ke, mut kf, mut kg) = (exact.stage.new_kv(ctx), fast.stage.new_kv(ctx), exact.stage.new_kv(ctx));
+    let argmax = |l: &[f32]| l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+    let (mut ec, mut eg) = (0f64, 0f64);
+    let mut t = prompt[0];
+    for i in 0..prompt.len() + 24 {
+        let le = exact.stage.forward(&mut ke, &[t], None, Logits::Last).unwrap().to_vec();
+        let lf = fast.stage.forward(&mut kf, &[t], None, Logits::Last).unwrap().to_vec();
+        let lg = gpu.forward(&mut kg, &[t], None, Logits::Last).unwrap().to_vec();
+        ec = ec.max(rel_err(&lf, &le));
+        eg = eg.max(rel_err(&lg, &le));
+        t = if i + 1 < prompt.len() { prompt[i + 1] } else { argmax(&le) };
+    }
+    println!("model tiny Q2 Fast, 64 one-token steps vs CPU Exact: GPU Fast worst logits rel err {eg:.2e}, CPU Fast {ec:.2e}");
+    assert!(eg <= 1.5 * ec + 1e-5, "GPU Fast error {eg} above the CPU Fast error {ec}");
 }
 
 /// A stage built on one thread runs on another (the server builds the engine, then moves it to its

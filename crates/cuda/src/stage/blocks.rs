@@ -51,14 +51,22 @@ impl CudaStage {
 
     /// y (n × rows, ldy) = x (n × cols, ldx) · Wᵀ for matrix `idx` of `m`.
     pub(super) fn mm_idx(&mut self, m: &DM, idx: usize, x: u64, ldx: usize, n: usize, y: u64, ldy: usize) -> Result<()> {
-        // Few output rows (the hyper-connection mix: 24 rows of 16384): cuBLAS picks a kernel that
-        // takes ~7 ms at 4096 tokens; the mat-vec kernel reads the small matrix from L2 per 4 tokens.
-        if n < self.gemm_min || !self.gemm_ok(m) || m.rows < 64 {
+        // Few output rows (the hyper-connection mix: 24 rows of 16384; the indexer weights: 64): in
+        // prefill cuBLAS took milliseconds for these (7 ms at 24 x 4096 tokens x 16384); the mat-vec
+        // kernel reads the small matrix from L2 per 4 tokens.
+        if n < self.gemm_min || !self.gemm_ok(m) || m.rows < 128 {
             let w = m.ptr + (idx * m.mat_bytes()) as u64;
             return self.mv(w, m, 0, 0, x, ldx, 0, y, ldy, 0, m.rows, n, 1);
         }
         let wh = self.dequant(m, idx)?;
         let xh = self.to_f16(x, ldx, n, m.cols)?;
+        // Up to 512 rows: cuBLAS measured 27 us for 512 x 4096 tokens x 4096 alone but ~5 ms inside
+        // the prefill (256 rows: 450 us); the tensor-core tile kernel of the grouped expert GEMM
+        // runs the product as one dense group.
+        if self.dense_tc && m.rows <= 512 && m.rows % 128 == 0 && m.cols % 32 == 0 && ldy == m.rows {
+            let args = [A::P(wh), A::P(0), A::P(0), A::P(xh), A::P(y), A::I(m.cols as i32), A::I(m.rows as i32), A::I(n as i32)];
+            return self.g.launch("moe_gemm", (cdiv(n, 64), (m.rows / 128) as u32, 1), 256, 0, &args);
+        }
         self.g.gemm_f16(m.rows, n, m.cols, wh, m.cols, xh, m.cols, y, ldy)
     }
 

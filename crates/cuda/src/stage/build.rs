@@ -350,6 +350,7 @@ impl CudaStage {
             gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
             attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
             grouped_gemm: std::env::var("DS4_CUDA_GROUPED").map_or(true, |v| v != "0"),
+            dense_tc: std::env::var("DS4_CUDA_DENSE_TC").map_or(true, |v| v != "0"),
             grouped_quant: std::env::var("DS4_CUDA_GROUPED_QUANT").map_or(true, |v| v != "0"),
             fast_q8: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),

@@ -175,7 +175,7 @@ impl CudaStage {
                         _ if mat.ty == GgmlType::F16 => ("moe_gemm", mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
                         _ => ("moe_gemm", self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot * 2),
                     };
-                    let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32)];
+                    let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32), A::I(0)];
                     self.g.launch(name, (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
                 }
             }

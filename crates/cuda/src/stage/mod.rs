@@ -210,6 +210,9 @@ pub struct CudaStage {
     /// The grouped expert GEMM reads IQ2_XXS / Q2_K blocks as stored instead of f16 copies made by a
     /// dequantization pass (DS4_CUDA_GROUPED_QUANT=0 turns that off).
     pub grouped_quant: bool,
+    /// Dense prefill products of 128..512 rows on the tensor-core tile kernel instead of cuBLAS
+    /// (DS4_CUDA_DENSE_TC=0: cuBLAS).
+    pub dense_tc: bool,
     /// Decode routed experts (Q2_K, IQ2_XXS) take int8 activations (Q8_K) as the CPU's
     /// `Precision::Fast` does; `Precision::Exact` keeps f32 activations (DS4_CUDA_FAST=0 forces that).
     pub fast_experts: bool,
