@@ -452,6 +452,47 @@ MV4_IQ2(1, 4, 2) MV4_IQ2(4, 1, 2)
 // (staged once per block, float4 slots XOR-swizzled so the lanes' 128-byte-strided reads do not
 // collide in banks). Grid as mv4 (R rows per warp, ks warps per row group). One token.
 #define MVQ_R 8
+// Row results of an mvq kernel: warp sums, then the ks warps sharing a row group add their parts
+// (in part order) and lane r writes row r0 + r.
+__device__ __forceinline__ void mvq_store(const float* acc, float (*red)[MVQ_R], int lane, int wid, int part, int ks, int r0, int rows, float* y) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0) red[wid][r] = v;
+    }
+    __syncthreads();
+    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
+        float v = 0.0f;
+        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
+        y[r0 + lane] = v;
+    }
+}
+
+// The IQ2_XXS words of step `st` for rows r0.. (split layout): the lane's 32-value group (8 bytes)
+// and its superblock's f16 scale, per row (rows past the end repeat the last one).
+__device__ __forceinline__ void iq2s_fetch(const u8* wm, u64 rb, int nb, int ng, int r0, int rows, int st, int lane, uint2* a, u16* dh) {
+    int G = min(st * 32 + lane, ng - 1), c = G >> 3, g = G & 7;
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;
+        a[r] = *(const uint2*)(wr + 64 * c + 8 * g);
+        dh[r] = ld16(wr + nb * 64 + 2 * c);
+    }
+}
+
+// The Q2_K words of superblock `c` for rows r0.. and lane (half h, byte quad t): 4 quant bytes, the
+// half's 8 scale bytes, d and dmin (rows past the end repeat the last one).
+__device__ __forceinline__ void q2k_fetch(const u8* wm, u64 rb, int nb, int r0, int rows, int c, int h, int t, u32* q, u32* s0, u32* s1, u32* dd) {
+#pragma unroll
+    for (int r = 0; r < MVQ_R; r++) {
+        const u8* b = wm + (u64)min(r0 + r, rows - 1) * rb + (u64)c * 84;
+        q[r] = *(const u32*)(b + 16 + 32 * h + 4 * t);
+        s0[r] = *(const u32*)(b + 8 * h);
+        s1[r] = *(const u32*)(b + 8 * h + 4);
+        dd[r] = *(const u32*)(b + 80);
+    }
+}
+
 __device__ __forceinline__ float sgnx(float x, u32 sg, int k) { return __uint_as_float(__float_as_uint(x) ^ ((sg >> k) << 31)); }
 
 extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) { PDL_ENTRY
@@ -476,15 +517,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) { PDL_
     // Software pipelining: the next step's weight words are requested before this step's arithmetic.
     uint2 a[MVQ_R];
     u16 dh[MVQ_R];
-    auto fetch = [&](int st) {
-        int G = min(st * 32 + lane, ng - 1), c = G >> 3, g = G & 7;
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;
-            a[r] = *(const uint2*)(wr + 64 * c + 8 * g);
-            dh[r] = ld16(wr + nb * 64 + 2 * c);
-        }
-    };
+    auto fetch = [&](int st) { iq2s_fetch(wm, rb, nb, ng, r0, rows, st, lane, a, dh); };
     if (part < nsteps) fetch(part);
     for (int st = part; st < nsteps; st += ks) {
         int G = st * 32 + lane;
@@ -515,17 +548,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_iq2s_n1(MV_ARGS) { PDL_
             acc[r] += db * sum;
         }
     }
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[wid][r] = v;
-    }
-    __syncthreads();
-    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
-        float v = 0.0f;
-        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
-        Y[(u64)z * y_z + r0 + lane] = v;
-    }
+    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
 }
 
 // Decode mat-vec for Q2_K: lane (superblock half h, byte quad t) of one of the step's two superblocks
@@ -547,17 +570,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) { PDL_
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
     u32 q[MVQ_R], s0[MVQ_R], s1[MVQ_R], dd[MVQ_R];
-    auto fetch = [&](int st) {
-        int c = min(2 * st + sbl, nb - 1);
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const u8* b = wm + (u64)min(r0 + r, rows - 1) * rb + (u64)c * 84;
-            q[r] = *(const u32*)(b + 16 + 32 * h + 4 * t);
-            s0[r] = *(const u32*)(b + 8 * h);
-            s1[r] = *(const u32*)(b + 8 * h + 4);
-            dd[r] = *(const u32*)(b + 80);
-        }
-    };
+    auto fetch = [&](int st) { q2k_fetch(wm, rb, nb, r0, rows, min(2 * st + sbl, nb - 1), h, t, q, s0, s1, dd); };
     if (part < nsteps) fetch(part);
     for (int st = part; st < nsteps; st += ks) {
         u32 qc[MVQ_R], c0[MVQ_R], c1[MVQ_R], dc[MVQ_R];
@@ -589,17 +602,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq_q2_k_n1(MV_ARGS) { PDL_
             acc[r] += sum;
         }
     }
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[wid][r] = v;
-    }
-    __syncthreads();
-    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
-        float v = 0.0f;
-        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
-        Y[(u64)z * y_z + r0 + lane] = v;
-    }
+    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
 }
 
 // In-place conversion of rows of `nb` blocks (`bs` bytes each, a 2-byte f16 scale first) to the split

@@ -187,30 +187,6 @@ pub(crate) fn launch_q80(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize,
     g.launch("q80_quant", ((cols / 256) as u32, z as u32, 1), 256, 0, &[A::P(x), A::I(x_z as i32), A::I(cols as i32), A::P(q), A::P(d)])
 }
 
-/// One-token split-Q8_0 mat-vec of `z` slots with Q8_0 activations from [`launch_q80`] (`xq_z` = 0
-/// when every slot reads the same row, else `m.cols`).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_mvq80(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
-    if !q80_ok(m) {
-        return Err(format!("no Q8_0-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split));
-    }
-    let ks = mvq_ks(m, rows, z);
-    let args = [
-        A::P(w),
-        A::P(w_mat_bytes as u64),
-        A::P(eids),
-        A::P(xq),
-        A::P(xd),
-        A::I(xq_z as i32),
-        A::P(y),
-        A::I(y_z as i32),
-        A::I(rows as i32),
-        A::I(m.cols as i32),
-        A::I(ks as i32),
-    ];
-    g.launch("mvq8_q8s_n1", (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, 0, &args)
-}
-
 /// Q8_K copy of `z` rows of `cols` floats (row stride `x_z`): int8 values to `q` (row stride `cols`),
 /// one f32 scale per 256 values to `d` (as the CPU's quantize_row_q8_k).
 pub(crate) fn launch_q8k(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize, q: u64, d: u64) -> Result<()> {
@@ -220,14 +196,17 @@ pub(crate) fn launch_q8k(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize,
     g.launch("q8k_quant", ((cols / 256) as u32, z as u32, 1), 256, 0, &[A::P(x), A::I(x_z as i32), A::I(cols as i32), A::P(q), A::P(d)])
 }
 
-/// One-token mat-vec of `z` slots with Q8_K activations (`xq`/`xd` from [`launch_q8k`]; `xq_z` = 0
-/// when every slot reads the same row, else `m.cols`).
+/// One-token mat-vec of `z` slots with int8 activations: Q8_K ones from [`launch_q8k`] for Q2_K /
+/// IQ2_XXS, Q8_0 ones from [`launch_q80`] for split Q8_0 (`xq_z` = 0 when every slot reads the same
+/// row, else `m.cols`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mvq8(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
-    if !q8_ok(m) {
-        return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split));
-    }
-    let name = if m.ty == GgmlType::IQ2_XXS { "mvq8_iq2s_n1" } else { "mvq8_q2_k_n1" };
+    let name = match m.ty {
+        GgmlType::IQ2_XXS if q8_ok(m) => "mvq8_iq2s_n1",
+        GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1",
+        GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
+        _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
+    };
     let ks = mvq_ks(m, rows, z);
     let args = [
         A::P(w),

@@ -70,15 +70,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
     for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
     uint2 a[MVQ_R];
     u16 dh[MVQ_R];
-    auto fetch = [&](int st) {
-        int G = min(st * 32 + lane, ng - 1), c = G >> 3, g = G & 7;
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;
-            a[r] = *(const uint2*)(wr + 64 * c + 8 * g);
-            dh[r] = ld16(wr + nb * 64 + 2 * c);
-        }
-    };
+    auto fetch = [&](int st) { iq2s_fetch(wm, rb, nb, ng, r0, rows, st, lane, a, dh); };
     if (part < nsteps) fetch(part);
     for (int st = part; st < nsteps; st += ks) {
         int G = st * 32 + lane;
@@ -107,17 +99,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
             acc[r] += h2f(dc[r]) * dx * (float)((2 * (int)(a1 >> 28) + 1) * s);
         }
     }
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[wid][r] = v;
-    }
-    __syncthreads();
-    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
-        float v = 0.0f;
-        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
-        Y[(u64)z * y_z + r0 + lane] = v;
-    }
+    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
 }
 
 // Q2_K · Q8_K: the lane mapping of mvq_q2_k_n1 (superblock half h, byte quad t: 16 weights at 4
@@ -141,17 +123,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) { P
 #pragma unroll
     for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
     u32 q[MVQ_R], s0[MVQ_R], s1[MVQ_R], dd[MVQ_R];
-    auto fetch = [&](int st) {
-        int c = min(2 * st + sbl, nb - 1);
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            const u8* b = wm + (u64)min(r0 + r, rows - 1) * rb + (u64)c * 84;
-            q[r] = *(const u32*)(b + 16 + 32 * h + 4 * t);
-            s0[r] = *(const u32*)(b + 8 * h);
-            s1[r] = *(const u32*)(b + 8 * h + 4);
-            dd[r] = *(const u32*)(b + 80);
-        }
-    };
+    auto fetch = [&](int st) { q2k_fetch(wm, rb, nb, r0, rows, min(2 * st + sbl, nb - 1), h, t, q, s0, s1, dd); };
     if (part < nsteps) fetch(part);
     for (int st = part; st < nsteps; st += ks) {
         u32 qc[MVQ_R], c0[MVQ_R], c1[MVQ_R], dc[MVQ_R];
@@ -181,17 +153,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) { P
             acc[r] += dx * (h2f(dc[r] & 0xffff) * (float)is - h2f(dc[r] >> 16) * (float)ms);
         }
     }
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[wid][r] = v;
-    }
-    __syncthreads();
-    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
-        float v = 0.0f;
-        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
-        Y[(u64)z * y_z + r0 + lane] = v;
-    }
+    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
 }
 
 // Q8_0 quantization of `gridDim.y` rows of `cols` floats (row stride `x_z`) as the CPU's
@@ -257,15 +219,5 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) { PD
         }
     }
     PDL_WAIT  // (threads that loaded no block) the output may still be read by the previous kernel
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) {
-        float v = warp_sum(acc[r]);
-        if (lane == 0) red[wid][r] = v;
-    }
-    __syncthreads();
-    if (part == 0 && lane < MVQ_R && r0 + lane < rows) {
-        float v = 0.0f;
-        for (int p = 0; p < ks; p++) v += red[wid + p][lane];
-        Y[(u64)z * y_z + r0 + lane] = v;
-    }
+    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
 }

@@ -1,7 +1,7 @@
 //! Op-level probes of the matrix kernels for tests and benchmarks: the mat-vec and GEMM paths on given
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_mvq80, launch_q80, launch_q8k, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_q80, launch_q8k, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -71,11 +71,10 @@ pub fn matvec_fast_paths(ty: GgmlType, rows: usize, cols: usize, z: usize, data:
         let xq_z = if xr == 1 { 0 } else { cols };
         if ty == GgmlType::Q8_0 {
             launch_q80(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
-            launch_mvq80(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
         } else {
             launch_q8k(&mut g, xb.ptr, cols, cols, xr, qb.ptr, db.ptr)?;
-            launch_mvq8(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
         }
+        launch_mvq8(&mut g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, xq_z, yb.ptr, rows, rows, z)?;
         let mut y = vec![0f32; z * rows];
         let mut q = vec![0i8; x.len()];
         let mut d = vec![0f32; x.len() / per];
@@ -139,23 +138,14 @@ pub fn bench_matvec_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, reps:
     (|| -> Result<f64> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
-        let wb = g.alloc_zeroed(row_bytes * rows * z)?;
-        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
-        split_layout(&mut g, &mut m)?;
+        let (wb, m) = zero_stack(&mut g, ty, rows, cols, z, row_bytes)?;
         let qb = g.alloc_zeroed(cols)?;
         let db = g.alloc_zeroed(cols / 32 * 4)?;
         let yb = g.alloc_zeroed(rows * z * 4)?;
         let eids: Vec<i32> = (0..z as i32).collect();
         let eb = g.alloc(z * 4)?;
         g.htod(eb.ptr, &eids)?;
-        let q8 = ty == GgmlType::Q8_0;
-        let run = |g: &mut Gpu| {
-            if q8 {
-                launch_mvq80(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z)
-            } else {
-                launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z)
-            }
-        };
+        let run = |g: &mut Gpu| launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z);
         run(&mut g)?;
         g.time(reps, run)
     })()
@@ -169,9 +159,7 @@ pub fn bench_matvec(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usiz
     (|| -> Result<f64> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
-        let wb = g.alloc_zeroed(row_bytes * rows * z)?;
-        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
-        split_layout(&mut g, &mut m)?;
+        let (wb, m) = zero_stack(&mut g, ty, rows, cols, z, row_bytes)?;
         let xb = g.alloc_zeroed(cols * 4)?;
         let yb = g.alloc_zeroed(rows * z * 4)?;
         let eids: Vec<i32> = (0..z as i32).collect();
@@ -199,6 +187,14 @@ pub fn bench_gemm(m: usize, n: usize, k: usize, reps: usize) -> ds4_model::Resul
         Ok((gpu, t0.elapsed().as_secs_f64() / reps as f64))
     })()
     .map_err(me)
+}
+
+/// A zeroed stack of `z` matrices in the layout the stage uses (split where it splits), for timing.
+fn zero_stack(g: &mut Gpu, ty: GgmlType, rows: usize, cols: usize, z: usize, row_bytes: usize) -> Result<(crate::gpu::DBuf, DM)> {
+    let wb = g.alloc_zeroed(row_bytes * rows * z)?;
+    let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: z, row_bytes, split: false };
+    split_layout(g, &mut m)?;
+    Ok((wb, m))
 }
 
 /// Seconds to stream-read `bytes` of device memory once (the achievable read bandwidth).

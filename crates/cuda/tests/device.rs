@@ -181,6 +181,23 @@ fn flash4_q2_noqat_greedy_64_matches_cpu() {
     model_case_opts("flash:4", Mix::Q2, 160, 64, 64, false);
 }
 
+/// Worst relative error of the GPU's slots `y` (slot i reads matrix z-1-i of `data`, activation row
+/// i or the shared one) against the CPU's `Precision::Fast` mat-vec.
+#[allow(clippy::too_many_arguments)]
+fn worst_vs_cpu_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, per_slot: bool, data: &[u8], x: &[f32], y: &[f32]) -> f64 {
+    let row_bytes = ty.row_bytes(cols).unwrap();
+    let mut worst = 0f64;
+    for i in 0..z {
+        let mat = z - 1 - i;
+        let w = MatRef::new(ty, &data[mat * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
+        let xrow = &x[if per_slot { i * cols } else { 0 }..][..cols];
+        let mut want = vec![0f32; rows];
+        ds4_quant::matvec(&w, xrow, &mut want, Precision::Fast);
+        worst = worst.max(rel_err(&y[i * rows..][..rows], &want));
+    }
+    worst
+}
+
 /// The int8-activation (Q8_K) expert kernels of `Precision::Fast` vs the CPU's Fast dot products:
 /// the activation quantization is bit-identical, the integer block dots are equal, so only the
 /// order of the per-block float sums differs. Shared and per-slot activation rows, expert ids.
@@ -191,7 +208,6 @@ fn fast_expert_matvec_matches_cpu_fast() {
     }
     for ty in [GgmlType::Q2_K, GgmlType::IQ2_XXS] {
         for (rows, cols, z, per_slot) in [(2048usize, 4096usize, 6usize, false), (4096, 2048, 6, true), (40, 3072, 3, false), (13, 1024, 2, true), (7, 1024, 1, false)] {
-            let row_bytes = ty.row_bytes(cols).unwrap();
             let data = ds4_quant::random_valid_blocks(ty, 31 + rows as u64, rows * cols / ty.block_elems() * z);
             let xr = if per_slot { z } else { 1 };
             let mut rng = ds4_quant::random::SplitMix64(rows as u64);
@@ -211,15 +227,7 @@ fn fast_expert_matvec_matches_cpu_fast() {
                 let got: Vec<u8> = q[b * 256..][..256].iter().map(|&v| v as u8).collect();
                 assert_eq!(&blk[4..260], &got[..], "Q8_K values of block {b}");
             }
-            let mut worst = 0f64;
-            for i in 0..z {
-                let mat = z - 1 - i;
-                let w = MatRef::new(ty, &data[mat * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
-                let xrow = &x[if per_slot { i * cols } else { 0 }..][..cols];
-                let mut want = vec![0f32; rows];
-                ds4_quant::matvec(&w, xrow, &mut want, Precision::Fast);
-                worst = worst.max(rel_err(&y[i * rows..][..rows], &want));
-            }
+            let worst = worst_vs_cpu_fast(ty, rows, cols, z, per_slot, &data, &x, &y);
             println!("op fast {:<8} {rows}x{cols} z={z} per_slot={per_slot}: Q8_K activations identical, rel err vs CPU Fast {worst:.2e}", ty.name());
             assert!(worst < 1e-5, "fast {} rel err {worst}", ty.name());
         }
@@ -267,7 +275,6 @@ fn fast_q8_0_matvec_matches_cpu_fast() {
     }
     let ty = GgmlType::Q8_0;
     for (rows, cols, z, per_slot) in [(1024usize, 4096usize, 1usize, false), (4096, 8192, 1, false), (1024, 4096, 8, true), (37, 256, 3, false), (300, 1024, 2, true)] {
-        let row_bytes = ty.row_bytes(cols).unwrap();
         let data = ds4_quant::random_valid_blocks(ty, 41 + rows as u64, rows * cols / 32 * z);
         let xr = if per_slot { z } else { 1 };
         let mut rng = ds4_quant::random::SplitMix64(3 + rows as u64);
@@ -284,15 +291,7 @@ fn fast_q8_0_matvec_matches_cpu_fast() {
             let got: Vec<u8> = q[b * 32..][..32].iter().map(|&v| v as u8).collect();
             assert_eq!(&blk[2..34], &got[..], "Q8_0 values of block {b}");
         }
-        let mut worst = 0f64;
-        for i in 0..z {
-            let mat = z - 1 - i;
-            let w = MatRef::new(ty, &data[mat * rows * row_bytes..][..rows * row_bytes], rows, cols).unwrap();
-            let xrow = &x[if per_slot { i * cols } else { 0 }..][..cols];
-            let mut want = vec![0f32; rows];
-            ds4_quant::matvec(&w, xrow, &mut want, Precision::Fast);
-            worst = worst.max(rel_err(&y[i * rows..][..rows], &want));
-        }
+        let worst = worst_vs_cpu_fast(ty, rows, cols, z, per_slot, &data, &x, &y);
         println!("op fast Q8_0 {rows}x{cols} z={z} per_slot={per_slot}: Q8_0 activations identical, rel err vs CPU Fast {worst:.2e}");
         assert!(worst < 1e-5, "fast Q8_0 rel err {worst}");
     }

@@ -1,7 +1,7 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv, launch_mvq80, launch_q80, q80_ok};
+use crate::matvec::{launch_dq, launch_mv, launch_mvq8, launch_q80, q80_ok};
 
 impl CudaStage {
 
@@ -16,7 +16,7 @@ impl CudaStage {
             let q = self.wk.xq80.ptr + (s * self.wk.xq80_cap) as u64;
             let d = self.wk.xq80d.ptr + (s * self.wk.xq80_cap / 32 * 4) as u64;
             launch_q80(&mut self.g, x, x_z, m.cols, rows_in, q, d)?;
-            return launch_mvq80(&mut self.g, m, w, w_mat_bytes, eids, q, d, if x_z == 0 { 0 } else { m.cols }, y, y_z, rows, z);
+            return launch_mvq8(&mut self.g, m, w, w_mat_bytes, eids, q, d, if x_z == 0 { 0 } else { m.cols }, y, y_z, rows, z);
         }
         launch_mv(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z)
     }
