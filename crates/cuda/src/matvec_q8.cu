@@ -179,7 +179,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) { PD
     int z = blockIdx.z;
     // Weights do not depend on the previous kernel: without expert ids the first weight loads are
     // issued before waiting for it (their DRAM latency overlaps its tail).
-    if (eids) PDL_WAIT
+    if (eids) { PDL_WAIT }
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
     const signed char* xq = XQ + (u64)z * xq_z;

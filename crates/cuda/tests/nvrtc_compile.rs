@@ -37,4 +37,13 @@ fn all_kernels_compile_for_sm_90a() {
         assert!(text.contains(k), "kernel {k} missing from the CUBIN");
     }
     eprintln!("compiled {} kernels for sm_90a: {} bytes in {:.2} s", ds4_cuda::KERNEL_NAMES.len(), cubin.len(), t0.elapsed().as_secs_f64());
+    // The engine compiles for the device it finds: Ampere too (the Hopper-only instructions are
+    // behind __CUDA_ARCH__ checks, which must leave valid code when they drop out).
+    let t1 = std::time::Instant::now();
+    let cubin = ds4_cuda::gpu::compile_cubin(ds4_cuda::KERNELS_CU, "sm_80").unwrap_or_else(|e| panic!("{e}"));
+    let text = String::from_utf8_lossy(&cubin);
+    for k in ds4_cuda::KERNEL_NAMES {
+        assert!(text.contains(k), "kernel {k} missing from the sm_80 CUBIN");
+    }
+    eprintln!("compiled for sm_80 in {:.2} s", t1.elapsed().as_secs_f64());
 }
