@@ -44,6 +44,27 @@ fn main() {
             Err(e) => println!("gemm,{m},{n},{k},error: {e}"),
         }
     }
+    // The int8-activation decode kernels of Precision::Fast, weights not in L2, by K split
+    // (ks 0 = the engine's choice).
+    println!("cold,type,rows,cols,slots,MB,ks,us,GB/s,fraction");
+    for &(what, ty, rows, cols, z) in &[
+        ("experts gate", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize),
+        ("experts gate+up", GgmlType::IQ2_XXS, 2048, 4096, 12),
+        ("experts down", GgmlType::Q2_K, 4096, 2048, 6),
+        ("q_a", GgmlType::Q8_0, 1024, 4096, 1),
+        ("q_b", GgmlType::Q8_0, 32768, 1024, 1),
+        ("out_a", GgmlType::Q8_0, 1024, 4096, 8),
+        ("out_b", GgmlType::Q8_0, 4096, 8192, 1),
+        ("shared gate", GgmlType::Q8_0, 2048, 4096, 1),
+    ] {
+        let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;
+        for ks in [0usize, 1, 2, 4, 8] {
+            match ds4_cuda::bench_matvec_fast(ty, rows, cols, z, reps, ks) {
+                Ok(s) => println!("cold {what},{},{rows},{cols},{z},{mb:.2},{ks},{:.2},{:.0},{:.3}", ty.name(), s * 1e6, mb / 1e3 / s, mb / 1e3 / s / bw),
+                Err(e) => println!("cold {what},{},{rows},{cols},{z},{mb:.2},{ks},error: {e}", ty.name()),
+            }
+        }
+    }
     // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes.
     for &(what, ty, rows, cols, z) in &[
         ("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize),
@@ -55,7 +76,7 @@ fn main() {
         ("output head fast", GgmlType::Q8_0, 129280, 4096, 1),
     ] {
         let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;
-        match ds4_cuda::bench_matvec_fast(ty, rows, cols, z, reps) {
+        match ds4_cuda::bench_matvec_fast(ty, rows, cols, z, reps, 0) {
             Ok(s) => println!("{what},{},{rows},{cols},{z},{mb:.2},{:.2},{:.0},{:.3}", ty.name(), s * 1e6, mb / 1e3 / s, mb / 1e3 / s / bw),
             Err(e) => println!("{what},{},{rows},{cols},{z},{mb:.2},error: {e}", ty.name()),
         }

@@ -58,6 +58,68 @@ __device__ double block_sum_d(double v, double* red) {
     return s;
 }
 
+// This thread's part of sum(x[j]^2) in double over j = threadIdx.x, +blockDim.x, .. < n (that order),
+// with eight loads in flight at a time (a plain loop waited on each load in turn: ~0.5 us a step).
+__device__ __forceinline__ double sumsq_part(const float* __restrict__ x, int n) {
+    double ss = 0.0;
+    for (int j0 = threadIdx.x; j0 < n; j0 += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int j = j0 + u * blockDim.x;
+            v[u] = j < n ? x[j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (j0 + u * blockDim.x < n) ss += (double)v[u] * (double)v[u];
+    }
+    return ss;
+}
+
+// ---- int8 activation copies written by the kernels that produce the activations ----
+// Q8_0 copy of the 32 values a warp holds (lane L: value v at index j, j - L aligned to 32), as
+// q80_quant / the CPU's quantize_row_q8_0: d = amax / 127, q = round-half-away(v / d), scale kept as
+// the f16 the CPU stores. Every lane of the warp must call it.
+__device__ __forceinline__ void q80_warp(float v, u64 j, signed char* Q, float* D) {
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = d != 0.0f ? 1.0f / d : 0.0f;
+    Q[j] = (signed char)(int)roundf(v * id);
+    if ((threadIdx.x & 31) == 0) D[j >> 5] = h2f(f2h(d));
+}
+
+// Q8_K copy of the 256 values held by 8 consecutive warps (thread g = threadIdx.x % 256 holds value v
+// of block `blk`), as q8k_quant / the CPU's quantize_row_q8_k: the scale comes from the value of
+// largest magnitude, the first on ties. The key orders by magnitude, then by lower index; its last
+// bit keeps the sign. Every thread of the block must call it (it synchronises; `on` = false: the
+// thread's group holds no block this pass, nothing is stored); `red` holds blockDim.x / 32 keys.
+__device__ __forceinline__ void q8k_group(float v, u64 blk, bool on, signed char* Q, float* D, u64* red) {
+    int g = threadIdx.x & 255, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    u64 key = ((u64)__float_as_uint(fabsf(v)) << 32) | ((u32)(255 - g) << 1) | (v < 0.0f ? 1u : 0u);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 k2 = __shfl_xor_sync(0xffffffffu, key, o);
+        key = k2 > key ? k2 : key;
+    }
+    __syncthreads();
+    if (lane == 0) red[w] = key;
+    __syncthreads();
+    u64 k = red[w & ~7];
+#pragma unroll
+    for (int i = 1; i < 8; i++) k = red[(w & ~7) + i] > k ? red[(w & ~7) + i] : k;
+    float a = __uint_as_float((u32)(k >> 32));
+    float m = (k & 1) ? -a : a;
+    if (!on) return;
+    if (m == 0.0f) {
+        Q[blk * 256 + g] = 0;
+        if (g == 0) D[blk] = 0.0f;
+        return;
+    }
+    float iscale = -127.0f / m;
+    Q[blk * 256 + g] = (signed char)min((int)rintf(iscale * v), 127);
+    if (g == 0) D[blk] = 1.0f / iscale;
+}
+
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -778,15 +840,24 @@ extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, flo
 // Norms, rope, QAT simulation.
 // ---------------------------------------------------------------------------------------------
 // RMS norm of rows of `d` (in -> out, may alias), optional weight. Sum of squares in double like the CPU.
-extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ldo, int d, const float* w, float eps) { PDL_ENTRY
+// With q80: also the Q8_0 copy of each output row (row r at q80 + r*d; d % 32 == 0).
+extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ldo, int d, const float* w, float eps, signed char* q80, float* d80) { PDL_ENTRY
     __shared__ double red[32];
     const float* x = in + (u64)blockIdx.x * ldi;
     float* y = out + (u64)blockIdx.x * ldo;
-    double ss = 0.0;
-    for (int j = threadIdx.x; j < d; j += blockDim.x) ss += (double)x[j] * (double)x[j];
-    ss = block_sum_d(ss, red);
+    double ss = block_sum_d(sumsq_part(x, d), red);
     float inv = 1.0f / sqrtf((float)(ss / d) + eps);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = w ? x[j] * inv * w[j] : x[j] * inv;
+    if (!q80) {
+        for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = w ? x[j] * inv * w[j] : x[j] * inv;
+        return;
+    }
+    for (int j0 = 0; j0 < d; j0 += blockDim.x) {
+        int j = j0 + threadIdx.x;
+        if (j >= d) break;  // whole warps (d % 32 == 0)
+        float v = w ? x[j] * inv * w[j] : x[j] * inv;
+        y[j] = v;
+        q80_warp(v, (u64)blockIdx.x * d + j, q80, d80);
+    }
 }
 
 __device__ float pow2_ceil(float x) {
@@ -959,9 +1030,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
     int i = blockIdx.x, t = threadIdx.x;
     int hd = nh * e, nm = (2 + nh) * nh;
     const float* xi = x + (u64)i * hd;
-    double ss = 0.0;
-    for (int j = t; j < hd; j += blockDim.x) ss += (double)xi[j] * (double)xi[j];
-    ss = block_sum_d(ss, red);
+    double ss = block_sum_d(sumsq_part(xi, hd), red);
     float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
     const float* mr = mixraw + (u64)i * nm;
     float* mo = mixes + (u64)i * (nh + nh * nh);
@@ -972,11 +1041,27 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
     if (comb && t < 32) hc_comb_warp(mr, inv, scale, base, nh, iters, hc_eps, mo);
     __syncthreads();
     double s2 = 0.0;
-    for (int j = t; j < e; j += blockDim.x) {
-        float o = 0.0f;
-        for (int s = 0; s < nh; s++) o += pre[s] * xi[s * e + j];
-        curs[j] = o;
-        s2 += (double)o * (double)o;
+    for (int j0 = t; j0 < e; j0 += 4 * blockDim.x) {
+        // All 4 x nh loads of four columns issued before the arithmetic.
+        float xv[4][16];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                int j = j0 + u * blockDim.x;
+                xv[u][s] = s < nh && j < e ? xi[s * e + j] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = j0 + u * blockDim.x;
+            if (j >= e) break;
+            float o = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 16; s++)
+                if (s < nh) o += pre[s] * xv[u][s];
+            curs[j] = o;
+            s2 += (double)o * (double)o;
+        }
     }
     s2 = block_sum_d(s2, red);
     if (t == 0) s_inv = 1.0f / sqrtf((float)(s2 / e) + eps);
@@ -992,9 +1077,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_comb(const float* mixraw, 
     int i = blockIdx.x, t = threadIdx.x;
     int hd = nh * e, nm = (2 + nh) * nh;
     const float* xi = x + (u64)i * hd;
-    double ss = 0.0;
-    for (int j = t; j < hd; j += blockDim.x) ss += (double)xi[j] * (double)xi[j];
-    ss = block_sum_d(ss, red);
+    double ss = block_sum_d(sumsq_part(xi, hd), red);
     float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
     if (t < 32) hc_comb_warp(mixraw + (u64)i * nm, inv, scale, base, nh, iters, hc_eps, mixes + (u64)i * (nh + nh * nh));
 }
@@ -1034,7 +1117,7 @@ extern "C" __global__ void head_collapse(const float* mix, const float* scale, c
 // the indexer's selection when `sel` is set and nc > topk). The output gets the inverse rope.
 // ---------------------------------------------------------------------------------------------
 // Inverse rope on the tail (pairs live inside one float4) and store of 4 output dims.
-__device__ __forceinline__ void attn_store(float4 acc, int k, int d, int half, long long pos, const double* freqs, float* orow) {
+__device__ __forceinline__ float4 attn_store(float4 acc, int k, int d, int half, long long pos, const double* freqs, float* orow) {
     int tail0 = d - 2 * half;
     float vals[4] = {acc.x, acc.y, acc.z, acc.w};
     for (int t = 0; t < 4; t += 2) {
@@ -1049,7 +1132,9 @@ __device__ __forceinline__ void attn_store(float4 acc, int k, int d, int half, l
             vals[t + 1] = x0 * sf + x1 * cf;
         }
     }
-    *(float4*)(orow + k) = make_float4(vals[0], vals[1], vals[2], vals[3]);
+    float4 r = make_float4(vals[0], vals[1], vals[2], vals[3]);
+    *(float4*)(orow + k) = r;
+    return r;
 }
 
 template <int HG>
@@ -1230,16 +1315,40 @@ extern "C" __global__ void __launch_bounds__(256) attn_dec(const float* __restri
     float* rows = smf + ADEC_HG * d;      // ADEC_CH * d: the chunk's candidate rows
     float* sc = rows + ADEC_CH * d;       // ADEC_HG * ADEC_CH
     int dq = d / 4;
-    for (int u = threadIdx.x; u < ADEC_HG * dq; u += blockDim.x) {
-        int h = u / dq;
-        float4 v = h < nhg ? *(const float4*)(q + (u64)h0 * d + 4 * (u64)u) : make_float4(0.f, 0.f, 0.f, 0.f);
-        *(float4*)(qs + 4 * u) = v;
+    // The chunk's row addresses first (the selected ones need the index load), then every row and
+    // query load of a thread in flight together: a load-store loop waited on each (~20 us a call).
+    __shared__ const float* rp[ADEC_CH];
+    if (threadIdx.x < ADEC_CH) {
+        int c = c0 + threadIdx.x;
+        rp[threadIdx.x] = c < c1 ? attn_row(c, nraw, lo, pos0, swa, use_sel, topk, kvb, ring, comp, sel, d) : nullptr;
     }
-    for (int u = threadIdx.x; u < ADEC_CH * dq; u += blockDim.x) {
-        int c = c0 + u / dq, k = (u % dq) * 4;
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c < c1) v = *(const float4*)(attn_row(c, nraw, lo, pos0, swa, use_sel, topk, kvb, ring, comp, sel, d) + k);
-        *(float4*)(rows + (u / dq) * d + k) = v;
+    for (int u0 = threadIdx.x; u0 < ADEC_HG * dq; u0 += 8 * blockDim.x) {
+        float4 v[8];
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int u = u0 + b * blockDim.x;
+            v[b] = u < ADEC_HG * dq && u / dq < nhg ? *(const float4*)(q + (u64)h0 * d + 4 * (u64)u) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int u = u0 + b * blockDim.x;
+            if (u < ADEC_HG * dq) *(float4*)(qs + 4 * u) = v[b];
+        }
+    }
+    __syncthreads();
+    for (int u0 = threadIdx.x; u0 < ADEC_CH * dq; u0 += 8 * blockDim.x) {
+        float4 v[8];
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int u = u0 + b * blockDim.x;
+            const float* row = u < ADEC_CH * dq ? rp[u / dq] : nullptr;
+            v[b] = row ? *(const float4*)(row + (u % dq) * 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int u = u0 + b * blockDim.x;
+            if (u < ADEC_CH * dq) *(float4*)(rows + (u / dq) * d + (u % dq) * 4) = v[b];
+        }
     }
     __syncthreads();
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -1304,7 +1413,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_dec(const float* __restri
 // `nsplit` is the stride the partials were written with; the splits in use follow from the position.
 extern "C" __global__ void attn_dec_merge(const float* __restrict__ part, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d,
                                           long long pos, int nsplit, int swa, int ratio, int topk, const int* sel, const double* __restrict__ freqs,
-                                          int half, const long long* dpos, const float* kvb, float* ring) { PDL_ENTRY
+                                          int half, const long long* dpos, const float* kvb, float* ring, signed char* q80, float* d80) { PDL_ENTRY
     if (dpos) pos = *dpos;
     int h = blockIdx.x, k = threadIdx.x * 4;
     // The ring update of this token (slot pos % swa held position pos - swa, outside every window read above).
@@ -1315,25 +1424,63 @@ extern "C" __global__ void attn_dec_merge(const float* __restrict__ part, const 
     int ncand = (int)(pos - lo + 1) + ((sel && nc > topk) ? topk : nc);
     int used = (ncand + ADEC_CH - 1) / ADEC_CH;
     const float* ml = part + (u64)nsplit * nh * d;
+    // The splits' (max, sum) pairs staged by the block at once, then the partial rows read four
+    // splits at a time (serial loads cost ~0.3 us per split).
+    __shared__ float2 msm[64];
     float sink = sinks[h];
     float M = sink;
-    for (int s = 0; s < used; s++) M = fmaxf(M, ml[((u64)s * nh + h) * 2]);
-    float den = expf(sink - M);
+    float den = 0.0f;
     float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s = 0; s < used; s++) {
-        float m = ml[((u64)s * nh + h) * 2];
-        if (m == -INFINITY) continue;
-        float f = expf(m - M);
-        den += f * ml[((u64)s * nh + h) * 2 + 1];
-        if (k < d) {
-            float4 v = *(const float4*)(part + ((u64)s * nh + h) * d + k);
-            acc.x += f * v.x; acc.y += f * v.y; acc.z += f * v.z; acc.w += f * v.w;
+    for (int s0 = 0; s0 < used; s0 += 64) {
+        int cnt = min(64, used - s0);
+        __syncthreads();
+        for (int s = threadIdx.x; s < cnt; s += blockDim.x) msm[s] = *(const float2*)(ml + ((u64)(s0 + s) * nh + h) * 2);
+        __syncthreads();
+        for (int s = 0; s < cnt; s++) M = fmaxf(M, msm[s].x);
+    }
+    den = expf(sink - M);
+    for (int s0 = 0; s0 < used; s0 += 64) {
+        int cnt = min(64, used - s0);
+        __syncthreads();
+        for (int s = threadIdx.x; s < cnt; s += blockDim.x) msm[s] = *(const float2*)(ml + ((u64)(s0 + s) * nh + h) * 2);
+        __syncthreads();
+        for (int s = 0; s < cnt; s += 4) {
+            float4 v[4];
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+                v[b] = k < d && s + b < cnt && msm[s + b].x != -INFINITY ? *(const float4*)(part + ((u64)(s0 + s + b) * nh + h) * d + k) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                if (s + b >= cnt) break;
+                float m = msm[s + b].x;
+                if (m == -INFINITY) continue;
+                float f = expf(m - M);
+                den += f * msm[s + b].y;
+                acc.x += f * v[b].x; acc.y += f * v[b].y; acc.z += f * v[b].z; acc.w += f * v[b].w;
+            }
         }
     }
+    float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
     if (k < d) {
         float inv = 1.0f / den;
         acc.x *= inv; acc.y *= inv; acc.z *= inv; acc.w *= inv;
-        attn_store(acc, k, d, half, pos, freqs, o + (u64)h * d);
+        r = attn_store(acc, k, d, half, pos, freqs, o + (u64)h * d);
+    }
+    if (q80) {
+        // Q8_0 copy of the head's output for the int8 output projection (d % 32 == 0: eight threads
+        // hold one block), as q80_quant.
+        float amax = fmaxf(fmaxf(fabsf(r.x), fabsf(r.y)), fmaxf(fabsf(r.z), fabsf(r.w)));
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        float dd = amax / 127.0f;
+        float id = dd != 0.0f ? 1.0f / dd : 0.0f;
+        if (k < d) {
+            u64 j = (u64)h * d + k;
+            char4 qv = make_char4((signed char)(int)roundf(r.x * id), (signed char)(int)roundf(r.y * id), (signed char)(int)roundf(r.z * id),
+                                  (signed char)(int)roundf(r.w * id));
+            *(char4*)(q80 + j) = qv;
+            if ((threadIdx.x & 7) == 0) d80[j >> 5] = h2f(f2h(dd));
+        }
     }
 }
 
@@ -1405,52 +1552,66 @@ extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) { PDL
 
 // ---------------------------------------------------------------------------------------------
 // Indexer: scores[i][c] = sum_h w[i][h] * relu(q[i][h] . k[c]) for tokens with nc > topk.
-// Grid (ceil(maxc/16), n), 256 threads; needs H == 64 heads of D == 128 (checked on the host:
-// generic fallback below otherwise).
+// Grid (ceil(maxc/8), n), 256 threads: warp w scores compressed row 8*blockIdx.x + w; lane l takes
+// heads l, l+32, .. (up to 256 heads), each dot product summed over k in order, then the heads of
+// each 32-group by a warp sum and the groups in order. (One warp per row: the former 16 rows per
+// block walked 128-long dot products four times over per lane: ~22 us at 1024 rows.)
 // ---------------------------------------------------------------------------------------------
-extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* q, const float* wts, const float* keys, float* scores, int ldsc,
-                                                             long long pos0, int ratio, int topk, int H, int D, const long long* dpos) { PDL_ENTRY
+extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* __restrict__ q, const float* __restrict__ wts, const float* __restrict__ keys,
+                                                             float* __restrict__ scores, int ldsc, long long pos0, int ratio, int topk, int H, int D,
+                                                             const long long* dpos) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     extern __shared__ float sm2[];
     int i = blockIdx.y;
     long long pos = pos0 + i;
     int nc = (int)((pos + 1) / ratio);
     if (nc <= topk) return;
-    int r0 = blockIdx.x * 16;
+    int r0 = blockIdx.x * 8;
     if (r0 >= nc) return;
-    float* qs = sm2;                  // H * (D+1)
-    float* ks = sm2 + H * (D + 1);    // 16 * D
-    float* part = ks + 16 * D;        // 16 * 8 partials
-    for (int k = threadIdx.x; k < H * D; k += blockDim.x) qs[(k / D) * (D + 1) + k % D] = q[(u64)i * H * D + k];
-    for (int k = threadIdx.x; k < 16 * D; k += blockDim.x) {
-        int r = r0 + k / D;
-        ks[k] = r < nc ? keys[(u64)r * D + k % D] : 0.0f;
+    float* qs = sm2;                  // H * (D+1): padded rows, conflict-free per-lane head reads
+    float* ks = sm2 + H * (D + 1);    // 8 * D: the block's key rows
+    const float* qi = q + (u64)i * H * D;
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, r = r0 + w;
+    // Stage q with all of a thread's loads in flight at once.
+    const int HD = H * D;
+    for (int k0 = threadIdx.x; k0 < HD; k0 += 8 * blockDim.x) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int k = k0 + u * blockDim.x;
+            v[u] = k < HD ? qi[k] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            int k = k0 + u * blockDim.x;
+            if (k < HD) qs[(k / D) * (D + 1) + k % D] = v[u];
+        }
     }
-    for (int k = threadIdx.x; k < 16 * 8; k += blockDim.x) part[k] = 0.0f;
+    for (int k = lane; k < D; k += 32) ks[w * D + k] = r < nc ? keys[(u64)r * D + k] : 0.0f;
     __syncthreads();
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    // Each warp: 32 heads (lane) x rows; heads beyond H contribute 0.
-    for (int u = wid; u < 16 * ((H + 31) / 32); u += 8) {
-        int r = u % 16, hb = u / 16;
+    if (r >= nc) return;
+    int HB = (H + 31) / 32;
+    float dd[8];
+#pragma unroll
+    for (int hb = 0; hb < 8; hb++) dd[hb] = 0.0f;
+    const float* kr = ks + w * D;
+    for (int k = 0; k < D; k++) {
+        float kv = kr[k];
+#pragma unroll
+        for (int hb = 0; hb < 8; hb++) {
+            int h = hb * 32 + lane;
+            if (hb < HB && h < H) dd[hb] += qs[h * (D + 1) + k] * kv;
+        }
+    }
+    float tot = 0.0f;
+#pragma unroll
+    for (int hb = 0; hb < 8; hb++) {
+        if (hb >= HB) break;
         int h = hb * 32 + lane;
-        float s = 0.0f;
-        if (h < H) {
-            float dd = 0.0f;
-            for (int k = 0; k < D; k++) dd += qs[h * (D + 1) + k] * ks[r * D + k];
-            s = dd > 0.0f ? wts[(u64)i * H + h] * dd : 0.0f;
-        }
-        s = warp_sum(s);
-        if (lane == 0) part[r * 8 + hb] = s;
+        float sv = h < H && dd[hb] > 0.0f ? wts[(u64)i * H + h] * dd[hb] : 0.0f;
+        tot += warp_sum(sv);
     }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        int r = r0 + threadIdx.x;
-        if (r < nc) {
-            float s = 0.0f;
-            for (int hb = 0; hb < (H + 31) / 32; hb++) s += part[threadIdx.x * 8 + hb];
-            scores[(u64)i * ldsc + r] = s;
-        }
-    }
+    if (lane == 0) scores[(u64)i * ldsc + r] = tot;
 }
 
 __device__ __forceinline__ u32 fkey(float f) {
@@ -1481,15 +1642,32 @@ extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores,
             if ((key & mask_hi) == (prefix & mask_hi)) atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
         __syncthreads();
-        if (t == 0) {
-            u32 acc = 0;
-            int b = 255;
-            for (; b >= 0; b--) {
-                if (acc + hist[b] >= need) break;
-                acc += hist[b];
+        if (t < 32) {
+            // Warp 0 finds the bucket holding the need-th largest key: lane L owns buckets 255-8L ..
+            // 248-8L (descending); an inclusive scan of the lane totals gives the count above each
+            // lane, then the lane whose range crosses `need` walks its 8 buckets (a serial walk of all
+            // 256 by one thread cost ~4 us a pass).
+            u32 hv[8], tot = 0;
+#pragma unroll
+            for (int q = 0; q < 8; q++) { hv[q] = hist[255 - 8 * t - q]; tot += hv[q]; }
+            u32 inc = tot;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u32 a = __shfl_up_sync(0xffffffffu, inc, o);
+                if (t >= o) inc += a;
             }
-            s_prefix = prefix | ((u32)b << shift);
-            s_need = need - acc;
+            u32 before = inc - tot;
+            bool here = before < need && inc >= need;
+            if (here) {
+                u32 acc = before;
+                int q = 0;
+                for (; q < 7; q++) {
+                    if (acc + hv[q] >= need) break;
+                    acc += hv[q];
+                }
+                s_prefix = prefix | ((u32)(255 - 8 * t - q) << shift);
+                s_need = need - acc;
+            }
         }
         __syncthreads();
         prefix = s_prefix;
@@ -1597,17 +1775,27 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
 }
 
 // a = silu(min(a, c)) * clamp(b, -c, c) * (w ? w[row] : 1), rows of ff.
-extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, float c, const float* w) { PDL_ENTRY
+// Optional int8 copies for the next one-token product (256 threads, total % 256 == 0): q80 = Q8_0,
+// q8k = Q8_K (row-major, blocks of 32 / 256 of the output).
+extern "C" __global__ void swiglu(float* a, const float* b, u64 total, int ff, float c, const float* w, signed char* q80, float* d80,
+                                  signed char* q8k, float* d8k) { PDL_ENTRY
+    __shared__ u64 redk[8];
     u64 idx = (u64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= total) return;
-    float x = fminf(a[idx], c), y = fminf(fmaxf(b[idx], -c), c);
-    float r = siluf_(x) * y;
-    if (w) r *= w[idx / ff];
-    a[idx] = r;
+    bool on = idx < total;
+    float r = 0.0f;
+    if (on) {
+        float x = fminf(a[idx], c), y = fminf(fmaxf(b[idx], -c), c);
+        r = siluf_(x) * y;
+        if (w) r *= w[idx / ff];
+        a[idx] = r;
+    }
+    if (q80 && on) q80_warp(r, idx, q80, d80);
+    if (q8k) q8k_group(r, idx >> 8, on, q8k, d8k, redk);
 }
 
-// Decode/prefill combine: y[i] = sum_s rows[slot_of(i,s)] (+ add[i]). slot_pos null => i*k+s.
-extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, int k, const float* add, float* y, int e, int n) { PDL_ENTRY
+// MoE combination and the sub-layer exit (hc_post) in one pass: y = sum_s rows[slot_of(i,s)] (+ add[i])
+// (slot_pos null => i*k+s), then the new streams of column j of token i.
+extern "C" __global__ void moe_combine_post(const float* rows, const int* slot_pos, int k, const float* add, const float* mixes, int nh, float* x, int e) { PDL_ENTRY
     int i = blockIdx.y, j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= e) return;
     float acc = 0.0f;
@@ -1616,7 +1804,15 @@ extern "C" __global__ void moe_combine(const float* rows, const int* slot_pos, i
         acc += rows[(u64)r * e + j];
     }
     if (add) acc += add[(u64)i * e + j];
-    y[(u64)i * e + j] = acc;
+    const float* mo = mixes + (u64)i * (nh + nh * nh);
+    float* xi = x + (u64)i * nh * e;
+    float old[16];
+    for (int r = 0; r < nh; r++) old[r] = xi[r * e + j];
+    for (int c = 0; c < nh; c++) {
+        float o = mo[c] * acc;
+        for (int r = 0; r < nh; r++) o += mo[nh + r * nh + c] * old[r];
+        xi[c * e + j] = o;
+    }
 }
 
 extern "C" __global__ void moe_count(const int* eids, int total, int* counts) { PDL_ENTRY

@@ -155,7 +155,7 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
 const MVQ_R: usize = 8;
 
 /// Warps sharing a row group of an `mvq*` kernel: split K until about 4096 warps are busy.
-fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
+pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
     let steps = match m.ty {
         GgmlType::IQ2_XXS => (m.cols / 256 * 8).div_ceil(32),
@@ -163,11 +163,19 @@ fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
         _ => (m.cols / 256).div_ceil(2),
     };
     let warps = rows.div_ceil(MVQ_R) * z;
+    let target = mvq_warps();
     let mut ks = 1;
-    while ks < 8 && warps * ks < 4096 && ks * 2 <= steps {
+    while ks < 8 && warps * ks < target && ks * 2 <= steps {
         ks *= 2;
     }
     ks
+}
+
+/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 4096): more
+/// warps than fit at once run in waves, each paying the load latency again.
+fn mvq_warps() -> usize {
+    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *W.get_or_init(|| std::env::var("DS4_CUDA_MVQ_WARPS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096))
 }
 
 /// Whether `m` has a one-token kernel with int8 (Q8_K) activations (`mvq8_*`). Split IQ2_XXS rows
@@ -201,13 +209,21 @@ pub(crate) fn launch_q8k(g: &mut Gpu, x: u64, x_z: usize, cols: usize, z: usize,
 /// row, else `m.cols`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mvq8(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+    launch_mvq8_ks(g, m, w, w_mat_bytes, eids, xq, xd, xq_z, y, y_z, rows, z, mvq_ks(m, rows, z))
+}
+
+/// [`launch_mvq8`] with `ks` warps sharing each row group (1, 2, 4 or 8).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
+    if ![1, 2, 4, 8].contains(&ks) {
+        return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
+    }
     let name = match m.ty {
         GgmlType::IQ2_XXS if q8_ok(m) => "mvq8_iq2s_n1",
         GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1",
         GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
         _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
     };
-    let ks = mvq_ks(m, rows, z);
     let args = [
         A::P(w),
         A::P(w_mat_bytes as u64),

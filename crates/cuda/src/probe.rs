@@ -1,7 +1,7 @@
 //! Op-level probes of the matrix kernels for tests and benchmarks: the mat-vec and GEMM paths on given
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_q80, launch_q8k, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -134,18 +134,28 @@ pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usiz
 
 /// Seconds per int8-activation mat-vec call (one token, `z` slots of `rows` × `cols`; arbitrary
 /// weights), timed with CUDA events over `reps` launches; the activation quantization is not timed.
-pub fn bench_matvec_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usize) -> ds4_model::Result<f64> {
+/// `ks` = 0: the engine's K split, else that one. The launches rotate over copies of the weights
+/// spanning at least 256 MB, so that (as in decode, where a layer's weights pass through once) no
+/// launch finds its matrix in the 50 MB L2.
+pub fn bench_matvec_fast(ty: GgmlType, rows: usize, cols: usize, z: usize, reps: usize, ks: usize) -> ds4_model::Result<f64> {
     (|| -> Result<f64> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
-        let (wb, m) = zero_stack(&mut g, ty, rows, cols, z, row_bytes)?;
+        let copies = (256usize << 20).div_ceil(row_bytes * rows * z).max(1);
+        let (wb, m) = zero_stack(&mut g, ty, rows, cols, z * copies, row_bytes)?;
         let qb = g.alloc_zeroed(cols)?;
         let db = g.alloc_zeroed(cols / 32 * 4)?;
         let yb = g.alloc_zeroed(rows * z * 4)?;
         let eids: Vec<i32> = (0..z as i32).collect();
         let eb = g.alloc(z * 4)?;
         g.htod(eb.ptr, &eids)?;
-        let run = |g: &mut Gpu| launch_mvq8(g, &m, wb.ptr, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z);
+        let ks = if ks == 0 { mvq_ks(&m, rows, z) } else { ks };
+        let mut i = 0usize;
+        let mut run = |g: &mut Gpu| {
+            let w = wb.ptr + ((i % copies) * z * m.mat_bytes()) as u64;
+            i += 1;
+            launch_mvq8_ks(g, &m, w, m.mat_bytes(), eb.ptr, qb.ptr, db.ptr, 0, yb.ptr, rows, rows, z, ks)
+        };
         run(&mut g)?;
         g.time(reps, run)
     })()
@@ -294,9 +304,9 @@ pub fn indexer_paths(q: &[f32], wts: &[f32], keys: &[f32], n: usize, pos0: usize
         };
         let (qb, wb, kb) = (up(&g, q)?, up(&g, wts)?, up(&g, keys)?);
         let (s1, s2) = (g.alloc_zeroed(n * ldsc * 4)?, g.alloc_zeroed(n * ldsc * 4)?);
-        let smem = ((h * (d + 1) + 16 * d + 16 * 8) * 4) as u32;
+        let smem = ((h * (d + 1) + 8 * d) * 4) as u32;
         let args = [A::P(qb.ptr), A::P(wb.ptr), A::P(kb.ptr), A::P(s1.ptr), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(h as i32), A::I(d as i32), A::P(0)];
-        g.launch("idx_scores", (cdiv(ldsc, 16), n as u32, 1), 256, smem, &args)?;
+        g.launch("idx_scores", (cdiv(ldsc, 8), n as u32, 1), 256, smem, &args)?;
         let args = [A::P(qb.ptr), A::P(wb.ptr), A::P(kb.ptr), A::P(s2.ptr), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
         g.launch("idx_scores_tc", (cdiv(ldsc, 64), n as u32, 1), 128, 0, &args)?;
         let mut a = vec![0f32; n * ldsc];
@@ -304,6 +314,110 @@ pub fn indexer_paths(q: &[f32], wts: &[f32], keys: &[f32], n: usize, pos0: usize
         g.dtoh(&mut a, s1.ptr)?;
         g.dtoh(&mut b, s2.ptr)?;
         Ok((a, b))
+    })()
+    .map_err(me)
+}
+
+/// One check of an int8 activation copy written by a producing kernel: how many int8 values and
+/// scales differ from quantizing the kernel's f32 output with `q80_quant` / `q8k_quant`, and for the
+/// fused sub-layer entry the f32 output's relative error against the unfused kernels.
+#[derive(Debug, Clone)]
+pub struct CopyCheck {
+    pub what: &'static str,
+    pub values: usize,
+    pub mismatches: usize,
+    pub rel_err: f64,
+}
+
+/// Runs the producers that write int8 copies (rms_rows, the SwiGLU for Q8_0 and Q8_K, the fused
+/// decode sub-layer entry for both) on random data of the given sizes (`e` embedding, `nh` streams,
+/// `ff` expert width, `k` experts), each compared with the stand-alone quantization of its output.
+pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> ds4_model::Result<Vec<CopyCheck>> {
+    (|| -> Result<Vec<CopyCheck>> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let mut rng = ds4_quant::random::SplitMix64(seed);
+        let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
+        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
+            let b = g.alloc(v.len() * 4)?;
+            g.htod(b.ptr, v)?;
+            Ok(b)
+        };
+        // Reference copies of `n` floats at `x` (Q8_0 or Q8_K), downloaded.
+        let quant = |g: &mut Gpu, x: u64, n: usize, k8: bool| -> Result<(Vec<i8>, Vec<f32>)> {
+            let per = if k8 { 256 } else { 32 };
+            let (qb, db) = (g.alloc(n)?, g.alloc(n / per * 4)?);
+            if k8 { launch_q8k(g, x, n, n, 1, qb.ptr, db.ptr)? } else { launch_q80(g, x, n, n, 1, qb.ptr, db.ptr)? };
+            let (mut q, mut d) = (vec![0i8; n], vec![0f32; n / per]);
+            g.dtoh(&mut q, qb.ptr)?;
+            g.dtoh(&mut d, db.ptr)?;
+            Ok((q, d))
+        };
+        let fetch = |g: &mut Gpu, q: u64, d: u64, n: usize, per: usize| -> Result<(Vec<i8>, Vec<f32>)> {
+            let (mut qv, mut dv) = (vec![0i8; n], vec![0f32; n / per]);
+            g.dtoh(&mut qv, q)?;
+            g.dtoh(&mut dv, d)?;
+            Ok((qv, dv))
+        };
+        let diff = |a: &(Vec<i8>, Vec<f32>), b: &(Vec<i8>, Vec<f32>)| -> usize {
+            a.0.iter().zip(&b.0).filter(|(x, y)| x != y).count() + a.1.iter().zip(&b.1).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+        };
+        let mut out = Vec::new();
+        // rms_rows with its Q8_0 copy (1024 threads, as in decode).
+        let d = 1024usize;
+        let (xb, wb, yb) = (up(&g, &v(d, 1.0))?, up(&g, &v(d, 0.5))?, g.alloc(d * 4)?);
+        let (qb, db) = (g.alloc(d)?, g.alloc(d / 32 * 4)?);
+        g.launch("rms_rows", (1, 1, 1), 1024, 0, &[A::P(xb.ptr), A::I(d as i32), A::P(yb.ptr), A::I(d as i32), A::I(d as i32), A::P(wb.ptr), A::F(1e-6), A::P(qb.ptr), A::P(db.ptr)])?;
+        let got = fetch(&mut g, qb.ptr, db.ptr, d, 32)?;
+        let want = quant(&mut g, yb.ptr, d, false)?;
+        out.push(CopyCheck { what: "rms_rows Q8_0", values: d, mismatches: diff(&got, &want), rel_err: 0.0 });
+        // SwiGLU with Q8_0 (shared expert) and Q8_K (routed experts, per-row weights) copies.
+        for k8 in [false, true] {
+            let n = if k8 { k * ff } else { ff };
+            let (ab, bb, wts) = (up(&g, &v(n, 3.0))?, up(&g, &v(n, 3.0))?, up(&g, &v(k, 1.0))?);
+            let (qb, db) = (g.alloc(n)?, g.alloc(n / 32 * 4)?);
+            let (q80, d80, q8k, d8k) = if k8 { (0, 0, qb.ptr, db.ptr) } else { (qb.ptr, db.ptr, 0, 0) };
+            let w = if k8 { wts.ptr } else { 0 };
+            g.launch("swiglu", (cdiv(n, 256), 1, 1), 256, 0, &[A::P(ab.ptr), A::P(bb.ptr), A::P(n as u64), A::I(ff as i32), A::F(10.0), A::P(w), A::P(q80), A::P(d80), A::P(q8k), A::P(d8k)])?;
+            let per = if k8 { 256 } else { 32 };
+            let got = fetch(&mut g, qb.ptr, db.ptr, n, per)?;
+            let want = quant(&mut g, ab.ptr, n, k8)?;
+            out.push(CopyCheck { what: if k8 { "swiglu Q8_K" } else { "swiglu Q8_0" }, values: n, mismatches: diff(&got, &want), rel_err: 0.0 });
+        }
+        // Fused decode sub-layer entry against the F16 mat-vec + hc_pre_norm, and its copies.
+        let (hd, nm) = (nh * e, (2 + nh) * nh);
+        let wf: Vec<u16> = v(nm * hd, 0.02).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let wdev = g.alloc(wf.len() * 2)?;
+        g.htod(wdev.ptr, &wf)?;
+        let (x, sc, base, nw) = (up(&g, &v(hd, 1.0))?, up(&g, &v(3, 0.5))?, up(&g, &v(nm, 0.5))?, up(&g, &v(e, 1.0))?);
+        let (mix, mixes, xn1, xn2) = (g.alloc(nm * 4)?, g.alloc((nh + nh * nh) * 4)?, g.alloc(e * 4)?, g.alloc(e * 4)?);
+        let m = DM { ptr: wdev.ptr, ty: GgmlType::F16, rows: nm, cols: hd, n_mat: 1, row_bytes: hd * 2, split: false };
+        launch_mv(&mut g, &m, m.ptr, 0, 0, x.ptr, hd, 0, mix.ptr, nm, 0, nm, 1, 1)?;
+        let args = [A::P(mix.ptr), A::P(sc.ptr), A::P(base.ptr), A::I(nh as i32), A::I(20), A::F(1e-6), A::P(x.ptr), A::I(e as i32), A::P(mixes.ptr), A::P(nw.ptr), A::F(1e-6), A::P(xn1.ptr), A::I(0)];
+        g.launch("hc_pre_norm", (1, 1, 1), 1024, (e * 4) as u32, &args)?;
+        let (part, ticket) = (g.alloc(hd / 256 * (nm + 3) * 4)?, g.alloc_zeroed(4)?);
+        let (q0, d0, qk, dk) = (g.alloc(e)?, g.alloc(e / 32 * 4)?, g.alloc(e)?, g.alloc(e / 256 * 4)?);
+        let mix2 = g.alloc(nm * 4)?;
+        let args = [
+            A::P(wdev.ptr), A::I(nm as i32), A::P(x.ptr), A::I(e as i32), A::I(nh as i32), A::P(part.ptr), A::P(ticket.ptr), A::P(sc.ptr), A::P(base.ptr),
+            A::F(1e-6), A::P(mix2.ptr), A::P(mixes.ptr), A::P(nw.ptr), A::F(1e-6), A::P(xn2.ptr), A::P(q0.ptr), A::P(d0.ptr), A::P(qk.ptr), A::P(dk.ptr),
+        ];
+        // Twice: the ticket must be back at zero for the next launch (graph replay).
+        for _ in 0..2 {
+            g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
+        }
+        let (mut a, mut b) = (vec![0f32; e], vec![0f32; e]);
+        g.dtoh(&mut a, xn1.ptr)?;
+        g.dtoh(&mut b, xn2.ptr)?;
+        let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+        let err = (num / den.max(1e-30)).sqrt();
+        let got = fetch(&mut g, q0.ptr, d0.ptr, e, 32)?;
+        let want = quant(&mut g, xn2.ptr, e, false)?;
+        out.push(CopyCheck { what: "hc_pre_dec xn + Q8_0", values: e, mismatches: diff(&got, &want), rel_err: err });
+        let got = fetch(&mut g, qk.ptr, dk.ptr, e, 256)?;
+        let want = quant(&mut g, xn2.ptr, e, true)?;
+        out.push(CopyCheck { what: "hc_pre_dec Q8_K", values: e, mismatches: diff(&got, &want), rel_err: err });
+        Ok(out)
     })()
     .map_err(me)
 }

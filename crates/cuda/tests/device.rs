@@ -489,3 +489,20 @@ fn indexer_score_kernels_match_reference() {
     assert!(e1 < 1e-5, "f32 indexer rel err {e1}");
     assert!(e2 < 3e-3, "tensor-core indexer rel err {e2}");
 }
+
+#[test]
+fn producer_int8_copies_equal_standalone_quantization() {
+    if !gpu_present() {
+        return;
+    }
+    // Flash sizes: 4096 embedding, 4 streams, 2048 expert width, 6 experts.
+    let checks = ds4_cuda::act_copy_checks(21, 4096, 4, 2048, 6).unwrap();
+    for c in &checks {
+        println!("op {}: {} values, {} differ from the stand-alone quantization; f32 output rel err {:.2e}", c.what, c.values, c.mismatches, c.rel_err);
+    }
+    for c in &checks {
+        assert_eq!(c.mismatches, 0, "{}", c.what);
+        // The fused entry sums the mix projection in another order than the mat-vec kernel.
+        assert!(c.rel_err < 1e-5, "{}: rel err {}", c.what, c.rel_err);
+    }
+}

@@ -1,6 +1,7 @@
 //! Attention sub-layer on the device: Q/KV projections, compressors, indexer selection, attention over
 //! the window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
+use crate::matvec::launch_mvq8;
 use ds4_model::kv::compressed_capacity;
 
 impl CudaStage {
@@ -15,7 +16,8 @@ impl CudaStage {
             (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base)
         };
         let an = self.layers[li].attn_norm;
-        self.hc_pre(hc_fn, hsc, hba, an, n)?;
+        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false })?;
+        let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
         let (_, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, ratio) =
             (l.attn_norm, l.q_a, l.q_a_norm, l.q_b, l.kv, l.kv_norm, l.freqs, l.sinks, l.ratio);
@@ -28,7 +30,7 @@ impl CudaStage {
         if dec {
             self.g.fork(1)?;
         }
-        self.mm(&kvm, xn, n, kvb)?;
+        self.mm_q(&kvm, xn, n, kvb, pre_xn)?;
         self.nrq(kvb, d, kvb, d, n, d, true, kv_norm, freqs, pos0 as i64, 1, 1, if qat { 1 } else { 0 })?;
         if dec {
             self.g.to_main();
@@ -67,8 +69,9 @@ impl CudaStage {
             self.g.to_main();
         }
         // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
-        self.mm(&q_a, xn, n, qr)?;
-        self.rms(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
+        self.mm_q(&q_a, xn, n, qr, pre_xn)?;
+        let pre_qr = self.takes_q80(&q_b, n).then(|| self.wk.q8_qr.pair());
+        self.rms_q(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n, pre_qr)?;
         let topk = cfg.idx_topk;
         let idx_active = idx.is_some() && (nc_last > topk || dec);
         if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
@@ -86,7 +89,7 @@ impl CudaStage {
                 self.g.to_main();
             }
         }
-        self.mm(&q_b, qr, n, q)?;
+        self.mm_q(&q_b, qr, n, q, pre_qr)?;
         self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
         if dec {
             self.g.join(1)?;
@@ -98,7 +101,7 @@ impl CudaStage {
             if idx_active {
                 let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
                 let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
-                let smem = ((ih * (id + 1) + 16 * id + 16 * 8) * 4) as u32;
+                let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
                 if ih > 256 {
                     return Err("indexer with more than 256 heads".into());
                 }
@@ -112,7 +115,7 @@ impl CudaStage {
                     let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
                     self.g.launch("idx_scores_tc", (cdiv(rows_grid, 64), n as u32, 1), 128, 0, &args)?;
                 } else {
-                    self.g.launch("idx_scores", (cdiv(rows_grid, 16), n as u32, 1), 256, smem, &args)?;
+                    self.g.launch("idx_scores", (cdiv(rows_grid, 8), n as u32, 1), 256, smem, &args)?;
                 }
                 let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
                 self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
@@ -155,7 +158,7 @@ impl CudaStage {
                 A::I((cfg.rope_dim / 2) as i32),
             ];
             self.g.launch(if hb == 64 { "attn_tc64" } else { "attn_tc32" }, (n as u32, (nh / hb) as u32, 1), 256, smem, &args)?;
-            return self.attention_out(li, n, pos0, true);
+            return self.attention_out(li, n, pos0, true, None);
         }
         let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
         if smem > 220 * 1024 {
@@ -184,7 +187,7 @@ impl CudaStage {
             A::I((cfg.rope_dim / 2) as i32),
         ];
         self.g.launch(name, (n as u32, (nh / hg) as u32, 1), 256, smem, &args)?;
-        self.attention_out(li, n, pos0, true)
+        self.attention_out(li, n, pos0, true, None)
     }
 
     /// Decode attention for one token: candidates split over blocks, then merged (attn_dec*).
@@ -204,6 +207,9 @@ impl CudaStage {
         let (freqs, sinks) = (l.freqs, l.sinks);
         let (ring, comp_rows) = (k.ring.ptr, k.comp.as_ref().map_or(0, |b| b.ptr));
         let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
+        // The merge also writes the Q8_0 copy of the output for the int8 output projection.
+        let out_a = self.layers[li].out_a;
+        let (q80, d80) = if self.takes_q80(&out_a, 1) && d % 32 == 0 { self.wk.q8_o.pair() } else { (0, 0) };
         let smem = ((8 * d + 32 * d + 8 * 32) * 4) as u32;
         let args = [
             A::P(q),
@@ -239,13 +245,16 @@ impl CudaStage {
             A::P(dp),
             A::P(kvb),
             A::P(ring),
+            A::P(q80),
+            A::P(d80),
         ];
         self.g.launch("attn_dec_merge", (nh as u32, 1, 1), (d / 4).div_ceil(32) as u32 * 32, 0, &args)?;
-        self.attention_out(li, 1, pos0, false)
+        self.attention_out(li, 1, pos0, false, (q80 != 0).then_some((q80, d80)))
     }
 
     /// Ring update, grouped low-rank output projection, second projection, HC post.
-    pub(super) fn attention_out(&mut self, li: usize, n: usize, pos0: usize, ring_store: bool) -> Result<()> {
+    /// `pre_o`: the Q8_0 copy of the attention output (one token), taken by the grouped projection.
+    pub(super) fn attention_out(&mut self, li: usize, n: usize, pos0: usize, ring_store: bool, pre_o: Option<(u64, u64)>) -> Result<()> {
         let cfg = self.cfg.clone();
         let (d, qd) = (cfg.head_dim, cfg.q_dim());
         let (out_a, out_b) = (self.layers[li].out_a, self.layers[li].out_b);
@@ -258,7 +267,9 @@ impl CudaStage {
         // Grouped low-rank output projection, then the second projection.
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
         let gin = hpg * d;
-        if n < self.gemm_min || !self.gemm_ok(&out_a) {
+        if let Some((q, qdd)) = pre_o {
+            launch_mvq8(&mut self.g, &out_a, out_a.ptr, ol * out_a.row_bytes, 0, q, qdd, gin, low, ol, ol, g)?;
+        } else if n < self.gemm_min || !self.gemm_ok(&out_a) {
             self.mv(out_a.ptr, &out_a, ol * out_a.row_bytes, 0, o, qd, gin, low, g * ol, ol, ol, n, g)?;
         } else {
             let wh = self.dequant(&out_a, 0)?;

@@ -72,11 +72,27 @@ impl CudaStage {
 
     pub(super) fn mm(&mut self, m: &DM, x: u64, n: usize, y: u64) -> Result<()> { self.mm_idx(m, 0, x, m.cols, n, y, m.rows) }
 
-    pub(super) fn rms(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, d: usize, w: u64, n: usize) -> Result<()> {
+    /// Whether a one-token product with `m` takes a Q8_0 copy of its input written by the producer.
+    pub(super) fn takes_q80(&self, m: &DM, n: usize) -> bool { self.decode_mode && n == 1 && self.fast_q8 && q80_ok(m) }
+
+    /// `mm` whose input also exists as the Q8_0 copy `pre` (values, scales), when the product takes it.
+    pub(super) fn mm_q(&mut self, m: &DM, x: u64, n: usize, y: u64, pre: Option<(u64, u64)>) -> Result<()> {
+        match pre {
+            Some((q, d)) if self.takes_q80(m, n) => launch_mvq8(&mut self.g, m, m.ptr, 0, 0, q, d, 0, y, 0, m.rows, 1),
+            _ => self.mm(m, x, n, y),
+        }
+    }
+
+    pub(super) fn rms(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, d: usize, w: u64, n: usize) -> Result<()> { self.rms_q(x, ldx, y, ldy, d, w, n, None) }
+
+    /// `rms`, also writing the Q8_0 copy `q8` (values, scales) of the output rows (d % 32 == 0).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn rms_q(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, d: usize, w: u64, n: usize, q8: Option<(u64, u64)>) -> Result<()> {
         let eps = self.cfg.rms_eps;
         // Few rows (decode): a whole SM per row; many rows: 256 threads each.
         let threads = if n < 64 { 1024 } else { 256 };
-        self.g.launch("rms_rows", (n as u32, 1, 1), threads, 0, &[A::P(x), A::I(ldx as i32), A::P(y), A::I(ldy as i32), A::I(d as i32), A::P(w), A::F(eps)])
+        let (q, qd) = q8.filter(|_| d % 32 == 0).unwrap_or((0, 0));
+        self.g.launch("rms_rows", (n as u32, 1, 1), threads, 0, &[A::P(x), A::I(ldx as i32), A::P(y), A::I(ldy as i32), A::I(d as i32), A::P(w), A::F(eps), A::P(q), A::P(qd)])
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -115,14 +131,19 @@ impl CudaStage {
     }
 
     /// Sub-layer entry: mix projection of the raw streams, then one fused kernel for the flat RMS
-    /// factor, Sinkhorn, the collapse and the sub-layer norm (weight `norm`) into `xn`.
-    pub(super) fn hc_pre(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<()> {
+    /// factor, Sinkhorn, the collapse and the sub-layer norm (weight `norm`) into `xn`. `want` names the
+    /// int8 copies of xn the products after it can take; the return value says which were written.
+    pub(super) fn hc_pre(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize, want: XnCopies) -> Result<XnCopies> {
         let c = &self.cfg;
         let (e, nh) = (c.n_embd, c.n_hc);
         if nh > 16 || nh * nh > 32 {
             return Err(format!("{nh} hyper-connection streams (the fused kernel handles up to 5)"));
         }
         let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
+        let hd = nh * e;
+        if self.decode_mode && self.hc_dec && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 {
+            return self.hc_pre_dec(hc_fn, scale, base, norm, want);
+        }
         self.mm(&hc_fn, x, n, mix)?;
         let args = [
             A::P(mix),
@@ -148,7 +169,47 @@ impl CudaStage {
             self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
             self.g.to_main();
         }
-        self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)
+        self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)?;
+        Ok(XnCopies::default())
+    }
+
+    /// One-token sub-layer entry in one launch (`hc_pre_dec`: mix projection over 256-column slices,
+    /// the last slice's block finishing the entry), then the Sinkhorn matrix on side stream 1.
+    fn hc_pre_dec(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, want: XnCopies) -> Result<XnCopies> {
+        let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
+        let hd = nh * e;
+        let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
+        let made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts };
+        let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
+        let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
+        let args = [
+            A::P(hc_fn.ptr),
+            A::I(hc_fn.rows as i32),
+            A::P(x),
+            A::I(e as i32),
+            A::I(nh as i32),
+            A::P(self.wk.hcd_part.ptr),
+            A::P(self.wk.hcd_ticket.ptr),
+            A::P(scale),
+            A::P(base),
+            A::F(self.cfg.hc_eps),
+            A::P(mix),
+            A::P(mixes),
+            A::P(norm),
+            A::F(self.cfg.rms_eps),
+            A::P(xn),
+            A::P(q80),
+            A::P(d80),
+            A::P(q8k),
+            A::P(d8k),
+        ];
+        self.g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
+        let (it, he, re) = (self.cfg.sinkhorn_iters as i32, self.cfg.hc_eps, self.cfg.rms_eps);
+        self.g.fork(1)?;
+        let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
+        self.g.launch("hc_comb", (1, 1, 1), 1024, 0, &cargs)?;
+        self.g.to_main();
+        Ok(made)
     }
 
     pub(super) fn hc_post(&mut self, n: usize) -> Result<()> {

@@ -264,6 +264,8 @@ impl CudaStage {
         // Largest one-token mat-vec input: columns times the slots reading their own rows (the
         // output projection's groups, the routed experts).
         let xq80_cap = (max_cols * cfg.o_groups.max(k).max(1)).max(cfg.q_dim()).next_multiple_of(256);
+        let act8 = |len: usize, block: usize| -> Result<ActQ8> { Ok(ActQ8 { q: g.alloc(len.max(1))?, d: g.alloc(len.div_ceil(block).max(1) * 4)? }) };
+        let hcd_slices = hd.div_ceil(256);
         let wk = Work {
             x: f(n * hd)?,
             flat: f(n * hd)?,
@@ -318,11 +320,18 @@ impl CudaStage {
             xqd: g.alloc(e.max(k * ff).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
             gptr_cap: n * k / 64 + ne + 1,
+            q8_xn: act8(e, 32)?,
+            q8k_xn: act8(e, 256)?,
+            q8_qr: act8(cfg.q_lora, 32)?,
+            q8_o: act8(cfg.q_dim(), 32)?,
+            q8_sh: act8(ff, 32)?,
+            hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1))?,
+            hcd_ticket: g.alloc_zeroed(4)?,
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
         g.reserve_smem("attn_dec", ((8 * d + 32 * d + 8 * 32) * 4) as u32)?;
-        g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 16 * id + 16 * 8) * 4) as u32)?;
+        g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 8 * id) * 4) as u32)?;
         g.sync()?;
         let (free2, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
         eprintln!("cuda: KV + work buffers allocated (ctx {ctx}, batch {nmax}); {:.1} GiB free", free2 as f64 / GIB);
@@ -354,6 +363,7 @@ impl CudaStage {
             grouped_quant: std::env::var("DS4_CUDA_GROUPED_QUANT").map_or(true, |v| v != "0"),
             fast_q8: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
+            hc_dec: std::env::var("DS4_CUDA_HC_DEC").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None],

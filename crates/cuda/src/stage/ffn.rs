@@ -13,12 +13,17 @@ impl CudaStage {
             (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base)
         };
         let fnw = self.layers[li].ffn_norm;
-        self.hc_pre(hc_fn, hsc, hba, fnw, n)?;
+        let (q8k_exp, has_shared) = {
+            let l = &self.layers[li];
+            ([&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m)), l.shared.is_some())
+        };
+        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp })?;
+        let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
         let (_, gate_inp, bias, hash, gate, up, down, shared, clamp) =
             (l.ffn_norm, l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0), l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
         let wk = &self.wk;
-        let (_, xn, rlog, eids, ew, ex_a, ex_b, ex_out, y) = (wk.cur.ptr, wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.y.ptr);
+        let (xn, rlog, eids, ew, ex_a, ex_b, ex_out) = (wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
         let (sh_a, sh_b, sh_out, tokens) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr, wk.tokens.ptr);
         // Decode: the shared expert runs on side stream 1 while the router and routed experts run here.
         let dec = self.decode_mode;
@@ -27,10 +32,13 @@ impl CudaStage {
             if dec {
                 self.g.fork(1)?;
             }
-            self.mm(&sg, xn, n, sh_a)?;
-            self.mm(&su, xn, n, sh_b)?;
-            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0)])?;
-            self.mm(&sd, sh_a, n, sh_out)?;
+            self.mm_q(&sg, xn, n, sh_a, pre_xn)?;
+            self.mm_q(&su, xn, n, sh_b, pre_xn)?;
+            // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
+            let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
+            let (q, qd) = pre_sh.unwrap_or((0, 0));
+            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
+            self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
             add = sh_out;
             if dec {
                 self.g.to_main();
@@ -59,14 +67,16 @@ impl CudaStage {
             // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
             let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
             let (xq, xd) = (self.wk.xq.ptr, self.wk.xqd.ptr);
-            if q8 {
+            // The Q8_K copy of xn: written by the fused sub-layer entry, or quantized here.
+            let (xnq, xnd) = if xc.q8k { self.wk.q8k_xn.pair() } else { (xq, xd) };
+            if q8 && !xc.q8k {
                 launch_q8k(&mut self.g, xn, e, e, 1, xq, xd)?;
             }
             if dec {
                 self.g.fork(2)?;
             }
             if q8 {
-                launch_mvq8(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xq, xd, 0, ex_b, ff, ff, k)?;
+                launch_mvq8(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xnq, xnd, 0, ex_b, ff, ff, k)?;
             } else {
                 self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
             }
@@ -74,17 +84,21 @@ impl CudaStage {
                 self.g.to_main();
             }
             if q8 {
-                launch_mvq8(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xq, xd, 0, ex_a, ff, ff, k)?;
+                launch_mvq8(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xnq, xnd, 0, ex_a, ff, ff, k)?;
             } else {
                 self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
             }
             if dec {
                 self.g.join(2)?;
             }
-            self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew)])?;
+            // With int8 activations the SwiGLU also writes the Q8_K copy the down product takes (the
+            // up product on the side stream has been joined: the buffer is free again).
+            let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
+            self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
             if q8 {
-                // The up product (side stream) has been joined: the Q8_K buffer is free again.
-                launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
+                if sq == 0 {
+                    launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
+                }
                 launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
             } else {
                 self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
@@ -97,9 +111,9 @@ impl CudaStage {
             // Shared expert and the Sinkhorn matrix (side stream 1).
             self.g.join(1)?;
         }
-        let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(y), A::I(e as i32), A::I(n as i32)];
-        self.g.launch("moe_combine", (cdiv(e, 256), n as u32, 1), 256, 0, &args)?;
-        self.hc_post(n)
+        // Combination and the sub-layer exit in one launch.
+        let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.x.ptr), A::I(e as i32)];
+        self.g.launch("moe_combine_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
     }
 
     /// Prefill experts: tokens grouped by expert (counts read back once per layer), one GEMM (or
@@ -127,7 +141,7 @@ impl CudaStage {
         let any_gemm = ch.iter().any(|&c| c as usize >= self.gemm_min);
         let gxh = if any_gemm { self.to_f16(gx, e, total, e)? } else { 0 };
         self.expert_mats(&[(gate, ex_a), (up, ex_b)], gx, gxh, &ch, &offs)?;
-        self.g.launch("swiglu", (cdiv(total * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((total * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(gw)])?;
+        self.g.launch("swiglu", (cdiv(total * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((total * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(gw), A::P(0), A::P(0), A::P(0), A::P(0)])?;
         let ah = if any_gemm { self.to_f16(ex_a, ff, total, ff)? } else { 0 };
         self.expert_mats(&[(down, ex_out)], ex_a, ah, &ch, &offs)?;
         self.counts_host = ch;

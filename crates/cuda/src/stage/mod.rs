@@ -164,9 +164,37 @@ struct Work {
     xq80: DBuf,
     xq80d: DBuf,
     xq80_cap: usize,
+    /// Int8 copies of one-token activations written by the kernels that produce them (Precision::Fast):
+    /// Q8_0 of the sub-layer input xn, Q8_K of xn (routed experts), Q8_0 of the normalised q_a output,
+    /// of the attention output, and of the shared expert's SwiGLU.
+    q8_xn: ActQ8,
+    q8k_xn: ActQ8,
+    q8_qr: ActQ8,
+    q8_o: ActQ8,
+    q8_sh: ActQ8,
+    /// Slice records and ticket of the fused decode sub-layer entry (`hc_pre_dec`).
+    hcd_part: DBuf,
+    hcd_ticket: DBuf,
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
     gptrs: DBuf,
     gptr_cap: usize,
+}
+
+/// An int8 activation copy: values, then one f32 scale per block (32 values for Q8_0, 256 for Q8_K).
+struct ActQ8 {
+    q: DBuf,
+    d: DBuf,
+}
+
+impl ActQ8 {
+    fn pair(&self) -> (u64, u64) { (self.q.ptr, self.d.ptr) }
+}
+
+/// Which int8 copies of the sub-layer input the entry kernel wrote (consumed by the products after it).
+#[derive(Clone, Copy, Default)]
+struct XnCopies {
+    q80: bool,
+    q8k: bool,
 }
 
 /// Counters of what the device did since the last reset.
@@ -218,6 +246,8 @@ pub struct CudaStage {
     pub fast_experts: bool,
     /// One-token split-Q8_0 products take Q8_0 activations (the CPU's `Precision::Fast`).
     pub fast_q8: bool,
+    /// Decode sub-layer entry as one fused launch (`hc_pre_dec`; DS4_CUDA_HC_DEC=0: mat-vec + hc_pre_norm).
+    pub hc_dec: bool,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
