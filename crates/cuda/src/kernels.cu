@@ -93,23 +93,21 @@ __device__ __forceinline__ void q80_warp(float v, u64 j, signed char* Q, float* 
 // largest magnitude, the first on ties. The key orders by magnitude, then by lower index; its last
 // bit keeps the sign. Every thread of the block must call it (it synchronises; `on` = false: the
 // thread's group holds no block this pass, nothing is stored); `red` holds blockDim.x / 32 keys.
-__device__ __forceinline__ void q8k_group(float v, u64 blk, bool on, signed char* Q, float* D, u64* red) {
-    int g = threadIdx.x & 255, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    u64 key = ((u64)__float_as_uint(fabsf(v)) << 32) | ((u32)(255 - g) << 1) | (v < 0.0f ? 1u : 0u);
+__device__ __forceinline__ u64 q8k_key(float v, int g) {
+    return ((u64)__float_as_uint(fabsf(v)) << 32) | ((u32)(255 - g) << 1) | (v < 0.0f ? 1u : 0u);
+}
+__device__ __forceinline__ u64 warp_max_u64(u64 key) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         u64 k2 = __shfl_xor_sync(0xffffffffu, key, o);
         key = k2 > key ? k2 : key;
     }
-    __syncthreads();
-    if (lane == 0) red[w] = key;
-    __syncthreads();
-    u64 k = red[w & ~7];
-#pragma unroll
-    for (int i = 1; i < 8; i++) k = red[(w & ~7) + i] > k ? red[(w & ~7) + i] : k;
+    return key;
+}
+// Stores value g of Q8_K block `blk` given the block's largest key `k`.
+__device__ __forceinline__ void q8k_store(float v, u64 k, u64 blk, int g, signed char* Q, float* D) {
     float a = __uint_as_float((u32)(k >> 32));
     float m = (k & 1) ? -a : a;
-    if (!on) return;
     if (m == 0.0f) {
         Q[blk * 256 + g] = 0;
         if (g == 0) D[blk] = 0.0f;
@@ -118,6 +116,17 @@ __device__ __forceinline__ void q8k_group(float v, u64 blk, bool on, signed char
     float iscale = -127.0f / m;
     Q[blk * 256 + g] = (signed char)min((int)rintf(iscale * v), 127);
     if (g == 0) D[blk] = 1.0f / iscale;
+}
+__device__ __forceinline__ void q8k_group(float v, u64 blk, bool on, signed char* Q, float* D, u64* red) {
+    int g = threadIdx.x & 255, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+    u64 key = warp_max_u64(q8k_key(v, g));
+    __syncthreads();
+    if (lane == 0) red[w] = key;
+    __syncthreads();
+    u64 k = red[w & ~7];
+#pragma unroll
+    for (int i = 1; i < 8; i++) k = red[(w & ~7) + i] > k ? red[(w & ~7) + i] : k;
+    if (on) q8k_store(v, k, blk, g, Q, D);
 }
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
@@ -845,16 +854,18 @@ extern "C" __global__ void rms_rows(const float* in, int ldi, float* out, int ld
     __shared__ double red[32];
     const float* x = in + (u64)blockIdx.x * ldi;
     float* y = out + (u64)blockIdx.x * ldo;
+    // The first pass's weight is requested before the reduction (it would wait after it).
+    float w0 = w && threadIdx.x < d ? w[threadIdx.x] : 1.0f;
     double ss = block_sum_d(sumsq_part(x, d), red);
     float inv = 1.0f / sqrtf((float)(ss / d) + eps);
     if (!q80) {
-        for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = w ? x[j] * inv * w[j] : x[j] * inv;
+        for (int j = threadIdx.x; j < d; j += blockDim.x) y[j] = w ? x[j] * inv * (j == threadIdx.x ? w0 : w[j]) : x[j] * inv;
         return;
     }
     for (int j0 = 0; j0 < d; j0 += blockDim.x) {
         int j = j0 + threadIdx.x;
         if (j >= d) break;  // whole warps (d % 32 == 0)
-        float v = w ? x[j] * inv * w[j] : x[j] * inv;
+        float v = w ? x[j] * inv * (j0 == 0 ? w0 : w[j]) : x[j] * inv;
         y[j] = v;
         q80_warp(v, (u64)blockIdx.x * d + j, q80, d80);
     }
@@ -927,18 +938,21 @@ extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, i
     float* rowf = (float*)(red + 32);  // d floats
     int r = blockIdx.x, j = threadIdx.x;
     float v = in[(u64)r * ldi + j];
+    // Loads that do not depend on the reduction are issued before it.
+    float wj = do_norm && w ? w[j] : 1.0f;
+    int tail0r = d - 2 * half;
+    double fq = j >= tail0r && ((j - tail0r) & 1) == 0 ? freqs[(j - tail0r) >> 1] : 0.0;
     if (do_norm) {
         double ss = block_sum_d((double)v * (double)v, red);
         float inv = 1.0f / sqrtf((float)(ss / d) + eps);
-        v = w ? v * inv * w[j] : v * inv;
+        v = w ? v * inv * wj : v * inv;
     }
     rowf[j] = v;
     __syncthreads();
     long long pos = pos_base + (long long)(r / pos_div) * pos_mul;
     int tail0 = d - 2 * half;
     if (j >= tail0 && ((j - tail0) & 1) == 0) {
-        int k = (j - tail0) >> 1;
-        double ang = (double)pos * freqs[k];
+        double ang = (double)pos * fq;
         double s, c;
         sincos(ang, &s, &c);
         float sf = (float)s, cf = (float)c;
@@ -1719,15 +1733,17 @@ extern "C" __global__ void __launch_bounds__(1024) idx_topk(const float* scores,
 // ---------------------------------------------------------------------------------------------
 // MoE: router, SwiGLU, grouping, combining.
 // ---------------------------------------------------------------------------------------------
-// One block (>= n_expert threads, <= 1024) per token.
-extern "C" __global__ void route(const float* logits, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
-                                 float scale, int* eids, float* ew) { PDL_ENTRY
+// Routing of token i by one block (>= n_expert threads, <= 1024); thread t < ne holds logit `lt` of
+// expert t.
+__device__ void route_token(float lt, int i, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize, float scale,
+                            int* eids, float* ew) {
     __shared__ float wv[32];
     __shared__ int wi[32];
     __shared__ int chosen[16];
-    int i = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5, nw = blockDim.x >> 5;
-    const float* l = logits + (u64)i * ne;
-    float p = t < ne ? sqrtf(softplusf_(l[t])) : -INFINITY;
+    __shared__ float ps[1024];
+    int t = threadIdx.x, lane = t & 31, wid = t >> 5, nw = blockDim.x >> 5;
+    float p = t < ne ? sqrtf(softplusf_(lt)) : -INFINITY;
+    if (t < ne) ps[t] = p;
     float selv = t < ne ? p + (bias ? bias[t] : 0.0f) : -INFINITY;
     if (hash) {
         if (t < k) chosen[t] = hash[(u64)tokens[i] * k + t];
@@ -1763,7 +1779,7 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
     if (t == 0) {
         float w[16], sum = 0.0f;
         for (int s = 0; s < k; s++) {
-            w[s] = sqrtf(softplusf_(l[chosen[s]]));
+            w[s] = ps[chosen[s]];
             sum += w[s];
         }
         float den = normalize ? fmaxf(sum, 6.1035156e-5f) : 1.0f;
@@ -1772,6 +1788,63 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
             ew[(u64)i * k + s] = w[s] / den * scale;
         }
     }
+}
+
+// One block (>= n_expert threads, <= 1024) per token.
+extern "C" __global__ void route(const float* logits, int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
+                                 float scale, int* eids, float* ew) { PDL_ENTRY
+    int i = blockIdx.x, t = threadIdx.x;
+    route_token(t < ne ? logits[(u64)i * ne + t] : 0.0f, i, ne, bias, hash, tokens, k, normalize, scale, eids, ew);
+}
+
+// Decode router in one launch: the gate logits (F16 rows `W`, ne x e) four rows per block (warp w: row
+// 4 blockIdx.x + w / 2, column half w % 2), written to `logits`; the last block to finish (ticket)
+// routes the token. 256 threads, ne <= 256 and a multiple of 4, e a multiple of 512.
+extern "C" __global__ void __launch_bounds__(256) gate_route_dec(const u16* __restrict__ W, const float* __restrict__ x, int e, float* logits, int* ticket,
+                                                                 int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
+                                                                 float scale, int* eids, float* ew) { PDL_ENTRY
+    __shared__ float part[8];
+    __shared__ int last;
+    int t = threadIdx.x, lane = t & 31, w = t >> 5, row = 4 * blockIdx.x + (w >> 1), half = w & 1;
+    const u16* wr = W + (u64)row * e;
+    float s = 0.0f;
+    for (int c0 = half * (e / 2) + 8 * lane; c0 < (half + 1) * (e / 2); c0 += 4 * 256) {
+        uint4 wq[4];
+        float4 xa[4], xb[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int c = c0 + 256 * u;
+            bool on = c < (half + 1) * (e / 2);
+            wq[u] = on ? *(const uint4*)(wr + c) : make_uint4(0, 0, 0, 0);
+            xa[u] = on ? *(const float4*)(x + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+            xb[u] = on ? *(const float4*)(x + c + 4) : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float xv[8] = {xa[u].x, xa[u].y, xa[u].z, xa[u].w, xb[u].x, xb[u].y, xb[u].z, xb[u].w};
+            u32 ww[4] = {wq[u].x, wq[u].y, wq[u].z, wq[u].w};
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                s += h2f((u16)(ww[q] & 0xffff)) * xv[2 * q];
+                s += h2f((u16)(ww[q] >> 16)) * xv[2 * q + 1];
+            }
+        }
+    }
+    s = warp_sum(s);
+    if (lane == 0) part[w] = s;
+    __syncthreads();
+    if (t < 4) logits[4 * blockIdx.x + t] = part[2 * t] + part[2 * t + 1];
+    __threadfence();
+    __syncthreads();
+    if (t == 0) {
+        int kk = atomicAdd(ticket, 1);
+        last = kk == (int)gridDim.x - 1;
+        if (last) *ticket = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    route_token(t < ne ? __ldcg(logits + t) : 0.0f, 0, ne, bias, hash, tokens, k, normalize, scale, eids, ew);
 }
 
 // a = silu(min(a, c)) * clamp(b, -c, c) * (w ? w[row] : 1), rows of ff.

@@ -171,11 +171,12 @@ pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     ks
 }
 
-/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 4096): more
+/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 2048: flash:6 decode
+/// 631-642 t/s against 600-625 at 4096, same runs): more
 /// warps than fit at once run in waves, each paying the load latency again.
 fn mvq_warps() -> usize {
     static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *W.get_or_init(|| std::env::var("DS4_CUDA_MVQ_WARPS").ok().and_then(|v| v.parse().ok()).unwrap_or(4096))
+    *W.get_or_init(|| std::env::var("DS4_CUDA_MVQ_WARPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
 }
 
 /// Whether `m` has a one-token kernel with int8 (Q8_K) activations (`mvq8_*`). Split IQ2_XXS rows

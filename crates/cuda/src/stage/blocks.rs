@@ -141,7 +141,7 @@ impl CudaStage {
         }
         let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
         let hd = nh * e;
-        if self.decode_mode && self.hc_dec && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 {
+        if self.decode_mode && self.hc_dec && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192 {
             return self.hc_pre_dec(hc_fn, scale, base, norm, want);
         }
         self.mm(&hc_fn, x, n, mix)?;

@@ -326,7 +326,7 @@ impl CudaStage {
             q8_o: act8(cfg.q_dim(), 32)?,
             q8_sh: act8(ff, 32)?,
             hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1))?,
-            hcd_ticket: g.alloc_zeroed(4)?,
+            hcd_ticket: g.alloc_zeroed(8)?,
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.

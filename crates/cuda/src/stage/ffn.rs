@@ -44,24 +44,31 @@ impl CudaStage {
                 self.g.to_main();
             }
         }
-        self.mm(&gate_inp, xn, n, rlog)?;
-        let bs = (ne.next_power_of_two()).clamp(32, 1024) as u32;
         if ne > 1024 || k > 16 {
             return Err("router supports up to 1024 experts and 16 per token".into());
         }
-        let args = [
-            A::P(rlog),
-            A::I(ne as i32),
-            A::P(bias),
-            A::P(hash),
-            A::P(tokens),
-            A::I(k as i32),
-            A::I(cfg.expert_weights_norm as i32),
-            A::F(cfg.expert_weights_scale),
-            A::P(eids),
-            A::P(ew),
-        ];
-        self.g.launch("route", (n as u32, 1, 1), bs, 0, &args)?;
+        if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 512 == 0 {
+            // Gate logits and routing in one launch (the last block routes).
+            let args = [
+                A::P(gate_inp.ptr),
+                A::P(xn),
+                A::I(e as i32),
+                A::P(rlog),
+                A::P(self.wk.hcd_ticket.ptr + 4),
+                A::I(ne as i32),
+                A::P(bias),
+                A::P(hash),
+                A::P(tokens),
+                A::I(k as i32),
+                A::I(cfg.expert_weights_norm as i32),
+                A::F(cfg.expert_weights_scale),
+                A::P(eids),
+                A::P(ew),
+            ];
+            self.g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &args)?;
+        } else {
+            self.router(li, n)?;
+        }
         let mut slot_pos = 0u64;
         if n == 1 {
             // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
@@ -114,6 +121,30 @@ impl CudaStage {
         // Combination and the sub-layer exit in one launch.
         let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.x.ptr), A::I(e as i32)];
         self.g.launch("moe_combine_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
+    }
+
+    /// Gate logits of `n` tokens (`mm`), then one routing block per token.
+    fn router(&mut self, li: usize, n: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        let (ne, k) = (cfg.n_expert, cfg.n_expert_used);
+        let (xn, rlog, eids, ew, tokens) = (self.wk.xn.ptr, self.wk.rlog.ptr, self.wk.eids.ptr, self.wk.ew.ptr, self.wk.tokens.ptr);
+        let l = &self.layers[li];
+        let (gate_inp, bias, hash) = (l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0));
+        let args = [
+            A::P(rlog),
+            A::I(ne as i32),
+            A::P(bias),
+            A::P(hash),
+            A::P(tokens),
+            A::I(k as i32),
+            A::I(cfg.expert_weights_norm as i32),
+            A::F(cfg.expert_weights_scale),
+            A::P(eids),
+            A::P(ew),
+        ];
+        let bs = (ne.next_power_of_two()).clamp(32, 1024) as u32;
+        self.mm(&gate_inp, xn, n, rlog)?;
+        self.g.launch("route", (n as u32, 1, 1), bs, 0, &args)
     }
 
     /// Prefill experts: tokens grouped by expert (counts read back once per layer), one GEMM (or
