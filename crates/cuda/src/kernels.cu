@@ -1586,8 +1586,26 @@ extern "C" __global__ void __launch_bounds__(256) idx_scores(const float* __rest
     float* ks = sm2 + H * (D + 1);    // 8 * D: the block's key rows
     const float* qi = q + (u64)i * H * D;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, r = r0 + w;
-    // Stage q with all of a thread's loads in flight at once.
+    // Stage q with all of a thread's loads in flight at once (16-byte loads when D allows).
     const int HD = H * D;
+    if ((D & 3) == 0) {
+        for (int k0 = threadIdx.x; k0 < HD / 4; k0 += 8 * blockDim.x) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int k = k0 + u * blockDim.x;
+                v[u] = k < HD / 4 ? ((const float4*)qi)[k] : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int k = 4 * (k0 + u * blockDim.x);
+                if (k < HD) {
+                    float* dst = qs + (k / D) * (D + 1) + k % D;
+                    dst[0] = v[u].x; dst[1] = v[u].y; dst[2] = v[u].z; dst[3] = v[u].w;
+                }
+            }
+        }
+    } else
     for (int k0 = threadIdx.x; k0 < HD; k0 += 8 * blockDim.x) {
         float v[8];
 #pragma unroll
@@ -1799,7 +1817,7 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
 
 // Decode router in one launch: the gate logits (F16 rows `W`, ne x e) four rows per block (warp w: row
 // 4 blockIdx.x + w / 2, column half w % 2), written to `logits`; the last block to finish (ticket)
-// routes the token. 256 threads, ne <= 256 and a multiple of 4, e a multiple of 512.
+// routes the token. 256 threads, ne <= 256 and a multiple of 4, e a multiple of 16.
 extern "C" __global__ void __launch_bounds__(256) gate_route_dec(const u16* __restrict__ W, const float* __restrict__ x, int e, float* logits, int* ticket,
                                                                  int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
                                                                  float scale, int* eids, float* ew) { PDL_ENTRY

@@ -27,6 +27,6 @@ mod probe;
 #[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use probe::{act_copy_checks, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase};
+pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase};
 #[cfg(feature = "cuda")]
 pub use stage::{CudaStage, CudaStats};

@@ -421,3 +421,47 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
     })()
     .map_err(me)
 }
+
+/// The fused decode router (`gate_route_dec`) against the F16 mat-vec + `route` on random data (`e`
+/// columns, `ne` experts, `k` chosen, with a selection bias): whether the chosen experts are the same,
+/// the largest relative difference of their weights, and the gate logits' relative error.
+pub fn router_check(seed: u64, e: usize, ne: usize, k: usize) -> ds4_model::Result<(bool, f64, f64)> {
+    (|| -> Result<(bool, f64, f64)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let mut rng = ds4_quant::random::SplitMix64(seed);
+        let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
+        let wf: Vec<u16> = v(ne * e, 0.05).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let wdev = g.alloc(wf.len() * 2)?;
+        g.htod(wdev.ptr, &wf)?;
+        let (xv, bv) = (v(e, 1.0), v(ne, 0.1));
+        let (x, bias) = (g.alloc(e * 4)?, g.alloc(ne * 4)?);
+        g.htod(x.ptr, &xv)?;
+        g.htod(bias.ptr, &bv)?;
+        let (l1, l2, ids1, ids2, w1, w2) = (g.alloc(ne * 4)?, g.alloc(ne * 4)?, g.alloc(k * 4)?, g.alloc(k * 4)?, g.alloc(k * 4)?, g.alloc(k * 4)?);
+        let ticket = g.alloc_zeroed(4)?;
+        let m = DM { ptr: wdev.ptr, ty: GgmlType::F16, rows: ne, cols: e, n_mat: 1, row_bytes: e * 2, split: false };
+        launch_mv(&mut g, &m, m.ptr, 0, 0, x.ptr, e, 0, l1.ptr, ne, 0, ne, 1, 1)?;
+        let bs = ne.next_power_of_two().clamp(32, 1024) as u32;
+        let rargs = |l: u64, ids: u64, w: u64| [A::P(l), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(0), A::I(k as i32), A::I(1), A::F(1.5), A::P(ids), A::P(w)];
+        g.launch("route", (1, 1, 1), bs, 0, &rargs(l1.ptr, ids1.ptr, w1.ptr))?;
+        let fargs = [A::P(wdev.ptr), A::P(x.ptr), A::I(e as i32), A::P(l2.ptr), A::P(ticket.ptr), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(0), A::I(k as i32), A::I(1), A::F(1.5), A::P(ids2.ptr), A::P(w2.ptr)];
+        // Twice: the ticket must be back at zero for the next launch.
+        for _ in 0..2 {
+            g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &fargs)?;
+        }
+        let (mut a, mut b) = (vec![0f32; ne], vec![0f32; ne]);
+        g.dtoh(&mut a, l1.ptr)?;
+        g.dtoh(&mut b, l2.ptr)?;
+        let (mut i1, mut i2) = (vec![0i32; k], vec![0i32; k]);
+        g.dtoh(&mut i1, ids1.ptr)?;
+        g.dtoh(&mut i2, ids2.ptr)?;
+        let (mut e1, mut e2) = (vec![0f32; k], vec![0f32; k]);
+        g.dtoh(&mut e1, w1.ptr)?;
+        g.dtoh(&mut e2, w2.ptr)?;
+        let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+        let wd = e1.iter().zip(&e2).map(|(x, y)| ((x - y).abs() / x.abs().max(1e-30)) as f64).fold(0.0, f64::max);
+        Ok((i1 == i2, wd, (num / den.max(1e-30)).sqrt()))
+    })()
+    .map_err(me)
+}

@@ -47,7 +47,7 @@ impl CudaStage {
         if ne > 1024 || k > 16 {
             return Err("router supports up to 1024 experts and 16 per token".into());
         }
-        if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 512 == 0 {
+        if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
             // Gate logits and routing in one launch (the last block routes).
             let args = [
                 A::P(gate_inp.ptr),
