@@ -103,28 +103,7 @@ extern "C" __global__ void __launch_bounds__(HCD_T) hc_pre_dec(const u16* __rest
         mixes[t] = 2.0f * sigmoidf_(mix[nh + t] * inv * sc1 + b1);
     }
     __syncthreads();
-    double s2 = 0.0;
-    for (int j0 = t; j0 < e; j0 += 4 * HCD_T) {
-        float xs[4][16];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int s = 0; s < 16; s++) {
-                int j = j0 + u * HCD_T;
-                xs[u][s] = s < nh && j < e ? x[s * e + j] : 0.0f;
-            }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int j = j0 + u * HCD_T;
-            if (j >= e) break;
-            float o = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 16; s++)
-                if (s < nh) o += pre[s] * xs[u][s];
-            curs[j] = o;
-            s2 += (double)o * (double)o;
-        }
-    }
+    double s2 = hc_collapse(x, pre, nh, e, curs);
     s2 = block_sum_d(s2, redd);
     float inv2 = 1.0f / sqrtf((float)(s2 / e) + eps);
     // e is a multiple of 256 and at most HCD_V * HCD_T (checked on the host): in every pass a warp's

@@ -1029,6 +1029,35 @@ __device__ __forceinline__ void hc_comb_warp(const float* mr, float inv, const f
     if (on) mo[nh + lane] = c;
 }
 
+// The collapse cur[j] = Σ_s pre[s]·X[s][j] of `nh` (<= 16) streams of `e` (stream s at xi + s*e) into
+// `curs`, four columns of a thread at a time with all their loads in flight; returns this thread's part
+// of Σ cur² in double (columns threadIdx.x, +blockDim.x, .. in that order).
+__device__ __forceinline__ double hc_collapse(const float* __restrict__ xi, const float* pre, int nh, int e, float* curs) {
+    double s2 = 0.0;
+    for (int j0 = threadIdx.x; j0 < e; j0 += 4 * blockDim.x) {
+        float xv[4][16];
+#pragma unroll
+        for (int u = 0; u < 4; u++)
+#pragma unroll
+            for (int s = 0; s < 16; s++) {
+                int j = j0 + u * blockDim.x;
+                xv[u][s] = s < nh && j < e ? xi[s * e + j] : 0.0f;
+            }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int j = j0 + u * blockDim.x;
+            if (j >= e) break;
+            float o = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 16; s++)
+                if (s < nh) o += pre[s] * xv[u][s];
+            curs[j] = o;
+            s2 += (double)o * (double)o;
+        }
+    }
+    return s2;
+}
+
 // Fused sub-layer entry for decode and prefill: from the raw mix projection of the un-normalised
 // streams (x·Wᵀ), the flat RMS factor, pre/post weights, the collapsed input cur = Σ pre[s]·X[s], and
 // its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms). With
@@ -1054,30 +1083,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
     }
     if (comb && t < 32) hc_comb_warp(mr, inv, scale, base, nh, iters, hc_eps, mo);
     __syncthreads();
-    double s2 = 0.0;
-    for (int j0 = t; j0 < e; j0 += 4 * blockDim.x) {
-        // All 4 x nh loads of four columns issued before the arithmetic.
-        float xv[4][16];
-#pragma unroll
-        for (int u = 0; u < 4; u++)
-#pragma unroll
-            for (int s = 0; s < 16; s++) {
-                int j = j0 + u * blockDim.x;
-                xv[u][s] = s < nh && j < e ? xi[s * e + j] : 0.0f;
-            }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            int j = j0 + u * blockDim.x;
-            if (j >= e) break;
-            float o = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 16; s++)
-                if (s < nh) o += pre[s] * xv[u][s];
-            curs[j] = o;
-            s2 += (double)o * (double)o;
-        }
-    }
-    s2 = block_sum_d(s2, red);
+    double s2 = block_sum_d(hc_collapse(xi, pre, nh, e, curs), red);
     if (t == 0) s_inv = 1.0f / sqrtf((float)(s2 / e) + eps);
     __syncthreads();
     float inv2 = s_inv;

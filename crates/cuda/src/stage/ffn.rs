@@ -20,11 +20,10 @@ impl CudaStage {
         let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp })?;
         let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
-        let (_, gate_inp, bias, hash, gate, up, down, shared, clamp) =
-            (l.ffn_norm, l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0), l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
+        let (gate_inp, gate, up, down, shared, clamp) = (l.gate_inp, l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
         let wk = &self.wk;
-        let (xn, rlog, eids, ew, ex_a, ex_b, ex_out) = (wk.xn.ptr, wk.rlog.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
-        let (sh_a, sh_b, sh_out, tokens) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr, wk.tokens.ptr);
+        let (xn, eids, ew, ex_a, ex_b, ex_out) = (wk.xn.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
+        let (sh_a, sh_b, sh_out) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr);
         // Decode: the shared expert runs on side stream 1 while the router and routed experts run here.
         let dec = self.decode_mode;
         let mut add = 0u64;
@@ -48,23 +47,10 @@ impl CudaStage {
             return Err("router supports up to 1024 experts and 16 per token".into());
         }
         if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
-            // Gate logits and routing in one launch (the last block routes).
-            let args = [
-                A::P(gate_inp.ptr),
-                A::P(xn),
-                A::I(e as i32),
-                A::P(rlog),
-                A::P(self.wk.hcd_ticket.ptr + 4),
-                A::I(ne as i32),
-                A::P(bias),
-                A::P(hash),
-                A::P(tokens),
-                A::I(k as i32),
-                A::I(cfg.expert_weights_norm as i32),
-                A::F(cfg.expert_weights_scale),
-                A::P(eids),
-                A::P(ew),
-            ];
+            // Gate logits and routing in one launch (the last block routes): the weights, input, width and
+            // ticket, then the router's arguments after its logits pointer.
+            let r = self.route_args(li);
+            let args = [A::P(gate_inp.ptr), A::P(xn), A::I(e as i32), r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]];
             self.g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &args)?;
         } else {
             self.router(li, n)?;
@@ -123,26 +109,29 @@ impl CudaStage {
         self.g.launch("moe_combine_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
     }
 
-    /// Gate logits of `n` tokens (`mm`), then one routing block per token.
-    fn router(&mut self, li: usize, n: usize) -> Result<()> {
+    /// Arguments of the `route` kernel for layer `li` (gate logits in `rlog`).
+    fn route_args(&self, li: usize) -> [A; 10] {
         let cfg = &self.cfg;
-        let (ne, k) = (cfg.n_expert, cfg.n_expert_used);
-        let (xn, rlog, eids, ew, tokens) = (self.wk.xn.ptr, self.wk.rlog.ptr, self.wk.eids.ptr, self.wk.ew.ptr, self.wk.tokens.ptr);
         let l = &self.layers[li];
-        let (gate_inp, bias, hash) = (l.gate_inp, l.exp_bias.unwrap_or(0), l.tid2eid.unwrap_or(0));
-        let args = [
-            A::P(rlog),
-            A::I(ne as i32),
-            A::P(bias),
-            A::P(hash),
-            A::P(tokens),
-            A::I(k as i32),
+        [
+            A::P(self.wk.rlog.ptr),
+            A::I(cfg.n_expert as i32),
+            A::P(l.exp_bias.unwrap_or(0)),
+            A::P(l.tid2eid.unwrap_or(0)),
+            A::P(self.wk.tokens.ptr),
+            A::I(cfg.n_expert_used as i32),
             A::I(cfg.expert_weights_norm as i32),
             A::F(cfg.expert_weights_scale),
-            A::P(eids),
-            A::P(ew),
-        ];
-        let bs = (ne.next_power_of_two()).clamp(32, 1024) as u32;
+            A::P(self.wk.eids.ptr),
+            A::P(self.wk.ew.ptr),
+        ]
+    }
+
+    /// Gate logits of `n` tokens (`mm`), then one routing block per token.
+    fn router(&mut self, li: usize, n: usize) -> Result<()> {
+        let args = self.route_args(li);
+        let bs = (self.cfg.n_expert.next_power_of_two()).clamp(32, 1024) as u32;
+        let (gate_inp, xn, rlog) = (self.layers[li].gate_inp, self.wk.xn.ptr, self.wk.rlog.ptr);
         self.mm(&gate_inp, xn, n, rlog)?;
         self.g.launch("route", (n as u32, 1, 1), bs, 0, &args)
     }
