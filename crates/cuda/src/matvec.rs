@@ -154,7 +154,7 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
 /// Rows per warp of the `mvq*` kernels.
 const MVQ_R: usize = 8;
 
-/// Warps sharing a row group of an `mvq*` kernel: split K until about 4096 warps are busy.
+/// Warps sharing a row group of an `mvq*` kernel: split K until about [`mvq_warps`] warps are busy.
 pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
     let steps = match m.ty {
@@ -171,9 +171,9 @@ pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     ks
 }
 
-/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 2048: flash:6 decode
-/// 631-642 t/s against 600-625 at 4096, same runs): more
-/// warps than fit at once run in waves, each paying the load latency again.
+/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 2048: flash:6
+/// decode 631-642 t/s against 593-625 at 4096 in the same runs). More warps than fit at once run in
+/// waves, each paying the load latency again.
 fn mvq_warps() -> usize {
     static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *W.get_or_init(|| std::env::var("DS4_CUDA_MVQ_WARPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
