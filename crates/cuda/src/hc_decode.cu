@@ -141,3 +141,240 @@ extern "C" __global__ void __launch_bounds__(HCD_T) hc_pre_dec(const u16* __rest
         }
     }
 }
+
+// ---- Decode sub-layer entry with the previous sub-layer's exit folded in ----
+
+// Grid-wide barrier of the P blocks of a launch (all co-resident: P is small and nothing they wait
+// for needs their SMs). The last block to arrive resets the count, then flips the flag the others
+// spin on; a block reads the flag before arriving, so it cannot miss the flip. A bounded spin traps
+// (a kernel error instead of a hung stream) if a block never arrives.
+__device__ __forceinline__ u32 ld_acquire(const int* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void grid_barrier(int* cnt, int* flag, int P) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        u32 f0 = ld_acquire(flag);
+        __threadfence();
+        if (atomicAdd(cnt, 1) == P - 1) {
+            *cnt = 0;
+            __threadfence();
+            atomicExch(flag, (int)(f0 ^ 1u));
+        } else {
+            u32 spins = 0;
+            while (ld_acquire(flag) == f0)
+                if (++spins > (1u << 30)) __trap();
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+// The FFN entry's router: block p's part of the gate logits (F16 rows gW, ne x e) over its 256
+// columns of xn (thread t holds column 256p + t, value v; warp w takes rows w, w + 8, .., a lane 8
+// columns), published to glog[p][..]; the last block to finish (ticket) adds the parts in block order
+// and routes the token (route_token). ne <= 256.
+__device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int ne, int e, float v, float* glog, int* ticket,
+                                                const float* bias, const int* hash, const u32* tokens, int k, int normalize, float scale,
+                                                int* eids, float* ew) {
+    __shared__ float xs[256];
+    __shared__ int last;
+    int P = gridDim.x, p = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    xs[t] = v;
+    __syncthreads();
+    float xl[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) xl[u] = xs[8 * lane + u];
+    for (int r0 = wid; r0 < ne; r0 += 64) {
+        uint4 wq[8];
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            int r = r0 + 8 * b;
+            wq[b] = r < ne ? *(const uint4*)(gW + (u64)r * e + 256 * p + 8 * lane) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int b = 0; b < 8; b++) {
+            u32 ww[4] = {wq[b].x, wq[b].y, wq[b].z, wq[b].w};
+            float s = 0.0f;
+#pragma unroll
+            for (int q = 0; q < 4; q++) {
+                s += h2f((u16)(ww[q] & 0xffff)) * xl[2 * q];
+                s += h2f((u16)(ww[q] >> 16)) * xl[2 * q + 1];
+            }
+            s = warp_sum(s);
+            int r = r0 + 8 * b;
+            if (lane == 0 && r < ne) glog[(u64)p * ne + r] = s;
+        }
+    }
+    __threadfence();
+    __syncthreads();
+    if (t == 0) {
+        int kk = atomicAdd(ticket, 1);
+        last = kk == P - 1;
+        if (last) *ticket = 0;  // ready for the next launch (graph replay)
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    float lt = 0.0f;
+    if (t < ne)
+        for (int q = 0; q < P; q++) lt += __ldcg(glog + (u64)q * ne + t);
+    route_token(lt, 0, ne, bias, hash, tokens, k, normalize, scale, eids, ew);
+}
+
+// One-token sub-layer entry, every block finishing its own columns. Block p owns columns
+// 256p .. 256p+255 of all nh streams (thread t: column 256p + t):
+//  1. the previous sub-layer's exit, if pending (xmode 1: y = ey, the attention output; 2: y = the k
+//     weighted expert rows of ey plus eadd, the shared expert): X'[c] = post[c]·y + Σ_r comb[r][c]·X[r]
+//     with the previous mixes, in the order hc_post / moe_combine_post use, written back to x;
+//  2. the block's part of the mix projection (F16 rows W, nm x nh·e) and of Σ X'², published;
+//  3. barrier; every block reduces the parts in the same fixed order (identical results in all
+//     blocks): pre/post weights (block 0 stores post and the raw mix for hc_comb), the collapse of its
+//     columns and the block's part of Σ cur², published;
+//  4. barrier; the RMS norm (weight w) of its columns into xn, and the Q8_0 / Q8_K copies.
+// Replaces hc_post or moe_combine_post plus hc_pre_dec, whose single finishing block did the whole
+// collapse. Grid e/256 blocks of 256 threads; nh <= HCE_NH, nm <= HCE_NM.
+#define HCE_NH 5
+#define HCE_NM 35
+extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __restrict__ W, int nm, float* __restrict__ x, int e, int nh,
+                                                               float* __restrict__ part, int* bar, const float* __restrict__ scale,
+                                                               const float* __restrict__ base, float hc_eps, float* __restrict__ mixraw,
+                                                               float* __restrict__ mixes, const float* __restrict__ w, float eps,
+                                                               float* __restrict__ xn, signed char* q80, float* d80, signed char* q8k, float* d8k,
+                                                               int xmode, const float* __restrict__ ey, int ek, const float* __restrict__ eadd,
+                                                               const u16* __restrict__ gW, int ne, float* glog, int* gticket, const float* bias,
+                                                               const int* hash, const u32* tokens, int k, int normalize, float rscale, int* eids,
+                                                               float* ew) { PDL_ENTRY
+    __shared__ float xs[HCE_NH][256];
+    __shared__ float red[8][HCE_NM];
+    __shared__ double redd[32];
+    __shared__ float mix[HCE_NM + 1];
+    __shared__ double ssx;
+    __shared__ float pre[HCE_NH];
+    __shared__ u64 redk[8];
+    int P = gridDim.x, p = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
+    int hd = nh * e, j = 256 * p + t;
+    int pst = (nm + 3) & ~1, pss = (nm + 1) & ~1;
+    float wj = w ? w[j] : 1.0f;
+    // The router's weight columns of this block are read after the second barrier: into L2 now.
+    if (gW)
+        for (int r = t; r < ne; r += 256) asm volatile("prefetch.global.L2 [%0];" ::"l"(gW + (u64)r * e + 256 * p));
+    float xv[HCE_NH];
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++) xv[s] = s < nh ? x[(u64)s * e + j] : 0.0f;
+    if (xmode) {
+        float yv;
+        if (xmode == 1) {
+            yv = ey[j];
+        } else {
+            float acc = 0.0f;
+            for (int s = 0; s < ek; s++) acc += ey[(u64)s * e + j];
+            if (eadd) acc += eadd[j];
+            yv = acc;
+        }
+        float nv[HCE_NH];
+#pragma unroll
+        for (int c = 0; c < HCE_NH; c++) {
+            if (c >= nh) break;
+            float o = mixes[c] * yv;
+#pragma unroll
+            for (int r = 0; r < HCE_NH; r++)
+                if (r < nh) o += mixes[nh + r * nh + c] * xv[r];
+            nv[c] = o;
+        }
+#pragma unroll
+        for (int c = 0; c < HCE_NH; c++)
+            if (c < nh) {
+                xv[c] = nv[c];
+                x[(u64)c * e + j] = nv[c];
+            }
+    }
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++)
+        if (s < nh) xs[s][t] = xv[s];
+    __syncthreads();
+    // Mix projection part: thread chunk c = 4 columns of one stream, every row's 4 weights in flight.
+    float acc[HCE_NM];
+#pragma unroll
+    for (int r = 0; r < HCE_NM; r++) acc[r] = 0.0f;
+    for (int c = t; c < nh * 64; c += 256) {
+        int s = c >> 6, c4 = (c & 63) * 4;
+        float4 xq = *(const float4*)&xs[s][c4];
+        const u16* wp = W + (u64)s * e + 256 * p + c4;
+        uint2 wq[HCE_NM];
+#pragma unroll
+        for (int r = 0; r < HCE_NM; r++)
+            if (r < nm) wq[r] = *(const uint2*)(wp + (u64)r * hd);
+#pragma unroll
+        for (int r = 0; r < HCE_NM; r++)
+            if (r < nm) {
+                float a = acc[r];
+                a += h2f((u16)(wq[r].x & 0xffff)) * xq.x;
+                a += h2f((u16)(wq[r].x >> 16)) * xq.y;
+                a += h2f((u16)(wq[r].y & 0xffff)) * xq.z;
+                a += h2f((u16)(wq[r].y >> 16)) * xq.w;
+                acc[r] = a;
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < HCE_NM; r++)
+        if (r < nm) {
+            float v = warp_sum(acc[r]);
+            if (lane == 0) red[wid][r] = v;
+        }
+    double ss = 0.0;
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++)
+        if (s < nh) ss += (double)xv[s] * (double)xv[s];
+    ss = block_sum_d(ss, redd);  // synchronises: red is complete
+    float* pp = part + (u64)p * pst;
+    if (t < nm) {
+        float v = 0.0f;
+        for (int q = 0; q < 8; q++) v += red[q][t];
+        pp[t] = v;
+    }
+    if (t == 0) *(double*)(pp + pss) = ss;
+    grid_barrier(bar, bar + 1, P);
+    // Every block reduces the P parts in the same order (warp per row, lanes over parts, one tree).
+    for (int r = wid; r <= nm; r += 8) {
+        double a = 0.0;
+        for (int q = lane; q < P; q += 32) a += r < nm ? (double)__ldcg(part + (u64)q * pst + r) : __ldcg((const double*)(part + (u64)q * pst + pss));
+        a = warp_sum_d(a);
+        if (lane == 0) {
+            if (r < nm) mix[r] = (float)a;
+            else ssx = a;
+        }
+    }
+    __syncthreads();
+    float inv = 1.0f / sqrtf((float)(ssx / hd) + eps);
+    if (t < nh) pre[t] = sigmoidf_(mix[t] * inv * scale[0] + base[t]) + hc_eps;
+    if (p == 0) {
+        // The previous mixes were read by every block before the barrier.
+        if (t < nm) mixraw[t] = mix[t];
+        if (t < nh) mixes[t] = 2.0f * sigmoidf_(mix[nh + t] * inv * scale[1] + base[nh + t]);
+    }
+    __syncthreads();
+    float cur = 0.0f;
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++)
+        if (s < nh) cur += pre[s] * xv[s];
+    double s2 = block_sum_d((double)cur * (double)cur, redd);
+    double* p2 = (double*)(part + (u64)P * pst);
+    if (t == 0) p2[p] = s2;
+    grid_barrier(bar, bar + 1, P);
+    if (wid == 0) {
+        double a = 0.0;
+        for (int q = lane; q < P; q += 32) a += __ldcg(p2 + q);
+        a = warp_sum_d(a);
+        if (lane == 0) redd[0] = a;
+    }
+    __syncthreads();
+    float inv2 = 1.0f / sqrtf((float)(redd[0] / e) + eps);
+    float v = w ? cur * inv2 * wj : cur * inv2;
+    xn[j] = v;
+    if (q80) q80_warp(v, j, q80, d80);
+    if (q8k) q8k_group(v, p, true, q8k, d8k, redk);
+    if (gW) gate_route_part(gW, ne, e, v, glog, gticket, bias, hash, tokens, k, normalize, rscale, eids, ew);
+}

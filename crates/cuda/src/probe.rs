@@ -417,6 +417,96 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
         let got = fetch(&mut g, qk.ptr, dk.ptr, e, 256)?;
         let want = quant(&mut g, xn2.ptr, e, true)?;
         out.push(CopyCheck { what: "hc_pre_dec Q8_K", values: e, mismatches: diff(&got, &want), rel_err: err });
+        // The entry with the previous exit folded in (hc_entry_dec) against the exit kernel, then
+        // the mat-vec + hc_pre_norm: no exit, the attention exit, the FFN exit (k rows + shared).
+        let rel = |a: &[f32], b: &[f32]| -> f64 {
+            let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
+            (num / den.max(1e-30)).sqrt()
+        };
+        let x0 = v(hd, 1.0);
+        let mixes0 = [v(nh, 1.0), v(nh * nh, 0.5)].concat();
+        let (ey, eadd) = (v(k * e, 1.0), v(e, 1.0));
+        let (eyb, addb) = (up(&g, &ey)?, up(&g, &eadd)?);
+        let part2 = g.alloc(hd / 256 * (nm + 3) * 4 + 2 * hd / 256 * 4)?;
+        let bar = g.alloc_zeroed(8)?;
+        // Router folded into the FFN entry: 256 experts, 6 chosen, a selection bias.
+        let (ne, kr) = (256usize, 6usize);
+        let gwf: Vec<u16> = v(ne * e, 0.02).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
+        let gw = g.alloc(gwf.len() * 2)?;
+        g.htod(gw.ptr, &gwf)?;
+        let gm = DM { ptr: gw.ptr, ty: GgmlType::F16, rows: ne, cols: e, n_mat: 1, row_bytes: e * 2, split: false };
+        let (bias, toks) = (up(&g, &v(ne, 0.05))?, g.alloc_zeroed(4)?);
+        let (rlog, glog, gticket) = (g.alloc(ne * 4)?, g.alloc(e / 256 * ne * 4)?, g.alloc_zeroed(4)?);
+        let (eid1, ew1, eid2, ew2) = (g.alloc(kr * 4)?, g.alloc(kr * 4)?, g.alloc(kr * 4)?, g.alloc(kr * 4)?);
+        for xmode in 0..3 {
+            // Reference: exit kernel on one copy of the streams, then the unfused entry.
+            let (xr, mr) = (up(&g, &x0)?, up(&g, &mixes0)?);
+            match xmode {
+                1 => g.launch("hc_post", (cdiv(e, 256), 1, 1), 256, 0, &[A::P(mr.ptr), A::I(nh as i32), A::P(eyb.ptr), A::P(xr.ptr), A::I(e as i32)])?,
+                2 => g.launch("moe_combine_post", (cdiv(e, 256), 1, 1), 256, 0, &[A::P(eyb.ptr), A::P(0), A::I(k as i32), A::P(addb.ptr), A::P(mr.ptr), A::I(nh as i32), A::P(xr.ptr), A::I(e as i32)])?,
+                _ => {}
+            }
+            launch_mv(&mut g, &m, m.ptr, 0, 0, xr.ptr, hd, 0, mix.ptr, nm, 0, nm, 1, 1)?;
+            let args = [A::P(mix.ptr), A::P(sc.ptr), A::P(base.ptr), A::I(nh as i32), A::I(20), A::F(1e-6), A::P(xr.ptr), A::I(e as i32), A::P(mr.ptr), A::P(nw.ptr), A::F(1e-6), A::P(xn1.ptr), A::I(0)];
+            g.launch("hc_pre_norm", (1, 1, 1), 1024, (e * 4) as u32, &args)?;
+            let routed = xmode == 2;
+            if routed {
+                launch_mv(&mut g, &gm, gm.ptr, 0, 0, xn1.ptr, e, 0, rlog.ptr, ne, 0, ne, 1, 1)?;
+                let ra = [A::P(rlog.ptr), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(toks.ptr), A::I(kr as i32), A::I(1), A::F(1.5), A::P(eid1.ptr), A::P(ew1.ptr)];
+                g.launch("route", (1, 1, 1), 256, 0, &ra)?;
+            }
+            let route = if routed {
+                [A::P(gw.ptr), A::I(ne as i32), A::P(glog.ptr), A::P(gticket.ptr), A::P(bias.ptr), A::P(0), A::P(toks.ptr), A::I(kr as i32), A::I(1), A::F(1.5), A::P(eid2.ptr), A::P(ew2.ptr)]
+            } else {
+                [A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]
+            };
+            // Fused, twice from the same input (the barrier must be reusable: graph replay).
+            let (xf, mf) = (up(&g, &x0)?, up(&g, &mixes0)?);
+            for _ in 0..2 {
+                g.htod(xf.ptr, &x0)?;
+                g.htod(mf.ptr, &mixes0)?;
+                let (ey_p, ek, add_p) = match xmode {
+                    1 => (eyb.ptr, 0, 0),
+                    2 => (eyb.ptr, k, addb.ptr),
+                    _ => (0, 0, 0),
+                };
+                let args = [
+                    A::P(wdev.ptr), A::I(nm as i32), A::P(xf.ptr), A::I(e as i32), A::I(nh as i32), A::P(part2.ptr), A::P(bar.ptr), A::P(sc.ptr), A::P(base.ptr),
+                    A::F(1e-6), A::P(mix2.ptr), A::P(mf.ptr), A::P(nw.ptr), A::F(1e-6), A::P(xn2.ptr), A::P(q0.ptr), A::P(d0.ptr), A::P(qk.ptr), A::P(dk.ptr),
+                    A::I(xmode), A::P(ey_p), A::I(ek as i32), A::P(add_p),
+                ];
+                let args: Vec<A> = args.into_iter().chain(route).collect();
+                g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &args)?;
+            }
+            let (mut sa, mut sb) = (vec![0f32; hd], vec![0f32; hd]);
+            g.dtoh(&mut sa, xr.ptr)?;
+            g.dtoh(&mut sb, xf.ptr)?;
+            let streams_differ = sa.iter().zip(&sb).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+            let (mut pa, mut pb) = (vec![0f32; nh], vec![0f32; nh]);
+            g.dtoh(&mut pa, mr.ptr)?;
+            g.dtoh(&mut pb, mf.ptr)?;
+            let (mut a, mut b) = (vec![0f32; e], vec![0f32; e]);
+            g.dtoh(&mut a, xn1.ptr)?;
+            g.dtoh(&mut b, xn2.ptr)?;
+            let err = rel(&a, &b).max(rel(&pa, &pb));
+            let name = ["hc_entry_dec (no exit)", "hc_entry_dec (attention exit)", "hc_entry_dec (FFN exit)"][xmode as usize];
+            out.push(CopyCheck { what: name, values: hd, mismatches: streams_differ, rel_err: err });
+            let got = fetch(&mut g, q0.ptr, d0.ptr, e, 32)?;
+            let want = quant(&mut g, xn2.ptr, e, false)?;
+            let got_k = fetch(&mut g, qk.ptr, dk.ptr, e, 256)?;
+            let want_k = quant(&mut g, xn2.ptr, e, true)?;
+            out.push(CopyCheck { what: "hc_entry_dec Q8_0 + Q8_K copies", values: 2 * e, mismatches: diff(&got, &want) + diff(&got_k, &want_k), rel_err: err });
+            if routed {
+                let (mut ia, mut ib, mut wa, mut wb) = (vec![0i32; kr], vec![0i32; kr], vec![0f32; kr], vec![0f32; kr]);
+                g.dtoh(&mut ia, eid1.ptr)?;
+                g.dtoh(&mut ib, eid2.ptr)?;
+                g.dtoh(&mut wa, ew1.ptr)?;
+                g.dtoh(&mut wb, ew2.ptr)?;
+                let other = ia.iter().zip(&ib).filter(|(a, b)| a != b).count();
+                out.push(CopyCheck { what: "hc_entry_dec router (experts differing; weights)", values: kr, mismatches: other, rel_err: rel(&wa, &wb) });
+            }
+        }
         Ok(out)
     })()
     .map_err(me)

@@ -16,7 +16,7 @@ impl CudaStage {
             (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base)
         };
         let an = self.layers[li].attn_norm;
-        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false })?;
+        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false, routed: false })?;
         let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
         let (_, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, ratio) =
@@ -279,7 +279,7 @@ impl CudaStage {
             }
         }
         self.mm(&out_b, low, n, y)?;
-        self.hc_post(n)
+        self.exit_attn(n)
     }
 
 

@@ -144,6 +144,7 @@ impl CudaStage {
         if self.decode_mode && self.hc_dec && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192 {
             return self.hc_pre_dec(hc_fn, scale, base, norm, want);
         }
+        self.flush_exit()?;
         self.mm(&hc_fn, x, n, mix)?;
         let args = [
             A::P(mix),
@@ -173,15 +174,56 @@ impl CudaStage {
         Ok(XnCopies::default())
     }
 
-    /// One-token sub-layer entry in one launch (`hc_pre_dec`: mix projection over 256-column slices,
-    /// the last slice's block finishing the entry), then the Sinkhorn matrix on side stream 1.
+    /// One-token sub-layer entry in one launch, then the Sinkhorn matrix on side stream 1. With
+    /// `hc_fold`, `hc_entry_dec` (the pending exit first, every block finishing its own columns behind
+    /// two grid barriers); else `hc_pre_dec` (mix projection over 256-column slices, the last slice's
+    /// block finishing the entry).
     fn hc_pre_dec(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, want: XnCopies) -> Result<XnCopies> {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
         let hd = nh * e;
         let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
-        let made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts };
+        let mut made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts, routed: false };
         let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
+        if self.hc_fold {
+            let route = self.entry_route.take();
+            made.routed = route.is_some();
+            let route = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
+            let (xmode, ey, ek, eadd) = match self.pend.take() {
+                None => (0, 0, 0, 0),
+                Some(PendingExit::Attn) => (1, self.wk.y.ptr, 0, 0),
+                Some(PendingExit::Ffn { rows, k, add }) => (2, rows, k, add),
+            };
+            let args = [
+                A::P(hc_fn.ptr),
+                A::I(hc_fn.rows as i32),
+                A::P(x),
+                A::I(e as i32),
+                A::I(nh as i32),
+                A::P(self.wk.hcd_part.ptr),
+                A::P(self.wk.hcd_ticket.ptr + 8),
+                A::P(scale),
+                A::P(base),
+                A::F(self.cfg.hc_eps),
+                A::P(mix),
+                A::P(mixes),
+                A::P(norm),
+                A::F(self.cfg.rms_eps),
+                A::P(xn),
+                A::P(q80),
+                A::P(d80),
+                A::P(q8k),
+                A::P(d8k),
+                A::I(xmode),
+                A::P(ey),
+                A::I(ek as i32),
+                A::P(eadd),
+            ];
+            let args: Vec<A> = args.into_iter().chain(route).collect();
+            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &args)?;
+            return self.hc_comb_side(scale, base, made);
+        }
+        self.flush_exit()?;
         let args = [
             A::P(hc_fn.ptr),
             A::I(hc_fn.rows as i32),
@@ -204,6 +246,13 @@ impl CudaStage {
             A::P(d8k),
         ];
         self.g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
+        self.hc_comb_side(scale, base, made)
+    }
+
+    /// The Sinkhorn matrix of the entry just launched, on side stream 1 (only the exit reads it).
+    fn hc_comb_side(&mut self, scale: u64, base: u64, made: XnCopies) -> Result<XnCopies> {
+        let e = self.cfg.n_embd;
+        let (nh, x, mix, mixes) = (self.cfg.n_hc, self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr);
         let (it, he, re) = (self.cfg.sinkhorn_iters as i32, self.cfg.hc_eps, self.cfg.rms_eps);
         self.g.fork(1)?;
         let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
@@ -212,10 +261,47 @@ impl CudaStage {
         Ok(made)
     }
 
-    pub(super) fn hc_post(&mut self, n: usize) -> Result<()> {
+    /// Whether a sub-layer exit of `n` tokens is left to the next entry kernel (see `hc_fold`).
+    fn folds_exit(&self, n: usize) -> bool { self.decode_mode && self.hc_dec && self.hc_fold && n == 1 }
+
+    /// The attention sub-layer's exit (HC post with the attention output `wk.y`), or its deferral.
+    pub(super) fn exit_attn(&mut self, n: usize) -> Result<()> {
+        if self.folds_exit(n) {
+            self.pend = Some(PendingExit::Attn);
+            return Ok(());
+        }
+        self.hc_post(n)
+    }
+
+    /// The FFN sub-layer's exit (combination of the `k` weighted expert rows at `rows`, row order
+    /// `slot_pos` or token-major, plus `add`, then HC post), or its deferral (one token).
+    pub(super) fn exit_ffn(&mut self, n: usize, rows: u64, slot_pos: u64, k: usize, add: u64) -> Result<()> {
+        if self.folds_exit(n) && slot_pos == 0 {
+            self.pend = Some(PendingExit::Ffn { rows, k, add });
+            return Ok(());
+        }
+        self.moe_combine_post(n, rows, slot_pos, k, add)
+    }
+
+    /// Applies a pending exit with the stand-alone kernel (before anything reads the streams).
+    pub(super) fn flush_exit(&mut self) -> Result<()> {
+        match self.pend.take() {
+            None => Ok(()),
+            Some(PendingExit::Attn) => self.hc_post(1),
+            Some(PendingExit::Ffn { rows, k, add }) => self.moe_combine_post(1, rows, 0, k, add),
+        }
+    }
+
+    fn hc_post(&mut self, n: usize) -> Result<()> {
         let e = self.cfg.n_embd;
         let args = [A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.y.ptr), A::P(self.wk.x.ptr), A::I(e as i32)];
         self.g.launch("hc_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
+    }
+
+    fn moe_combine_post(&mut self, n: usize, rows: u64, slot_pos: u64, k: usize, add: u64) -> Result<()> {
+        let e = self.cfg.n_embd;
+        let args = [A::P(rows), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.x.ptr), A::I(e as i32)];
+        self.g.launch("moe_combine_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
     }
 
 

@@ -287,7 +287,8 @@ impl CudaStage {
             o: f(n * cfg.q_dim())?,
             low: f(n * cfg.o_groups * cfg.o_lora)?,
             y: f(n * e)?,
-            rlog: f(n * ne)?,
+            // Gate logits of a batch, or the folded decode router's per-block parts (hc_entry_dec).
+            rlog: f(n.max(hcd_slices) * ne)?,
             eids: f(n * k)?,
             ew: f(n * k)?,
             ex_a: f(n * k * ff)?,
@@ -325,8 +326,10 @@ impl CudaStage {
             q8_qr: act8(cfg.q_lora, 32)?,
             q8_o: act8(cfg.q_dim(), 32)?,
             q8_sh: act8(ff, 32)?,
-            hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1))?,
-            hcd_ticket: g.alloc_zeroed(8)?,
+            // Slice records of hc_pre_dec, or hc_entry_dec's block records plus one double per block.
+            hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices)?,
+            // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
+            hcd_ticket: g.alloc_zeroed(16)?,
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
@@ -364,6 +367,10 @@ impl CudaStage {
             fast_q8: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
             hc_dec: std::env::var("DS4_CUDA_HC_DEC").map_or(true, |v| v != "0"),
+            hc_fold: std::env::var("DS4_CUDA_HC_FOLD").map_or(true, |v| v != "0"),
+            pend: None,
+            entry_route: None,
+            route_fold: std::env::var("DS4_CUDA_ROUTE_FOLD").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None],

@@ -17,7 +17,14 @@ impl CudaStage {
             let l = &self.layers[li];
             ([&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m)), l.shared.is_some())
         };
-        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp })?;
+        // Decode: the entry kernel can also take the gate logits and the routing (hc_entry_dec).
+        let gi = self.layers[li].gate_inp;
+        if self.decode_mode && self.hc_dec && self.hc_fold && self.route_fold && n == 1 && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
+            let r = self.route_args(li);
+            self.entry_route = Some([A::P(gi.ptr), r[1], r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]]);
+        }
+        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp, routed: false })?;
+        self.entry_route = None;
         let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
         let (gate_inp, gate, up, down, shared, clamp) = (l.gate_inp, l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
@@ -46,7 +53,9 @@ impl CudaStage {
         if ne > 1024 || k > 16 {
             return Err("router supports up to 1024 experts and 16 per token".into());
         }
-        if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
+        if xc.routed {
+            // Done by the entry kernel.
+        } else if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
             // Gate logits and routing in one launch (the last block routes): the weights, input, width and
             // ticket, then the router's arguments after its logits pointer.
             let r = self.route_args(li);
@@ -104,9 +113,8 @@ impl CudaStage {
             // Shared expert and the Sinkhorn matrix (side stream 1).
             self.g.join(1)?;
         }
-        // Combination and the sub-layer exit in one launch.
-        let args = [A::P(ex_out), A::P(slot_pos), A::I(k as i32), A::P(add), A::P(self.wk.mixes.ptr), A::I(self.cfg.n_hc as i32), A::P(self.wk.x.ptr), A::I(e as i32)];
-        self.g.launch("moe_combine_post", (cdiv(e, 256), n as u32, 1), 256, 0, &args)
+        // Combination and the sub-layer exit in one launch (or in the next entry's).
+        self.exit_ffn(n, ex_out, slot_pos, k, add)
     }
 
     /// Arguments of the `route` kernel for layer `li` (gate logits in `rlog`).

@@ -63,6 +63,7 @@ impl CudaStage {
         // SAFETY: our stream; thread-local capture mode (other threads' CUDA calls are unaffected).
         unsafe { drv::stream::begin_capture(self.g.stream, dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
             .map_err(|e| format!("cuStreamBeginCapture: {e:?}"))?;
+        self.pend = None;
         let body = (|| -> Result<()> {
             if embed {
                 let em = self.embed.unwrap();
@@ -73,6 +74,7 @@ impl CudaStage {
                 self.attention(li, 1, 0)?;
                 self.ffn(li, 1)?;
             }
+            self.flush_exit()?;
             if head {
                 self.head_fwd(0, 1)?;
             }

@@ -190,11 +190,22 @@ impl ActQ8 {
     fn pair(&self) -> (u64, u64) { (self.q.ptr, self.d.ptr) }
 }
 
+/// A sub-layer exit not yet applied to the streams: X'[c] = post[c]·y + Σ_r comb[r][c]·X[r] with the
+/// mixes in `wk.mixes`, y the attention output (`wk.y`) or the sum of `k` weighted expert rows at
+/// `rows` plus the shared expert's output `add` (0: none).
+#[derive(Clone, Copy)]
+enum PendingExit {
+    Attn,
+    Ffn { rows: u64, k: usize, add: u64 },
+}
+
 /// Which int8 copies of the sub-layer input the entry kernel wrote (consumed by the products after it).
 #[derive(Clone, Copy, Default)]
 struct XnCopies {
     q80: bool,
     q8k: bool,
+    /// The entry kernel also routed the token (eids / ew written).
+    routed: bool,
 }
 
 /// Counters of what the device did since the last reset.
@@ -248,6 +259,19 @@ pub struct CudaStage {
     pub fast_q8: bool,
     /// Decode sub-layer entry as one fused launch (`hc_pre_dec`; DS4_CUDA_HC_DEC=0: mat-vec + hc_pre_norm).
     pub hc_dec: bool,
+    /// Decode: a sub-layer's exit (hc_post / moe_combine_post) is left pending and done by the next
+    /// sub-layer's entry kernel (`hc_entry_dec`, every block finishing its columns) instead
+    /// (DS4_CUDA_HC_FOLD=0: the exit kernels and hc_pre_dec).
+    pub hc_fold: bool,
+    /// With `hc_fold`, the FFN entry kernel also computes the gate logits and routes the token
+    /// (DS4_CUDA_ROUTE_FOLD=0: `gate_route_dec` after it).
+    pub route_fold: bool,
+    /// The exit the streams in `x` still owe (decode with `hc_fold`), applied by the next entry or by
+    /// [`CudaStage::flush_exit`].
+    pend: Option<PendingExit>,
+    /// The router arguments the next decode entry kernel takes (set by the FFN sub-layer for
+    /// `hc_entry_dec`, which then also computes the gate logits and routes the token).
+    entry_route: Option<[A; 12]>,
     /// Single-token forward calls read the position from `dpos` on the device, so one launch sequence
     /// serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
@@ -435,6 +459,8 @@ impl CudaStage {
             }
         }
         self.sync_state(kv.pos)?;
+        // A call that failed part-way may have left an exit pending on streams that are now rewritten.
+        self.pend = None;
         let pos0 = kv.pos;
         let hd = self.cfg.hc_dim();
         let tp = self.wk.tokens.ptr;
@@ -470,11 +496,13 @@ impl CudaStage {
             self.attention(li, n, pos0)?;
             self.ffn(li, n)?;
             if self.trace.is_some() {
+                self.flush_exit()?;
                 let mut h = vec![0f32; n * hd];
                 self.g.dtoh(&mut h, self.wk.x.ptr)?;
                 self.trace.as_mut().unwrap().push(h);
             }
         }
+        self.flush_exit()?;
         kv.pos += n;
         self.dev_pos = kv.pos;
         if n > 1 {
