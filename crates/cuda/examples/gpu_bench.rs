@@ -65,14 +65,18 @@ fn main() {
             }
         }
     }
-    // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes.
+    // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes. Q8_0 runs
+    // mvq8_q8p_r*, or mvq8_q8s_n1 under DS4_CUDA_Q80_V1=1 (run twice to compare).
     for &(what, ty, rows, cols, z) in &[
         ("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize),
         ("experts down fast", GgmlType::Q2_K, 4096, 2048, 6),
         ("q_a fast", GgmlType::Q8_0, 1024, 4096, 1),
         ("q_b fast", GgmlType::Q8_0, 32768, 1024, 1),
+        ("kv fast", GgmlType::Q8_0, 512, 4096, 1),
+        ("out_a fast", GgmlType::Q8_0, 1024, 4096, 8),
         ("out_b fast", GgmlType::Q8_0, 4096, 8192, 1),
         ("shared gate fast", GgmlType::Q8_0, 2048, 4096, 1),
+        ("shared down fast", GgmlType::Q8_0, 4096, 2048, 1),
         ("output head fast", GgmlType::Q8_0, 129280, 4096, 1),
     ] {
         let mb = (ty.row_bytes(cols).unwrap() * rows * z) as f64 / 1e6;

@@ -110,6 +110,9 @@ impl Drop for DBuf {
     }
 }
 
+/// Most arguments a kernel launch takes.
+const MAX_ARGS: usize = 40;
+
 /// A kernel argument (copied into the launch's argument block).
 #[derive(Clone, Copy)]
 pub enum A {
@@ -196,6 +199,15 @@ impl Gpu {
             // SAFETY: module is loaded; names are the extern "C" kernels of the source.
             let f = unsafe { drv::module::get_function(module, CString::new(n).unwrap()) }.map_err(e(n))?;
             funcs.insert(n, f);
+        }
+        // One shared-memory carve-out for every kernel (DS4_CUDA_CARVEOUT, percent of the SM's unified
+        // L1/shared memory): an SM whose next kernel prefers another split has to drain first.
+        if let Some(pct) = std::env::var("DS4_CUDA_CARVEOUT").ok().and_then(|v| v.parse::<i32>().ok()) {
+            for &f in funcs.values() {
+                // SAFETY: f is a kernel of the loaded module; the attribute is a hint.
+                unsafe { drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct.clamp(0, 100)) }
+                    .map_err(e("carveout attribute"))?;
+            }
         }
         // The IQ2_XXS lattice lives in constant memory.
         // SAFETY: module loaded; the symbol exists in the source with 256 u64.
@@ -378,12 +390,12 @@ impl Gpu {
             return Ok(());
         }
         let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
-        if args.len() > 24 {
-            return Err(format!("kernel {name}: more than 24 arguments"));
+        if args.len() > MAX_ARGS {
+            return Err(format!("kernel {name}: more than {MAX_ARGS} arguments"));
         }
         // Fixed-size argument block on the stack: a launch allocates nothing.
-        let mut store: [u64; 24] = [0; 24];
-        let mut ptrs: [*mut c_void; 24] = [std::ptr::null_mut(); 24];
+        let mut store: [u64; MAX_ARGS] = [0; MAX_ARGS];
+        let mut ptrs: [*mut c_void; MAX_ARGS] = [std::ptr::null_mut(); MAX_ARGS];
         for (i, a) in args.iter().enumerate() {
             let slot = &mut store[i] as *mut u64;
             // SAFETY: each slot is 8 bytes; we write the argument's bytes at its start (little-endian).

@@ -247,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
                                                                const u16* __restrict__ gW, int ne, float* glog, int* gticket, const float* bias,
                                                                const int* hash, const u32* tokens, int k, int normalize, float rscale, int* eids,
                                                                float* ew) { PDL_ENTRY
-    __shared__ float xs[HCE_NH][256];
+    __shared__ __align__(16) float xs[HCE_NH][256];  // read as float4
     __shared__ float red[8][HCE_NM];
     __shared__ double redd[32];
     __shared__ float mix[HCE_NM + 1];
@@ -278,10 +278,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
 #pragma unroll
         for (int c = 0; c < HCE_NH; c++) {
             if (c >= nh) break;
-            float o = mixes[c] * yv;
+            // The rounding of hc_post / moe_combine_post, spelled out the same way there.
+            float o = __fmul_rn(mixes[c], yv);
 #pragma unroll
             for (int r = 0; r < HCE_NH; r++)
-                if (r < nh) o += mixes[nh + r * nh + c] * xv[r];
+                if (r < nh) o = __fmaf_rn(mixes[nh + r * nh + c], xv[r], o);
             nv[c] = o;
         }
 #pragma unroll

@@ -1111,9 +1111,10 @@ extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, f
     float old[16];
     for (int r = 0; r < nh; r++) old[r] = xi[r * e + j];
     float yv = y[(u64)i * e + j];
+    // Rounding spelled out (no contraction left to the compiler): hc_entry_dec folds the same exit.
     for (int c = 0; c < nh; c++) {
-        float acc = mo[c] * yv;
-        for (int r = 0; r < nh; r++) acc += mo[nh + r * nh + c] * old[r];
+        float acc = __fmul_rn(mo[c], yv);
+        for (int r = 0; r < nh; r++) acc = __fmaf_rn(mo[nh + r * nh + c], old[r], acc);
         xi[c * e + j] = acc;
     }
 }
@@ -1906,8 +1907,8 @@ extern "C" __global__ void moe_combine_post(const float* rows, const int* slot_p
     float old[16];
     for (int r = 0; r < nh; r++) old[r] = xi[r * e + j];
     for (int c = 0; c < nh; c++) {
-        float o = mo[c] * acc;
-        for (int r = 0; r < nh; r++) o += mo[nh + r * nh + c] * old[r];
+        float o = __fmul_rn(mo[c], acc);
+        for (int r = 0; r < nh; r++) o = __fmaf_rn(mo[nh + r * nh + c], old[r], o);
         xi[c * e + j] = o;
     }
 }

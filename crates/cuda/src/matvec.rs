@@ -219,9 +219,30 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
     if ![1, 2, 4, 8].contains(&ks) {
         return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
     }
+    // DS4_CUDA_MVQ_V1=1 (read once) takes the first IQ2_XXS / Q2_K kernels (`*_v1`), for A/B runs.
+    static V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v1 = *V1.get_or_init(|| std::env::var("DS4_CUDA_MVQ_V1").is_ok_and(|v| v == "1"));
+    // The newer kernels address a row by its 32-bit byte offset in the matrix.
+    let v2 = !v1 && rows * m.row_bytes <= u32::MAX as usize;
+    let mut ks = ks;
+    let mut smem = 0;
     let name = match m.ty {
-        GgmlType::IQ2_XXS if q8_ok(m) => "mvq8_iq2s_n1",
-        GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1",
+        GgmlType::IQ2_XXS if q8_ok(m) && v2 => {
+            // Sign-doubled grid (32 KB) and sign-mask table (16 KB): MVQ8_IQ2_SMEM in matvec_q8.cu.
+            smem = 48 * 1024;
+            "mvq8_iq2s_n1"
+        }
+        GgmlType::IQ2_XXS if q8_ok(m) => "mvq8_iq2s_n1_v1",
+        GgmlType::Q2_K if q8_ok(m) && v2 => {
+            // A step covers 4 superblocks of a row: no more warps per row group than steps.
+            let steps = (m.cols / 256).div_ceil(4);
+            while ks > 1 && ks > steps {
+                ks /= 2;
+            }
+            "mvq8_q2_k_n1"
+        }
+        GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1_v1",
+        GgmlType::Q8_0 if q80_ok(m) && !q80_v1() && q8p_geometry(g, rows, z, ks).2 <= 8 => return launch_q8p(g, m, w, w_mat_bytes, eids, xq, xd, xq_z, y, y_z, rows, z, ks),
         GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
         _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
     };
@@ -238,7 +259,53 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
         A::I(m.cols as i32),
         A::I(ks as i32),
     ];
-    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, 0, &args)
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args)
+}
+
+/// Whether split Q8_0 takes the first kernel, `mvq8_q8s_n1`, instead of `mvq8_q8p_r*`
+/// (DS4_CUDA_Q80_V1=1, for A/B runs; read once).
+fn q80_v1() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("DS4_CUDA_Q80_V1").is_ok_and(|v| v == "1"))
+}
+
+/// Geometry of `mvq8_q8p_r*` (matvec_q80.cu): rows per warp R, blocks, tasks per block. A task is
+/// one block of `mvq8_q8s_n1` at R rows per warp; at most 2 blocks per SM walk them, each as many
+/// (the last may have fewer), so no round has a few blocks working alone. R is 4 unless the rows are
+/// too few for about [`mvq_warps`] busy warps, then 2 or 1, so small matrices still reach every SM.
+fn q8p_geometry(g: &Gpu, rows: usize, z: usize, ks: usize) -> (usize, usize, usize) {
+    let r = [4, 2].into_iter().find(|&r| rows.div_ceil(r) * z * ks >= mvq_warps()).unwrap_or(1);
+    let tasks = rows.div_ceil(r * (8 / ks)) * z;
+    let per = tasks.div_ceil(if g.sms > 0 { 2 * g.sms as usize } else { tasks });
+    (r, tasks.div_ceil(per), per)
+}
+
+/// [`launch_mvq8_ks`] for split Q8_0 through `mvq8_q8p_r*`: the same sums as `mvq8_q8s_n1` for the
+/// same `ks`. Taken while a block has at most 8 tasks: beyond that (the output head) the hardware's
+/// scheduling of `mvq8_q8s_n1`'s many blocks balances the end better (H200: 130.0 against 131.7 us).
+#[allow(clippy::too_many_arguments)]
+fn launch_q8p(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
+    let (r, blocks, _) = q8p_geometry(g, rows, z, ks);
+    let name = match r {
+        4 => "mvq8_q8p_r4",
+        2 => "mvq8_q8p_r2",
+        _ => "mvq8_q8p_r1",
+    };
+    let args = [
+        A::P(w),
+        A::P(w_mat_bytes as u64),
+        A::P(eids),
+        A::P(xq),
+        A::P(xd),
+        A::I(xq_z as i32),
+        A::P(y),
+        A::I(y_z as i32),
+        A::I(rows as i32),
+        A::I(m.cols as i32),
+        A::I(ks as i32),
+        A::I(z as i32),
+    ];
+    g.launch(name, (blocks as u32, 1, 1), 256, 0, &args)
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).

@@ -219,8 +219,10 @@ impl CudaStage {
                 A::I(ek as i32),
                 A::P(eadd),
             ];
-            let args: Vec<A> = args.into_iter().chain(route).collect();
-            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &args)?;
+            let mut all = [A::P(0); 35];
+            all[..23].copy_from_slice(&args);
+            all[23..].copy_from_slice(&route);
+            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
             return self.hc_comb_side(scale, base, made);
         }
         self.flush_exit()?;
