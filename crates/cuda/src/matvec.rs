@@ -148,7 +148,8 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
         A::I(ks as i32),
     ];
     let (name, smem) = if iq2 { ("mvq_iq2s_n1", (m.cols * 4) as u32) } else { ("mvq_q2_k_n1", 0) };
-    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args)
+    // (The last argument, z, is read by the mvq8_q8p kernels only.)
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args[..11])
 }
 
 /// Rows per warp of the `mvq*` kernels.
@@ -242,7 +243,7 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
             "mvq8_q2_k_n1"
         }
         GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1_v1",
-        GgmlType::Q8_0 if q80_ok(m) && !q80_v1() && q8p_geometry(g, rows, z, ks).2 <= 8 => return launch_q8p(g, m, w, w_mat_bytes, eids, xq, xd, xq_z, y, y_z, rows, z, ks),
+        GgmlType::Q8_0 if q80_ok(m) && !q80_v1() && q8p_geometry(g, rows, z, ks).2 <= 8 => "mvq8_q8p",
         GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
         _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
     };
@@ -258,8 +259,13 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
         A::I(rows as i32),
         A::I(m.cols as i32),
         A::I(ks as i32),
+        A::I(z as i32),
     ];
-    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args)
+    if name == "mvq8_q8p" {
+        return launch_q8p(g, &args, rows, z, ks);
+    }
+    // (The last argument, z, is read by the mvq8_q8p kernels only.)
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args[..11])
 }
 
 /// Whether split Q8_0 takes the first kernel, `mvq8_q8s_n1`, instead of `mvq8_q8p_r*`
@@ -283,29 +289,14 @@ fn q8p_geometry(g: &Gpu, rows: usize, z: usize, ks: usize) -> (usize, usize, usi
 /// [`launch_mvq8_ks`] for split Q8_0 through `mvq8_q8p_r*`: the same sums as `mvq8_q8s_n1` for the
 /// same `ks`. Taken while a block has at most 8 tasks: beyond that (the output head) the hardware's
 /// scheduling of `mvq8_q8s_n1`'s many blocks balances the end better (H200: 130.0 against 131.7 us).
-#[allow(clippy::too_many_arguments)]
-fn launch_q8p(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
+fn launch_q8p(g: &mut Gpu, args: &[A; 12], rows: usize, z: usize, ks: usize) -> Result<()> {
     let (r, blocks, _) = q8p_geometry(g, rows, z, ks);
     let name = match r {
         4 => "mvq8_q8p_r4",
         2 => "mvq8_q8p_r2",
         _ => "mvq8_q8p_r1",
     };
-    let args = [
-        A::P(w),
-        A::P(w_mat_bytes as u64),
-        A::P(eids),
-        A::P(xq),
-        A::P(xd),
-        A::I(xq_z as i32),
-        A::P(y),
-        A::I(y_z as i32),
-        A::I(rows as i32),
-        A::I(m.cols as i32),
-        A::I(ks as i32),
-        A::I(z as i32),
-    ];
-    g.launch(name, (blocks as u32, 1, 1), 256, 0, &args)
+    g.launch(name, (blocks as u32, 1, 1), 256, 0, args)
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).

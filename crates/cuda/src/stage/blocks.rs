@@ -181,7 +181,6 @@ impl CudaStage {
     fn hc_pre_dec(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, want: XnCopies) -> Result<XnCopies> {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
         let hd = nh * e;
-        let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
         let mut made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts, routed: false };
         let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
@@ -194,61 +193,47 @@ impl CudaStage {
                 Some(PendingExit::Attn) => (1, self.wk.y.ptr, 0, 0),
                 Some(PendingExit::Ffn { rows, k, add }) => (2, rows, k, add),
             };
-            let args = [
-                A::P(hc_fn.ptr),
-                A::I(hc_fn.rows as i32),
-                A::P(x),
-                A::I(e as i32),
-                A::I(nh as i32),
-                A::P(self.wk.hcd_part.ptr),
-                A::P(self.wk.hcd_ticket.ptr + 8),
-                A::P(scale),
-                A::P(base),
-                A::F(self.cfg.hc_eps),
-                A::P(mix),
-                A::P(mixes),
-                A::P(norm),
-                A::F(self.cfg.rms_eps),
-                A::P(xn),
-                A::P(q80),
-                A::P(d80),
-                A::P(q8k),
-                A::P(d8k),
-                A::I(xmode),
-                A::P(ey),
-                A::I(ek as i32),
-                A::P(eadd),
-            ];
+            let head = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr + 8);
+            let exit = [A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)];
             let mut all = [A::P(0); 35];
-            all[..23].copy_from_slice(&args);
+            all[..19].copy_from_slice(&head);
+            all[19..23].copy_from_slice(&exit);
             all[23..].copy_from_slice(&route);
             self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
             return self.hc_comb_side(scale, base, made);
         }
         self.flush_exit()?;
-        let args = [
+        let args = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr);
+        self.g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
+        self.hc_comb_side(scale, base, made)
+    }
+
+    /// The arguments `hc_pre_dec` and `hc_entry_dec` share: mix weights, streams, slice records and
+    /// ticket / barrier, HC scale and base, raw mix, mixes, norm weight, xn and its int8 copies.
+    fn entry_args(&self, hc_fn: DM, scale: u64, base: u64, norm: u64, copies: [u64; 4], ticket: u64) -> [A; 19] {
+        let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
+        let [q80, d80, q8k, d8k] = copies;
+        [
             A::P(hc_fn.ptr),
             A::I(hc_fn.rows as i32),
-            A::P(x),
+            A::P(self.wk.x.ptr),
             A::I(e as i32),
             A::I(nh as i32),
             A::P(self.wk.hcd_part.ptr),
-            A::P(self.wk.hcd_ticket.ptr),
+            A::P(ticket),
             A::P(scale),
             A::P(base),
             A::F(self.cfg.hc_eps),
-            A::P(mix),
-            A::P(mixes),
+            A::P(self.wk.mix.ptr),
+            A::P(self.wk.mixes.ptr),
             A::P(norm),
             A::F(self.cfg.rms_eps),
-            A::P(xn),
+            A::P(self.wk.xn.ptr),
             A::P(q80),
             A::P(d80),
             A::P(q8k),
             A::P(d8k),
-        ];
-        self.g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
-        self.hc_comb_side(scale, base, made)
+        ]
     }
 
     /// The Sinkhorn matrix of the entry just launched, on side stream 1 (only the exit reads it).
