@@ -330,8 +330,11 @@ pub struct CopyCheck {
 }
 
 /// Runs the producers that write int8 copies (rms_rows, the SwiGLU for Q8_0 and Q8_K, the fused
-/// decode sub-layer entry for both) on random data of the given sizes (`e` embedding, `nh` streams,
+/// decode sub-layer entries for both) on random data of the given sizes (`e` embedding, `nh` streams,
 /// `ff` expert width, `k` experts), each compared with the stand-alone quantization of its output.
+/// The entry with the previous exit folded in (`hc_entry_dec`) is also checked against the exit
+/// kernels (streams: `mismatches` counts differing bits) and, for the FFN exit, its folded router
+/// against mat-vec + route (`mismatches` counts differing experts).
 pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> ds4_model::Result<Vec<CopyCheck>> {
     (|| -> Result<Vec<CopyCheck>> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
