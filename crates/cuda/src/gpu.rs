@@ -144,8 +144,11 @@ pub struct Gpu {
     fork_ev: Vec<dsys::CUevent>,
     join_ev: Vec<dsys::CUevent>,
     cur: usize,
-    /// Launches allow programmatic dependent launch (kernels.cu PDL_ENTRY); DS4_CUDA_PDL=1 turns it on.
+    /// Launches allow programmatic dependent launch (kernels.cu PDL_ENTRY); DS4_CUDA_PDL=0 turns it off.
     pub pdl: bool,
+    /// Whether launches now carry the PDL attribute (the stage sets it for one-token steps only:
+    /// prefill measured no gain).
+    pub pdl_now: bool,
 }
 
 pub struct Profiler {
@@ -245,9 +248,10 @@ impl Gpu {
             // SAFETY: live handle; the workspace outlives it (freed after the handles are destroyed).
             unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, WS) }.result().map_err(e("cublasSetWorkspace"))?;
         }
-        // Off by default: on flash:6 decode it measured 534 t/s with, 544 without (same run).
-        let pdl = maj >= 9 && std::env::var("DS4_CUDA_PDL").is_ok_and(|v| v == "1");
-        Ok(Self { pdl, _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0 })
+        // On by default since the products fetch their first weights before waiting: flash:6 decode
+        // 666.7 / 669.2 t/s with, 643.6 / 640.2 without (same run, 2026-12-03). DS4_CUDA_PDL=0 turns it off.
+        let pdl = maj >= 9 && std::env::var("DS4_CUDA_PDL").map_or(true, |v| v != "0");
+        Ok(Self { pdl, _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -413,7 +417,7 @@ impl Gpu {
         self.reserve_smem(name, smem)?;
         // SAFETY (both branches): argument pointers point into `store`, which lives across the call;
         // the kernel's parameter list matches `args` (each call site mirrors the kernel signature).
-        if self.pdl {
+        if self.pdl && self.pdl_now {
             // SAFETY: as above; the launch config and its one attribute live across the call.
             unsafe {
                 let mut attr: dsys::CUlaunchAttribute = std::mem::zeroed();

@@ -299,6 +299,68 @@ fn launch_q8p(g: &mut Gpu, args: &[A; 12], rows: usize, z: usize, ks: usize) -> 
     g.launch(name, (blocks as u32, 1, 1), 256, 0, args)
 }
 
+/// What a one-token Q8_0 product with an f32 input does to it before quantizing (`mvq8_q8p_r*f`).
+#[derive(Clone, Copy)]
+pub(crate) enum XPro {
+    /// The input as it is.
+    Plain,
+    /// RMS norm with weight `w` and epsilon `eps` (as `rms_rows`).
+    Rms { w: u64, eps: f32 },
+    /// SwiGLU of the input and `b` with clamp `c` (as `swiglu` without expert weights).
+    Swiglu { b: u64, c: f32 },
+}
+
+/// One-token product of split Q8_0 `m` (weights at `w`) with the f32 row `x`, quantized (after `pro`) inside the
+/// kernel: one launch instead of the prologue's, `q80_quant`'s and the product's. Ok(false) when the
+/// product does not take this form (other kernels, DS4_CUDA_XPRO=0); nothing is launched then.
+pub(crate) fn launch_mvq8_x(g: &mut Gpu, m: &DM, w: u64, x: u64, pro: XPro, y: u64) -> Result<bool> {
+    if !x_ok(g, m) {
+        return Ok(false);
+    }
+    let ks = mvq_ks(m, m.rows, 1);
+    let (r, blocks, _) = q8p_geometry(g, m.rows, 1, ks);
+    let name = match r {
+        4 => "mvq8_q8p_r4f",
+        2 => "mvq8_q8p_r2f",
+        _ => "mvq8_q8p_r1f",
+    };
+    let (x2, nw, fa) = match pro {
+        XPro::Plain => (0, 0, 0.0),
+        XPro::Rms { w, eps } => (0, w, eps),
+        XPro::Swiglu { b, c } => (b, 0, c),
+    };
+    let args = [
+        A::P(w),
+        A::P(0),
+        A::P(0),
+        A::P(0),
+        A::P(0),
+        A::I(0),
+        A::P(y),
+        A::I(0),
+        A::I(m.rows as i32),
+        A::I(m.cols as i32),
+        A::I(ks as i32),
+        A::I(1),
+        A::P(x),
+        A::P(x2),
+        A::P(nw),
+        A::F(fa),
+    ];
+    // Shared memory: the quantized row and its scales.
+    g.launch(name, (blocks as u32, 1, 1), 256, (m.cols + m.cols / 8) as u32, &args)?;
+    Ok(true)
+}
+
+/// Whether a one-token product with `m` takes [`launch_mvq8_x`].
+pub(crate) fn x_ok(g: &Gpu, m: &DM) -> bool { q80_ok(m) && !q80_v1() && xpro_on() && q8p_geometry(g, m.rows, 1, mvq_ks(m, m.rows, 1)).2 <= 8 && m.cols <= 32 * 1024 }
+
+/// Whether f32-input products quantize inside the kernel (DS4_CUDA_XPRO=0 turns it off, for A/B runs).
+pub(crate) fn xpro_on() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("DS4_CUDA_XPRO").map_or(true, |v| v != "0"))
+}
+
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).
 pub(crate) fn launch_dq(g: &mut Gpu, m: &DM, src: u64, dst: u64, elems: usize) -> Result<()> {
     if m.split {

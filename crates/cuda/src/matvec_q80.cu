@@ -30,10 +30,40 @@ template <int R> struct Q8pBuf {
     u16 d[R];
 };
 
-template <int R>
+// The f32-input form (SX): the kernel quantizes its one input row itself, into shared memory (cols
+// int8 values, then cols / 32 scales), after an optional prologue: the RMS norm with weight NW (as
+// rms_rows), or the SwiGLU of X and X2 with clamp `fa` (as swiglu without expert weights). The
+// quantization is q80_warp's, so the int8 copy equals the one the stand-alone kernels write, and one
+// launch replaces two or three on the decode's dependent chain.
+struct Q8pPro {
+    const float* X;
+    const float* X2;
+    const float* NW;
+    float fa;
+};
+__device__ __forceinline__ void q8p_prologue(const Q8pPro& pr, int cols, signed char* sq, float* sd) {
+    __shared__ double redd[8];
+    float inv = 1.0f;
+    if (pr.NW) {
+        double ss = block_sum_d(sumsq_part(pr.X, cols), redd);
+        inv = 1.0f / sqrtf((float)(ss / cols) + pr.fa);
+    }
+    // cols % 256 == 0: whole warps, each warp's 32 values one Q8_0 block.
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) {
+        float v = pr.X[j];
+        if (pr.X2) v = siluf_(fminf(v, pr.fa)) * fminf(fmaxf(pr.X2[j], -pr.fa), pr.fa);
+        else if (pr.NW) v = v * inv * pr.NW[j];
+        q80_warp(v, j, sq, sd);
+    }
+    __syncthreads();
+}
+
+template <int R, bool SX>
 __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ,
-                                         const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz) {
+                                         const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz,
+                                         Q8pPro pro) {
     PDL_TRIGGER
+    extern __shared__ __align__(16) u8 q8p_xs[];
     __shared__ float red[2][8][R];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks, grp = wid / ks;
     const int rpt = (8 / ks) * R;  // rows per task
@@ -70,12 +100,21 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     auto step = [&](const Q8pBuf<R>& c, int t, int j) {
         int z = t / tpz, r0 = (t - z * tpz) * rpt + grp * R, b0 = (part + j * ks) * 32;
         if (b0 < nb) {
-            const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
             int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
-            if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
-            if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
             bool own = b0 + lb < nb;
-            float dx = own ? __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb) : 0.0f;
+            float dx = 0.0f;
+            if (SX) {
+                // The block's own quantized row (shared memory; xq_z is 0).
+                const signed char* xq = (const signed char*)q8p_xs + 32 * b0 + 16 * lane;
+                if (b0 + kb < nb) x0 = *(const int4*)xq;
+                if (b0 + 16 + kb < nb) x1 = *(const int4*)(xq + 512);
+                if (own) dx = ((const float*)(q8p_xs + cols))[b0 + lb];
+            } else {
+                const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
+                if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
+                if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
+                if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+            }
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
@@ -131,6 +170,7 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     int t = blockIdx.x, j = 0, tn = t, jn = 0;
     if (t < ntasks) fetch(A, t, 0);
     PDL_WAIT  // before the activations are read and (all threads) before Y is written
+    if (SX) q8p_prologue(pro, cols, (signed char*)q8p_xs, (float*)(q8p_xs + cols));
     advance(tn, jn);
     while (t < ntasks) {
         if (tn < ntasks) fetch(B, tn, jn);
@@ -148,6 +188,12 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
 #define Q8P_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
     const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz
 #define Q8P_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks, nz
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r4(Q8P_ARGS) { mvq8_q8p<4>(Q8P_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r2(Q8P_ARGS) { mvq8_q8p<2>(Q8P_CALL); }
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r1(Q8P_ARGS) { mvq8_q8p<1>(Q8P_CALL); }
+#define Q8P_NOPRO Q8pPro{nullptr, nullptr, nullptr, 0.0f}
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r4(Q8P_ARGS) { mvq8_q8p<4, false>(Q8P_CALL, Q8P_NOPRO); }
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r2(Q8P_ARGS) { mvq8_q8p<2, false>(Q8P_CALL, Q8P_NOPRO); }
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r1(Q8P_ARGS) { mvq8_q8p<1, false>(Q8P_CALL, Q8P_NOPRO); }
+// f32 input X (one row shared by every slot) with the prologue of Q8pPro; XQ / XD unused.
+#define Q8PF_ARGS Q8P_ARGS, const float* __restrict__ X, const float* __restrict__ X2, const float* __restrict__ NW, float fa
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r4f(Q8PF_ARGS) { mvq8_q8p<4, true>(Q8P_CALL, Q8pPro{X, X2, NW, fa}); }
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r2f(Q8PF_ARGS) { mvq8_q8p<2, true>(Q8P_CALL, Q8pPro{X, X2, NW, fa}); }
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8p_r1f(Q8PF_ARGS) { mvq8_q8p<1, true>(Q8P_CALL, Q8pPro{X, X2, NW, fa}); }

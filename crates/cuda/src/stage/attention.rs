@@ -1,7 +1,7 @@
 //! Attention sub-layer on the device: Q/KV projections, compressors, indexer selection, attention over
 //! the window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
-use crate::matvec::launch_mvq8;
+use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, XPro};
 use ds4_model::kv::compressed_capacity;
 
 impl CudaStage {
@@ -70,8 +70,14 @@ impl CudaStage {
         }
         // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
         self.mm_q(&q_a, xn, n, qr, pre_xn)?;
-        let pre_qr = self.takes_q80(&q_b, n).then(|| self.wk.q8_qr.pair());
-        self.rms_q(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n, pre_qr)?;
+        // One token: q_b normalises and quantizes qr itself (mvq8_q8p_r*f), and the indexer's copy of
+        // the normalised qr is made on its side stream; else the norm writes qr in place (and its Q8_0).
+        let q_b_norms = dec && self.takes_q80(&q_b, n) && x_ok(&self.g, &q_b) && cfg.q_lora % 256 == 0;
+        let qn = if q_b_norms { self.wk.qrn.ptr } else { qr };
+        let pre_qr = (!q_b_norms && self.takes_q80(&q_b, n)).then(|| self.wk.q8_qr.pair());
+        if !q_b_norms {
+            self.rms_q(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n, pre_qr)?;
+        }
         let topk = cfg.idx_topk;
         let idx_active = idx.is_some() && (nc_last > topk || dec);
         if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
@@ -80,7 +86,10 @@ impl CudaStage {
             if dec {
                 self.g.fork(1)?;
             }
-            self.mm(&iqb, qr, n, iq)?;
+            if q_b_norms {
+                self.rms(qr, cfg.q_lora, qn, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
+            }
+            self.mm(&iqb, qn, n, iq)?;
             self.mm(&iproj, xn, n, iw)?;
             self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
             let ws = 1.0 / ((id * ih) as f32).sqrt();
@@ -89,7 +98,11 @@ impl CudaStage {
                 self.g.to_main();
             }
         }
-        self.mm_q(&q_b, qr, n, q, pre_qr)?;
+        if q_b_norms {
+            launch_mvq8_x(&mut self.g, &q_b, q_b.ptr, qr, XPro::Rms { w: q_a_norm, eps: cfg.rms_eps }, q)?;
+        } else {
+            self.mm_q(&q_b, qr, n, q, pre_qr)?;
+        }
         self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
         if dec {
             self.g.join(1)?;

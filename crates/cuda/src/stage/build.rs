@@ -274,6 +274,7 @@ impl CudaStage {
             cur: f(n * e)?,
             xn: f(n * e)?,
             qr: f(n * cfg.q_lora)?,
+            qrn: f(cfg.q_lora)?,
             q: f(n * cfg.q_dim())?,
             kvb: f(n * d)?,
             ck: f(n * 2 * d.max(id))?,

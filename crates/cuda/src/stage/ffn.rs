@@ -2,7 +2,7 @@
 //! by expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_q8k, q8_ok};
+use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_mvq8_x, launch_q8k, q8_ok, x_ok, XPro};
 
 impl CudaStage {
     pub(super) fn ffn(&mut self, li: usize, n: usize) -> Result<()> {
@@ -40,11 +40,16 @@ impl CudaStage {
             }
             self.mm_q(&sg, xn, n, sh_a, pre_xn)?;
             self.mm_q(&su, xn, n, sh_b, pre_xn)?;
-            // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
-            let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
-            let (q, qd) = pre_sh.unwrap_or((0, 0));
-            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
-            self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
+            if self.takes_q80(&sd, n) && ff % 256 == 0 && x_ok(&self.g, &sd) {
+                // One token: the down product takes the SwiGLU of its inputs itself.
+                launch_mvq8_x(&mut self.g, &sd, sd.ptr, sh_a, XPro::Swiglu { b: sh_b, c: clamp }, sh_out)?;
+            } else {
+                // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
+                let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
+                let (q, qd) = pre_sh.unwrap_or((0, 0));
+                self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
+                self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
+            }
             add = sh_out;
             if dec {
                 self.g.to_main();

@@ -114,6 +114,8 @@ struct Work {
     cur: DBuf,
     xn: DBuf,
     qr: DBuf,
+    /// The normalised qr of one token for the indexer (decode, when q_b normalises qr itself).
+    qrn: DBuf,
     q: DBuf,
     kvb: DBuf,
     ck: DBuf,
@@ -467,6 +469,7 @@ impl CudaStage {
         self.g.htod(tp, tokens)?;
         let d = self.cfg.head_dim;
         self.decode_mode = n == 1 && d % 4 == 0 && d <= 1024;
+        self.g.pdl_now = self.decode_mode;
         if self.decode_mode {
             let p = [pos0 as i64];
             self.g.htod(self.dpos.ptr, &p)?;
