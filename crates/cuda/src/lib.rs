@@ -16,7 +16,7 @@ pub const KERNEL_NAMES: &[&str] = &[
     "mv4_iq2s_n4", "split_rows", "dq_q8s", "dq_iq2s", "attn_dec", "attn_dec_merge", "read_sum", "hc_pre_norm", "mvq_iq2s_n1", "hc_comb", "mvq_q2_k_n1",
     "attn_tc64", "attn_tc32", "comp_pool", "comp_state", "f32_to_f16_v4", "moe_gemm", "idx_scores_tc",
     "q8k_quant", "mvq8_iq2s_n1", "mvq8_q2_k_n1", "moe_gemm_iq2s", "moe_gemm_q2k", "q80_quant", "mvq8_q8s_n1", "hc_pre_dec", "moe_combine_post", "gate_route_dec", "hc_entry_dec", "mvq8_iq2s_n1_v1", "mvq8_q2_k_n1_v1",
-    "mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1", "mvq8_q8p_r4f", "mvq8_q8p_r2f", "mvq8_q8p_r1f",
+    "mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1", "mvq8_q8p_r4f", "mvq8_q8p_r2f", "mvq8_q8p_r1f", "mvq8_q2_k_n1x",
 ];
 
 #[cfg(feature = "cuda")]
@@ -26,8 +26,12 @@ mod matvec;
 #[cfg(feature = "cuda")]
 mod probe;
 #[cfg(feature = "cuda")]
+mod probe_fused;
+#[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
 pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase};
+#[cfg(feature = "cuda")]
+pub use probe_fused::fused_input_checks;
 #[cfg(feature = "cuda")]
 pub use stage::{CudaStage, CudaStats};

@@ -148,8 +148,7 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
         A::I(ks as i32),
     ];
     let (name, smem) = if iq2 { ("mvq_iq2s_n1", (m.cols * 4) as u32) } else { ("mvq_q2_k_n1", 0) };
-    // (The last argument, z, is read by the mvq8_q8p kernels only.)
-    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args[..11])
+    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args)
 }
 
 /// Rows per warp of the `mvq*` kernels.
@@ -312,9 +311,15 @@ pub(crate) enum XPro {
 
 /// One-token product of split Q8_0 `m` (weights at `w`) with the f32 row `x`, quantized (after `pro`) inside the
 /// kernel: one launch instead of the prologue's, `q80_quant`'s and the product's. Ok(false) when the
-/// product does not take this form (other kernels, DS4_CUDA_XPRO=0); nothing is launched then.
+/// product does not take this form (other kernels, rows not 16-byte aligned); nothing is launched then.
 pub(crate) fn launch_mvq8_x(g: &mut Gpu, m: &DM, w: u64, x: u64, pro: XPro, y: u64) -> Result<bool> {
-    if !x_ok(g, m) {
+    let (x2, nw, fa) = match pro {
+        XPro::Plain => (0, 0, 0.0),
+        XPro::Rms { w, eps } => (0, w, eps),
+        XPro::Swiglu { b, c } => (b, 0, c),
+    };
+    // The prologue reads its rows as float4.
+    if !x_ok(g, m) || [x, x2, nw].iter().any(|p| p % 16 != 0) {
         return Ok(false);
     }
     let ks = mvq_ks(m, m.rows, 1);
@@ -323,11 +328,6 @@ pub(crate) fn launch_mvq8_x(g: &mut Gpu, m: &DM, w: u64, x: u64, pro: XPro, y: u
         4 => "mvq8_q8p_r4f",
         2 => "mvq8_q8p_r2f",
         _ => "mvq8_q8p_r1f",
-    };
-    let (x2, nw, fa) = match pro {
-        XPro::Plain => (0, 0, 0.0),
-        XPro::Rms { w, eps } => (0, w, eps),
-        XPro::Swiglu { b, c } => (b, 0, c),
     };
     let args = [
         A::P(w),
@@ -352,13 +352,53 @@ pub(crate) fn launch_mvq8_x(g: &mut Gpu, m: &DM, w: u64, x: u64, pro: XPro, y: u
     Ok(true)
 }
 
-/// Whether a one-token product with `m` takes [`launch_mvq8_x`].
-pub(crate) fn x_ok(g: &Gpu, m: &DM) -> bool { q80_ok(m) && !q80_v1() && xpro_on() && q8p_geometry(g, m.rows, 1, mvq_ks(m, m.rows, 1)).2 <= 8 && m.cols <= 32 * 1024 }
+/// The routed experts' down product (Q2_K, `z` slots by id) with the SwiGLU of each slot's gate row
+/// (`a`) and up row (`b`), clamp `c` and routing weight (`ew`) taken, and quantized to Q8_K, inside
+/// the kernel (`mvq8_q2_k_n1x`): no `swiglu` launch. Ok(false) when `m` takes another kernel.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_down_swiglu(g: &mut Gpu, m: &DM, eids: u64, a: u64, b: u64, ew: u64, c: f32, y: u64, z: usize) -> Result<bool> {
+    static V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let v1 = *V1.get_or_init(|| std::env::var("DS4_CUDA_MVQ_V1").is_ok_and(|v| v == "1"));
+    if m.ty != GgmlType::Q2_K || !q8_ok(m) || v1 || m.rows * m.row_bytes > u32::MAX as usize || a % 16 != 0 || b % 16 != 0 {
+        return Ok(false);
+    }
+    let mut ks = mvq_ks(m, m.rows, z);
+    while ks > 1 && ks > (m.cols / 256).div_ceil(4) {
+        ks /= 2;
+    }
+    let args = [
+        A::P(m.ptr),
+        A::P(m.mat_bytes() as u64),
+        A::P(eids),
+        A::P(0),
+        A::P(0),
+        A::I(0),
+        A::P(y),
+        A::I(m.rows as i32),
+        A::I(m.rows as i32),
+        A::I(m.cols as i32),
+        A::I(ks as i32),
+        A::P(a),
+        A::P(b),
+        A::P(ew),
+        A::F(c),
+    ];
+    // Shared memory: the slot's Q8_K row and its scales.
+    g.launch("mvq8_q2_k_n1x", (cdiv(m.rows, MVQ_R * (8 / ks)), 1, z as u32), 256, (m.cols + m.cols / 256 * 4) as u32, &args)?;
+    Ok(true)
+}
 
-/// Whether f32-input products quantize inside the kernel (DS4_CUDA_XPRO=0 turns it off, for A/B runs).
-pub(crate) fn xpro_on() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("DS4_CUDA_XPRO").map_or(true, |v| v != "0"))
+/// Whether a one-token product with `m` takes [`launch_mvq8_x`].
+pub(crate) fn x_ok(g: &Gpu, m: &DM) -> bool { q80_ok(m) && !q80_v1() && q8p_geometry(g, m.rows, 1, mvq_ks(m, m.rows, 1)).2 <= 8 && m.cols <= 8192 }
+
+/// Which products prepare their own int8 input (DS4_CUDA_XPRO, a bit mask, read once): 1 plain f32
+/// input, 2 the RMS-normed q_b input, 4 the shared expert's SwiGLU, 8 the routed experts'. Off by
+/// default: with programmatic dependent launch the launches they save cost little, and each block
+/// then waits for its own prologue. flash:6 decode, same run (2026-12-03): all on 651.2 / 658.4 t/s,
+/// off 668.7 / 687.8; single bits within the ±3 % run-to-run spread of off. The callers check it.
+pub(crate) fn xpro(bit: u32) -> bool {
+    static V: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("DS4_CUDA_XPRO").ok().and_then(|v| v.parse().ok()).unwrap_or(0)) & bit != 0
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).

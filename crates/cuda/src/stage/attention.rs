@@ -1,7 +1,7 @@
 //! Attention sub-layer on the device: Q/KV projections, compressors, indexer selection, attention over
 //! the window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
-use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, XPro};
+use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, xpro, XPro};
 use ds4_model::kv::compressed_capacity;
 
 impl CudaStage {
@@ -69,20 +69,32 @@ impl CudaStage {
             self.g.to_main();
         }
         // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
+        let topk = cfg.idx_topk;
+        let idx_active = idx.is_some() && (nc_last > topk || dec);
+        let ws = 1.0 / ((cfg.idx_dim * cfg.idx_heads) as f32).sqrt();
+        let idx_weights = |s: &mut Self, iproj: &DM| -> Result<()> {
+            let (ih, iw) = (s.cfg.idx_heads, s.wk.iw.ptr);
+            s.mm(iproj, xn, n, iw)?;
+            s.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])
+        };
+        if let (true, true, Some((_, iproj, ..))) = (dec, idx_active, idx) {
+            // The indexer's head weights need only xn: side stream 3, beside q_a.
+            self.g.fork(3)?;
+            idx_weights(self, &iproj)?;
+            self.g.to_main();
+        }
         self.mm_q(&q_a, xn, n, qr, pre_xn)?;
         // One token: q_b normalises and quantizes qr itself (mvq8_q8p_r*f), and the indexer's copy of
         // the normalised qr is made on its side stream; else the norm writes qr in place (and its Q8_0).
-        let q_b_norms = dec && self.takes_q80(&q_b, n) && x_ok(&self.g, &q_b) && cfg.q_lora % 256 == 0;
+        let q_b_norms = dec && self.takes_q80(&q_b, n) && x_ok(&self.g, &q_b) && xpro(2) && cfg.q_lora % 256 == 0 && q_a_norm % 16 == 0 && qr % 16 == 0;
         let qn = if q_b_norms { self.wk.qrn.ptr } else { qr };
         let pre_qr = (!q_b_norms && self.takes_q80(&q_b, n)).then(|| self.wk.q8_qr.pair());
         if !q_b_norms {
             self.rms_q(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n, pre_qr)?;
         }
-        let topk = cfg.idx_topk;
-        let idx_active = idx.is_some() && (nc_last > topk || dec);
         if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
             let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
-            let (iq, iw) = (self.wk.iq.ptr, self.wk.iw.ptr);
+            let iq = self.wk.iq.ptr;
             if dec {
                 self.g.fork(1)?;
             }
@@ -90,16 +102,18 @@ impl CudaStage {
                 self.rms(qr, cfg.q_lora, qn, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
             }
             self.mm(&iqb, qn, n, iq)?;
-            self.mm(&iproj, xn, n, iw)?;
             self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
-            let ws = 1.0 / ((id * ih) as f32).sqrt();
-            self.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])?;
+            if !dec {
+                idx_weights(self, &iproj)?;
+            }
             if dec {
                 self.g.to_main();
             }
         }
         if q_b_norms {
-            launch_mvq8_x(&mut self.g, &q_b, q_b.ptr, qr, XPro::Rms { w: q_a_norm, eps: cfg.rms_eps }, q)?;
+            if !launch_mvq8_x(&mut self.g, &q_b, q_b.ptr, qr, XPro::Rms { w: q_a_norm, eps: cfg.rms_eps }, q)? {
+                return Err("q_b product with the q_a norm: not launched".into());
+            }
         } else {
             self.mm_q(&q_b, qr, n, q, pre_qr)?;
         }
@@ -107,6 +121,9 @@ impl CudaStage {
         if dec {
             self.g.join(1)?;
             self.g.join(2)?;
+            if idx_active {
+                self.g.join(3)?;
+            }
         }
         // Indexer selection for tokens that see more compressed rows than top_k.
         let mut sel = 0u64;
