@@ -1,5 +1,6 @@
 //! Op-level probes of the matrix kernels for tests and benchmarks: the mat-vec and GEMM paths on given
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
+use crate::dec_attn::DecAttn;
 use crate::gpu::{Gpu, Result, A};
 use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
 use crate::stage::me;
@@ -222,7 +223,8 @@ pub fn bench_read(bytes: usize, reps: usize) -> ds4_model::Result<f64> {
 }
 
 
-/// Inputs of one prefill attention call for [`attention_paths`]: `n` tokens at positions
+/// Inputs of one prefill attention call for [`attention_paths`] (and, with n = 1 and the raw query, of
+/// [`decode_attention_path`]): `n` tokens at positions
 /// `pos0..pos0+n`, `nh` heads of `d` dims; the window's rows before `pos0` come from `ring`
 /// (`swa` rows, position p at row p % swa), later ones from `kvb`; compressed rows `comp`
 /// (`(pos + 1) / ratio` of them visible to position pos), or the `topk` per token listed in `sel`.
@@ -285,6 +287,100 @@ pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<
         g.dtoh(&mut a, o1.ptr)?;
         g.dtoh(&mut b, o2.ptr)?;
         Ok((a, b))
+    })()
+    .map_err(me)
+}
+
+/// Output of [`decode_attention_path`].
+pub struct DecodeAttnOut {
+    /// nh × d attention output (inverse rope applied).
+    pub o: Vec<f32>,
+    /// The ring after the call: this token's row stored at slot pos % swa.
+    pub ring: Vec<f32>,
+    /// The merge's Q8_0 copy of `o` (values; one scale per 32), empty when d % 32 != 0.
+    pub q80: Vec<i8>,
+    pub d80: Vec<f32>,
+    /// A second call on the same inputs gave bit-identical outputs.
+    pub repeat_identical: bool,
+}
+
+/// Op-level check of one-token decode attention, launched as the stage launches it (`DecAttn`:
+/// attn_dec + attn_dec_merge, with PDL where the device has it): `c.n == 1`; `c.q` is the raw query
+/// (the q_b product: the kernel normalises each head with `eps` and ropes it at `c.pos0`, which it
+/// reads from device memory as in decode); `c.kvb` is this token's KV row. The partials and the grid
+/// are sized for `max_cand` candidates (the context's largest count); partials and output start as
+/// NaN, so a chunk the merge reads but nobody wrote shows.
+pub fn decode_attention_path(c: &AttnCase, eps: f32, max_cand: usize) -> ds4_model::Result<DecodeAttnOut> {
+    (|| -> Result<DecodeAttnOut> {
+        if c.n != 1 || c.q.len() != c.nh * c.d || c.kvb.len() != c.d || c.ring.len() != c.swa * c.d {
+            return Err("decode_attention_path: bad sizes".into());
+        }
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        g.pdl_now = g.pdl;
+        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
+            let b = g.alloc(v.len().max(1) * 4)?;
+            if !v.is_empty() {
+                g.htod(b.ptr, v)?;
+            }
+            Ok(b)
+        };
+        let (nh, d) = (c.nh, c.d);
+        let (q, kvb, ring, comp, sinks) = (up(&g, c.q)?, up(&g, c.kvb)?, up(&g, c.ring)?, up(&g, c.comp)?, up(&g, c.sinks)?);
+        let fr = g.alloc(c.freqs.len().max(1) * 8)?;
+        g.htod(fr.ptr, c.freqs)?;
+        let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
+        if let Some(s) = c.sel {
+            g.htod(sel.ptr, s)?;
+        }
+        let nsplit = DecAttn::splits(max_cand);
+        let part = up(&g, &vec![f32::NAN; DecAttn::part_floats(nsplit, nh, d)])?;
+        let o = up(&g, &vec![f32::NAN; nh * d])?;
+        let with_q80 = d % 32 == 0;
+        let (qb, db) = (g.alloc(nh * d)?, g.alloc((nh * d / 32).max(1) * 4)?);
+        let dpos = g.alloc(8)?;
+        g.htod(dpos.ptr, &[c.pos0 as i64])?;
+        let a = DecAttn {
+            q: q.ptr,
+            kvb: kvb.ptr,
+            ring: ring.ptr,
+            comp: comp.ptr,
+            sel: if c.sel.is_some() { sel.ptr } else { 0 },
+            sinks: sinks.ptr,
+            freqs: fr.ptr,
+            part: part.ptr,
+            o: o.ptr,
+            q80: if with_q80 { qb.ptr } else { 0 },
+            d80: if with_q80 { db.ptr } else { 0 },
+            dpos: dpos.ptr,
+            pos: c.pos0 as i64,
+            nh,
+            d,
+            half: c.freqs.len(),
+            swa: c.swa,
+            ratio: c.ratio,
+            topk: c.topk,
+            nsplit,
+            eps,
+        };
+        let run = |g: &mut Gpu| -> Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
+            a.launch(g)?;
+            let mut ov = vec![0f32; nh * d];
+            g.dtoh(&mut ov, o.ptr)?;
+            let (mut qv, mut dv) = (vec![0i8; if with_q80 { nh * d } else { 0 }], vec![0f32; if with_q80 { nh * d / 32 } else { 0 }]);
+            if with_q80 {
+                g.dtoh(&mut qv, qb.ptr)?;
+                g.dtoh(&mut dv, db.ptr)?;
+            }
+            Ok((ov, qv, dv))
+        };
+        let (ov, qv, dv) = run(&mut g)?;
+        let mut ring_after = vec![0f32; c.ring.len()];
+        g.dtoh(&mut ring_after, ring.ptr)?;
+        // Again (the ring slot now holds this token's row, outside the window read).
+        let (o2, q2, d2) = run(&mut g)?;
+        let bits = |x: &[f32], y: &[f32]| x.iter().zip(y).all(|(a, b)| a.to_bits() == b.to_bits());
+        let repeat_identical = bits(&ov, &o2) && qv == q2 && bits(&dv, &d2);
+        Ok(DecodeAttnOut { o: ov, ring: ring_after, q80: qv, d80: dv, repeat_identical })
     })()
     .map_err(me)
 }

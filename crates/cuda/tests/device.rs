@@ -457,6 +457,88 @@ fn prefill_attention_kernels_match_reference() {
     }
 }
 
+/// The query's per-head RMS norm (no weight) and rope at `pos`, in f64, as crates/model applies them
+/// before attention (rms_norm, then Rope::apply); rounded to f32 once at the end.
+fn q_norm_rope(q: &[f32], d: usize, freqs: &[f64], pos: usize, eps: f32) -> Vec<f32> {
+    let t0 = d - 2 * freqs.len();
+    q.chunks(d)
+        .flat_map(|h| {
+            let ss: f64 = h.iter().map(|&v| v as f64 * v as f64).sum();
+            let inv = 1.0 / (ss / d as f64 + eps as f64).sqrt();
+            let mut x: Vec<f64> = h.iter().map(|&v| v as f64 * inv).collect();
+            for (k, f) in freqs.iter().enumerate() {
+                let (s, c) = (pos as f64 * f).sin_cos();
+                let (x0, x1) = (x[t0 + 2 * k], x[t0 + 2 * k + 1]);
+                x[t0 + 2 * k] = x0 * c - x1 * s;
+                x[t0 + 2 * k + 1] = x0 * s + x1 * c;
+            }
+            x.into_iter().map(|v| v as f32)
+        })
+        .collect()
+}
+
+/// One-token decode attention as the stage launches it (raw query in: the per-head norm and rope are
+/// folded into attn_dec; candidates in chunks of 16 merged with the sink; ring store; Q8_0 copy of the
+/// output) vs the f64 CPU reference: indexer selection, all compressed rows, ratio 128 (also with more
+/// chunks than the grid has blocks), a window not yet full, the tiny shape and wide heads. The bound
+/// is the f32 prefill kernel's (1e-5): 512-term f32 dots carry ~1e-6 relative error into scores of
+/// size ~5, the exponentials and the positive-weighted sums add ~1e-7 per step.
+#[test]
+fn decode_attention_matches_reference() {
+    if !gpu_present() {
+        return;
+    }
+    let eps = 1e-6f32;
+    let mut rng = ds4_quant::random::SplitMix64(17);
+    let mut pick = ds4_quant::random::SplitMix64(23);
+    // (heads, head dim, rope pairs, window, ratio, top-k, selection, position)
+    let cases = [
+        (64usize, 512usize, 32usize, 128usize, 4usize, 512usize, true, 2600usize),
+        (64, 512, 32, 128, 4, 512, true, 400),
+        (64, 512, 32, 128, 128, 0, false, 5000),
+        (64, 512, 32, 128, 128, 0, false, 150_000),
+        (64, 512, 32, 128, 0, 0, false, 60),
+        (4, 128, 32, 32, 4, 8, true, 100),
+        (12, 1024, 32, 128, 128, 0, false, 700),
+    ];
+    for (nh, d, half, swa, ratio, topk, with_sel, pos) in cases {
+        let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
+        let nc = (pos + 1).checked_div(ratio).unwrap_or(0);
+        let (q, kvb, ring, comp, sinks) = (v(nh * d, 3.0), v(d, 1.5), v(swa * d, 1.5), v(nc.max(1) * d, 1.5), v(nh, 1.0));
+        let freqs: Vec<f64> = (0..half).map(|k| 1.0 / 10000f64.powf(2.0 * k as f64 / (2 * half) as f64)).collect();
+        // A selection as idx_topk leaves it: distinct rows in ascending order.
+        let mut rows: Vec<i32> = (0..nc.max(topk).max(1) as i32).collect();
+        for i in (1..rows.len()).rev() {
+            rows.swap(i, (pick.next_u64() % (i as u64 + 1)) as usize);
+        }
+        let mut sel: Vec<i32> = rows[..topk.max(1)].iter().map(|&r| r % nc.max(1) as i32).collect();
+        sel.sort_unstable();
+        let sel_used = with_sel && nc > topk;
+        let ncand = (pos + 1).min(swa) + if sel_used { topk } else { nc };
+        let raw = ds4_cuda::AttnCase {
+            n: 1, nh, d, pos0: pos, swa, ratio, topk, q: &q, kvb: &kvb, ring: &ring, comp: &comp, sel: if with_sel { Some(&sel) } else { None }, sinks: &sinks, freqs: &freqs,
+        };
+        let qn = q_norm_rope(&q, d, &freqs, pos, eps);
+        let want = attention_reference(&ds4_cuda::AttnCase { q: &qn, ..raw });
+        // The grid and partials sized for more candidates than this position has (chunks past them are skipped).
+        let got = ds4_cuda::decode_attention_path(&raw, eps, ncand + 40).unwrap();
+        let e = rel_err(&got.o, &want);
+        println!("op decode attention nh={nh} d={d} pos={pos} ratio={ratio} sel={sel_used}: {ncand} candidates, rel err {e:.2e}, repeat identical {}", got.repeat_identical);
+        assert!(e < 1e-5, "decode attention rel err {e}");
+        assert!(got.repeat_identical, "decode attention differs between two calls");
+        let mut ring_want = ring.clone();
+        ring_want[(pos % swa) * d..][..d].copy_from_slice(&kvb);
+        assert!(got.ring == ring_want, "ring after the merge: this token's row at slot pos % swa, nothing else");
+        let mut blocks = vec![0u8; nh * d / 32 * 34];
+        ds4_quant::quantize_row_q8_0(&got.o, &mut blocks);
+        for (b, blk) in blocks.chunks(34).enumerate() {
+            assert_eq!(ds4_quant::blocks::f16_at(blk, 0).to_bits(), got.d80[b].to_bits(), "Q8_0 scale of block {b}");
+            let qv: Vec<u8> = got.q80[b * 32..][..32].iter().map(|&x| x as u8).collect();
+            assert_eq!(&blk[2..34], &qv[..], "Q8_0 values of block {b}");
+        }
+    }
+}
+
 /// Indexer scores, f32 kernel and tensor cores (f16 operands), vs an f64 CPU reference.
 #[test]
 fn indexer_score_kernels_match_reference() {

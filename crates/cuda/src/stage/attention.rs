@@ -2,6 +2,7 @@
 //! the window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
 use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, xpro, XPro};
+use crate::dec_attn::DecAttn;
 use ds4_model::kv::compressed_capacity;
 
 impl CudaStage {
@@ -43,6 +44,7 @@ impl CudaStage {
             (k.ring.ptr, p(&k.comp), p(&k.st_kv), p(&k.st_sc), p(&k.idx), p(&k.ist_kv), p(&k.ist_sc))
         };
         let nc_last = if ratio != 0 { (pos0 + n) / ratio } else { 0 };
+        let mut idx_comp = false;
         if let Some((ape, ckm, cgm, cnorm)) = comp {
             let coff = cfg.compress_coff(il);
             let wd = coff * d;
@@ -58,11 +60,19 @@ impl CudaStage {
             if let Some((_, _, iape, ikm, igm, inorm)) = idx {
                 let id = cfg.idx_dim;
                 let iwd = coff * id;
+                // Decode: the indexer's compressor on side stream 5 with its own scratch (the two
+                // chains, ~14 us each, ran one after the other beside the Q path and outlasted it).
+                let (ck, cg, pooled) = if dec { (self.wk.ick.ptr, self.wk.icg.ptr, self.wk.ipool.ptr) } else { (ck, cg, pooled) };
+                if dec {
+                    self.g.to_main();
+                    self.g.fork(5)?;
+                }
                 self.mm(&ikm, xn, n, ck)?;
                 self.mm(&igm, xn, n, cg)?;
                 let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32), A::P(dp)];
                 self.compress(&args, dec, nwin, iwd, id)?;
                 self.nrq_at(pooled, id, idx_rows + (out0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 }, cr)?;
+                idx_comp = dec;
             }
         }
         if dec {
@@ -117,12 +127,18 @@ impl CudaStage {
         } else {
             self.mm_q(&q_b, qr, n, q, pre_qr)?;
         }
-        self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
+        // The query's per-head norm and rope; decode folds them into attn_dec (q is read nowhere else).
+        if !dec {
+            self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
+        }
         if dec {
             self.g.join(1)?;
             self.g.join(2)?;
             if idx_active {
                 self.g.join(3)?;
+            }
+            if idx_comp {
+                self.g.join(5)?;
             }
         }
         // Indexer selection for tokens that see more compressed rows than top_k.
@@ -220,65 +236,46 @@ impl CudaStage {
         self.attention_out(li, n, pos0, true, None)
     }
 
-    /// Decode attention for one token: candidates split over blocks, then merged (attn_dec*).
+    /// Decode attention for one token: the raw query normalised and roped inside attn_dec, candidates
+    /// split over blocks, then merged with the ring store and the output's Q8_0 copy (DecAttn).
     pub(super) fn attention_decode(&mut self, li: usize, pos0: usize, sel: u64) -> Result<()> {
         let cfg = &self.cfg;
         let (d, nh, swa, ratio, topk, half) = (cfg.head_dim, cfg.n_head, cfg.swa, self.layers[li].ratio, cfg.idx_topk, cfg.rope_dim / 2);
         // The most candidates this layer can have within the context (the grid does not depend on the
-        // position; splits past the current candidates return at once).
+        // position; chunks past the current candidates are skipped).
         let cap = if ratio != 0 { compressed_capacity(self.ctx, ratio) } else { 0 };
         let max_cand = swa.min(self.ctx) + if sel != 0 { cap.min(topk) } else { cap };
-        let nsplit = max_cand.div_ceil(32).max(1);
+        let nsplit = DecAttn::splits(max_cand);
         if nsplit > self.wk.adec_splits {
             return Err(format!("decode attention over {max_cand} candidates exceeds the planned {} splits", self.wk.adec_splits));
         }
-        let dp = self.dpos_arg();
         let (l, k) = (&self.layers[li], &self.kv[li]);
-        let (freqs, sinks) = (l.freqs, l.sinks);
-        let (ring, comp_rows) = (k.ring.ptr, k.comp.as_ref().map_or(0, |b| b.ptr));
-        let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
         // The merge also writes the Q8_0 copy of the output for the int8 output projection.
-        let out_a = self.layers[li].out_a;
-        let (q80, d80) = if self.takes_q80(&out_a, 1) && d % 32 == 0 { self.wk.q8_o.pair() } else { (0, 0) };
-        let smem = ((8 * d + 32 * d + 8 * 32) * 4) as u32;
-        let args = [
-            A::P(q),
-            A::P(kvb),
-            A::P(ring),
-            A::P(comp_rows),
-            A::P(sel),
-            A::P(part),
-            A::I(nh as i32),
-            A::I(d as i32),
-            A::L(pos0 as i64),
-            A::I(swa as i32),
-            A::I(ratio as i32),
-            A::I(topk as i32),
-            A::I(nsplit as i32),
-            A::P(dp),
-        ];
-        self.g.launch("attn_dec", (nh.div_ceil(8) as u32, nsplit as u32, 1), 256, smem, &args)?;
-        let args = [
-            A::P(part),
-            A::P(sinks),
-            A::P(o),
-            A::I(nh as i32),
-            A::I(d as i32),
-            A::L(pos0 as i64),
-            A::I(nsplit as i32),
-            A::I(swa as i32),
-            A::I(ratio as i32),
-            A::I(topk as i32),
-            A::P(sel),
-            A::P(freqs),
-            A::I(half as i32),
-            A::P(dp),
-            A::P(kvb),
-            A::P(ring),
-            A::P(q80),
-            A::P(d80),
-        ];
-        self.g.launch("attn_dec_merge", (nh as u32, 1, 1), (d / 4).div_ceil(32) as u32 * 32, 0, &args)?;
+        let (q80, d80) = if self.takes_q80(&l.out_a, 1) && d % 32 == 0 { self.wk.q8_o.pair() } else { (0, 0) };
+        let a = DecAttn {
+            q: self.wk.q.ptr,
+            kvb: self.wk.kvb.ptr,
+            ring: k.ring.ptr,
+            comp: k.comp.as_ref().map_or(0, |b| b.ptr),
+            sel,
+            sinks: l.sinks,
+            freqs: l.freqs,
+            part: self.wk.adec.ptr,
+            o: self.wk.o.ptr,
+            q80,
+            d80,
+            dpos: self.dpos_arg(),
+            pos: pos0 as i64,
+            nh,
+            d,
+            half,
+            swa,
+            ratio,
+            topk,
+            nsplit,
+            eps: cfg.rms_eps,
+        };
+        a.launch(&mut self.g)?;
         self.attention_out(li, 1, pos0, false, (q80 != 0).then_some((q80, d80)))
     }
 

@@ -1,6 +1,7 @@
 //! Construction of a `CudaStage`: weight upload (one pass of large copies), the split row layout, KV
 //! state and work buffers sized from the context and the prefill chunk.
 use super::*;
+use crate::dec_attn::DecAttn;
 use crate::gpu::{DBuf, SIDE_STREAMS};
 use crate::matvec::split_layout;
 use ds4_model::kv::{compressed_capacity, compressor_rows};
@@ -249,7 +250,7 @@ impl CudaStage {
             .map(|l| if l.ratio != 0 { compressed_capacity(ctx, l.ratio).min(if l.indexer.is_some() { cfg.idx_topk } else { usize::MAX }) } else { 0 })
             .max()
             .unwrap_or(0);
-        let adec_splits = (cfg.swa.min(ctx) + max_comp).div_ceil(32).max(1);
+        let adec_splits = DecAttn::splits(cfg.swa.min(ctx) + max_comp);
         let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
         // Expert scratch: room for every expert's gate and up matrices at once when a quarter of the
         // free memory allows it (Flash q2 on an H200: 512 x 16.8 MB), else fewer; at least two.
@@ -280,6 +281,9 @@ impl CudaStage {
             ck: f(n * 2 * d.max(id))?,
             cg: f(n * 2 * d.max(id))?,
             pooled: f((n / 4 + 2) * d.max(id))?,
+            ick: f(2 * id)?,
+            icg: f(2 * id)?,
+            ipool: f(2 * id)?,
             iq: f(n * cfg.idx_heads * id)?,
             iw: f(n * cfg.idx_heads)?,
             scores: f(n * ldsc)?,
@@ -307,7 +311,7 @@ impl CudaStage {
             logits: f(logit_rows * cfg.n_vocab)?,
             tokens: f(n)?,
             top1: f(1)?,
-            adec: f(adec_splits * cfg.n_head * (d + 2))?,
+            adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d))?,
             adec_splits,
             wh: g.alloc(wh_elems.max(1) * 2)?,
             wh_elems,
@@ -334,7 +338,9 @@ impl CudaStage {
         };
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
-        g.reserve_smem("attn_dec", ((8 * d + 32 * d + 8 * 32) * 4) as u32)?;
+        if d % 4 == 0 && d <= 1024 {
+            g.reserve_smem(DecAttn::kernel(d), DecAttn::smem(d, cfg.rope_dim / 2))?;
+        }
         g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 8 * id) * 4) as u32)?;
         g.sync()?;
         let (free2, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;

@@ -121,6 +121,10 @@ struct Work {
     ck: DBuf,
     cg: DBuf,
     pooled: DBuf,
+    /// The indexer compressor's scratch for one token (decode runs it beside the main compressor).
+    ick: DBuf,
+    icg: DBuf,
+    ipool: DBuf,
     iq: DBuf,
     iw: DBuf,
     scores: DBuf,
