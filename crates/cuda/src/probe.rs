@@ -245,19 +245,21 @@ pub struct AttnCase<'a> {
     pub freqs: &'a [f64],
 }
 
+/// `v` copied to a new device buffer (at least one float, so empty inputs still have an address).
+pub(crate) fn upload(g: &Gpu, v: &[f32]) -> Result<crate::gpu::DBuf> {
+    let b = g.alloc(v.len().max(1) * 4)?;
+    if !v.is_empty() {
+        g.htod(b.ptr, v)?;
+    }
+    Ok(b)
+}
+
 /// Op-level check of prefill attention: the output (n × nh × d, inverse rope applied) of the f32
 /// kernel and of the tensor-core kernel with `tc_heads` heads per block (64 or 32).
 pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
     (|| -> Result<(Vec<f32>, Vec<f32>)> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
-        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
-            let b = g.alloc(v.len().max(1) * 4)?;
-            if !v.is_empty() {
-                g.htod(b.ptr, v)?;
-            }
-            Ok(b)
-        };
-        let (q, kvb, ring, comp, sinks) = (up(&g, c.q)?, up(&g, c.kvb)?, up(&g, c.ring)?, up(&g, c.comp)?, up(&g, c.sinks)?);
+        let (q, kvb, ring, comp, sinks) = (upload(&g, c.q)?, upload(&g, c.kvb)?, upload(&g, c.ring)?, upload(&g, c.comp)?, upload(&g, c.sinks)?);
         let fr = g.alloc(c.freqs.len().max(1) * 8)?;
         g.htod(fr.ptr, c.freqs)?;
         let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
@@ -317,15 +319,8 @@ pub fn decode_attention_path(c: &AttnCase, eps: f32, max_cand: usize) -> ds4_mod
         }
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         g.pdl_now = g.pdl;
-        let up = |g: &Gpu, v: &[f32]| -> Result<crate::gpu::DBuf> {
-            let b = g.alloc(v.len().max(1) * 4)?;
-            if !v.is_empty() {
-                g.htod(b.ptr, v)?;
-            }
-            Ok(b)
-        };
         let (nh, d) = (c.nh, c.d);
-        let (q, kvb, ring, comp, sinks) = (up(&g, c.q)?, up(&g, c.kvb)?, up(&g, c.ring)?, up(&g, c.comp)?, up(&g, c.sinks)?);
+        let (q, kvb, ring, comp, sinks) = (upload(&g, c.q)?, upload(&g, c.kvb)?, upload(&g, c.ring)?, upload(&g, c.comp)?, upload(&g, c.sinks)?);
         let fr = g.alloc(c.freqs.len().max(1) * 8)?;
         g.htod(fr.ptr, c.freqs)?;
         let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
@@ -333,8 +328,8 @@ pub fn decode_attention_path(c: &AttnCase, eps: f32, max_cand: usize) -> ds4_mod
             g.htod(sel.ptr, s)?;
         }
         let nsplit = DecAttn::splits(max_cand);
-        let part = up(&g, &vec![f32::NAN; DecAttn::part_floats(nsplit, nh, d)])?;
-        let o = up(&g, &vec![f32::NAN; nh * d])?;
+        let part = upload(&g, &vec![f32::NAN; DecAttn::part_floats(nsplit, nh, d)])?;
+        let o = upload(&g, &vec![f32::NAN; nh * d])?;
         let with_q80 = d % 32 == 0;
         let (qb, db) = (g.alloc(nh * d)?, g.alloc((nh * d / 32).max(1) * 4)?);
         let dpos = g.alloc(8)?;

@@ -2,16 +2,9 @@
 //! `mvq8_q2_k_n1x`) against the stand-alone prologue kernels followed by the plain product.
 use crate::gpu::{Gpu, Result, A};
 use crate::matvec::{cdiv, launch_down_swiglu, launch_mvq8, launch_mvq8_x, launch_q80, split_layout, XPro, DM};
-use crate::probe::CopyCheck;
+use crate::probe::{upload as up, CopyCheck};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
-
-/// Random f32 values on the device.
-fn up(g: &Gpu, v: &[f32]) -> Result<crate::gpu::DBuf> {
-    let b = g.alloc(v.len() * 4)?;
-    g.htod(b.ptr, v)?;
-    Ok(b)
-}
 
 /// A device matrix stack of `z` random valid matrices of type `ty` (split layout where the kernels
 /// take it, as at load).
