@@ -44,9 +44,11 @@ for mode in "${@:-all}"; do
     # Decode A/B of engine switches on flash:PL at ctx 4096 (one line per setting: env, prefill t/s, decode t/s).
     [ -f /dev/shm/flash${PL:-6}.gguf ] || timeout 240 $B/ds4-gguf synth flash:${PL:-6} /dev/shm/flash${PL:-6}.gguf --mix q2 2>&1 | tail -1
     for setting in ${AB:-"X=1" "DS4_CUDA_HC_DEC=0" "DS4_CUDA_FAST=0"}; do
-      r=$(env ${setting//,/ } timeout 120 $B/ds4-bench -m /dev/shm/flash${PL:-6}.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 \
-        --gen-tokens 64 --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 2>&1 | grep -E "^4096," | tail -1)
-      echo "ab $setting: $r" | tee -a $OUT/ab.log
+      env ${setting//,/ } timeout 120 $B/ds4-bench -m /dev/shm/flash${PL:-6}.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 \
+        --gen-tokens ${GEN:-64} --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 > /tmp/ab_run.log 2>&1
+      r=$(grep -E "^4096," /tmp/ab_run.log | tail -1)
+      echo "ab $setting: ${r:-FAILED: $(grep -v "uploading weights" /tmp/ab_run.log | tail -2 | tr '\n' ' ')}" | tee -a $OUT/ab.log
+      grep "^host time" /tmp/ab_run.log | tail -1 | tee -a $OUT/ab.log
     done ;;
   bench)
     rm -f /dev/shm/flash[0-9]*.gguf

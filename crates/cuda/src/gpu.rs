@@ -149,6 +149,9 @@ pub struct Gpu {
     /// Whether launches now carry the PDL attribute (the stage sets it for one-token steps only:
     /// prefill measured no gain).
     pub pdl_now: bool,
+    /// Kernels left out of one-token steps (DS4_CUDA_SKIP, names separated by , or :): a measuring aid
+    /// only: the decode rate without a kernel bounds what making it faster can gain. Results are wrong.
+    skip: Vec<String>,
 }
 
 pub struct Profiler {
@@ -251,7 +254,8 @@ impl Gpu {
         // On by default since the products fetch their first weights before waiting: flash:6 decode
         // 666.7 / 669.2 t/s with, 643.6 / 640.2 without (same run, 2026-12-03). DS4_CUDA_PDL=0 turns it off.
         let pdl = maj >= 9 && std::env::var("DS4_CUDA_PDL").map_or(true, |v| v != "0");
-        Ok(Self { pdl, _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
+        let skip = std::env::var("DS4_CUDA_SKIP").map(|v| v.split([',', ':']).filter(|n| !n.is_empty()).map(String::from).collect()).unwrap_or_default();
+        Ok(Self { skip, pdl, _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -394,6 +398,9 @@ impl Gpu {
             return Ok(());
         }
         let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        if self.pdl_now && !self.skip.is_empty() && self.skip.iter().any(|s| s == name) {
+            return Ok(());
+        }
         if args.len() > MAX_ARGS {
             return Err(format!("kernel {name}: more than {MAX_ARGS} arguments"));
         }

@@ -1733,7 +1733,7 @@ extern "C" __global__ void scale_inplace(float* x, u64 n, float s) { PDL_ENTRY
     if (i < n) x[i] *= s;
 }
 
-// Argmax of one row (ties to the lowest index). One block of 1024 threads.
+// Argmax of one row (ties to the lowest index, NaN never wins). One block of 1024 threads.
 extern "C" __global__ void argmax_row(const float* x, int n, int* out) { PDL_ENTRY
     __shared__ float sv[1024];
     __shared__ int si[1024];
@@ -1755,7 +1755,8 @@ extern "C" __global__ void argmax_row(const float* x, int n, int* out) { PDL_ENT
         }
         __syncthreads();
     }
-    if (t == 0) *out = si[0];
+    // All NaN: token 0, as the host's argmax (NaN counts as -inf).
+    if (t == 0) *out = si[0] == 0x7fffffff ? 0 : si[0];
 }
 
 // Streaming read of `n16` 16-byte words (grid-stride), for the machine's achievable read bandwidth.

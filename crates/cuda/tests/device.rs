@@ -123,11 +123,19 @@ fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize
         t = argmax(l);
     }
     assert_eq!(again, tg[..again.len()].to_vec(), "rewind to the prefill snapshot changed the tokens");
-    // The device token path (top-1 on the GPU) agrees with argmax of the downloaded logits.
+    // The device token path (top-1 on the GPU, a node of the decode graph) agrees with argmax of the
+    // downloaded logits, and the logits it leaves on the device are the graph decode's.
     let mut kr2 = m.stage.new_kv(ctx);
     kr2.pos = prompt.len();
-    let top1 = gpu.forward_argmax(&mut kr2, &[tg[0]]).unwrap();
-    assert_eq!(top1, tg[1], "device argmax");
+    let mut t = tg[0];
+    for i in 0..4.min(steps.saturating_sub(1)) {
+        let top1 = gpu.forward_argmax(&mut kr2, &[t], None).unwrap();
+        let l = gpu.last_logits().unwrap();
+        assert!(l == first_logits[i].as_slice(), "device-argmax step {i}: logits differ from the first decode");
+        assert_eq!(top1, argmax(l), "device argmax, step {i}");
+        assert_eq!(top1, tg[i + 1], "device argmax token, step {i}");
+        t = top1;
+    }
     let s = ds4_cuda::CudaStage::stats();
     println!("device allocations so far {}, weight uploads so far {}", s.device_allocs, s.weight_uploads);
     (tc, tg, worst)

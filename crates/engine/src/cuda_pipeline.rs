@@ -37,11 +37,29 @@ impl CudaPipeline {
 
     /// Same contract as `Stage::forward`: every part sees the same positions; the last one makes logits.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        let carried = self.through_parts(kv, tokens, hidden_in)?;
+        let input = if carried { Some(&self.hidden[..]) } else { hidden_in };
+        self.stages.last_mut().expect("a pipeline has at least one stage").forward(kv, tokens, input, want)
+    }
+
+    /// The greedy next token after `tokens` (the argmax of the last logits row, taken on the device).
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<u32> {
+        let carried = self.through_parts(kv, tokens, None)?;
+        let input = if carried { Some(&self.hidden[..]) } else { None };
+        self.stages.last_mut().expect("a pipeline has at least one stage").forward_argmax(kv, tokens, input)
+    }
+
+    /// The last logits row of the last forward call, downloaded from the last part.
+    pub fn last_logits(&mut self) -> Result<&[f32]> { self.stages.last_mut().expect("a pipeline has at least one stage").last_logits() }
+
+    /// Runs every part but the last, leaving kv.pos where it was; true when the last part's input is
+    /// the carried hidden state.
+    fn through_parts(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<bool> {
         let n = tokens.len();
         let pos = kv.pos;
-        let (last, rest) = self.stages.split_last_mut().expect("a pipeline has at least one stage");
+        let nparts = self.stages.len();
         let mut carried = false;
-        for (i, st) in rest.iter_mut().enumerate() {
+        for (i, st) in self.stages[..nparts - 1].iter_mut().enumerate() {
             kv.pos = pos;
             let input = if i == 0 { hidden_in } else { Some(&self.hidden[..]) };
             st.forward(kv, tokens, input, Logits::None)?;
@@ -51,8 +69,7 @@ impl CudaPipeline {
             carried = true;
         }
         kv.pos = pos;
-        let input = if carried { Some(&self.hidden[..]) } else { hidden_in };
-        last.forward(kv, tokens, input, want)
+        Ok(carried)
     }
 
     /// Per-kernel profiles of every part (DS4_CUDA_PROFILE=1).

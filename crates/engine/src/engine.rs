@@ -141,6 +141,38 @@ impl Engine {
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
 
+    /// Whether [`Engine::forward_top1`] takes the argmax where the logits are (the GPU backend).
+    pub fn device_greedy(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        if self.cuda.is_some() {
+            return true;
+        }
+        false
+    }
+
+    /// Feeds `token` and returns the greedy next token, taken on the GPU (4 bytes come back instead of
+    /// the logits row, and the host scans nothing). None on the CPU backend: use `forward`.
+    pub fn forward_top1(&mut self, kv: &mut KvState, token: u32) -> Result<Option<u32>, EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            return Ok(Some(c.forward_argmax(kv, std::slice::from_ref(&token))?));
+        }
+        let _ = (kv, token);
+        Ok(None)
+    }
+
+    /// Copies the logits of the last `forward_top1` call into `out` (the GPU keeps them).
+    pub fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            out.clear();
+            out.extend_from_slice(c.last_logits()?);
+            return Ok(());
+        }
+        let _ = out;
+        Err(EngineError::Invalid("no device logits to fetch on the CPU backend".into()))
+    }
+
     /// Which backend runs the forward pass.
     pub fn backend(&self) -> Backend {
         #[cfg(feature = "cuda")]

@@ -96,12 +96,16 @@ impl Session {
         Ok(())
     }
 
-    /// Samples up to `max_tokens` tokens. `on_token` returns false to stop.
+    /// Samples up to `max_tokens` tokens. `on_token` returns false to stop. `greedy` says that `sample`
+    /// is the argmax for every token: the engine may then take it on the device (GPU backend), and the
+    /// logits of the last token are fetched once at the end instead of after every step.
+    #[allow(clippy::too_many_arguments)]
     pub fn generate(
         &mut self,
         engine: &mut Engine,
         max_tokens: usize,
         eos: Option<u32>,
+        greedy: bool,
         sample: &mut dyn FnMut(&[f32]) -> u32,
         on_token: &mut dyn FnMut(u32) -> bool,
         cancel: &AtomicBool,
@@ -112,29 +116,61 @@ impl Session {
         }
         residency::set_phase(residency::Phase::Decode);
         let t0 = Instant::now();
-        let mut reason = StopReason::MaxTokens;
-        for _ in 0..max_tokens {
-            if cancel.load(Ordering::Relaxed) {
-                reason = StopReason::Cancelled;
-                break;
+        let device = greedy && engine.device_greedy();
+        // The next token when the device took it; the host logits are then those of an earlier step.
+        let mut next: Option<u32> = None;
+        let r = self.generate_loop(engine, max_tokens, eos, device, &mut next, sample, on_token, cancel, stats);
+        if next.is_some() {
+            if r.is_ok() {
+                engine.last_logits(&mut self.logits)?;
+            } else {
+                // Which step failed is unknown: nothing stale to continue from.
+                self.logits.clear();
             }
-            let tok = sample(&self.logits);
-            stats.gen_tokens += 1;
-            if Some(tok) == eos {
-                reason = StopReason::Eos;
-                break;
-            }
-            if !on_token(tok) {
-                reason = StopReason::Caller;
-                break;
-            }
-            if self.tokens.len() >= engine.ctx {
-                reason = StopReason::ContextFull;
-                break;
-            }
-            self.step(engine, tok)?;
         }
         stats.gen_time += t0.elapsed();
-        Ok(reason)
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn generate_loop(
+        &mut self,
+        engine: &mut Engine,
+        max_tokens: usize,
+        eos: Option<u32>,
+        device: bool,
+        next: &mut Option<u32>,
+        sample: &mut dyn FnMut(&[f32]) -> u32,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, EngineError> {
+        for _ in 0..max_tokens {
+            if cancel.load(Ordering::Relaxed) {
+                return Ok(StopReason::Cancelled);
+            }
+            let tok = match *next {
+                Some(t) => t,
+                None => sample(&self.logits),
+            };
+            stats.gen_tokens += 1;
+            if Some(tok) == eos {
+                return Ok(StopReason::Eos);
+            }
+            if !on_token(tok) {
+                return Ok(StopReason::Caller);
+            }
+            if self.tokens.len() >= engine.ctx {
+                return Ok(StopReason::ContextFull);
+            }
+            match if device { engine.forward_top1(&mut self.kv, tok)? } else { None } {
+                Some(t) => {
+                    self.tokens.push(tok);
+                    *next = Some(t);
+                }
+                None => self.step(engine, tok)?,
+            }
+        }
+        Ok(StopReason::MaxTokens)
     }
 }

@@ -43,3 +43,29 @@ fn two_parts_on_one_gpu_equal_one_stage() {
     assert_eq!(t1, t2, "greedy tokens differ between one and two CUDA parts");
     assert!(l1 == l2, "logits differ between one and two CUDA parts");
 }
+
+/// `Session::generate` with the device taking the argmax (greedy = true) gives the tokens of the
+/// host argmax over downloaded logits, on one part and on two, and leaves the same logits to
+/// continue from.
+#[test]
+fn device_greedy_generation_equals_host_argmax() {
+    for devices in [vec![0], vec![0, 0]] {
+        let Some(mut eng) = load(devices.clone()) else { return };
+        let (want, logits) = greedy_run(&mut eng);
+        let never = AtomicBool::new(false);
+        let prompt: Vec<u32> = (0..70u32).map(|i| (i * 2654435761u32 >> 9) % 500 + 3).collect();
+        let mut s = Session::new(&eng);
+        s.sync(&mut eng, &prompt, &mut |_, _| {}, &never).unwrap();
+        let mut got = Vec::new();
+        let mut stats = ds4_engine::GenStats::default();
+        let host_argmax = &mut |l: &[f32]| l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
+        s.generate(&mut eng, 23, None, true, host_argmax, &mut |t| {
+            got.push(t);
+            true
+        }, &never, &mut stats)
+        .unwrap();
+        assert_eq!(got, want[..23], "device-greedy tokens differ from the host argmax ({devices:?})");
+        // 23 tokens generated and consumed: the logits left are those the 24th was chosen from.
+        assert!(s.logits == logits[23], "logits left by device-greedy generation differ ({devices:?})");
+    }
+}

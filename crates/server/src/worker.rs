@@ -375,7 +375,7 @@ impl Worker {
         let r = match &mut self.backend {
             Backend::Local { engine, live } => live
                 .session
-                .generate(engine, max_tokens, eos, &mut sample, &mut on_token, &job.cancel, &mut stats)
+                .generate(engine, max_tokens, eos, greedy, &mut sample, &mut on_token, &job.cancel, &mut stats)
                 .map_err(|e| ApiError::internal(format!("generation failed: {e}"))),
             // A failed route keeps its history: the next request that extends it replays it.
             Backend::Route(r) => r.generate(max_tokens, eos, greedy, &mut sample, &mut on_token, &job.cancel, &mut stats),

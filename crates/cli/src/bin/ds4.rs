@@ -279,13 +279,13 @@ impl Conversation for Local {
         &mut self,
         max_tokens: usize,
         eos: u32,
-        _greedy: bool,
+        greedy: bool,
         sample: &mut dyn FnMut(&[f32]) -> u32,
         on_token: &mut dyn FnMut(u32) -> bool,
         cancel: &AtomicBool,
         stats: &mut GenStats,
     ) -> Result<StopReason, String> {
-        self.session.generate(&mut self.eng, max_tokens, Some(eos), sample, on_token, cancel, stats).map_err(|e| e.to_string())
+        self.session.generate(&mut self.eng, max_tokens, Some(eos), greedy, sample, on_token, cancel, stats).map_err(|e| e.to_string())
     }
 }
 

@@ -154,7 +154,7 @@ fn run(a: Args) -> Result<(), String> {
         let kv_bytes = s.kv.bytes();
         let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
         let mut st = GenStats::default();
-        s.generate(&mut eng, a.gen_tokens, None, &mut |l| argmax(l), &mut |_| true, &never, &mut st).map_err(|e| e.to_string())?;
+        s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |_| true, &never, &mut st).map_err(|e| e.to_string())?;
         (s.kv, s.tokens, s.logits) = snap;
         writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
         if a.bandwidth {

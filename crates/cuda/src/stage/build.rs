@@ -380,7 +380,9 @@ impl CudaStage {
             route_fold: std::env::var("DS4_CUDA_ROUTE_FOLD").map_or(true, |v| v != "0"),
             decode_mode: false,
             dpos: dpos_buf,
-            graphs: [None, None, None, None],
+            graphs: [None, None, None, None, None, None],
+            want_top1: false,
+            host_time: host_time::HostTime::from_env(),
             use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
         };
         s.reset_state()?;

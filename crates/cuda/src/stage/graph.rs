@@ -45,20 +45,26 @@ impl CudaStage {
             return Err("stage without embedding needs a hidden-state input".into());
         }
         let head = want != Logits::None && self.head.is_some();
-        let key = 2 * hidden_in.is_some() as usize + head as usize;
+        // Kinds: hidden input or token, then no head / logits / logits and their argmax.
+        let top1 = head && self.want_top1;
+        let key = 3 * hidden_in.is_some() as usize + head as usize + top1 as usize;
         if self.graphs[key].is_none() {
-            self.graphs[key] = Some(self.capture_decode(hidden_in.is_none(), head)?);
+            self.graphs[key] = Some(self.capture_decode(hidden_in.is_none(), head, top1)?);
         }
+        // The argmax is in the graph: forward_argmax launches none after it.
+        self.want_top1 = false;
         let exec = self.graphs[key].as_ref().unwrap().exec;
+        let t = self.host_time.now();
         // SAFETY: exec is a live instantiated graph whose nodes use this stage's device buffers.
         unsafe { cudarc::driver::result::graph::launch(exec, self.g.stream) }.map_err(|e| format!("cuGraphLaunch: {e:?}"))?;
+        self.host_time.add_launch(t);
         kv.pos += 1;
         self.dev_pos = kv.pos;
         Ok(head as usize)
     }
 
     /// Records the launches of one decode step (embedding, layers, head) into a CUDA graph.
-    pub(super) fn capture_decode(&mut self, embed: bool, head: bool) -> Result<DecodeGraph> {
+    pub(super) fn capture_decode(&mut self, embed: bool, head: bool, top1: bool) -> Result<DecodeGraph> {
         use cudarc::driver::{result as drv, sys as dsys};
         // SAFETY: our stream; thread-local capture mode (other threads' CUDA calls are unaffected).
         unsafe { drv::stream::begin_capture(self.g.stream, dsys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) }
@@ -77,6 +83,10 @@ impl CudaStage {
             self.flush_exit()?;
             if head {
                 self.head_fwd(0, 1)?;
+            }
+            if top1 {
+                let (lp, tp, v) = (self.wk.logits.ptr, self.wk.top1.ptr, self.cfg.n_vocab);
+                self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)])?;
             }
             Ok(())
         })();

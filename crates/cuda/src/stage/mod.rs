@@ -16,6 +16,7 @@ mod blocks;
 mod build;
 mod ffn;
 mod graph;
+pub(super) mod host_time;
 
 use graph::DecodeGraph;
 
@@ -283,8 +284,12 @@ pub struct CudaStage {
     decode_mode: bool,
     dpos: DBuf,
     /// Captured decode graphs, by (hidden input, logits wanted); DS4_CUDA_GRAPH=0 turns them off.
-    graphs: [Option<DecodeGraph>; 4],
+    graphs: [Option<DecodeGraph>; 6],
+    /// The forward call in progress is `forward_argmax`'s: a decode graph also takes the argmax
+    /// (reset to false by the graph path once it has).
+    want_top1: bool,
     pub use_graphs: bool,
+    host_time: host_time::HostTime,
     /// Last: dropped after every device buffer above.
     g: Gpu,
 }
@@ -420,27 +425,69 @@ impl CudaStage {
         Ok(&self.hidden_host)
     }
 
-    /// Greedy top-1 of the last logits row, computed on the device (4 bytes back instead of the row).
-    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32]) -> ds4_model::Result<u32> {
+    /// Greedy top-1 of the last logits row, computed on the device (4 bytes back instead of the row;
+    /// in a one-token step the argmax is a node of the decode graph). The logits stay on the device
+    /// for [`CudaStage::last_logits`].
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> ds4_model::Result<u32> {
         self.g.bind().map_err(me)?;
-        self.forward_dev(kv, tokens, None, Logits::Last).map_err(me)?;
+        let t = self.host_time.now();
+        if tokens.len() == 1 {
+            self.host_time.step(t);
+        } else {
+            self.host_time.gap();
+        }
+        self.want_top1 = true;
+        let r = self.forward_dev(kv, tokens, hidden_in, Logits::Last);
+        // Still set unless a decode graph took the argmax.
+        let not_taken = std::mem::replace(&mut self.want_top1, false);
+        if r.map_err(me)? == 0 {
+            return Err(me("the stage has no output head".into()));
+        }
+        let tp = self.wk.top1.ptr;
+        if not_taken {
+            let v = self.cfg.n_vocab;
+            let lp = self.wk.logits.ptr;
+            self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
+        }
+        let mut top = [0i32];
+        let t = self.host_time.now();
+        self.g.sync().map_err(me)?;
+        self.host_time.add_wait(t);
+        self.g.dtoh(&mut top, tp).map_err(me)?;
+        Ok(top[0] as u32)
+    }
+
+    /// The logits row of the last forward call that asked for the last row (e.g. after
+    /// [`CudaStage::forward_argmax`]), downloaded.
+    pub fn last_logits(&mut self) -> ds4_model::Result<&[f32]> {
+        self.g.bind().map_err(me)?;
         let v = self.cfg.n_vocab;
-        let (lp, tp) = (self.wk.logits.ptr, self.wk.top1.ptr);
-        self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
-        let mut t = [0i32];
-        self.g.dtoh(&mut t, tp).map_err(me)?;
-        Ok(t[0] as u32)
+        self.logits_host.resize(v, 0.0);
+        let p = self.wk.logits.ptr;
+        self.g.dtoh(&mut self.logits_host, p).map_err(me)?;
+        Ok(&self.logits_host)
     }
 
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> ds4_model::Result<&[f32]> {
         self.g.bind().map_err(me)?;
+        let t = self.host_time.now();
+        if tokens.len() == 1 {
+            self.host_time.step(t);
+        } else {
+            self.host_time.gap();
+        }
         let rows = self.forward_dev(kv, tokens, hidden_in, want).map_err(me)?;
         let v = self.cfg.n_vocab;
         self.logits_host.resize(rows * v, 0.0);
         if rows > 0 {
             let p = self.wk.logits.ptr;
+            let t = self.host_time.now();
+            self.g.sync().map_err(me)?;
+            self.host_time.add_wait(t);
+            let t = self.host_time.now();
             self.g.dtoh(&mut self.logits_host, p).map_err(me)?;
+            self.host_time.add_copy(t);
         } else {
             self.g.sync().map_err(me)?;
         }

@@ -1,0 +1,55 @@
+//! Where a one-token step's wall time goes on the host (DS4_CUDA_HOSTTIME=1, a measuring aid): the
+//! graph launch call, the wait for the device, the logits copy, and the caller's time between steps.
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+pub(super) struct HostTime {
+    on: bool,
+    steps: u32,
+    launch: Duration,
+    wait: Duration,
+    copy: Duration,
+    total: Duration,
+    last: Option<Instant>,
+}
+
+impl HostTime {
+    pub(super) fn from_env() -> Self { Self { on: std::env::var("DS4_CUDA_HOSTTIME").is_ok_and(|v| v != "0"), ..Default::default() } }
+
+    pub(super) fn now(&self) -> Option<Instant> { self.on.then(Instant::now) }
+
+    /// A step begins: the time since the previous step began is that step's wall time.
+    pub(super) fn step(&mut self, t: Option<Instant>) {
+        let Some(t) = t else { return };
+        if let Some(l) = self.last {
+            self.total += t - l;
+            self.steps += 1;
+            if self.steps == 64 {
+                self.report();
+            }
+        }
+        self.last = Some(t);
+    }
+
+    pub(super) fn add_launch(&mut self, t: Option<Instant>) { self.launch += t.map_or(Duration::ZERO, |t| t.elapsed()) }
+    pub(super) fn add_wait(&mut self, t: Option<Instant>) { self.wait += t.map_or(Duration::ZERO, |t| t.elapsed()) }
+    pub(super) fn add_copy(&mut self, t: Option<Instant>) { self.copy += t.map_or(Duration::ZERO, |t| t.elapsed()) }
+
+    /// A non-step call (prefill) breaks the chain of consecutive steps.
+    pub(super) fn gap(&mut self) { self.last = None }
+
+    fn report(&mut self) {
+        let us = |d: Duration| d.as_secs_f64() * 1e6 / self.steps as f64;
+        let rest = self.total.saturating_sub(self.launch + self.wait + self.copy);
+        eprintln!(
+            "host time per step over {}: wall {:.1} us = graph launch {:.1} + device wait {:.1} + logits copy {:.1} + other {:.1}",
+            self.steps,
+            us(self.total),
+            us(self.launch),
+            us(self.wait),
+            us(self.copy),
+            us(rest)
+        );
+        *self = Self { on: true, last: self.last, ..Default::default() };
+    }
+}
