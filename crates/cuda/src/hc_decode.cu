@@ -172,10 +172,13 @@ __device__ __forceinline__ void grid_barrier(int* cnt, int* flag, int P) {
     __syncthreads();
 }
 
+#define HCE_PMAX 32  // blocks of hc_entry_dec (e <= 8192)
+
 // The FFN entry's router: block p's part of the gate logits (F16 rows gW, ne x e) over its 256
 // columns of xn (thread t holds column 256p + t, value v; warp w takes rows w, w + 8, .., a lane 8
-// columns), published to glog[p][..]; the last block to finish (ticket) adds the parts in block order
-// and routes the token (route_token). ne <= 256.
+// columns; 16 rows' weight words in flight per pass), published to glog[p][..]; the last block to
+// finish (ticket) adds the parts in block order and routes the token (route_token). ne <= 256,
+// P <= HCE_PMAX.
 __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int ne, int e, float v, float* glog, int* ticket,
                                                 const float* bias, const int* hash, const u32* tokens, int k, int normalize, float scale,
                                                 int* eids, float* ew) {
@@ -187,15 +190,15 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
     float xl[8];
 #pragma unroll
     for (int u = 0; u < 8; u++) xl[u] = xs[8 * lane + u];
-    for (int r0 = wid; r0 < ne; r0 += 64) {
-        uint4 wq[8];
+    for (int r0 = wid; r0 < ne; r0 += 128) {
+        uint4 wq[16];
 #pragma unroll
-        for (int b = 0; b < 8; b++) {
+        for (int b = 0; b < 16; b++) {
             int r = r0 + 8 * b;
             wq[b] = r < ne ? *(const uint4*)(gW + (u64)r * e + 256 * p + 8 * lane) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int b = 0; b < 8; b++) {
+        for (int b = 0; b < 16; b++) {
             u32 ww[4] = {wq[b].x, wq[b].y, wq[b].z, wq[b].w};
             float s = 0.0f;
 #pragma unroll
@@ -218,9 +221,16 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // Every part's load in flight before the sum (in part order, as one loop of dependent loads did).
     float lt = 0.0f;
-    if (t < ne)
-        for (int q = 0; q < P; q++) lt += __ldcg(glog + (u64)q * ne + t);
+    if (t < ne) {
+        float pv[HCE_PMAX];
+#pragma unroll
+        for (int q = 0; q < HCE_PMAX; q++) pv[q] = q < P ? __ldcg(glog + (u64)q * ne + t) : 0.0f;
+#pragma unroll
+        for (int q = 0; q < HCE_PMAX; q++)
+            if (q < P) lt += pv[q];
+    }
     route_token(lt, 0, ne, bias, hash, tokens, k, normalize, scale, eids, ew);
 }
 
@@ -246,7 +256,21 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
                                                                int xmode, const float* __restrict__ ey, int ek, const float* __restrict__ eadd,
                                                                const u16* __restrict__ gW, int ne, float* glog, int* gticket, const float* bias,
                                                                const int* hash, const u32* tokens, int k, int normalize, float rscale, int* eids,
-                                                               float* ew) { PDL_ENTRY
+                                                               float* ew) { PDL_TRIGGER
+    // Before waiting for the previous kernel (it may still run; PDL): this block's slices of the
+    // weights into L2: the mix rows (nm x nh runs of 512 bytes), the router's rows (ne runs of 512
+    // bytes) and the norm weights (1 KB); read after the wait, they no longer cost a DRAM round trip.
+    {
+        int t = threadIdx.x, p = blockIdx.x, hd = nh * e;
+        for (int l = t; l < nm * nh * 4; l += 256) {
+            int r = l / (nh * 4), s = (l >> 2) % nh;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (u64)r * hd + (u64)s * e + 256 * p + 64 * (l & 3)));
+        }
+        if (gW)
+            for (int l = t; l < ne * 4; l += 256) asm volatile("prefetch.global.L2 [%0];" ::"l"(gW + (u64)(l >> 2) * e + 256 * p + 64 * (l & 3)));
+        if (w && t < 8) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + 256 * p + 32 * t));
+    }
+    PDL_WAIT
     __shared__ __align__(16) float xs[HCE_NH][256];  // read as float4
     __shared__ float red[8][HCE_NM];
     __shared__ double redd[32];
@@ -258,9 +282,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     int hd = nh * e, j = 256 * p + t;
     int pst = (nm + 3) & ~1, pss = (nm + 1) & ~1;
     float wj = w ? w[j] : 1.0f;
-    // The router's weight columns of this block are read after the second barrier: into L2 now.
-    if (gW)
-        for (int r = t; r < ne; r += 256) asm volatile("prefetch.global.L2 [%0];" ::"l"(gW + (u64)r * e + 256 * p));
     float xv[HCE_NH];
 #pragma unroll
     for (int s = 0; s < HCE_NH; s++) xv[s] = s < nh ? x[(u64)s * e + j] : 0.0f;
@@ -269,9 +290,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
         if (xmode == 1) {
             yv = ey[j];
         } else {
+            // Every row's load in flight before the sum in slot order (ek <= 16).
+            float ev[16];
+#pragma unroll
+            for (int s = 0; s < 16; s++) ev[s] = s < ek ? ey[(u64)s * e + j] : 0.0f;
+            float ad = eadd ? eadd[j] : 0.0f;
             float acc = 0.0f;
-            for (int s = 0; s < ek; s++) acc += ey[(u64)s * e + j];
-            if (eadd) acc += eadd[j];
+#pragma unroll
+            for (int s = 0; s < 16; s++)
+                if (s < ek) acc += ev[s];
+            if (eadd) acc += ad;
             yv = acc;
         }
         float nv[HCE_NH];
@@ -338,14 +366,24 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     }
     if (t == 0) *(double*)(pp + pss) = ss;
     grid_barrier(bar, bar + 1, P);
-    // Every block reduces the P parts in the same order (warp per row, lanes over parts, one tree).
-    for (int r = wid; r <= nm; r += 8) {
-        double a = 0.0;
-        for (int q = lane; q < P; q += 32) a += r < nm ? (double)__ldcg(part + (u64)q * pst + r) : __ldcg((const double*)(part + (u64)q * pst + pss));
-        a = warp_sum_d(a);
-        if (lane == 0) {
-            if (r < nm) mix[r] = (float)a;
-            else ssx = a;
+    // Every block reduces the P parts in the same order (warp per row, lane q holds part q, one tree);
+    // a warp's rows (wid, wid + 8, ..) are all loaded before the trees.
+    {
+        double a[(HCE_NM + 8) / 8];
+#pragma unroll
+        for (int i = 0; i < (HCE_NM + 8) / 8; i++) {
+            int r = wid + 8 * i;
+            a[i] = r > nm || lane >= P ? 0.0 : r < nm ? (double)__ldcg(part + (u64)lane * pst + r) : __ldcg((const double*)(part + (u64)lane * pst + pss));
+        }
+#pragma unroll
+        for (int i = 0; i < (HCE_NM + 8) / 8; i++) {
+            int r = wid + 8 * i;
+            if (r > nm) break;
+            double v = warp_sum_d(a[i]);
+            if (lane == 0) {
+                if (r < nm) mix[r] = (float)v;
+                else ssx = v;
+            }
         }
     }
     __syncthreads();

@@ -831,9 +831,11 @@ extern "C" __global__ void f32_to_f16(const float* x, int ld, u16* out, int rows
 
 // Embedding rows (F16 / F32 / BF16 / Q8_0 tables) broadcast into the n_hc streams.
 extern "C" __global__ void embed(const u8* table, int ty, const u32* tokens, float* x, int e, int n_hc) { PDL_ENTRY
+    // Grid (tokens, column slices): one value per thread and pass (a single block per token waited
+    // for e / blockDim dependent row reads).
     int i = blockIdx.x;
     u64 t = tokens[i];
-    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < e; j += gridDim.y * blockDim.x) {
         float v;
         if (ty == 1) v = h2f(((const u16*)table)[t * e + j]);
         else if (ty == 30) v = bf2f(((const u16*)table)[t * e + j]);
@@ -1121,8 +1123,9 @@ extern "C" __global__ void hc_post(const float* mixes, int nh, const float* y, f
 
 // Output-head collapse: w[s] = sigmoid(m[s]*scale + base[s]) + eps; out = sum w[s] X[s].
 extern "C" __global__ void head_collapse(const float* mix, const float* scale, const float* base, float eps, const float* x, int nh, int e, float* out) { PDL_ENTRY
+    // Grid (rows, column slices), as embed.
     int i = blockIdx.x;
-    for (int j = threadIdx.x; j < e; j += blockDim.x) {
+    for (int j = blockIdx.y * blockDim.x + threadIdx.x; j < e; j += gridDim.y * blockDim.x) {
         float o = 0.0f;
         for (int s = 0; s < nh; s++) {
             float w = sigmoidf_(mix[i * nh + s] * scale[0] + base[s]) + eps;
@@ -1733,30 +1736,46 @@ extern "C" __global__ void scale_inplace(float* x, u64 n, float s) { PDL_ENTRY
     if (i < n) x[i] *= s;
 }
 
-// Argmax of one row (ties to the lowest index, NaN never wins). One block of 1024 threads.
-extern "C" __global__ void argmax_row(const float* x, int n, int* out) { PDL_ENTRY
-    __shared__ float sv[1024];
-    __shared__ int si[1024];
-    int t = threadIdx.x;
+// Argmax of one row (largest value, ties to the lowest index, NaN never wins; all NaN: 0) over the
+// grid: block b takes a grid-stride share and publishes its best as (value, index) at out[2 + b],
+// out[2 + B + b]; the last block to finish (ticket out[1], reset for the next launch) reduces the B
+// parts into out[0]. 256 threads, B <= 1024; out holds 2 + 2B ints, out[1] zero before the first launch.
+__device__ __forceinline__ void argmax_pick(float& bv, int& bi, float ov, int oi) {
+    if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+}
+__device__ __forceinline__ void argmax_warp(float& bv, int& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) argmax_pick(bv, bi, __shfl_xor_sync(0xffffffffu, bv, o), __shfl_xor_sync(0xffffffffu, bi, o));
+}
+extern "C" __global__ void __launch_bounds__(256) argmax_row(const float* __restrict__ x, int n, int* out) { PDL_ENTRY
+    __shared__ float sv[8];
+    __shared__ int si[8];
+    __shared__ int last;
+    int t = threadIdx.x, lane = t & 31, wid = t >> 5, B = gridDim.x, b = blockIdx.x;
     float best = -INFINITY;
     int bi = 0x7fffffff;
-    for (int j = t; j < n; j += blockDim.x) {
-        float v = x[j];
-        if (v > best || (v == best && j < bi)) { best = v; bi = j; }
-    }
-    sv[t] = best;
-    si[t] = bi;
+#pragma unroll 4
+    for (int j = b * 256 + t; j < n; j += B * 256) argmax_pick(best, bi, x[j], j);
+    argmax_warp(best, bi);
+    if (lane == 0) { sv[wid] = best; si[wid] = bi; }
     __syncthreads();
-    for (int st = blockDim.x / 2; st > 0; st >>= 1) {
-        if (t < st) {
-            float a = sv[t], b = sv[t + st];
-            int ia = si[t], ib = si[t + st];
-            if (b > a || (b == a && ib < ia)) { sv[t] = b; si[t] = ib; }
-        }
-        __syncthreads();
+    if (t == 0) {
+        for (int w = 1; w < 8; w++) argmax_pick(best, bi, sv[w], si[w]);
+        ((float*)out)[2 + b] = best;
+        out[2 + B + b] = bi;
+        __threadfence();
+        int k = atomicAdd(out + 1, 1);
+        last = k == B - 1;
+        if (last) out[1] = 0;
     }
-    // All NaN: token 0, as the host's argmax (NaN counts as -inf).
-    if (t == 0) *out = si[0] == 0x7fffffff ? 0 : si[0];
+    __syncthreads();
+    if (!last || wid != 0) return;
+    __threadfence();
+    best = -INFINITY;
+    bi = 0x7fffffff;
+    for (int q = lane; q < B; q += 32) argmax_pick(best, bi, __ldcg((const float*)out + 2 + q), __ldcg(out + 2 + B + q));
+    argmax_warp(best, bi);
+    if (lane == 0) out[0] = bi == 0x7fffffff ? 0 : bi;
 }
 
 // Streaming read of `n16` 16-byte words (grid-stride), for the machine's achievable read bandwidth.

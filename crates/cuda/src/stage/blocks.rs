@@ -306,7 +306,7 @@ impl CudaStage {
         self.rms(x, hd, flat, hd, hd, 0, m)?;
         self.mm(&hc_fn, flat, m, mix)?;
         let args = [A::P(mix), A::P(sc), A::P(base), A::F(cfg.hc_eps), A::P(x), A::I(nh as i32), A::I(e as i32), A::P(cur)];
-        self.g.launch("head_collapse", (m as u32, 1, 1), 256, 0, &args)?;
+        self.g.launch("head_collapse", (m as u32, cdiv(e, 256), 1), 256, 0, &args)?;
         self.rms(cur, e, cur, e, e, norm, m)?;
         self.mm(&output, cur, m, logits)
     }

@@ -74,7 +74,7 @@ impl CudaStage {
             if embed {
                 let em = self.embed.unwrap();
                 let args = [A::P(em.ptr), A::I(ty_code(em.ty)), A::P(self.wk.tokens.ptr), A::P(self.wk.x.ptr), A::I(self.cfg.n_embd as i32), A::I(self.cfg.n_hc as i32)];
-                self.g.launch("embed", (1, 1, 1), 256, 0, &args)?;
+                self.g.launch("embed", (1, cdiv(self.cfg.n_embd, 256), 1), 256, 0, &args)?;
             }
             for li in 0..self.layers.len() {
                 self.attention(li, 1, 0)?;
@@ -86,7 +86,7 @@ impl CudaStage {
             }
             if top1 {
                 let (lp, tp, v) = (self.wk.logits.ptr, self.wk.top1.ptr, self.cfg.n_vocab);
-                self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)])?;
+                self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(lp), A::I(v as i32), A::P(tp)])?;
             }
             Ok(())
         })();

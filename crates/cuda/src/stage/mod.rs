@@ -447,7 +447,7 @@ impl CudaStage {
         if not_taken {
             let v = self.cfg.n_vocab;
             let lp = self.wk.logits.ptr;
-            self.g.launch("argmax_row", (1, 1, 1), 1024, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
+            self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
         }
         let mut top = [0i32];
         let t = self.host_time.now();
@@ -542,7 +542,7 @@ impl CudaStage {
                 }
                 let (ep, ty) = (em.ptr, ty_code(em.ty));
                 let args = [A::P(ep), A::I(ty), A::P(tp), A::P(self.wk.x.ptr), A::I(self.cfg.n_embd as i32), A::I(self.cfg.n_hc as i32)];
-                self.g.launch("embed", (n as u32, 1, 1), 256, 0, &args)?;
+                self.g.launch("embed", (n as u32, cdiv(self.cfg.n_embd, 256), 1), 256, 0, &args)?;
             }
             (None, None) => return Err("stage without embedding needs a hidden-state input".into()),
         }
@@ -572,5 +572,8 @@ impl CudaStage {
     }
 
 }
+
+/// Blocks of the greedy argmax over a logits row (`argmax_row`; `top1` holds 2 + 2 x this many ints).
+const ARGMAX_BLOCKS: u32 = 128;
 
 const GIB: f64 = (1u64 << 30) as f64;
