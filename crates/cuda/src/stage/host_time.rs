@@ -21,6 +21,10 @@ impl HostTime {
     /// A step begins: the time since the previous step began is that step's wall time.
     pub(super) fn step(&mut self, t: Option<Instant>) {
         let Some(t) = t else { return };
+        if self.last.is_none() {
+            // A new chain: what was counted since the last report belongs to other calls (prefill).
+            *self = Self { on: true, ..Default::default() };
+        }
         if let Some(l) = self.last {
             self.total += t - l;
             self.steps += 1;
