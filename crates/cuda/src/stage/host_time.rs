@@ -18,8 +18,18 @@ impl HostTime {
 
     pub(super) fn now(&self) -> Option<Instant> { self.on.then(Instant::now) }
 
+    /// A forward call begins: a one-token call is a step, anything else (prefill) breaks the chain.
+    pub(super) fn call(&mut self, one_token: bool) {
+        let t = self.now();
+        if one_token {
+            self.step(t);
+        } else {
+            self.last = None;
+        }
+    }
+
     /// A step begins: the time since the previous step began is that step's wall time.
-    pub(super) fn step(&mut self, t: Option<Instant>) {
+    fn step(&mut self, t: Option<Instant>) {
         let Some(t) = t else { return };
         if self.last.is_none() {
             // A new chain: what was counted since the last report belongs to other calls (prefill).
@@ -38,9 +48,6 @@ impl HostTime {
     pub(super) fn add_launch(&mut self, t: Option<Instant>) { self.launch += t.map_or(Duration::ZERO, |t| t.elapsed()) }
     pub(super) fn add_wait(&mut self, t: Option<Instant>) { self.wait += t.map_or(Duration::ZERO, |t| t.elapsed()) }
     pub(super) fn add_copy(&mut self, t: Option<Instant>) { self.copy += t.map_or(Duration::ZERO, |t| t.elapsed()) }
-
-    /// A non-step call (prefill) breaks the chain of consecutive steps.
-    pub(super) fn gap(&mut self) { self.last = None }
 
     fn report(&mut self) {
         let us = |d: Duration| d.as_secs_f64() * 1e6 / self.steps as f64;

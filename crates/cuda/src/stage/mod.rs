@@ -430,12 +430,7 @@ impl CudaStage {
     /// for [`CudaStage::last_logits`].
     pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> ds4_model::Result<u32> {
         self.g.bind().map_err(me)?;
-        let t = self.host_time.now();
-        if tokens.len() == 1 {
-            self.host_time.step(t);
-        } else {
-            self.host_time.gap();
-        }
+        self.host_time.call(tokens.len() == 1);
         self.want_top1 = true;
         let r = self.forward_dev(kv, tokens, hidden_in, Logits::Last);
         // Still set unless a decode graph took the argmax.
@@ -471,12 +466,7 @@ impl CudaStage {
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> ds4_model::Result<&[f32]> {
         self.g.bind().map_err(me)?;
-        let t = self.host_time.now();
-        if tokens.len() == 1 {
-            self.host_time.step(t);
-        } else {
-            self.host_time.gap();
-        }
+        self.host_time.call(tokens.len() == 1);
         let rows = self.forward_dev(kv, tokens, hidden_in, want).map_err(me)?;
         let v = self.cfg.n_vocab;
         self.logits_host.resize(rows * v, 0.0);
