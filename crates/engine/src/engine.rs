@@ -141,17 +141,9 @@ impl Engine {
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
 
-    /// Whether [`Engine::forward_top1`] takes the argmax where the logits are (the GPU backend).
-    pub fn device_greedy(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        if self.cuda.is_some() {
-            return true;
-        }
-        false
-    }
-
     /// Feeds `token` and returns the greedy next token, taken on the GPU (4 bytes come back instead of
-    /// the logits row, and the host scans nothing). None on the CPU backend: use `forward`.
+    /// the logits row, and the host scans nothing). None on the CPU backend, without running anything:
+    /// use `forward` there.
     pub fn forward_top1(&mut self, kv: &mut KvState, token: u32) -> Result<Option<u32>, EngineError> {
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.as_mut() {

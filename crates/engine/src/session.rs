@@ -116,10 +116,9 @@ impl Session {
         }
         residency::set_phase(residency::Phase::Decode);
         let t0 = Instant::now();
-        let device = greedy && engine.device_greedy();
         // The next token when the device took it; the host logits are then those of an earlier step.
         let mut next: Option<u32> = None;
-        let r = self.generate_loop(engine, max_tokens, eos, device, &mut next, sample, on_token, cancel, stats);
+        let r = self.generate_loop(engine, max_tokens, eos, greedy, &mut next, sample, on_token, cancel, stats);
         if next.is_some() {
             if r.is_ok() {
                 engine.last_logits(&mut self.logits)?;
@@ -138,7 +137,7 @@ impl Session {
         engine: &mut Engine,
         max_tokens: usize,
         eos: Option<u32>,
-        device: bool,
+        greedy: bool,
         next: &mut Option<u32>,
         sample: &mut dyn FnMut(&[f32]) -> u32,
         on_token: &mut dyn FnMut(u32) -> bool,
@@ -163,7 +162,8 @@ impl Session {
             if self.tokens.len() >= engine.ctx {
                 return Ok(StopReason::ContextFull);
             }
-            match if device { engine.forward_top1(&mut self.kv, tok)? } else { None } {
+            // Greedy: the engine takes the argmax itself where it can (None: it ran nothing).
+            match if greedy { engine.forward_top1(&mut self.kv, tok)? } else { None } {
                 Some(t) => {
                     self.tokens.push(tok);
                     *next = Some(t);
