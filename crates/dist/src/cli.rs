@@ -17,12 +17,14 @@ use std::time::{Duration, Instant};
 /// Exit status for a result: 2 for usage errors, 1 otherwise.
 pub fn exit_code(e: &DistError) -> u8 { if matches!(e, DistError::Usage(_)) { 2 } else { 1 } }
 
-/// `ds4 --role worker`: serve a layer slice until killed.
-pub fn worker_main(dist: &DistArgs, model: Option<&Path>, ctx: usize, threads: Option<usize>, debug: bool) -> Result<()> {
+/// `ds4 --role worker`: serve a layer slice until killed. `load` says how (context, threads,
+/// backend, prefill chunk, memory budget); the layers come from `--layers`.
+pub fn worker_main(dist: &DistArgs, model: Option<&Path>, load: &LoadOptions) -> Result<()> {
     dist.validate()?;
     let test_hang_at = test_hang()?;
     let src = resolve_model(model)?;
-    let opts = WorkerOptions { ctx, threads, token: dist.dist_token.clone(), timeout: dist.timeout(), debug, test_hang_at, ..WorkerOptions::default() };
+    let debug = load.debug;
+    let opts = WorkerOptions { load: load.clone(), token: dist.dist_token.clone(), timeout: dist.timeout(), debug, test_hang_at, ..WorkerOptions::default() };
     run_worker(src.path(), dist.layers.as_deref().unwrap_or_default(), &dist.coordinator_addr()?, &opts)
 }
 
@@ -46,9 +48,11 @@ pub struct CoordinatorSetup {
     pub cfg: Config,
 }
 
-/// `wait`: how long to wait for a complete route (None: return at once; requests made while the
-/// route is incomplete fail with the missing layer, as after a worker failure).
-pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Option<usize>, prefill_chunk: usize, debug: bool, wait: Option<Duration>) -> Result<CoordinatorSetup> {
+/// `load`: how the local layers are loaded (the layers themselves come from `--layers`, the batch
+/// from `--dist-prefill-chunk` when given). `wait`: how long to wait for a complete route (None:
+/// return at once; requests made while the route is incomplete fail with the missing layer, as
+/// after a worker failure).
+pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait: Option<Duration>) -> Result<CoordinatorSetup> {
     dist.validate()?;
     if !dist.is_coordinator() {
         return Err(DistError::Usage("start_coordinator needs --role coordinator".into()));
@@ -56,9 +60,10 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
-    let chunk = dist.dist_prefill_chunk.unwrap_or(prefill_chunk).max(1);
-    let eng = Engine::load(model, &LoadOptions { ctx, threads, layers: Some(range), prefill_chunk: chunk, ..LoadOptions::default() })?;
-    let Engine { stage, tokenizer, ctx, .. } = eng;
+    let chunk = dist.dist_prefill_chunk.unwrap_or(load.prefill_chunk).max(1);
+    let debug = load.debug;
+    let eng = Engine::load(model, &LoadOptions { layers: Some(range), prefill_chunk: chunk, ..load.clone() })?;
+    let (tokenizer, ctx) = (eng.tokenizer.clone(), eng.ctx);
     let coord = Arc::new(Coordinator::start(CoordConfig {
         listen: dist.listen_addr()?,
         file,
@@ -72,7 +77,7 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, ctx: usize, threads: Opt
         debug,
     })?);
     let opts = RouteOptions { bits: dist.bits(), prefill_chunk: chunk, prefill_window: dist.dist_prefill_window, replay_check: dist.dist_replay_check, debug };
-    let session = DistSession::new(LocalStage::new(stage, ctx), Some(coord.clone()), opts);
+    let session = DistSession::new(LocalStage::from_engine(eng), Some(coord.clone()), opts);
     if let (Some(wait), Err(_)) = (wait, coord.plan()) {
         eprintln!("ds4: distributed coordinator: waiting up to {:.0}s for workers", wait.as_secs_f64());
         coord.wait_complete(wait)?;
@@ -91,10 +96,9 @@ pub struct BenchRun<'a> {
     pub prompt_file: PathBuf,
     pub frontiers: Vec<usize>,
     pub gen_tokens: usize,
-    pub threads: Option<usize>,
-    pub prefill_chunk: usize,
+    /// Threads, backend, prefill chunk, memory budget, debug (the context is sized from the frontiers).
+    pub load: LoadOptions,
     pub csv: Option<PathBuf>,
-    pub debug: bool,
 }
 
 /// `ds4-bench --role coordinator`: the frontier CSV over the route. Remote KV cannot be snapshotted,
@@ -108,7 +112,7 @@ pub fn bench_main(dist: &DistArgs, b: &BenchRun) -> Result<()> {
     let text = std::fs::read_to_string(&b.prompt_file).map_err(|e| DistError::Usage(format!("cannot read {}: {e}", b.prompt_file.display())))?;
     let src = resolve_model(b.model)?;
     let ctx = max + b.gen_tokens + 1;
-    let mut setup = start_coordinator(dist, src.path(), ctx, b.threads, b.prefill_chunk, b.debug, Some(wait_default()))?;
+    let mut setup = start_coordinator(dist, src.path(), &LoadOptions { ctx, ..b.load.clone() }, Some(wait_default()))?;
     let tok = setup.tokenizer.clone().ok_or_else(|| DistError::Model("the model file carries no tokenizer".into()))?;
     let base = tok.encode(&text);
     if base.is_empty() {
@@ -129,10 +133,16 @@ pub fn bench_main(dist: &DistArgs, b: &BenchRun) -> Result<()> {
         let mut next = ds4_tokenizer::sampling::argmax(l);
         let pt = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
+        let mut ids = Vec::with_capacity(b.gen_tokens);
         for _ in 0..b.gen_tokens {
+            ids.push(next);
             next = s.step_greedy(next, 0)?.id;
         }
         let gt = t1.elapsed().as_secs_f64();
+        if b.load.debug {
+            // Same line as the single-process ds4-bench: the two runs' tokens can be compared.
+            eprintln!("ctx {f}: greedy token ids {ids:?}");
+        }
         w(&mut out, format!("{f},{f},{:.2},{},{:.2},0", f as f64 / pt, b.gen_tokens, b.gen_tokens as f64 / gt.max(1e-9)))?;
     }
     Ok(())

@@ -4,6 +4,7 @@
 use crate::codec;
 use crate::error::{DistError, Result};
 use crate::protocol::{fnv1a_tokens, ErrorKind, Payload, Want, FNV_OFFSET};
+use ds4_engine::{Backend, Engine};
 use ds4_model::{KvState, LayerRange, Logits, Stage};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -73,22 +74,32 @@ struct LocalSession {
     hash: u64,
 }
 
-/// A stage computed in this process, with one KV per session.
+/// A stage computed in this process (on the engine's backend), with one KV per session; a backend
+/// that holds one KV state (a GPU) keeps only the latest session, and the others get replayed.
 pub struct LocalStage {
-    pub stage: Stage,
-    pub ctx: usize,
+    pub engine: Engine,
     sessions: HashMap<u64, LocalSession>,
     scratch: Vec<f32>,
+    /// Hidden rows and logits gathered over the pieces of a batch larger than the engine takes.
+    hidden_out: Vec<f32>,
+    logits_out: Vec<f32>,
     max_sessions: usize,
 }
 
 impl LocalStage {
-    pub fn new(stage: Stage, ctx: usize) -> Self {
-        Self { stage, ctx, sessions: HashMap::new(), scratch: Vec::new(), max_sessions: 8 }
+    /// A CPU stage (batches of any size in one forward call).
+    pub fn new(stage: Stage, ctx: usize) -> Self { Self::from_engine(Engine::from_stage(stage, ctx)) }
+
+    /// A loaded engine (any backend); batches larger than its prefill chunk run in pieces.
+    pub fn from_engine(engine: Engine) -> Self {
+        let max_sessions = if engine.single_kv() { 1 } else { 8 };
+        Self { engine, sessions: HashMap::new(), scratch: Vec::new(), hidden_out: Vec::new(), logits_out: Vec::new(), max_sessions }
     }
 
-    pub fn hc_dim(&self) -> usize { self.stage.cfg.hc_dim() }
-    pub fn row(&self) -> usize { self.stage.cfg.n_embd }
+    pub fn stage(&self) -> &Stage { &self.engine.stage }
+    pub fn ctx(&self) -> usize { self.engine.ctx }
+    pub fn hc_dim(&self) -> usize { self.engine.cfg().hc_dim() }
+    pub fn row(&self) -> usize { self.engine.cfg().n_embd }
 
     /// Position of a session's KV (0 when unknown).
     pub fn pos(&self, session: u64) -> usize { self.sessions.get(&session).map_or(0, |s| s.kv.pos) }
@@ -98,16 +109,17 @@ impl LocalStage {
         let t0 = Instant::now();
         let fail = |m: String| (ErrorKind::Failed, m);
         if req.pos == 0 && !self.sessions.contains_key(&req.session) && self.sessions.len() >= self.max_sessions {
-            // Bounded memory: forget the oldest-numbered session.
+            // Bounded memory (one state on a GPU): forget the oldest-numbered session.
             if let Some(&k) = self.sessions.keys().min() {
                 self.sessions.remove(&k);
             }
         }
         if req.pos == 0 {
-            let kv = self.stage.new_kv(self.ctx);
+            let kv = self.engine.new_kv();
             self.sessions.insert(req.session, LocalSession { kv, hash: FNV_OFFSET });
         }
-        let s = match self.sessions.get_mut(&req.session) {
+        let Self { engine, sessions, scratch, hidden_out, logits_out, .. } = self;
+        let s = match sessions.get_mut(&req.session) {
             Some(s) => s,
             None => return Err((ErrorKind::KvMismatch, format!("KV mismatch: unknown session {} at pos {}", req.session, req.pos))),
         };
@@ -121,43 +133,79 @@ impl LocalStage {
             return Err(fail("forward request without tokens".into()));
         }
         let n = req.tokens.len();
-        let hd = self.stage.cfg.hc_dim();
-        let row = self.stage.cfg.n_embd;
+        let hd = engine.cfg().hc_dim();
+        let row = engine.cfg().n_embd;
         let hidden_in = match req.input {
             Some(a) => {
-                codec::decode(&a.data, n * hd, row, a.bits, &mut self.scratch).map_err(|e| fail(e.to_string()))?;
-                Some(&self.scratch[..])
+                codec::decode(&a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
+                Some(&scratch[..])
             }
             None => None,
         };
-        let has_head = self.stage.w.head.is_some();
+        let has_head = engine.stage.w.head.is_some();
         let logits = match req.want {
             Want::Hidden | Want::Ack => Logits::None,
             Want::AllLogits => Logits::All,
             Want::LastLogits | Want::Greedy { .. } => Logits::Last,
         };
         if logits != Logits::None && !has_head {
-            return Err(fail(format!("stage {} does not own the output head; cannot produce logits", self.stage.w.range.label())));
+            return Err(fail(format!("stage {} does not own the output head; cannot produce logits", engine.range().label())));
         }
-        // On error the KV may be half-updated: forget the session so the coordinator replays.
-        let out = match self.stage.forward(&mut s.kv, req.tokens, hidden_in, logits) {
-            Ok(l) => l,
-            Err(e) => {
-                self.sessions.remove(&req.session);
-                return Err(fail(e.to_string()));
+        let piece = engine.prefill_chunk.clamp(1, n);
+        let payload = if piece == n {
+            // One forward call: decode, and batches the engine takes whole.
+            let l = match engine.forward(&mut s.kv, req.tokens, hidden_in, logits) {
+                Ok(l) => l,
+                Err(e) => {
+                    // The KV may be half-updated: forget the session so the coordinator replays.
+                    sessions.remove(&req.session);
+                    return Err(fail(e.to_string()));
+                }
+            };
+            match req.want {
+                Want::Ack => Payload::Ack,
+                Want::LastLogits | Want::AllLogits => Payload::Logits(l.to_vec()),
+                Want::Greedy { top_logprobs } => greedy(l, top_logprobs as usize),
+                Want::Hidden => {
+                    let mut data = Vec::new();
+                    let h = engine.hidden(n).map_err(|e| fail(e.to_string()))?;
+                    codec::encode(h, row, req.bits, &mut data).map_err(|e| fail(e.to_string()))?;
+                    Payload::Hidden { bits: req.bits, data }
+                }
+            }
+        } else {
+            // Larger than the engine's batch (a GPU's buffers are sized for its prefill chunk): in pieces.
+            hidden_out.clear();
+            logits_out.clear();
+            for (k, toks) in req.tokens.chunks(piece).enumerate() {
+                let (a, m) = (k * piece, toks.len());
+                let want = if logits == Logits::Last && a + m < n { Logits::None } else { logits };
+                let hin = hidden_in.map(|h| &h[a * hd..(a + m) * hd]);
+                match engine.forward(&mut s.kv, toks, hin, want) {
+                    Ok(l) => logits_out.extend_from_slice(l),
+                    Err(e) => {
+                        sessions.remove(&req.session);
+                        return Err(fail(e.to_string()));
+                    }
+                }
+                progress_step(engine);
+                if req.want == Want::Hidden {
+                    hidden_out.extend_from_slice(engine.hidden(m).map_err(|e| fail(e.to_string()))?);
+                }
+            }
+            match req.want {
+                Want::Ack => Payload::Ack,
+                Want::LastLogits | Want::AllLogits => Payload::Logits(logits_out.clone()),
+                Want::Greedy { top_logprobs } => greedy(logits_out, top_logprobs as usize),
+                Want::Hidden => {
+                    let mut data = Vec::new();
+                    codec::encode(hidden_out, row, req.bits, &mut data).map_err(|e| fail(e.to_string()))?;
+                    Payload::Hidden { bits: req.bits, data }
+                }
             }
         };
+        progress_step(engine);
         s.hash = fnv1a_tokens(s.hash, req.tokens);
-        let payload = match req.want {
-            Want::Ack => Payload::Ack,
-            Want::LastLogits | Want::AllLogits => Payload::Logits(out.to_vec()),
-            Want::Greedy { top_logprobs } => greedy(out, top_logprobs as usize),
-            Want::Hidden => {
-                let mut data = Vec::new();
-                codec::encode(self.stage.hidden(n), row, req.bits, &mut data).map_err(|e| fail(e.to_string()))?;
-                Payload::Hidden { bits: req.bits, data }
-            }
-        };
         Ok((payload, t0.elapsed()))
     }
 
@@ -167,6 +215,15 @@ impl LocalStage {
                 self.sessions.remove(&s);
             }
             None => self.sessions.clear(),
+        }
+    }
+}
+
+/// The CPU stage reports each layer to the progress hook itself; a GPU forward call is one step.
+fn progress_step(engine: &Engine) {
+    if engine.backend() != Backend::Cpu {
+        if let Some(p) = &engine.stage.on_progress {
+            p(0);
         }
     }
 }
@@ -190,7 +247,7 @@ pub fn greedy(logits: &[f32], k: usize) -> Payload {
 }
 
 impl StageExec for LocalStage {
-    fn info(&self) -> StageInfo { StageInfo { range: self.stage.w.range, location: "local".into() } }
+    fn info(&self) -> StageInfo { StageInfo { range: self.engine.range(), location: "local".into() } }
 
     fn forward(&mut self, req: &StageRequest) -> Result<StageOutput> {
         let input_bytes = req.input.map_or(0, |a| a.data.len());

@@ -80,7 +80,7 @@ impl DistSession {
 
     pub fn local(&self) -> &LocalStage { &self.local }
     pub fn n_hops(&self) -> usize { self.hops.len() }
-    pub fn ctx(&self) -> usize { self.local.ctx }
+    pub fn ctx(&self) -> usize { self.local.ctx() }
 
     fn window(&self, n_chunks: usize) -> usize {
         let w = self.opts.prefill_window.unwrap_or_else(|| (self.hops.len() + 2).clamp(2, 8));

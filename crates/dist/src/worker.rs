@@ -9,7 +9,8 @@ use crate::identity;
 use crate::protocol::{self, fnv1a_tokens, Busy, Conn, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
 use bytes::BytesMut;
 use ds4_gguf::GgufFile;
-use ds4_model::{Config, LayerRange, Options, Stage, Weights};
+use ds4_engine::{Engine, LoadOptions};
+use ds4_model::{Config, LayerRange};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -19,14 +20,14 @@ use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 #[derive(Clone)]
 pub struct WorkerOptions {
-    pub ctx: usize,
-    pub threads: Option<usize>,
+    /// How the stage is loaded (context, threads, backend, prefill chunk, memory budget); the layers
+    /// come from the worker's `--layers`.
+    pub load: LoadOptions,
     pub token: Option<String>,
     /// The coordinator is gone after this long without a frame; also the connect timeout.
     pub timeout: Duration,
     /// Reconnect after the coordinator goes away (false: return).
     pub reconnect: bool,
-    pub options: Options,
     /// Set to end the worker (tests): the connection is dropped at once.
     pub stop: Arc<AtomicBool>,
     pub debug: bool,
@@ -43,12 +44,10 @@ pub struct WorkerOptions {
 impl Default for WorkerOptions {
     fn default() -> Self {
         Self {
-            ctx: 32768,
-            threads: None,
+            load: LoadOptions::default(),
             token: None,
             timeout: Duration::from_secs(10),
             reconnect: true,
-            options: Options::default(),
             stop: Arc::new(AtomicBool::new(false)),
             debug: false,
             test_hang_at: None,
@@ -58,7 +57,7 @@ impl Default for WorkerOptions {
 }
 
 /// The worker's stage and what it registers with.
-pub fn load_stage(model: &Path, layers: &str, ctx: usize, options: Options) -> Result<(LocalStage, Registration)> {
+pub fn load_stage(model: &Path, layers: &str, load: &LoadOptions) -> Result<(LocalStage, Registration)> {
     let file = Arc::new(GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(layers, cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
@@ -72,19 +71,16 @@ pub fn load_stage(model: &Path, layers: &str, ctx: usize, options: Options) -> R
         first: range.first as u32,
         last: range.last as u32,
         head: range.head,
-        ctx: ctx as u64,
+        ctx: load.ctx as u64,
         activation_bits: vec![32, 16, 8],
     };
-    let weights = Weights::bind(file, &cfg, range)?;
-    Ok((LocalStage::new(Stage::new(cfg, weights, options), ctx), reg))
+    let engine = Engine::load(model, &LoadOptions { layers: Some(range), ..load.clone() })?;
+    Ok((LocalStage::from_engine(engine), reg))
 }
 
 /// Runs the worker until `stop` is set, or the coordinator refuses it.
 pub fn run_worker(model: &Path, layers: &str, coordinator: &str, opts: &WorkerOptions) -> Result<()> {
-    if let Some(t) = opts.threads {
-        let _ = rayon::ThreadPoolBuilder::new().num_threads(t.max(1)).build_global();
-    }
-    let (stage, reg) = load_stage(model, layers, opts.ctx, opts.options)?;
+    let (stage, reg) = load_stage(model, layers, &opts.load)?;
     serve(stage, reg, coordinator, opts)
 }
 
@@ -95,7 +91,7 @@ pub fn run_worker(model: &Path, layers: &str, coordinator: &str, opts: &WorkerOp
 pub fn serve(mut stage: LocalStage, reg: Registration, coordinator: &str, opts: &WorkerOptions) -> Result<()> {
     let progress = Arc::new(Progress::new(opts));
     let p = progress.clone();
-    stage.stage.on_progress = Some(Arc::new(move |_layer| p.step()));
+    stage.engine.stage.on_progress = Some(Arc::new(move |_layer| p.step()));
     // The async runtime only dials and runs the handshake.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -391,7 +387,7 @@ fn forward(stage: &mut LocalStage, req: ForwardReq, debug: bool) -> Msg {
                 eprintln!(
                     "ds4: distributed worker: request={} layers={} pos={} tokens={} eval={:.3}ms",
                     req.request,
-                    stage.stage.w.range.label(),
+                    stage.engine.range().label(),
                     req.pos,
                     req.tokens.len(),
                     eval.as_secs_f64() * 1e3

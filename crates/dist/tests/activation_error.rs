@@ -80,19 +80,19 @@ fn stage(layers: &str, opts: Options) -> LocalStage {
 
 fn run(p: &[u32], feed: &[u32], hop: Hop, opts: Options, err: &mut HopErr) -> Vec<Vec<f32>> {
     let mut stages: Vec<_> = STAGES.iter().map(|l| stage(l, opts)).collect();
-    let row = stages[0].stage.cfg.n_embd;
-    let mut kvs: Vec<_> = stages.iter().map(|s| s.stage.new_kv(CTX)).collect();
+    let row = stages[0].stage().cfg.n_embd;
+    let mut kvs: Vec<_> = stages.iter().map(|s| s.stage().new_kv(CTX)).collect();
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut out = Vec::new();
     let mut pass = |toks: &[u32], out: &mut Vec<Vec<f32>>| {
         let mut h: Option<Vec<f32>> = None;
         for (i, s) in stages.iter_mut().enumerate() {
             let last = i + 1 == STAGES.len();
-            let l = s.stage.forward(&mut kvs[i], toks, h.as_deref(), if last { Logits::Last } else { Logits::None }).unwrap().to_vec();
+            let l = s.engine.stage.forward(&mut kvs[i], toks, h.as_deref(), if last { Logits::Last } else { Logits::None }).unwrap().to_vec();
             if last {
                 out.push(l);
             } else {
-                h = Some(apply(hop, s.stage.hidden(toks.len()), row, &mut rng, err));
+                h = Some(apply(hop, s.engine.stage.hidden(toks.len()), row, &mut rng, err));
             }
         }
     };

@@ -173,7 +173,7 @@ fn hung_worker_is_detected_by_heartbeat_and_reconnects_when_it_wakes() {
 #[test]
 fn hung_compute_with_live_heartbeats_fails_naming_the_stage_and_restart_recovers() {
     let (c, local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
-    let opts = WorkerOptions { ctx: CTX, timeout: TIMEOUT, test_hang_at: Some(3), ..WorkerOptions::default() };
+    let opts = WorkerOptions { load: load_opts(), timeout: TIMEOUT, test_hang_at: Some(3), ..WorkerOptions::default() };
     let hung = thread_worker_with(model(), "3:output", &c.addr, opts);
     wait_route(&c);
     let mut s = session(&c, local, 32, CHUNK);
@@ -219,7 +219,7 @@ fn failed_replay_keeps_the_history_and_the_next_worker_gets_it_replayed() {
     first.finish().unwrap();
     c.coord.wait_change(gen, Duration::from_secs(10));
     assert!(c.coord.plan().is_err(), "the stopped worker is forgotten");
-    let opts = WorkerOptions { ctx: CTX, timeout: TIMEOUT, test_hang_at: Some(1), ..WorkerOptions::default() };
+    let opts = WorkerOptions { load: load_opts(), timeout: TIMEOUT, test_hang_at: Some(1), ..WorkerOptions::default() };
     let hung = thread_worker_with(model(), "3:output", &c.addr, opts);
     wait_route(&c);
     let e = s.step(rt[0]).unwrap_err().to_string();
@@ -265,7 +265,7 @@ fn slow_compute_that_makes_progress_is_not_killed() {
     // 3 layers + head at 400 ms each: 1.6 s per request, with progress every 400 ms.
     let timeout = Duration::from_secs(1);
     let (c, local) = coordinator("0:2", 32, None, timeout, CHUNK);
-    let opts = WorkerOptions { ctx: CTX, timeout, test_layer_delay: Some(Duration::from_millis(400)), ..WorkerOptions::default() };
+    let opts = WorkerOptions { load: load_opts(), timeout, test_layer_delay: Some(Duration::from_millis(400)), ..WorkerOptions::default() };
     let _w = thread_worker_with(model(), "3:output", &c.addr, opts);
     wait_route(&c);
     let mut s = session(&c, local, 32, CHUNK);

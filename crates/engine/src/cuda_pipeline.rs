@@ -49,6 +49,9 @@ impl CudaPipeline {
         self.stages.last_mut().expect("a pipeline has at least one stage").forward_argmax(kv, tokens, input)
     }
 
+    /// The HC streams the last part produced in the last forward call (n × hc_dim), downloaded.
+    pub fn hidden(&mut self, n: usize) -> Result<&[f32]> { self.stages.last_mut().expect("a pipeline has at least one stage").hidden(n) }
+
     /// The last logits row of the last forward call, downloaded from the last part.
     pub fn last_logits(&mut self) -> Result<&[f32]> { self.stages.last_mut().expect("a pipeline has at least one stage").last_logits() }
 

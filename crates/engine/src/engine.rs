@@ -132,6 +132,41 @@ impl Engine {
         })
     }
 
+    /// A CPU engine around an already built stage (no tokenizer; the stage's buffers grow on demand).
+    pub fn from_stage(stage: Stage, ctx: usize) -> Self {
+        let range = stage.w.range;
+        let threads = rayon::current_num_threads();
+        let plan = MemoryPlan::new(&stage.cfg, range, stage.w.resident_bytes(), ctx, 1, threads);
+        Self {
+            stage,
+            tokenizer: None,
+            ctx,
+            prefill_chunk: usize::MAX,
+            plan,
+            #[cfg(feature = "cuda")]
+            cuda: None,
+        }
+    }
+
+    /// A fresh KV state for this engine's layers (on a GPU backend it only tracks the position: the
+    /// state itself lives on the device).
+    pub fn new_kv(&self) -> KvState { self.stage.new_kv(self.ctx) }
+
+    /// The layers this engine runs.
+    pub fn range(&self) -> LayerRange { self.stage.w.range }
+
+    /// True when the backend holds one KV state (on the device): a second sequence replaces the first.
+    pub fn single_kv(&self) -> bool { self.backend() == Backend::Cuda }
+
+    /// The HC streams after the last forward call (n × hc_dim): what a stage without the head hands on.
+    pub fn hidden(&mut self, n: usize) -> Result<&[f32], EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            return Ok(c.hidden(n)?);
+        }
+        Ok(self.stage.hidden(n))
+    }
+
     /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], EngineError> {
         #[cfg(feature = "cuda")]

@@ -56,18 +56,18 @@ fn run(args: args::Args) -> Result<(), String> {
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
+    let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
+    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), debug: args.debug, ..LoadOptions::default() };
     let (model, tok, coordinator) = if args.dist.is_coordinator() {
         // Requests are served as soon as HTTP is up; until the route is complete they fail with the
         // missing layer (503) and /health says what is missing.
-        let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), args.ctx, args.threads, args.prefill_chunk, args.debug, None)
+        let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &opts, None)
             .map_err(|e| format!("{}: {e}", src.path().display()))?;
         let tok = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
         let coord = setup.coordinator.clone();
         let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
         (worker::Model::Route(route), tok, Some(coord))
     } else {
-        let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-        let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), ..LoadOptions::default() };
         let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
         let tok = engine.tokenizer().map_err(|e| e.to_string())?;
         (worker::Model::Local(engine), tok, None)

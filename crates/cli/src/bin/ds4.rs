@@ -130,16 +130,7 @@ fn run(args: Args) -> Result<(), String> {
         eprintln!("ds4: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
     let t0 = Instant::now();
-    let opts = LoadOptions {
-        ctx: args.ctx,
-        threads: args.threads,
-        prefill_chunk: args.prefill_chunk,
-        mem_limit_gb: args.mem_limit_gb,
-        debug: args.debug,
-        backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
-        cuda_devices: args.cuda_devices.clone(),
-        ..LoadOptions::default()
-    };
+    let opts = load_options(&args)?;
     let eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();
@@ -179,25 +170,39 @@ fn run(args: Args) -> Result<(), String> {
     r
 }
 
+/// How the model (or this process's layers of it) is loaded.
+fn load_options(args: &Args) -> Result<LoadOptions, String> {
+    Ok(LoadOptions {
+        ctx: args.ctx,
+        threads: args.threads,
+        prefill_chunk: args.prefill_chunk,
+        mem_limit_gb: args.mem_limit_gb,
+        debug: args.debug,
+        backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
+        cuda_devices: args.cuda_devices.clone(),
+        ..LoadOptions::default()
+    })
+}
+
 /// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on
 /// the route. Usage errors exit 2.
 fn distributed(args: &Args, prompt: Option<String>) -> Result<(), String> {
     let usage = |e: ds4_dist::DistError| -> String { std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }) };
     args.dist.validate().map_err(usage)?;
     if args.dist.is_worker() {
-        return ds4_dist::cli::worker_main(&args.dist, args.model.as_deref(), args.ctx, args.threads, args.debug).map_err(usage);
+        return ds4_dist::cli::worker_main(&args.dist, args.model.as_deref(), &load_options(args)?).map_err(usage);
     }
     if !args.dist.is_coordinator() {
         return Err(usage(ds4_dist::DistError::Usage("--role none: nothing distributed to do".into())));
     }
-    for (set, f) in [(args.kv_load.is_some(), "--kv-load"), (args.kv_save.is_some(), "--kv-save"), (args.backend != "cpu", "--backend")] {
+    for (set, f) in [(args.kv_load.is_some(), "--kv-load"), (args.kv_save.is_some(), "--kv-save")] {
         if set {
             return Err(usage(ds4_dist::DistError::Usage(format!("{f} is not available with --role coordinator"))));
         }
     }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     let wait = Some(ds4_dist::cli::wait_default());
-    let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), args.ctx, args.threads, args.prefill_chunk, args.debug, wait).map_err(usage)?;
+    let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &load_options(args)?, wait).map_err(usage)?;
     let tokenizer = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
     converse(args, &mut Route { setup, tokenizer }, prompt)
 }

@@ -102,8 +102,10 @@ fn run(a: Args) -> Result<(), String> {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
+    let backend = ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?;
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, ..LoadOptions::default() };
     if a.dist.active() || a.dist.validate().is_err() {
-        let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, threads: a.threads, prefill_chunk: a.prefill_chunk, csv: a.csv.clone(), debug: a.debug };
+        let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
         return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
     }
     let text = std::fs::read_to_string(&a.prompt_file).map_err(|e| format!("cannot read {}: {e}", a.prompt_file.display()))?;
@@ -116,7 +118,7 @@ fn run(a: Args) -> Result<(), String> {
     if ctx < need {
         return Err(format!("--ctx {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
     }
-    let opts = LoadOptions { ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend: ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?, cuda_devices: a.cuda_devices.clone(), ..LoadOptions::default() };
+    let opts = LoadOptions { ctx, debug: false, ..load };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if let Some(r) = eng.backend_report() {
         eprintln!("after load: {r}");
@@ -154,7 +156,12 @@ fn run(a: Args) -> Result<(), String> {
         let kv_bytes = s.kv.bytes();
         let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
         let mut st = GenStats::default();
-        s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |_| true, &never, &mut st).map_err(|e| e.to_string())?;
+        let mut ids = Vec::new();
+        s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |t| { ids.push(t); true }, &never, &mut st).map_err(|e| e.to_string())?;
+        if a.debug {
+            // For comparing runs (e.g. a distributed route against this single process).
+            eprintln!("ctx {f}: greedy token ids {ids:?}");
+        }
         (s.kv, s.tokens, s.logits) = snap;
         writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
         if a.bandwidth {

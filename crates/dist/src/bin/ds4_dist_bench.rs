@@ -6,6 +6,7 @@ use ds4_dist::coordinator::{CoordConfig, Coordinator};
 use ds4_dist::exec::LocalStage;
 use ds4_dist::route::{DistSession, RouteOptions};
 use ds4_dist::worker::{load_stage, serve, WorkerOptions};
+use ds4_engine::LoadOptions;
 use ds4_gguf::GgufFile;
 use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_model::{Config, LayerRange, Options, Stage, Weights};
@@ -144,9 +145,10 @@ fn main() {
         .expect("coordinator"),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let (wst, reg) = load_stage(&path, &format!("{}:output", k + 1), ctx, Options::default()).expect("worker stage");
+    let load = LoadOptions { ctx, ..LoadOptions::default() };
+    let (wst, reg) = load_stage(&path, &format!("{}:output", k + 1), &load).expect("worker stage");
     let addr = coord.addr.to_string();
-    let wopts = WorkerOptions { ctx, stop: stop.clone(), ..WorkerOptions::default() };
+    let wopts = WorkerOptions { load, stop: stop.clone(), ..WorkerOptions::default() };
     let wj = std::thread::spawn(move || serve(wst, reg, &addr, &wopts));
     coord.wait_complete(Duration::from_secs(30)).expect("route");
     let mut route = DistSession::new(st, Some(coord.clone()), RouteOptions { bits: a.bits, prefill_chunk: a.chunk, prefill_window: a.window, ..Default::default() });

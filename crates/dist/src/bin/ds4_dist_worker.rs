@@ -14,6 +14,12 @@ struct Args {
     ctx: usize,
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
+    /// Prompt tokens per forward call (larger batches from the coordinator run in pieces).
+    #[arg(long = "prefill-chunk", default_value_t = 256)]
+    prefill_chunk: usize,
+    /// Compute backend: cpu, or cuda (binary built with --features cuda).
+    #[arg(long = "backend", default_value = "cpu")]
+    backend: String,
     #[arg(long = "debug")]
     debug: bool,
     #[command(flatten)]
@@ -26,7 +32,15 @@ fn main() -> ExitCode {
     if d.role.is_none() {
         d.role = Some(ds4_dist::Role::Worker);
     }
-    match ds4_dist::cli::worker_main(&d, a.model.as_deref(), a.ctx, a.threads, a.debug) {
+    let backend = match ds4_engine::Backend::parse(&a.backend) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("ds4-dist-worker: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let load = ds4_engine::LoadOptions { ctx: a.ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, backend, debug: a.debug, ..Default::default() };
+    match ds4_dist::cli::worker_main(&d, a.model.as_deref(), &load) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("ds4-dist-worker: {e}");

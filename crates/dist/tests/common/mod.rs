@@ -5,6 +5,7 @@ use ds4_dist::coordinator::{CoordConfig, Coordinator};
 use ds4_dist::exec::LocalStage;
 use ds4_dist::route::{DistSession, RouteOptions};
 use ds4_dist::worker::{load_stage, serve, WorkerOptions};
+use ds4_engine::LoadOptions;
 use ds4_gguf::GgufFile;
 use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_model::{Config, LayerRange, Logits, Options, Stage, Weights};
@@ -13,6 +14,10 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
+
+/// How test workers load their layers (CPU, the tests' context).
+#[allow(dead_code)]
+pub fn load_opts() -> LoadOptions { LoadOptions { ctx: CTX, ..LoadOptions::default() } }
 
 pub const CTX: usize = 512;
 
@@ -143,13 +148,13 @@ impl Drop for ThreadWorker {
 
 /// A worker in a thread of this process.
 pub fn thread_worker(path: &Path, layers: &str, addr: &str, token: Option<&str>, timeout: Duration) -> ThreadWorker {
-    let opts = WorkerOptions { ctx: CTX, token: token.map(String::from), timeout, ..WorkerOptions::default() };
+    let opts = WorkerOptions { load: load_opts(), token: token.map(String::from), timeout, ..WorkerOptions::default() };
     thread_worker_with(path, layers, addr, opts)
 }
 
 /// A worker in a thread of this process with the given options (`stop` is the worker's own).
 pub fn thread_worker_with(path: &Path, layers: &str, addr: &str, opts: WorkerOptions) -> ThreadWorker {
-    let (stage, reg) = load_stage(path, layers, CTX, Options::default()).unwrap();
+    let (stage, reg) = load_stage(path, layers, &load_opts()).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let opts = WorkerOptions { stop: stop.clone(), ..opts };
     let addr = addr.to_string();
