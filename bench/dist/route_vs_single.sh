@@ -5,7 +5,8 @@
 # per-hop telemetry (coordinator log, --debug), and the pipelined prefill (chunk PCHUNK, window 1 vs
 # the default window).
 # Usage (repo root): M=model.gguf SPLIT=K [BACKEND=cpu|cuda] [B=bin dir] [OUT=dir] bench/dist/route_vs_single.sh [bits...]
-# e.g. on the GPU host: B=device-bin M=/dev/shm/flash.gguf SPLIT=21 BACKEND=cuda bench/dist/route_vs_single.sh 32 16 8
+# e.g. on the GPU host: B=device-bin M=/dev/shm/flash.gguf SPLIT=21 BACKEND=cuda SPIN=5000 bench/dist/route_vs_single.sh 32 16 8
+# (SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us)
 set -u
 B=${B:-target/release}
 M=${M:?set M to the model file}
@@ -24,13 +25,20 @@ mkdir -p "$OUT"
 T0=$(date +%s)
 el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 COMMON="-m $M --prompt-file $PROMPT --ctx-start $F --ctx-max $F --gen-tokens $GEN --backend $BACKEND --mem-limit-gb $MEM --debug"
-el "single process"
-timeout ${ST:-240} $B/ds4-bench $COMMON --prefill-chunk $CHUNK --csv $OUT/single.csv 2> $OUT/single.log
-echo "single rc=$?"; cat $OUT/single.csv
+single() { # name, prefill chunk
+  el "single process, prefill chunk $2"
+  timeout ${ST:-240} $B/ds4-bench $COMMON --prefill-chunk $2 --csv $OUT/$1.csv 2> $OUT/$1.log
+  echo "$1 rc=$?"; cat $OUT/$1.csv
+}
+single single $CHUNK
+single single_pchunk $PCHUNK
+worker() { # log name, extra worker flags
+  $B/ds4 -m $M --role worker --layers $((SPLIT + 1)):output --coordinator 127.0.0.1 $PORT --backend $BACKEND \
+    -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM "${@:2}" > $OUT/$1.log 2>&1 &
+  W=$!
+}
 # One worker serves every coordinator run below (it reconnects when a coordinator goes away).
-$B/ds4 -m $M --role worker --layers $((SPLIT + 1)):output --coordinator 127.0.0.1 $PORT --backend $BACKEND \
-  -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM > $OUT/worker.log 2>&1 &
-W=$!
+worker worker
 route() { # name, extra coordinator flags
   el "route $1"
   timeout ${RT:-240} $B/ds4-bench $COMMON --role coordinator --layers 0:$SPLIT --listen 127.0.0.1 $PORT "${@:2}" \
@@ -43,22 +51,32 @@ done
 route pchunk${PCHUNK}_window1 --dist-prefill-chunk $PCHUNK --dist-prefill-window 1
 route pchunk${PCHUNK}_pipelined --dist-prefill-chunk $PCHUNK
 kill $W; wait $W 2>/dev/null
+if [ "${SPIN:-0}" != 0 ]; then
+  # Both sides busy-poll up to SPIN us for the next frame before blocking.
+  worker worker_spin --dist-spin-us $SPIN
+  route bits32_spin$SPIN --dist-activation-bits 32 --prefill-chunk $CHUNK --dist-spin-us $SPIN
+  kill $W; wait $W 2>/dev/null
+fi
 el "summary"
 {
-  echo "single: $(tail -1 $OUT/single.csv)"
-  for f in $OUT/route_*.csv; do echo "$(basename $f .csv): $(tail -1 $f)"; done
-  s=$(grep -h "greedy token ids" $OUT/single.log | tail -1 | sed 's/.*ids //')
+  for f in $OUT/single*.csv $OUT/route_*.csv; do echo "$(basename $f .csv): $(tail -1 $f)"; done
+  # Each route against the single process with the same prefill chunk.
   for f in $OUT/route_*.log; do
+    case $f in *pchunk*) ref=$OUT/single_pchunk.log ;; *) ref=$OUT/single.log ;; esac
+    s=$(grep -h "greedy token ids" $ref | tail -1 | sed 's/.*ids //')
     r=$(grep -h "greedy token ids" $f | tail -1 | sed 's/.*ids //')
-    if [ -n "$r" ] && [ "$r" = "$s" ]; then echo "$(basename $f .log): greedy tokens identical to the single process"; else echo "$(basename $f .log): greedy tokens DIFFER (single $s / route $r)"; fi
+    if [ -n "$r" ] && [ "$r" = "$s" ]; then echo "$(basename $f .log): greedy tokens identical to $(basename $ref .log)"; else echo "$(basename $f .log): greedy tokens DIFFER from $(basename $ref .log) ($s / $r)"; fi
   done
   python3 - "$OUT" <<'EOF'
 import csv, glob, os, sys
 out = sys.argv[1]
 row = lambda p: next(csv.DictReader(open(p)))
 s = row(f"{out}/single.csv")
+sp = row(f"{out}/single_pchunk.csv")
 for p in sorted(glob.glob(f"{out}/route_*.csv")):
     r = row(p)
+    if "pchunk" in p:
+        print(f"{os.path.basename(p)[:-4]}: prefill ratio to the single process at the same chunk {float(r['prefill_tps']) / float(sp['prefill_tps']):.3f}")
     print(f"{os.path.basename(p)[:-4]}: decode ratio route/single {float(r['gen_tps']) / float(s['gen_tps']):.3f}, prefill ratio {float(r['prefill_tps']) / float(s['prefill_tps']):.3f}")
 w1 = [p for p in glob.glob(f"{out}/route_pchunk*_window1.csv")]
 pp = [p for p in glob.glob(f"{out}/route_pchunk*_pipelined.csv")]

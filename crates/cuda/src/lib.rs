@@ -30,7 +30,7 @@ mod probe_fused;
 #[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut};
+pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
 #[cfg(feature = "cuda")]
 pub use probe_fused::fused_input_checks;
 #[cfg(feature = "cuda")]

@@ -223,6 +223,26 @@ pub fn bench_read(bytes: usize, reps: usize) -> ds4_model::Result<f64> {
 }
 
 
+/// The greedy kernel (`argmax_row` over `blocks` blocks) on one row, launched `launches` times on
+/// the same buffer (its ticket must reset itself): (index, log-probability) of each launch.
+pub fn greedy_row(x: &[f32], blocks: u32, launches: usize) -> ds4_model::Result<Vec<(u32, f32)>> {
+    (|| -> Result<Vec<(u32, f32)>> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let xb = upload(&g, x)?;
+        let out = g.alloc_zeroed((3 + 3 * blocks as usize) * 4)?;
+        let mut r = Vec::new();
+        for _ in 0..launches {
+            g.launch("argmax_row", (blocks, 1, 1), 256, 0, &[A::P(xb.ptr), A::I(x.len() as i32), A::P(out.ptr)])?;
+            g.sync()?;
+            let mut top = [0i32; 2];
+            g.dtoh(&mut top, out.ptr)?;
+            r.push((top[0] as u32, f32::from_bits(top[1] as u32)));
+        }
+        Ok(r)
+    })()
+    .map_err(me)
+}
+
 /// Inputs of one prefill attention call for [`attention_paths`] (and, with n = 1 and the raw query, of
 /// [`decode_attention_path`]): `n` tokens at positions
 /// `pos0..pos0+n`, `nh` heads of `d` dims; the window's rows before `pos0` come from `ring`

@@ -129,10 +129,14 @@ fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize
     kr2.pos = prompt.len();
     let mut t = tg[0];
     for i in 0..4.min(steps.saturating_sub(1)) {
-        let top1 = gpu.forward_argmax(&mut kr2, &[t], None).unwrap();
+        let (top1, logprob) = gpu.forward_argmax(&mut kr2, &[t], None).unwrap();
         let l = gpu.last_logits().unwrap();
         assert!(l == first_logits[i].as_slice(), "device-argmax step {i}: logits differ from the first decode");
         assert_eq!(top1, argmax(l), "device argmax, step {i}");
+        // Its log-probability is the host's log-softmax of the same row (f64 reference).
+        let m = l[top1 as usize] as f64;
+        let want = -l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        assert!((logprob as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "device log-probability {logprob} vs {want}, step {i}");
         assert_eq!(top1, tg[i + 1], "device argmax token, step {i}");
         t = top1;
     }
@@ -625,5 +629,50 @@ fn fused_decode_router_matches_matvec_and_route() {
         assert!(same, "fused router chose other experts");
         // Other summation order of the gate logits: the weights differ by float rounding only.
         assert!(wd < 1e-5 && lerr < 1e-5, "weights {wd}, logits {lerr}");
+    }
+}
+
+/// The greedy kernel: argmax with ties to the lowest index, NaN never chosen, and the log-softmax of
+/// the pick (f64 host reference) on a Flash-size vocabulary row and on edge rows; repeated launches
+/// reuse the buffer (the completion ticket resets itself).
+#[test]
+fn greedy_kernel_picks_the_argmax_and_its_log_probability() {
+    if !gpu_present() {
+        return;
+    }
+    let reference = |x: &[f32]| {
+        let mut b = 0usize;
+        for (i, &v) in x.iter().enumerate() {
+            if v > x[b] || x[b].is_nan() && !v.is_nan() {
+                b = i;
+            }
+        }
+        let m = x[b] as f64;
+        let s: f64 = x.iter().filter(|v| !v.is_nan() && **v > f32::NEG_INFINITY).map(|&v| (v as f64 - m).exp()).sum();
+        (b as u32, -s.ln())
+    };
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        (seed >> 40) as f32 / (1u64 << 24) as f32
+    };
+    let big: Vec<f32> = (0..129_280).map(|_| rnd() * 30.0 - 15.0).collect();
+    let mut ties = vec![0.5f32; 1000];
+    ties[700] = 2.0;
+    ties[300] = 2.0;
+    ties[10] = f32::NAN;
+    ties[11] = f32::NEG_INFINITY;
+    let mut flat = vec![-3.0f32; 129_280];
+    flat[129_279] = -2.0;
+    for (name, row) in [("random 129280", &big), ("ties, NaN, -inf", &ties), ("peak at the end", &flat)] {
+        let (id, lp) = reference(row);
+        for blocks in [1u32, 128] {
+            for (k, (gid, glp)) in ds4_cuda::greedy_row(row, blocks, 3).unwrap().into_iter().enumerate() {
+                assert_eq!(gid, id, "{name}: index, {blocks} blocks, launch {k}");
+                assert!((glp as f64 - lp).abs() <= 1e-5 * lp.abs().max(1.0), "{name}: log-probability {glp} vs {lp}, {blocks} blocks, launch {k}");
+            }
+        }
     }
 }

@@ -21,6 +21,7 @@ pub fn exit_code(e: &DistError) -> u8 { if matches!(e, DistError::Usage(_)) { 2 
 /// backend, prefill chunk, memory budget); the layers come from `--layers`.
 pub fn worker_main(dist: &DistArgs, model: Option<&Path>, load: &LoadOptions) -> Result<()> {
     dist.validate()?;
+    crate::spin::set(dist.spin(load.backend));
     let test_hang_at = test_hang()?;
     let src = resolve_model(model)?;
     let debug = load.debug;
@@ -57,6 +58,7 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait
     if !dist.is_coordinator() {
         return Err(DistError::Usage("start_coordinator needs --role coordinator".into()));
     }
+    crate::spin::set(dist.spin(load.backend));
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;

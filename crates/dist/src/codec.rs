@@ -62,16 +62,25 @@ pub fn fp8_e4m3_from_f32(x: f32) -> u8 {
         let m = (a * 512.0).round_ties_even() as u8; // 0..=8; 8 is the smallest normal (0x08)
         return sign | m;
     }
-    let e = a.log2().floor() as i32;
-    // Guard against log2 rounding at exact powers of two.
-    let e = if 2f32.powi(e) > a { e - 1 } else if 2f32.powi(e + 1) <= a { e + 1 } else { e };
-    let mant = (a / 2f32.powi(e - 3)).round_ties_even() as u32; // 8..=16
+    // a is a normal f32 here: its exponent bits are floor(log2(a)), and dividing by a power of two
+    // (built from bits) is exact, so the rounding below is the only one.
+    let e = ((a.to_bits() >> 23) & 0xFF) as i32 - 127;
+    let mant = (a / pow2(e - 3)).round_ties_even() as u32; // 8..=16
     let (e, mant) = if mant == 16 { (e + 1, 8) } else { (e, mant) };
     let be = (e + 7) as u32;
     if be > 15 || (be == 15 && mant - 8 == 7) {
         return sign | 0x7E;
     }
     sign | ((be << 3) as u8) | ((mant - 8) as u8)
+}
+
+/// 2^e for a normal-range exponent, exactly.
+fn pow2(e: i32) -> f32 { f32::from_bits(((e + 127) as u32) << 23) }
+
+/// The 256 FP8 E4M3 values (decoding is a table look-up).
+fn fp8_table() -> &'static [f32; 256] {
+    static T: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    T.get_or_init(|| std::array::from_fn(|b| fp8_e4m3_to_f32(b as u8)))
 }
 
 pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
@@ -88,36 +97,86 @@ pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
     }
 }
 
-/// Encodes `x` (rows of `row` floats) into `out` (cleared first).
-pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> {
-    check_bits(bits)?;
-    out.clear();
-    out.reserve(encoded_len(x.len(), row, bits));
+/// Inputs at least this large (floats) are encoded and decoded block-parallel (a prefill chunk:
+/// hundreds of MB); smaller ones (a decoded token) on the calling thread.
+const PARALLEL_MIN: usize = 1 << 16;
+
+/// Bytes of one encoded block of `m` floats.
+fn block_bytes(m: usize, bits: u8) -> usize {
+    match bits {
+        32 => 4 * m,
+        16 => 1 + 2 * m,
+        _ => 4 + m,
+    }
+}
+
+fn encode_block(r: &[f32], bits: u8, out: &mut [u8]) {
     match bits {
         32 => {
-            for v in x {
-                out.extend_from_slice(&v.to_le_bytes());
+            for (o, v) in out.chunks_exact_mut(4).zip(r) {
+                o.copy_from_slice(&v.to_le_bytes());
             }
         }
         16 => {
-            for r in x.chunks(fp8_block(row)) {
-                let e = f16_exponent(r);
-                out.push(e as u8);
-                let inv = 2f32.powi(-(e as i32));
-                for v in r {
-                    out.extend_from_slice(&f16::from_f32(v * inv).to_le_bytes());
-                }
+            let e = f16_exponent(r);
+            out[0] = e as u8;
+            let inv = 2f32.powi(-(e as i32));
+            for (o, v) in out[1..].chunks_exact_mut(2).zip(r) {
+                o.copy_from_slice(&f16::from_f32(v * inv).to_le_bytes());
             }
         }
         _ => {
-            for r in x.chunks(fp8_block(row)) {
-                let amax = r.iter().fold(0f32, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
-                let scale = if amax > 0.0 { amax / FP8_MAX } else { 1.0 };
-                out.extend_from_slice(&scale.to_le_bytes());
-                let inv = 1.0 / scale;
-                out.extend(r.iter().map(|v| fp8_e4m3_from_f32(v * inv)));
+            let amax = r.iter().fold(0f32, |m, v| if v.is_finite() { m.max(v.abs()) } else { m });
+            let scale = if amax > 0.0 { amax / FP8_MAX } else { 1.0 };
+            out[..4].copy_from_slice(&scale.to_le_bytes());
+            let inv = 1.0 / scale;
+            for (o, v) in out[4..].iter_mut().zip(r) {
+                *o = fp8_e4m3_from_f32(v * inv);
             }
         }
+    }
+}
+
+fn decode_block(b: &[u8], bits: u8, out: &mut [f32]) -> Result<()> {
+    match bits {
+        32 => {
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        16 => {
+            let e = b[0] as i8;
+            if !(-100..=100).contains(&e) {
+                return Err(DistError::Protocol(format!("f16 block exponent {e} out of range")));
+            }
+            let s = 2f32.powi(e as i32);
+            for (o, c) in out.iter_mut().zip(b[1..].chunks_exact(2)) {
+                *o = f16::from_le_bytes([c[0], c[1]]).to_f32() * s;
+            }
+        }
+        _ => {
+            let s = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            let t = fp8_table();
+            for (o, &q) in out.iter_mut().zip(&b[4..]) {
+                *o = t[q as usize] * s;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Encodes `x` (rows of `row` floats) into `out` (cleared first).
+pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> {
+    check_bits(bits)?;
+    let blk = fp8_block(row);
+    out.clear();
+    out.resize(encoded_len(x.len(), row, bits), 0);
+    let bb = block_bytes(blk, bits);
+    if x.len() >= PARALLEL_MIN {
+        use rayon::prelude::*;
+        out.par_chunks_mut(bb).zip(x.par_chunks(blk)).for_each(|(o, r)| encode_block(r, bits, o));
+    } else {
+        out.chunks_mut(bb).zip(x.chunks(blk)).for_each(|(o, r)| encode_block(r, bits, o));
     }
     Ok(())
 }
@@ -129,42 +188,16 @@ pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> R
     if b.len() != want {
         return Err(DistError::Protocol(format!("activation payload has {} bytes, expected {want} for {n} floats at {bits} bits", b.len())));
     }
+    let blk = fp8_block(row);
+    let bb = block_bytes(blk, bits);
     out.clear();
-    out.reserve(n);
-    match bits {
-        32 => out.extend(b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))),
-        16 => {
-            let row = fp8_block(row);
-            let mut off = 0;
-            let mut left = n;
-            while left > 0 {
-                let m = left.min(row);
-                let e = b[off] as i8;
-                if !(-100..=100).contains(&e) {
-                    return Err(DistError::Protocol(format!("f16 block exponent {e} out of range")));
-                }
-                let s = 2f32.powi(e as i32);
-                off += 1;
-                out.extend(b[off..off + 2 * m].chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32() * s));
-                off += 2 * m;
-                left -= m;
-            }
-        }
-        _ => {
-            let row = fp8_block(row);
-            let mut off = 0;
-            let mut left = n;
-            while left > 0 {
-                let m = left.min(row);
-                let s = f32::from_le_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]]);
-                off += 4;
-                out.extend(b[off..off + m].iter().map(|&q| fp8_e4m3_to_f32(q) * s));
-                off += m;
-                left -= m;
-            }
-        }
+    out.resize(n, 0.0);
+    if n >= PARALLEL_MIN {
+        use rayon::prelude::*;
+        out.par_chunks_mut(blk).zip(b.par_chunks(bb)).try_for_each(|(o, c)| decode_block(c, bits, o))
+    } else {
+        out.chunks_mut(blk).zip(b.chunks(bb)).try_for_each(|(o, c)| decode_block(c, bits, o))
     }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -186,6 +219,66 @@ mod tests {
         assert_eq!(fp8_e4m3_from_f32(1e9), 0x7E);
         assert_eq!(fp8_e4m3_from_f32(-1e9), 0xFE);
         assert_eq!(fp8_e4m3_to_f32(0x01), 2f32.powi(-9));
+    }
+
+    #[test]
+    fn fp8_encoding_is_the_nearest_value_by_search() {
+        // Brute force over the 254 finite codes: the nearest value, ties to the even code.
+        let finite: Vec<(u8, f32)> = (0u8..=255).filter(|&b| b & 0x7F != 0x7F).map(|b| (b, fp8_e4m3_to_f32(b))).collect();
+        let nearest = |x: f32| {
+            let mut best = finite[0];
+            for &(b, v) in &finite {
+                let (d, bd) = ((v - x).abs(), (best.1 - x).abs());
+                if d < bd || d == bd && (b & 1) == 0 && (best.0 & 1) == 1 {
+                    best = (b, v);
+                }
+            }
+            best.1
+        };
+        let mut seed = 12345u64;
+        for i in 0..200_000 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Magnitudes from 2^-12 to 2^9, both signs, plus exact midpoints every 16th sample.
+            let mag = f32::from_bits(((115 + (seed >> 59) as u32 % 22) << 23) | ((seed >> 20) as u32 & 0x7F_FFFF));
+            let mut x = if seed & 1 == 0 { mag } else { -mag };
+            if i % 16 == 0 {
+                let a = fp8_e4m3_to_f32(fp8_e4m3_from_f32(x));
+                let b = finite.iter().map(|f| f.1).filter(|&v| v > a).fold(f32::INFINITY, f32::min);
+                if b.is_finite() {
+                    x = (a + b) / 2.0;
+                }
+            }
+            let want = if x.abs() >= FP8_MAX { FP8_MAX.copysign(x) } else { nearest(x) };
+            assert_eq!(fp8_e4m3_to_f32(fp8_e4m3_from_f32(x)), want, "{x}");
+        }
+    }
+
+    #[test]
+    fn large_inputs_encode_and_decode_in_parallel_as_in_series() {
+        let row = 256;
+        let n = 3 * PARALLEL_MIN + 5 * 64 + 17; // a ragged last block
+        let x: Vec<f32> = (0..n).map(|i| ((i as f32 * 0.618).sin() * (1.0 + (i % 97) as f32)).powi(3)).collect();
+        for bits in [32u8, 16, 8] {
+            let mut whole = Vec::new();
+            encode(&x, row, bits, &mut whole).unwrap();
+            // Pieces of whole blocks below the parallel threshold, encoded one by one.
+            let mut pieces = Vec::new();
+            for c in x.chunks(PARALLEL_MIN - 64) {
+                let mut p = Vec::new();
+                encode(c, row, bits, &mut p).unwrap();
+                pieces.extend_from_slice(&p);
+            }
+            assert_eq!(whole, pieces, "{bits}-bit encoding");
+            let (mut d, mut dp) = (Vec::new(), Vec::new());
+            decode(&whole, n, row, bits, &mut d).unwrap();
+            let bb = block_bytes(64, bits) * ((PARALLEL_MIN - 64) / 64);
+            for (c, xc) in whole.chunks(bb).zip(x.chunks(PARALLEL_MIN - 64)) {
+                let mut p = Vec::new();
+                decode(c, xc.len(), row, bits, &mut p).unwrap();
+                dp.extend_from_slice(&p);
+            }
+            assert!(d.iter().zip(&dp).all(|(a, b)| a.to_bits() == b.to_bits()) && d.len() == n, "{bits}-bit decoding");
+        }
     }
 
     #[test]

@@ -111,7 +111,15 @@ impl WorkerConn {
         let t0 = Instant::now();
         let (rx, send) = self.handle.block_on(self.call_async(req)).map_err(|e| (ErrorKind::Failed, e))?;
         let t1 = Instant::now();
-        let r = rx.blocking_recv().map_err(|_| (ErrorKind::Failed, "connection closed".to_string()))??;
+        let mut rx = rx;
+        let r = match crate::spin::poll(|| match rx.try_recv() {
+            Err(oneshot::error::TryRecvError::Empty) => None,
+            r => Some(r.map_err(|_| ())),
+        }) {
+            Some(r) => r,
+            None => rx.blocking_recv().map_err(|_| ()),
+        };
+        let r = r.map_err(|_| (ErrorKind::Failed, "connection closed".to_string()))??;
         let _ = t0;
         Ok((r, send, t1.elapsed()))
     }

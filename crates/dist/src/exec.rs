@@ -152,7 +152,20 @@ impl LocalStage {
             return Err(fail(format!("stage {} does not own the output head; cannot produce logits", engine.range().label())));
         }
         let piece = engine.prefill_chunk.clamp(1, n);
-        let payload = if piece == n {
+        // A GPU takes the greedy pick and its log-probability itself: 8 bytes come back, not the row.
+        let device_pick = match req.want {
+            Want::Greedy { top_logprobs: 0 } if piece == n => match engine.forward_top1(&mut s.kv, req.tokens, hidden_in) {
+                Ok(p) => p,
+                Err(e) => {
+                    sessions.remove(&req.session);
+                    return Err(fail(e.to_string()));
+                }
+            },
+            _ => None,
+        };
+        let payload = if let Some((id, logprob)) = device_pick {
+            Payload::Token { id, logprob, top: Vec::new() }
+        } else if piece == n {
             // One forward call: decode, and batches the engine takes whole.
             let l = match engine.forward(&mut s.kv, req.tokens, hidden_in, logits) {
                 Ok(l) => l,

@@ -16,6 +16,7 @@ pub mod generate;
 pub mod identity;
 pub mod protocol;
 pub mod route;
+pub mod spin;
 pub mod telemetry;
 pub mod worker;
 

@@ -353,7 +353,19 @@ fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &
         if opts.stop.load(Ordering::SeqCst) {
             return Ok("stopped".into());
         }
-        match sock.read(&mut chunk) {
+        // While requests are coming (the last within a second), busy-poll for the next one first.
+        let spun = if crate::spin::budget().is_zero() || last.elapsed() > Duration::from_secs(1) {
+            None
+        } else {
+            sock.set_nonblocking(true)?;
+            let r = crate::spin::poll(|| match sock.read(&mut chunk) {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                r => Some(r),
+            });
+            sock.set_nonblocking(false)?;
+            r
+        };
+        match spun.unwrap_or_else(|| sock.read(&mut chunk)) {
             Ok(0) => return Ok("connection closed by the coordinator".into()),
             Ok(n) => {
                 rbuf.extend_from_slice(&chunk[..n]);

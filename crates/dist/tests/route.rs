@@ -64,6 +64,18 @@ fn two_and_three_stage_routes_are_bit_identical_at_32_bits() {
 }
 
 #[test]
+fn busy_polling_waits_give_the_same_route() {
+    // --dist-spin-us: both ends poll before blocking (process-wide; other tests here only spin too).
+    ds4_dist::spin::set(Duration::from_millis(20));
+    let p = prompt(70, 1);
+    let (rt, rl) = reference(&p, CHUNK, N_GEN);
+    let (t, l, _s, _w) = route_case(&["0:2", "3:output"], 32);
+    ds4_dist::spin::set(Duration::ZERO);
+    assert_eq!(t, rt);
+    assert_eq!(max_err(&l, &rl), 0.0);
+}
+
+#[test]
 fn compact_activations_keep_greedy_tokens_and_report_logit_error() {
     for seed in [1u32, 2] {
         let p = prompt(70, seed);

@@ -42,10 +42,11 @@ impl CudaPipeline {
         self.stages.last_mut().expect("a pipeline has at least one stage").forward(kv, tokens, input, want)
     }
 
-    /// The greedy next token after `tokens` (the argmax of the last logits row, taken on the device).
-    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<u32> {
-        let carried = self.through_parts(kv, tokens, None)?;
-        let input = if carried { Some(&self.hidden[..]) } else { None };
+    /// The greedy next token after `tokens` and its log-probability (the argmax of the last logits
+    /// row, taken on the device). `hidden_in` as in `forward`.
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<(u32, f32)> {
+        let carried = self.through_parts(kv, tokens, hidden_in)?;
+        let input = if carried { Some(&self.hidden[..]) } else { hidden_in };
         self.stages.last_mut().expect("a pipeline has at least one stage").forward_argmax(kv, tokens, input)
     }
 

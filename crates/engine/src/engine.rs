@@ -176,15 +176,15 @@ impl Engine {
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
 
-    /// Feeds `token` and returns the greedy next token, taken on the GPU (4 bytes come back instead of
-    /// the logits row, and the host scans nothing). None on the CPU backend, without running anything:
-    /// use `forward` there.
-    pub fn forward_top1(&mut self, kv: &mut KvState, token: u32) -> Result<Option<u32>, EngineError> {
+    /// Feeds `tokens` (with `hidden_in` as in `forward`) and returns the greedy next token and its
+    /// log-probability, taken on the GPU (8 bytes come back instead of the logits row, and the host
+    /// scans nothing). None on the CPU backend, without running anything: use `forward` there.
+    pub fn forward_top1(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<Option<(u32, f32)>, EngineError> {
         #[cfg(feature = "cuda")]
         if let Some(c) = self.cuda.as_mut() {
-            return Ok(Some(c.forward_argmax(kv, std::slice::from_ref(&token))?));
+            return Ok(Some(c.forward_argmax(kv, tokens, hidden_in)?));
         }
-        let _ = (kv, token);
+        let _ = (kv, tokens, hidden_in);
         Ok(None)
     }
 

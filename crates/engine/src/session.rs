@@ -163,7 +163,7 @@ impl Session {
                 return Ok(StopReason::ContextFull);
             }
             // Greedy: the engine takes the argmax itself where it can (None: it ran nothing).
-            match if greedy { engine.forward_top1(&mut self.kv, tok)? } else { None } {
+            match if greedy { engine.forward_top1(&mut self.kv, std::slice::from_ref(&tok), None)?.map(|(id, _)| id) } else { None } {
                 Some(t) => {
                     self.tokens.push(tok);
                     *next = Some(t);

@@ -311,7 +311,7 @@ impl CudaStage {
             logits: f(logit_rows * cfg.n_vocab)?,
             tokens: f(n)?,
             // The argmax result, its ticket (zero between launches) and per-block parts.
-            top1: g.alloc_zeroed((2 + 2 * ARGMAX_BLOCKS as usize) * 4)?,
+            top1: g.alloc_zeroed((3 + 3 * ARGMAX_BLOCKS as usize) * 4)?,
             adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d))?,
             adec_splits,
             wh: g.alloc(wh_elems.max(1) * 2)?,

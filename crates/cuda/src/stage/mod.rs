@@ -425,10 +425,10 @@ impl CudaStage {
         Ok(&self.hidden_host)
     }
 
-    /// Greedy top-1 of the last logits row, computed on the device (4 bytes back instead of the row;
-    /// in a one-token step the argmax is a node of the decode graph). The logits stay on the device
-    /// for [`CudaStage::last_logits`].
-    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> ds4_model::Result<u32> {
+    /// Greedy top-1 of the last logits row and its log-probability, computed on the device (8 bytes
+    /// back instead of the row; in a one-token step the argmax is a node of the decode graph). The
+    /// logits stay on the device for [`CudaStage::last_logits`].
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> ds4_model::Result<(u32, f32)> {
         self.g.bind().map_err(me)?;
         self.host_time.call(tokens.len() == 1);
         self.want_top1 = true;
@@ -444,12 +444,12 @@ impl CudaStage {
             let lp = self.wk.logits.ptr;
             self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(lp), A::I(v as i32), A::P(tp)]).map_err(me)?;
         }
-        let mut top = [0i32];
+        let mut top = [0i32; 2];
         let t = self.host_time.now();
         self.g.sync().map_err(me)?;
         self.host_time.add_wait(t);
         self.g.dtoh(&mut top, tp).map_err(me)?;
-        Ok(top[0] as u32)
+        Ok((top[0] as u32, f32::from_bits(top[1] as u32)))
     }
 
     /// The logits row of the last forward call that asked for the last row (e.g. after
@@ -563,7 +563,7 @@ impl CudaStage {
 
 }
 
-/// Blocks of the greedy argmax over a logits row (`argmax_row`; `top1` holds 2 + 2 x this many ints).
+/// Blocks of the greedy argmax over a logits row (`argmax_row`; `top1` holds 3 + 3 x this many ints).
 const ARGMAX_BLOCKS: u32 = 128;
 
 const GIB: f64 = (1u64 << 30) as f64;
