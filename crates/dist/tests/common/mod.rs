@@ -58,8 +58,11 @@ pub fn load(path: &Path, layers: &str) -> (LocalStage, Config, Arc<GgufFile>) {
 }
 
 /// Single process: prefill in `chunk`s, then greedy decode; (tokens, logits after each step).
-pub fn reference(prompt: &[u32], chunk: usize, n_gen: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let file = Arc::new(GgufFile::open(model()).unwrap());
+pub fn reference(prompt: &[u32], chunk: usize, n_gen: usize) -> (Vec<u32>, Vec<Vec<f32>>) { reference_on(model(), prompt, chunk, n_gen) }
+
+/// [`reference`] on the model at `path`.
+pub fn reference_on(path: &Path, prompt: &[u32], chunk: usize, n_gen: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let file = Arc::new(GgufFile::open(path).unwrap());
     let cfg = Config::from_gguf(&file).unwrap();
     let w = Weights::bind(file, &cfg, LayerRange::full(&cfg)).unwrap();
     let mut st = Stage::new(cfg, w, Options::default());
@@ -99,7 +102,12 @@ pub struct Coord {
 }
 
 pub fn coordinator(local: &str, bits: u8, token: Option<&str>, timeout: Duration, chunk: usize) -> (Coord, LocalStage) {
-    let (stage, cfg, file) = load(model(), local);
+    coordinator_on(model(), local, bits, token, timeout, chunk)
+}
+
+/// [`coordinator`] on the model at `path`.
+pub fn coordinator_on(path: &Path, local: &str, bits: u8, token: Option<&str>, timeout: Duration, chunk: usize) -> (Coord, LocalStage) {
+    let (stage, cfg, file) = load(path, local);
     let range = LayerRange::parse(local, cfg.n_layer).unwrap();
     let coord = Arc::new(
         Coordinator::start(CoordConfig {
