@@ -6,7 +6,8 @@
 # the default window).
 # Usage (repo root): M=model.gguf SPLIT=K [BACKEND=cpu|cuda] [B=bin dir] [OUT=dir] bench/dist/route_vs_single.sh [bits...]
 # e.g. on the GPU host: B=device-bin M=/dev/shm/flash.gguf SPLIT=21 BACKEND=cuda SPIN=5000 bench/dist/route_vs_single.sh 32 16 8
-# (SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us)
+# (SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us; SPLIT2=L: two
+# workers, SPLIT+1:L and L+1:output, a 3-stage route; PCHUNK_RUNS=0 skips the prefill-chunk runs)
 set -u
 B=${B:-target/release}
 M=${M:?set M to the model file}
@@ -31,13 +32,19 @@ single() { # name, prefill chunk
   echo "$1 rc=$?"; cat $OUT/$1.csv
 }
 single single $CHUNK
-single single_pchunk $PCHUNK
+[ -n "${PCHUNK_RUNS:-1}" ] && [ "${PCHUNK_RUNS:-1}" != 0 ] && single single_pchunk $PCHUNK
+# With SPLIT2 set, two workers: SPLIT+1:SPLIT2 and SPLIT2+1:output (a 3-stage route).
 worker() { # log name, extra worker flags
-  $B/ds4 -m $M --role worker --layers $((SPLIT + 1)):output --coordinator 127.0.0.1 $PORT --backend $BACKEND \
+  if [ -n "${SPLIT2:-}" ]; then
+    $B/ds4 -m $M --role worker --layers $((SPLIT + 1)):$SPLIT2 --coordinator 127.0.0.1 $PORT --backend $BACKEND \
+      -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM "${@:2}" > $OUT/$1_a.log 2>&1 &
+    W2=$!
+  fi
+  $B/ds4 -m $M --role worker --layers $((${SPLIT2:-$SPLIT} + 1)):output --coordinator 127.0.0.1 $PORT --backend $BACKEND \
     -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM "${@:2}" > $OUT/$1.log 2>&1 &
-  W=$!
+  W="$! ${W2:-}"
 }
-# One worker serves every coordinator run below (it reconnects when a coordinator goes away).
+# The workers serve every coordinator run below (they reconnect when a coordinator goes away).
 worker worker
 route() { # name, extra coordinator flags
   el "route $1"
@@ -48,11 +55,13 @@ route() { # name, extra coordinator flags
 for bits in ${@:-32 16 8}; do
   route bits$bits --dist-activation-bits $bits --prefill-chunk $CHUNK
 done
-route pchunk${PCHUNK}_window1 --dist-prefill-chunk $PCHUNK --dist-prefill-window 1
-route pchunk${PCHUNK}_pipelined --dist-prefill-chunk $PCHUNK
+if [ "${PCHUNK_RUNS:-1}" != 0 ]; then
+  route pchunk${PCHUNK}_window1 --dist-prefill-chunk $PCHUNK --dist-prefill-window 1
+  route pchunk${PCHUNK}_pipelined --dist-prefill-chunk $PCHUNK
+fi
 kill $W; wait $W 2>/dev/null
-if [ "${SPIN:-0}" != 0 ]; then
-  # Both sides busy-poll up to SPIN us for the next frame before blocking.
+if [ -n "${SPIN:-}" ]; then
+  # Both sides busy-poll up to SPIN us for the next frame before blocking (0: block at once).
   worker worker_spin --dist-spin-us $SPIN
   route bits32_spin$SPIN --dist-activation-bits 32 --prefill-chunk $CHUNK --dist-spin-us $SPIN
   kill $W; wait $W 2>/dev/null
@@ -72,10 +81,10 @@ import csv, glob, os, sys
 out = sys.argv[1]
 row = lambda p: next(csv.DictReader(open(p)))
 s = row(f"{out}/single.csv")
-sp = row(f"{out}/single_pchunk.csv")
+sp = row(f"{out}/single_pchunk.csv") if os.path.exists(f"{out}/single_pchunk.csv") else None
 for p in sorted(glob.glob(f"{out}/route_*.csv")):
     r = row(p)
-    if "pchunk" in p:
+    if "pchunk" in p and sp:
         print(f"{os.path.basename(p)[:-4]}: prefill ratio to the single process at the same chunk {float(r['prefill_tps']) / float(sp['prefill_tps']):.3f}")
     print(f"{os.path.basename(p)[:-4]}: decode ratio route/single {float(r['gen_tps']) / float(s['gen_tps']):.3f}, prefill ratio {float(r['prefill_tps']) / float(s['prefill_tps']):.3f}")
 w1 = [p for p in glob.glob(f"{out}/route_pchunk*_window1.csv")]

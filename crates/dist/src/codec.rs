@@ -62,20 +62,17 @@ pub fn fp8_e4m3_from_f32(x: f32) -> u8 {
         let m = (a * 512.0).round_ties_even() as u8; // 0..=8; 8 is the smallest normal (0x08)
         return sign | m;
     }
-    // a is a normal f32 here: its exponent bits are floor(log2(a)), and dividing by a power of two
-    // (built from bits) is exact, so the rounding below is the only one.
-    let e = ((a.to_bits() >> 23) & 0xFF) as i32 - 127;
-    let mant = (a / pow2(e - 3)).round_ties_even() as u32; // 8..=16
-    let (e, mant) = if mant == 16 { (e + 1, 8) } else { (e, mant) };
-    let be = (e + 7) as u32;
-    if be > 15 || (be == 15 && mant - 8 == 7) {
+    // a is a normal f32 here: keep 3 of its 23 significand bits, rounding the 20 dropped ones to
+    // nearest even (a carry out of the significand steps the exponent, as it should), then rebias
+    // the exponent from 127 to 7.
+    let b = a.to_bits();
+    let r = (b + 0x7_FFFF + ((b >> 20) & 1)) >> 20;
+    let code = r - ((127 - 7) << 3);
+    if code > 0x7E {
         return sign | 0x7E;
     }
-    sign | ((be << 3) as u8) | ((mant - 8) as u8)
+    sign | code as u8
 }
-
-/// 2^e for a normal-range exponent, exactly.
-fn pow2(e: i32) -> f32 { f32::from_bits(((e + 127) as u32) << 23) }
 
 /// The 256 FP8 E4M3 values (decoding is a table look-up).
 fn fp8_table() -> &'static [f32; 256] {
