@@ -175,16 +175,11 @@ impl LocalStage {
                     return Err(fail(e.to_string()));
                 }
             };
-            match req.want {
-                Want::Ack => Payload::Ack,
-                Want::LastLogits | Want::AllLogits => Payload::Logits(l.to_vec()),
-                Want::Greedy { top_logprobs } => greedy(l, top_logprobs as usize),
-                Want::Hidden => {
-                    let mut data = Vec::new();
-                    let h = engine.hidden(n).map_err(|e| fail(e.to_string()))?;
-                    codec::encode(h, row, req.bits, &mut data).map_err(|e| fail(e.to_string()))?;
-                    Payload::Hidden { bits: req.bits, data }
-                }
+            if req.want == Want::Hidden {
+                let h = engine.hidden(n).map_err(|e| fail(e.to_string()))?;
+                payload(req.want, &[], h, row, req.bits).map_err(fail)?
+            } else {
+                payload(req.want, l, &[], row, req.bits).map_err(fail)?
             }
         } else {
             // Larger than the engine's batch (a GPU's buffers are sized for its prefill chunk): in pieces.
@@ -206,16 +201,7 @@ impl LocalStage {
                     hidden_out.extend_from_slice(engine.hidden(m).map_err(|e| fail(e.to_string()))?);
                 }
             }
-            match req.want {
-                Want::Ack => Payload::Ack,
-                Want::LastLogits | Want::AllLogits => Payload::Logits(logits_out.clone()),
-                Want::Greedy { top_logprobs } => greedy(logits_out, top_logprobs as usize),
-                Want::Hidden => {
-                    let mut data = Vec::new();
-                    codec::encode(hidden_out, row, req.bits, &mut data).map_err(|e| fail(e.to_string()))?;
-                    Payload::Hidden { bits: req.bits, data }
-                }
-            }
+            payload(req.want, logits_out, hidden_out, row, req.bits).map_err(fail)?
         };
         progress_step(engine);
         s.hash = fnv1a_tokens(s.hash, req.tokens);
@@ -230,6 +216,20 @@ impl LocalStage {
             None => self.sessions.clear(),
         }
     }
+}
+
+/// The reply to `want` from a forward call's logits rows or hidden rows (whichever it asked for).
+fn payload(want: Want, logits: &[f32], hidden: &[f32], row: usize, bits: u8) -> std::result::Result<Payload, String> {
+    Ok(match want {
+        Want::Ack => Payload::Ack,
+        Want::LastLogits | Want::AllLogits => Payload::Logits(logits.to_vec()),
+        Want::Greedy { top_logprobs } => greedy(logits, top_logprobs as usize),
+        Want::Hidden => {
+            let mut data = Vec::new();
+            codec::encode(hidden, row, bits, &mut data).map_err(|e| e.to_string())?;
+            Payload::Hidden { bits, data }
+        }
+    })
 }
 
 /// The CPU stage reports each layer to the progress hook itself; a GPU forward call is one step.
