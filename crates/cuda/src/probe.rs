@@ -274,18 +274,36 @@ pub(crate) fn upload(g: &Gpu, v: &[f32]) -> Result<crate::gpu::DBuf> {
     Ok(b)
 }
 
-/// Op-level check of prefill attention: the output (n × nh × d, inverse rope applied) of the f32
-/// kernel and of the tensor-core kernel with `tc_heads` heads per block (64 or 32).
-pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
-    (|| -> Result<(Vec<f32>, Vec<f32>)> {
-        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
-        let (q, kvb, ring, comp, sinks) = (upload(&g, c.q)?, upload(&g, c.kvb)?, upload(&g, c.ring)?, upload(&g, c.comp)?, upload(&g, c.sinks)?);
+/// The device copies of an [`AttnCase`]'s inputs (`sel` holds one int when the case has none).
+struct CaseBufs {
+    q: crate::gpu::DBuf,
+    kvb: crate::gpu::DBuf,
+    ring: crate::gpu::DBuf,
+    comp: crate::gpu::DBuf,
+    sinks: crate::gpu::DBuf,
+    fr: crate::gpu::DBuf,
+    sel: crate::gpu::DBuf,
+}
+
+impl CaseBufs {
+    fn upload(g: &Gpu, c: &AttnCase) -> Result<Self> {
+        let (q, kvb, ring, comp, sinks) = (upload(g, c.q)?, upload(g, c.kvb)?, upload(g, c.ring)?, upload(g, c.comp)?, upload(g, c.sinks)?);
         let fr = g.alloc(c.freqs.len().max(1) * 8)?;
         g.htod(fr.ptr, c.freqs)?;
         let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
         if let Some(s) = c.sel {
             g.htod(sel.ptr, s)?;
         }
+        Ok(Self { q, kvb, ring, comp, sinks, fr, sel })
+    }
+}
+
+/// Op-level check of prefill attention: the output (n × nh × d, inverse rope applied) of the f32
+/// kernel and of the tensor-core kernel with `tc_heads` heads per block (64 or 32).
+pub fn attention_paths(c: &AttnCase, tc_heads: usize) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let CaseBufs { q, kvb, ring, comp, sinks, fr, sel } = CaseBufs::upload(&g, c)?;
         let selp = if c.sel.is_some() { sel.ptr } else { 0 };
         let out = c.n * c.nh * c.d;
         let (o1, o2) = (g.alloc(out * 4)?, g.alloc(out * 4)?);
@@ -340,13 +358,7 @@ pub fn decode_attention_path(c: &AttnCase, eps: f32, max_cand: usize) -> ds4_mod
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         g.pdl_now = g.pdl;
         let (nh, d) = (c.nh, c.d);
-        let (q, kvb, ring, comp, sinks) = (upload(&g, c.q)?, upload(&g, c.kvb)?, upload(&g, c.ring)?, upload(&g, c.comp)?, upload(&g, c.sinks)?);
-        let fr = g.alloc(c.freqs.len().max(1) * 8)?;
-        g.htod(fr.ptr, c.freqs)?;
-        let sel = g.alloc(c.sel.map_or(1, |s| s.len()) * 4)?;
-        if let Some(s) = c.sel {
-            g.htod(sel.ptr, s)?;
-        }
+        let CaseBufs { q, kvb, ring, comp, sinks, fr, sel } = CaseBufs::upload(&g, c)?;
         let nsplit = DecAttn::splits(max_cand);
         let part = upload(&g, &vec![f32::NAN; DecAttn::part_floats(nsplit, nh, d)])?;
         let o = upload(&g, &vec![f32::NAN; nh * d])?;
