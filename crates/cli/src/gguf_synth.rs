@@ -20,6 +20,11 @@ pub struct SynthArgs {
     /// Weight seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Scale of the residual branches' output projections (attention output, expert down projections).
+    /// Below 1 the random network stops being chaotic (e.g. 0.1): two implementations' logits stay
+    /// comparable through all layers, for full-depth CPU-vs-GPU checks. 1 = the plain random model.
+    #[arg(long, default_value_t = 1.0)]
+    pub gain: f32,
     /// Embed the tokenizer: `real` (DeepSeek V4 vocabulary, flash/pro), `tiny`, or `none`.
     /// Default: tiny for the tiny shape, real otherwise.
     #[arg(long)]
@@ -47,7 +52,7 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     let spec = SynthSpec { shape: &a.shape, mix, seed: a.seed, layers, vocab: vocab.as_ref() };
     let bar = ProgressBar::new(0);
     bar.set_style(ProgressStyle::with_template("synth {bar:40} {pos}/{len} tensors {msg}").unwrap());
-    let cfg = synth::write(&spec, &a.out, |i, n| {
+    let cfg = synth::write_with_gain(&spec, a.gain, &a.out, |i, n| {
         bar.set_length(n as u64);
         bar.set_position(i as u64);
     })

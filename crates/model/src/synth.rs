@@ -148,6 +148,8 @@ struct TensorPlan {
     ty: GgmlType,
     dims: Vec<u64>,
     init: Init,
+    /// Multiplies a matrix's values (the residual branches' output projections under `--gain`).
+    gain: f32,
 }
 
 /// The ds4 tensor list of `cfg` (embedding, head, then layers) for layers `first..=last`, embedding/head as requested.
@@ -155,7 +157,7 @@ fn plan(cfg: &Config, mix: Mix, first: usize, last: usize, embed: bool, head: bo
     use GgmlType::*;
     let mut v = Vec::new();
     let mut add = |name: String, ty: GgmlType, dims: &[usize], init: Init| {
-        v.push(TensorPlan { name, ty, dims: dims.iter().map(|&d| d as u64).collect(), init });
+        v.push(TensorPlan { name, ty, dims: dims.iter().map(|&d| d as u64).collect(), init, gain: 1.0 });
     };
     let (e, d) = (cfg.n_embd, cfg.head_dim);
     let q8 = mix.q8();
@@ -247,9 +249,26 @@ pub struct SynthSpec<'a> {
     pub vocab: Option<&'a Vocab>,
 }
 
+/// The tensors that end a residual branch (attention output, routed and shared expert down projections).
+/// Scaling them by a gain g < 1 makes every layer's update small next to the residual stream, so a
+/// perturbation no longer grows layer after layer: a random network at gain 1 is chaotic at Flash depth
+/// (a 1 % change at layer 0 changes the first token by layer 42), which makes full-depth comparisons of two
+/// implementations meaningless.
+fn is_branch_output(name: &str) -> bool {
+    ["attn_output_b.weight", "ffn_down_exps.weight", "ffn_down_shexp.weight"].iter().any(|s| name.ends_with(s))
+}
+
 /// Writes the synthetic model; returns its config. Values depend only on (seed, tensor name), so a
 /// layer-range file holds exactly the bytes of the same tensors in the full file.
-pub fn write(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize)) -> Result<Config> {
+pub fn write(spec: &SynthSpec, out: &Path, progress: impl FnMut(usize, usize)) -> Result<Config> {
+    write_with_gain(spec, 1.0, out, progress)
+}
+
+/// [`write`] with the residual branches' output projections scaled by `gain` (1.0 = [`write`], byte for byte).
+pub fn write_with_gain(spec: &SynthSpec, gain: f32, out: &Path, mut progress: impl FnMut(usize, usize)) -> Result<Config> {
+    if !(gain.is_finite() && gain > 0.0) {
+        return Err(ModelError::Invalid(format!("gain must be a positive number, got {gain}")));
+    }
     let mut cfg = shape(spec.shape)?;
     if let Some(v) = spec.vocab {
         if cfg.n_vocab == 0 || spec.shape.starts_with("tiny") {
@@ -265,7 +284,10 @@ pub fn write(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize
     if first > last || last >= cfg.n_layer {
         return Err(ModelError::Invalid(format!("layer range {first}:{last} outside 0:{}", cfg.n_layer - 1)));
     }
-    let tensors = plan(&cfg, spec.mix, first, last, first == 0, head);
+    let mut tensors = plan(&cfg, spec.mix, first, last, first == 0, head);
+    for t in tensors.iter_mut().filter(|t| is_branch_output(&t.name)) {
+        t.gain = gain;
+    }
     let mut w = GgufWriter::new();
     cfg.write_gguf(&mut w, &format!("DwarfStar synthetic {} ({:?})", spec.shape, spec.mix), 1048576);
     if spec.layers.is_some() {
@@ -297,7 +319,7 @@ fn emit(stream: &mut ds4_gguf::TensorStream, t: &TensorPlan, seed: u64, quantize
     let rows_per_chunk = ((1 << 22) / cols.max(1)).max(1);
     if let (Init::Matrix { cols: fan_in }, false) = (t.init, quantize_real) {
         if !matches!(t.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            return blocks_parallel(rng, t.ty, rows, cols, rows_per_chunk, (3.0 / fan_in as f32).sqrt(), |b| Ok(stream.write(b)?));
+            return blocks_parallel(rng, t.ty, rows, cols, rows_per_chunk, (3.0 / fan_in as f32).sqrt() * t.gain, |b| Ok(stream.write(b)?));
         }
     }
     let mut r0 = 0;
@@ -324,13 +346,16 @@ fn emit(stream: &mut ds4_gguf::TensorStream, t: &TensorPlan, seed: u64, quantize
             (init, ty) if quantize_real || matches!(ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) => {
                 fbuf.resize(n, 0.0);
                 fill(&mut rng, init, &mut fbuf);
+                if t.gain != 1.0 {
+                    fbuf.iter_mut().for_each(|v| *v *= t.gain);
+                }
                 if ty == GgmlType::F16 {
                     fbuf.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect()
                 } else {
                     ds4_quant::quantize(ty, &fbuf)?
                 }
             }
-            (Init::Matrix { cols }, ty) => random_blocks(&mut rng, ty, n, (3.0 / cols as f32).sqrt()),
+            (Init::Matrix { cols }, ty) => random_blocks(&mut rng, ty, n, (3.0 / cols as f32).sqrt() * t.gain),
             (_, ty) => return Err(ModelError::Invalid(format!("no synthetic generator for {} tensor {}", ty.name(), t.name))),
         };
         stream.write(&bytes)?;
