@@ -94,12 +94,16 @@ fn compact_activations_keep_greedy_tokens_and_report_logit_error() {
             let picks: Vec<u32> = l[..N_GEN].iter().map(|x| argmax(x)).collect();
             let scale = rl.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
             let e = max_err(&l, &rl);
-            // Margin-aware: a position whose reference top-1/top-2 gap is below twice the measured
-            // logit error is a near-tie; it is reported, not asserted.
+            // Fixed bounds, set from measurement on this random (near-chaotic) model, not from the error
+            // of the run: max |dlogit| of max |logit| measured 3.6e-2 / 2.8e-1 (16-bit, prompts 1 / 2) and
+            // 2.5e-1 / 3.5e-1 (8-bit). A position whose reference top-1/top-2 gap is below twice the bound
+            // is a near-tie: reported, not asserted. (The trained model's test carries the tight claims.)
+            let bound = if bits == 16 { 0.40 } else { 0.50 } * scale;
+            assert!(e <= bound, "{bits}-bit max |dlogit| {e:.3} exceeds the fixed bound {bound:.3}");
             let mut ties = Vec::new();
             for (i, (&a, &b)) in picks.iter().zip(&rt).enumerate() {
                 let m = margin(&rl[i]);
-                if m <= 2.0 * e {
+                if m <= 2.0 * bound {
                     ties.push((i, m, a == b));
                 } else {
                     assert_eq!(a, b, "{bits}-bit greedy token at step {i} (reference margin {m:.3}, error {e:.3})");

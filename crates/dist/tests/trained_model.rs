@@ -55,8 +55,11 @@ fn a_trained_model_keeps_its_greedy_tokens_at_32_16_and_8_bits() {
                 }
                 assert_eq!(&toks, rt, "greedy tokens of route {stages:?} at {bits} bits, prompt {p:?}");
             }
-            if bits == 32 {
-                assert_eq!(worst, 0.0, "32-bit route {stages:?} is bit-identical");
+            // Fixed bounds from measurement (16-bit 8.5e-3, 8-bit 1.6e-2..1.9e-2 of max |logit|), not from the run.
+            match bits {
+                32 => assert_eq!(worst, 0.0, "32-bit route {stages:?} is bit-identical"),
+                16 => assert!(worst <= 1.5e-2 * top, "16-bit route {stages:?}: {worst:.3e} exceeds 1.5e-2 of max |logit| {top:.2}"),
+                _ => assert!(worst <= 3e-2 * top, "8-bit route {stages:?}: {worst:.3e} exceeds 3e-2 of max |logit| {top:.2}"),
             }
             eprintln!("route {stages:?} at {bits} bits: greedy tokens identical on {} prompts; max |logit error| {worst:.3e} = {:.2e} of max |logit|", prompts.len(), worst / top);
         }
