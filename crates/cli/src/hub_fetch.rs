@@ -7,7 +7,7 @@
 //! the sha256 of what it wrote.
 use sha2::{Digest, Sha256};
 use std::fs::{File, OpenOptions};
-use std::io::{BufWriter, Read, Seek, SeekFrom, Write};
+use std::io::{BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use thiserror::Error;
@@ -42,13 +42,17 @@ pub enum FetchError {
     Denied { repo: String, file: String, status: u16 },
     #[error("{url} answered HTTP {status}")]
     Status { url: String, status: u16 },
+    #[error("the download link for {file} answered HTTP {status} (it may have expired); the partial file, if any, is kept: run the same command again")]
+    LinkFailed { file: String, status: u16 },
+    #[error("{file} changed on the hub during the download; delete {part} and run the same command again")]
+    Changed { file: String, part: PathBuf },
     #[error("network error talking to {url}: {source}")]
     Network { url: String, source: ureq::Error },
     #[error("the hub's answer for {file} lacks {what}")]
     BadHeaders { file: String, what: &'static str },
     #[error("too many redirects from {url}")]
     Redirects { url: String },
-    #[error("the connection broke after {got} of {size} bytes of {file} ({source}); the partial file {part} is kept: run the same command again to resume")]
+    #[error("the download of {file} broke after {got} of {size} bytes ({source}); the partial file {part} is kept: run the same command again to resume")]
     Interrupted { file: String, got: u64, size: u64, part: PathBuf, source: std::io::Error },
     #[error("download truncated: the server sent {got} of the {size} bytes the hub declares for {file}; the partial file {part} is kept: run the same command again to resume")]
     Truncated { file: String, got: u64, size: u64, part: PathBuf },
@@ -126,6 +130,7 @@ impl HubFile {
                 file: self.filename.clone(),
                 code: header(r, "x-error-code").map(|c| format!(", {c}")).unwrap_or_default(),
             },
+            _ if origin(url) != origin(&self.endpoint) => FetchError::LinkFailed { file: self.filename.clone(), status },
             401 | 403 => FetchError::Denied { repo: self.repo.clone(), file: self.filename.clone(), status },
             _ => FetchError::Status { url: url.to_string(), status },
         }
@@ -170,145 +175,179 @@ impl HubFile {
     /// Download `remote` into `part` (continuing what is already there), check its size and sha256, and rename
     /// it to `dest`. `retries` more attempts follow a broken connection, each resuming where the last stopped.
     pub fn fetch(&self, remote: &Remote, part: &Path, dest: &Path, retries: u32, progress: &mut dyn Progress) -> Result<(), FetchError> {
-        let file = OpenOptions::new().create(true).append(true).open(part).map_err(io_err("cannot open", part))?;
-        // Two downloads appending to one partial file would interleave their bytes.
-        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
-            return Err(FetchError::Busy { part: part.to_path_buf() });
-        }
-        let mut have = file.metadata().map_err(io_err("cannot stat", part))?.len();
-        if have > remote.size {
-            eprintln!("{} is larger than the hub's file ({have} > {} bytes): starting over", part.display(), remote.size);
-            file.set_len(0).map_err(io_err("cannot truncate", part))?;
-            have = 0;
-        }
-        check_space(part, &self.filename, remote.size - have)?;
-        let mut hasher = Sha256::new();
-        if have > 0 && remote.sha256.is_some() {
-            hash_existing(part, have, &mut hasher, progress)?;
+        let mut p = Partial::open(part, remote.size)?;
+        check_space(part, &self.filename, remote.size - p.have)?;
+        if p.have > 0 && remote.sha256.is_some() {
+            p.hash_existing(progress)?;
         }
         let mut attempt = 0;
+        let mut url = remote.url.clone();
         loop {
-            match self.fetch_range(remote, &file, part, &mut have, &mut hasher, progress) {
+            match self.fetch_range(&url, remote.size, &mut p, progress) {
                 Ok(()) => break,
                 Err(e @ FetchError::Interrupted { .. }) if attempt < retries => {
                     attempt += 1;
                     let wait = Duration::from_secs(1 << attempt.min(5));
                     eprintln!("{e}\nretrying in {} s (attempt {attempt} of {retries})", wait.as_secs());
                     std::thread::sleep(wait);
+                    // The CDN's signed link may have expired meanwhile: ask the hub for a fresh one.
+                    if let Ok(fresh) = self.probe() {
+                        if fresh.size != remote.size || fresh.sha256 != remote.sha256 {
+                            return Err(FetchError::Changed { file: self.filename.clone(), part: part.to_path_buf() });
+                        }
+                        url = fresh.url;
+                    }
                 }
                 Err(e) => return Err(e),
             }
         }
-        if have < remote.size {
-            return Err(FetchError::Truncated { file: self.filename.clone(), got: have, size: remote.size, part: part.to_path_buf() });
+        if p.have < remote.size {
+            return Err(FetchError::Truncated { file: self.filename.clone(), got: p.have, size: remote.size, part: part.to_path_buf() });
         }
         if let Some(want) = &remote.sha256 {
-            let got = hex(&hasher.finalize());
+            let got = hex(&p.hasher.finalize_reset());
             if &got != want {
-                drop(file);
+                drop(p);
                 let _ = std::fs::remove_file(part);
                 return Err(FetchError::Checksum { file: self.filename.clone(), got, want: want.clone(), part: part.to_path_buf() });
             }
         }
-        file.sync_all().map_err(io_err("cannot sync", part))?;
+        p.file.sync_all().map_err(io_err("cannot sync", part))?;
         std::fs::rename(part, dest).map_err(io_err("cannot rename the finished download to", dest))
     }
 
-    /// One GET from `*have` to the end, appending to `file` and hashing as it goes.
-    fn fetch_range(&self, remote: &Remote, file: &File, part: &Path, have: &mut u64, hasher: &mut Sha256, progress: &mut dyn Progress) -> Result<(), FetchError> {
-        if *have == remote.size {
+    /// One GET from `p.have` to the end, appending to the partial file and hashing as it goes.
+    fn fetch_range(&self, url: &str, size: u64, p: &mut Partial, progress: &mut dyn Progress) -> Result<(), FetchError> {
+        if p.have == size {
             return Ok(());
         }
-        let url = &remote.url;
         let mut req = self.authorize(url, agent(true).get(url));
-        if *have > 0 {
-            req = req.header("Range", format!("bytes={}-", *have));
+        if p.have > 0 {
+            req = req.header("Range", format!("bytes={}-", p.have));
         }
+        // Any failure to connect is worth a retry, like a connection that breaks mid-body.
         let r = req.call().map_err(|e| match e {
-            ureq::Error::Io(source) => self.interrupted(*have, remote.size, part, source),
-            source => FetchError::Network { url: url.clone(), source },
+            ureq::Error::Io(source) => self.interrupted(p, size, source),
+            other => self.interrupted(p, size, std::io::Error::other(other)),
         })?;
         match r.status().as_u16() {
             206 => {
                 let range = header(&r, "content-range").unwrap_or("");
                 let start = range.strip_prefix("bytes ").and_then(|s| s.split('-').next()).and_then(|s| s.parse::<u64>().ok());
-                if start != Some(*have) {
-                    return Err(FetchError::BadRange { file: self.filename.clone(), start: *have, got: format!("Content-Range '{range}'") });
+                if start != Some(p.have) {
+                    return Err(FetchError::BadRange { file: self.filename.clone(), start: p.have, got: format!("Content-Range '{range}'") });
                 }
             }
-            200 if *have > 0 => {
+            200 if p.have > 0 => {
                 // The server ignored the Range: its body starts at byte 0.
                 eprintln!("the server does not resume downloads: starting {} over", self.filename);
-                file.set_len(0).map_err(io_err("cannot truncate", part))?;
-                *have = 0;
-                *hasher = Sha256::new();
+                p.restart()?;
             }
             200 => {}
-            416 => return Err(FetchError::BadRange { file: self.filename.clone(), start: *have, got: "HTTP 416 (range not satisfiable)".into() }),
+            416 => return Err(FetchError::BadRange { file: self.filename.clone(), start: p.have, got: "HTTP 416 (range not satisfiable)".into() }),
             _ => return Err(self.status_error(url, &r)),
         }
-        progress.start(&self.filename, *have, remote.size);
+        progress.start(&self.filename, p.have, size);
         let mut body = r.into_body().into_reader();
-        let mut out = BufWriter::with_capacity(1 << 20, file);
+        let mut out = BufWriter::with_capacity(1 << 20, &p.file);
         let mut buf = vec![0u8; 1 << 20];
+        let mut have = p.have;
         let result = loop {
             let n = match body.read(&mut buf) {
                 Ok(0) => break Ok(()),
                 Ok(n) => n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => break Err(self.interrupted(*have, remote.size, part, e)),
+                Err(e) => break Err(e),
             };
-            if *have + n as u64 > remote.size {
+            if have + n as u64 > size {
                 drop(out);
-                let _ = std::fs::remove_file(part);
-                return Err(FetchError::TooLong { file: self.filename.clone(), size: remote.size, part: part.to_path_buf() });
+                let _ = std::fs::remove_file(&p.path);
+                return Err(FetchError::TooLong { file: self.filename.clone(), size, part: p.path.clone() });
             }
             if let Err(e) = out.write_all(&buf[..n]) {
-                break Err(self.write_error(e, part, *have, remote.size));
+                drop(out);
+                p.have = have;
+                return Err(self.write_error(e, p, size));
             }
-            hasher.update(&buf[..n]);
-            *have += n as u64;
-            progress.advance(*have);
+            p.hasher.update(&buf[..n]);
+            have += n as u64;
+            progress.advance(have);
         };
-        // Keep every byte received so far, so that the next attempt resumes after it.
-        let flushed = out.flush().map_err(|e| self.write_error(e, part, *have, remote.size));
+        // Keep every byte received so far, so that the next attempt resumes after it. A failed flush (disk
+        // full) wins over a broken connection: retrying cannot fix it.
+        let flushed = out.flush();
+        drop(out);
         progress.finish();
-        // A failed flush (disk full) wins over a broken connection: retrying cannot fix it.
-        flushed.and(result)
+        p.have = have;
+        flushed.map_err(|e| self.write_error(e, p, size))?;
+        result.map_err(|e| self.interrupted(p, size, e))
     }
 
-    fn interrupted(&self, got: u64, size: u64, part: &Path, source: std::io::Error) -> FetchError {
-        FetchError::Interrupted { file: self.filename.clone(), got, size, part: part.to_path_buf(), source }
+    fn interrupted(&self, p: &Partial, size: u64, source: std::io::Error) -> FetchError {
+        FetchError::Interrupted { file: self.filename.clone(), got: p.have, size, part: p.path.clone(), source }
     }
 
-    fn write_error(&self, e: std::io::Error, part: &Path, got: u64, size: u64) -> FetchError {
+    fn write_error(&self, e: std::io::Error, p: &Partial, size: u64) -> FetchError {
         if e.kind() == std::io::ErrorKind::StorageFull {
-            FetchError::DiskFull { part: part.to_path_buf(), got, size }
+            FetchError::DiskFull { part: p.path.clone(), got: p.have, size }
         } else {
-            FetchError::Io { what: "cannot write", path: part.to_path_buf(), source: e }
+            FetchError::Io { what: "cannot write", path: p.path.clone(), source: e }
         }
     }
 }
 
-/// Feed the bytes already in the partial file to the hasher, so the final check covers the whole file.
-fn hash_existing(part: &Path, len: u64, hasher: &mut Sha256, progress: &mut dyn Progress) -> Result<(), FetchError> {
-    let mut f = File::open(part).map_err(io_err("cannot read", part))?;
-    f.seek(SeekFrom::Start(0)).map_err(io_err("cannot read", part))?;
-    let mut f = f.take(len);
-    progress.start("checking the partial file", 0, len);
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0u64;
-    loop {
-        let n = f.read(&mut buf).map_err(io_err("cannot read", part))?;
-        if n == 0 {
-            break;
+/// The `.part` file: locked, appended to, and hashed over everything it holds.
+struct Partial {
+    file: File,
+    path: PathBuf,
+    have: u64,
+    hasher: Sha256,
+}
+
+impl Partial {
+    fn open(path: &Path, size: u64) -> Result<Partial, FetchError> {
+        let file = OpenOptions::new().create(true).append(true).open(path).map_err(io_err("cannot open", path))?;
+        // Two downloads appending to one partial file would interleave their bytes.
+        if rustix::fs::flock(&file, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            return Err(FetchError::Busy { part: path.to_path_buf() });
         }
-        hasher.update(&buf[..n]);
-        done += n as u64;
-        progress.advance(done);
+        let have = file.metadata().map_err(io_err("cannot stat", path))?.len();
+        let mut p = Partial { file, path: path.to_path_buf(), have, hasher: Sha256::new() };
+        if have > size {
+            eprintln!("{} is larger than the hub's file ({have} > {size} bytes): starting over", path.display());
+            p.restart()?;
+        }
+        Ok(p)
     }
-    progress.finish();
-    Ok(())
+
+    fn restart(&mut self) -> Result<(), FetchError> {
+        self.file.set_len(0).map_err(io_err("cannot truncate", &self.path))?;
+        self.have = 0;
+        self.hasher = Sha256::new();
+        Ok(())
+    }
+
+    /// Feed the bytes already in the file to the hasher, so the final check covers the whole file.
+    fn hash_existing(&mut self, progress: &mut dyn Progress) -> Result<(), FetchError> {
+        let mut f = File::open(&self.path).map_err(io_err("cannot read", &self.path))?.take(self.have);
+        progress.start("checking the partial file", 0, self.have);
+        let mut buf = vec![0u8; 1 << 20];
+        let mut done = 0u64;
+        loop {
+            let n = f.read(&mut buf).map_err(io_err("cannot read", &self.path))?;
+            if n == 0 {
+                break;
+            }
+            self.hasher.update(&buf[..n]);
+            done += n as u64;
+            progress.advance(done);
+        }
+        progress.finish();
+        if done != self.have {
+            return Err(FetchError::Io { what: "the partial file shrank while reading", path: self.path.clone(), source: std::io::ErrorKind::UnexpectedEof.into() });
+        }
+        Ok(())
+    }
 }
 
 /// Refuse to start a download that cannot fit, before writing anything.

@@ -49,6 +49,8 @@ struct State {
     /// The next CDN GET sends only this many body bytes, then drops the connection.
     cut_next_get_after: Mutex<Option<usize>>,
     token: Option<String>,
+    /// Answer every GET with the whole file, as a server without range support does.
+    ignore_range: std::sync::atomic::AtomicBool,
     seen: Mutex<Vec<Seen>>,
 }
 
@@ -66,6 +68,7 @@ impl Hub {
             cdn: format!("http://{}", cdn.local_addr().unwrap()),
             cut_next_get_after: Mutex::new(cut),
             token: token.map(str::to_string),
+            ignore_range: false.into(),
             seen: Mutex::new(Vec::new()),
         });
         let endpoint = format!("http://{}", hub.local_addr().unwrap());
@@ -140,6 +143,7 @@ fn serve(mut conn: TcpStream, server: &'static str, st: &State) {
 /// The body of `f` from the requested offset; the first GET may be cut short on request.
 fn serve_bytes(conn: TcpStream, f: &HubEntry, range: Option<String>, head_only: bool, extra: &[(&str, String)], st: &State) {
     let len = f.body.len();
+    let range = range.filter(|_| !st.ignore_range.load(std::sync::atomic::Ordering::SeqCst));
     let start = range.as_deref().and_then(|r| r.strip_prefix("bytes=")).and_then(|r| r.strip_suffix('-')).and_then(|n| n.parse::<usize>().ok());
     let mut headers = extra.to_vec();
     let (status, body) = match start {
@@ -261,10 +265,12 @@ fn cut_connection_then_second_run_resumes_with_range() {
     let first = download(&dir, &hub, &["q2-imatrix", "--retries", "0"]);
     let t = text(&first);
     assert_eq!(first.status.code(), Some(1), "{t}");
-    assert!(t.contains("broke after") && t.contains("run the same command again to resume"), "{t}");
     let part = dir.join("gguf").join(format!("{Q2I}.part"));
     let kept = std::fs::metadata(&part).expect("the partial file is kept").len();
     assert!(kept > 0 && kept <= cut as u64, "kept {kept} bytes");
+    assert!(t.contains(&format!("broke after {kept} of {} bytes", body.len())), "{t}");
+    assert!(t.contains("run the same command again to resume"), "{t}");
+    assert_eq!(std::fs::read(&part).unwrap(), body[..kept as usize], "the partial file holds the start of the file");
     assert!(!dir.join("ds4flash.gguf").exists(), "no link to an unfinished model");
 
     let second = download(&dir, &hub, &["q2-imatrix"]);
@@ -417,4 +423,19 @@ fn a_real_ds4flash_file_is_not_replaced_and_bad_targets_are_usage_errors() {
     let bad = download(&dir, &hub, &["q3"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("q2-imatrix"), "lists the targets");
+}
+
+#[test]
+fn a_server_that_ignores_range_restarts_the_file() {
+    let body = content(1 << 20, 13);
+    let hub = Hub::start(vec![HubEntry::lfs(Q2I, body.clone())], Some(400_000), None);
+    let dir = workdir("norange");
+    let first = download(&dir, &hub, &["q2-imatrix", "--retries", "0"]);
+    assert_eq!(first.status.code(), Some(1), "{}", text(&first));
+    hub.state.ignore_range.store(true, std::sync::atomic::Ordering::SeqCst);
+    let second = download(&dir, &hub, &["q2-imatrix"]);
+    let t = text(&second);
+    assert!(second.status.success(), "{t}");
+    assert!(t.contains("does not resume"), "{t}");
+    assert_eq!(std::fs::read(dir.join("gguf").join(Q2I)).unwrap(), body, "the whole answer replaced the partial file");
 }
