@@ -93,7 +93,8 @@ pub fn run(a: &DownloadArgs) -> Result<()> {
         link_default(&dest)?;
         println!("Linked ./{DEFAULT_LINK} -> {}", dest.display());
     } else {
-        println!("MTP is optional; enable it explicitly with --mtp {}", dest.display());
+        // ds4 enables this file with `--mtp FILE`; the engine here does not run MTP drafting yet.
+        println!("The MTP file is optional (ds4's --mtp {}); this engine does not use it yet.", dest.display());
     }
     Ok(())
 }
