@@ -157,7 +157,7 @@ impl Progress for Bar {
     fn start(&mut self, what: &str, done: u64, total: u64) {
         self.total = total;
         self.what = what.to_string();
-        self.last_tenth = if total == 0 { 10 } else { done * 10 / total };
+        self.last_tenth = (done * 10).checked_div(total).unwrap_or(10);
         if self.tty {
             let style = ProgressStyle::with_template("{wide_bar} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
                 .unwrap_or_else(|_| ProgressStyle::default_bar());
