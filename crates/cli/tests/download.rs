@@ -111,6 +111,10 @@ fn serve(mut conn: TcpStream, server: &'static str, st: &State) {
     let head_only = method == "HEAD";
 
     if server == "hub" {
+        // Small (non-LFS) files: the hub sends resolve requests on to a cache path on itself (relative Location).
+        if let Some(f) = path.strip_prefix(&format!("/api/resolve-cache/models/{REPO}/{COMMIT}/")).and_then(|n| st.files.iter().find(|f| f.name == n && !f.lfs)) {
+            return serve_bytes(conn, f, range, head_only, &[("X-Repo-Commit", COMMIT.into()), ("ETag", "\"da39a3ee5e6b4b0d3255bfef95601890afd80709\"".into())], st);
+        }
         let Some(name) = path.strip_prefix(&format!("/{REPO}/resolve/main/")) else {
             return reply(conn, "404 Not Found", &[("X-Error-Code", "RepoNotFound".into())], b"Repository not found", head_only);
         };
@@ -132,7 +136,8 @@ fn serve(mut conn: TcpStream, server: &'static str, st: &State) {
             ];
             return reply(conn, "302 Found", &headers, b"", head_only);
         }
-        return serve_bytes(conn, f, range, head_only, &[("X-Repo-Commit", COMMIT.into()), ("ETag", "\"da39a3ee5e6b4b0d3255bfef95601890afd80709\"".into())], st);
+        let location = format!("/api/resolve-cache/models/{REPO}/{COMMIT}/{}", f.name);
+        return reply(conn, "307 Temporary Redirect", &[("Location", location), ("X-Repo-Commit", COMMIT.into())], b"", head_only);
     }
     let Some(f) = path.strip_prefix("/lfs/").and_then(|n| st.files.iter().find(|f| f.name == n)) else {
         return reply(conn, "404 Not Found", &[], b"no such object", head_only);
@@ -407,6 +412,10 @@ fn mtp_is_not_linked_and_a_non_lfs_file_is_size_checked() {
     assert_eq!(std::fs::read(dir.join("models").join(MTP)).unwrap(), body);
     assert!(t.contains("only the size was checked") && t.contains("--mtp"), "{t}");
     assert!(std::fs::symlink_metadata(dir.join("ds4flash.gguf")).is_err(), "mtp does not move ./ds4flash.gguf");
+    let seen = hub.seen();
+    let cache = format!("/api/resolve-cache/models/{REPO}/{COMMIT}/{MTP}");
+    assert!(seen.iter().any(|s| s.method == "HEAD" && s.path == cache), "the relative redirect is followed: {seen:?}");
+    assert!(seen.iter().any(|s| s.method == "GET" && s.path == cache), "{seen:?}");
 }
 
 #[test]
