@@ -136,8 +136,9 @@ impl HubFile {
         }
     }
 
-    /// HEAD on the resolve URL without following the hub's redirect, whose headers carry the LFS file's sha256
-    /// and size (`X-Linked-Etag`, `X-Linked-Size`). Relative redirects (a renamed repo) are followed here.
+    /// HEAD on the resolve URL without following the hub's LFS redirect, whose headers carry the file's sha256
+    /// and size (`X-Linked-Etag`, `X-Linked-Size`); other redirects (a renamed repo, the hub's cache path for
+    /// small files) are followed.
     pub fn probe(&self) -> Result<Remote, FetchError> {
         let agent = agent(false);
         let mut url = self.resolve_url();
@@ -151,11 +152,13 @@ impl HubFile {
             let location = header(&r, "location").map(str::to_string);
             if (300..400).contains(&status) {
                 let loc = location.ok_or(FetchError::BadHeaders { file: self.filename.clone(), what: "a Location for its redirect" })?;
-                if loc.starts_with('/') {
-                    url = format!("{}{loc}", origin(&url));
-                    continue;
+                let next = if loc.starts_with('/') { format!("{}{loc}", origin(&url)) } else { loc };
+                // An LFS redirect carries the file's size and sha256 itself; any other is followed.
+                if header(&r, "x-linked-size").is_some() {
+                    return self.remote_from(&r, next);
                 }
-                return self.remote_from(&r, loc);
+                url = next;
+                continue;
             }
             return self.remote_from(&r, url);
         }
