@@ -448,3 +448,29 @@ fn a_server_that_ignores_range_restarts_the_file() {
     assert!(t.contains("does not resume"), "{t}");
     assert_eq!(std::fs::read(dir.join("gguf").join(Q2I)).unwrap(), body, "the whole answer replaced the partial file");
 }
+
+#[test]
+fn a_complete_or_oversized_partial_file_is_checked_or_restarted() {
+    let body = content(300_000, 14);
+    let hub = Hub::start(vec![HubEntry::lfs(Q2I, body.clone())], None, None);
+    let dir = workdir("whole-part");
+    let gguf = dir.join("gguf");
+    std::fs::create_dir_all(&gguf).unwrap();
+    let part = gguf.join(format!("{Q2I}.part"));
+
+    // Finished earlier but never renamed: verified and renamed without fetching a byte.
+    std::fs::write(&part, &body).unwrap();
+    let out = download(&dir, &hub, &["q2-imatrix"]);
+    assert!(out.status.success() && text(&out).contains("verified"), "{}", text(&out));
+    assert!(gets(&hub).is_empty(), "{:?}", hub.seen());
+    assert_eq!(std::fs::read(gguf.join(Q2I)).unwrap(), body);
+
+    // Longer than the hub's file: it cannot be a prefix of it, so the download starts over.
+    std::fs::remove_file(gguf.join(Q2I)).unwrap();
+    std::fs::write(&part, content(400_000, 15)).unwrap();
+    let out = download(&dir, &hub, &["q2-imatrix"]);
+    assert!(out.status.success() && text(&out).contains("starting over"), "{}", text(&out));
+    assert_eq!(gets(&hub).len(), 1);
+    assert_eq!(gets(&hub)[0].range, None);
+    assert_eq!(std::fs::read(gguf.join(Q2I)).unwrap(), body);
+}
