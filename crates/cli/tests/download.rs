@@ -203,11 +203,29 @@ fn content(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-fn workdir(name: &str) -> PathBuf {
+/// A fresh folder for one test, removed when the test passes (kept after a failure, for a look).
+struct WorkDir(PathBuf);
+
+impl std::ops::Deref for WorkDir {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn workdir(name: &str) -> WorkDir {
     let d = std::env::temp_dir().join(format!("ds4-download-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
-    d
+    WorkDir(d)
 }
 
 fn download(dir: &Path, hub: &Hub, args: &[&str]) -> Output {
