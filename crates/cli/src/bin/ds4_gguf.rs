@@ -10,6 +10,10 @@ mod gguf_convert;
 mod gguf_synth;
 #[path = "../gguf_split.rs"]
 mod gguf_split;
+#[path = "../gguf_download.rs"]
+mod gguf_download;
+#[path = "../hub_fetch.rs"]
+mod hub_fetch;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-gguf", version, about = "DwarfStar GGUF tools")]
@@ -28,6 +32,8 @@ enum Command {
     Synth(gguf_synth::SynthArgs),
     /// Write a shard holding one layer range (and the embedding/head it implies).
     Split(gguf_split::SplitArgs),
+    /// Download a published DeepSeek V4 Flash GGUF (resumable, checksum-verified) and link ./ds4flash.gguf to it.
+    Download(gguf_download::DownloadArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +43,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => gguf_convert::run(args),
         Command::Synth(args) => gguf_synth::run(args),
         Command::Split(args) => gguf_split::run(args),
+        Command::Download(args) => gguf_download::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
