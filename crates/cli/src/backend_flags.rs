@@ -25,27 +25,29 @@ pub struct BackendSwitches {
 pub struct BackendUsage(pub String);
 
 impl BackendSwitches {
-    /// The backend name the switches or `--backend` ask for (`auto` when neither is given).
-    fn requested<'a>(&self, backend: Option<&'a str>) -> &'a str {
-        match (self.cpu, self.cuda, self.metal, self.rocm) {
+    /// The backend name the switches or `--backend` ask for (`auto` when neither is given), and
+    /// how the user spelled it (for messages).
+    fn requested(&self, backend: Option<&str>) -> (String, String) {
+        let name = match (self.cpu, self.cuda, self.metal, self.rocm) {
             (true, ..) => "cpu",
             (_, true, ..) => "cuda",
             (_, _, true, _) => "metal",
             (.., true) => "rocm",
-            _ => backend.unwrap_or("auto"),
-        }
+            _ => return (backend.unwrap_or("auto").to_string(), format!("--backend {}", backend.unwrap_or("auto"))),
+        };
+        (name.to_string(), format!("--{name}"))
     }
 
     /// Resolves the switches and `--backend` to a backend this binary can run, or a usage error.
     pub fn resolve(&self, backend: Option<&str>) -> Result<Backend, BackendUsage> {
-        match self.requested(backend) {
+        let (name, given) = self.requested(backend);
+        match name.as_str() {
             "auto" => Ok(auto()),
             "cpu" => Ok(Backend::Cpu),
-            "cuda" => Ok(Backend::Cuda),
-            b @ ("metal" | "wgpu" | "rocm") => {
-                Err(BackendUsage(format!("--backend {b}: not built yet: use --backend cpu or --backend cuda (--cpu, --cuda)")))
-            }
-            o => Err(BackendUsage(format!("--backend {o}: unknown backend (expected auto, cpu or cuda)"))),
+            "cuda" if cfg!(feature = "cuda") => Ok(Backend::Cuda),
+            "cuda" => Err(BackendUsage(format!("{given}: this binary was built without CUDA (cargo build --release --features cuda); use --backend cpu"))),
+            "metal" | "wgpu" | "rocm" => Err(BackendUsage(format!("{given}: not built yet: use --backend cpu or --backend cuda (--cpu, --cuda)"))),
+            _ => Err(BackendUsage(format!("{given}: unknown backend (expected auto, cpu or cuda)"))),
         }
     }
 }
@@ -70,7 +72,7 @@ mod tests {
         let s = BackendSwitches { cpu: true, ..Default::default() };
         assert_eq!(s.resolve(None).unwrap(), Backend::Cpu);
         let s = BackendSwitches { cuda: true, ..Default::default() };
-        assert_eq!(s.resolve(None).unwrap(), Backend::Cuda);
+        assert_eq!(s.resolve(None).is_ok(), cfg!(feature = "cuda"));
         let s = BackendSwitches { metal: true, ..Default::default() };
         assert!(s.resolve(None).unwrap_err().0.contains("not built yet"));
         let none = BackendSwitches::default();
