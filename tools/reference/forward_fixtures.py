@@ -10,12 +10,14 @@ Usage (venv at .venv-ref, see HF_MAPPING.md):
 
 Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically.
 
-Output of `tiny-f32` (crates/model/tests/fixtures/hf_tiny/):
+Output of `tiny-f32`: crates/model/tests/fixtures/hf_tiny/ (QAT off, as transformers ships) and
+crates/model/tests/fixtures/hf_tiny_qat/ (the same model and tokens with the shipped FP8 KV / FP4 indexer
+rounding inserted by hooks, see install_qat; no config/checkpoint there: it uses hf_tiny's):
     config.json          official-style config (compress_ratios, num_hash_layers, rope_scaling, qk_rope_head_dim)
     model.safetensors    every parameter and persistent buffer under its IN-MEMORY name
                          (model.named_parameters() + persistent buffers; NOT save_pretrained names)
     reference.json       index: tokens, positions, file names, dtypes, shapes, margins (see "format" in it)
-    logits.bin           f32 LE [n_logit_pos, vocab]       logits at `logit_positions`
+    logits.bin           f32 LE [seq_len, vocab]           logits at every position
     hc_states.bin        f32 LE [n_layers+1, n_state_pos, hc_mult, hidden]
                          index 0 = HC state entering layer 0 (embedding broadcast to the streams),
                          index l+1 = HC state after layer l (after its FFN HC-post), at `state_positions`
@@ -80,7 +82,7 @@ def tiny_f32_config():
             "beta_slow": 1,
         },
         "max_position_embeddings": 1048576,
-        "sliding_window": 32,
+        "sliding_window": 128,
         "index_n_heads": 16,
         "index_head_dim": 128,
         "index_topk": 16,
@@ -122,7 +124,7 @@ def tiny_q_config():
     return c
 
 
-SEQ_LEN_F32 = 640   # 5 ratio-128 windows, 160 ratio-4 windows, window 32 wraps 20 times
+SEQ_LEN_F32 = 640   # 5 ratio-128 windows, 160 ratio-4 windows, the real window 128 wraps 5 times
 SEQ_LEN_Q = 160
 
 
@@ -196,9 +198,10 @@ def in_memory_state(model):
 # running with probes
 
 
-def run_with_probes(model, cfg, tokens):
+def run_with_probes(model, cfg, tokens, qat=False):
     """Full-sequence float32 forward (use_cache=False). Returns logits [S, V], hc states list
-    (n_layers+1) of [S, hc, hidden], router margins [L, S], indexer margins [L, S]."""
+    (n_layers+1) of [S, hc, hidden], router margins [L, S], indexer margins [L, S].
+    qat: with the shipped FP8 KV / FP4 indexer rounding (install_qat)."""
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as M
 
     L = cfg.num_hidden_layers
@@ -254,12 +257,120 @@ def run_with_probes(model, cfg, tokens):
         if comp is not None and hasattr(comp, "indexer"):
             hooks.append(comp.indexer.scorer.register_forward_hook(
                 scorer_hook(i, cfg.index_topk, comp.indexer.compress_rate)))
+    if qat:
+        hooks += install_qat(model, cfg)
     with torch.no_grad():
         out = model(input_ids=tokens, use_cache=False)
     for h in hooks:
         h.remove()
     logits = out.logits[0].detach().float()
     return logits, states, router_margin, indexer_margin
+
+
+
+# ---------------------------------------------------------------------------------------------
+# QAT: the official inference's FP8 KV and FP4 indexer rounding, inserted into transformers with hooks
+#
+# transformers omits these steps (spec §6 items 1-2). They are written here against torch's own float8
+# type and the spec, independently of the engine (tools/reference/qat_fixtures.py tests the same formulas
+# alone):
+#   * raw KV row and compressed KV rows: FP8 E4M3 (torch.float8_e4m3fn cast, round to nearest even) in
+#     64-blocks with a power-of-two (ue8m0) scale on the nope part [0, head_dim - rope_dim). RoPE only
+#     rotates the trailing rope slice, so rounding the kv_norm output's nope part is the same as rounding
+#     after RoPE; a forward hook on each kv_norm (attention and compressor) does it.
+#   * indexer keys and queries (after RoPE): 128-point Walsh-Hadamard (Sylvester order, / sqrt(128)) then
+#     FP4 E2M1 in 32-blocks with a power-of-two scale; a forward pre-hook on the indexer's scorer rounds
+#     both of its inputs.
+#   * indexer top-k: FP4 makes exact score ties common, so the reference picks with an explicit rule:
+#     higher score first, and among equal scores the LOWER compressed-row index (torch.topk's choice among
+#     ties is unspecified). A forward hook on the indexer recomputes its selection from the scorer output
+#     with that rule, with transformers' causal mask and -1 sentinel.
+
+
+def qat_fp8_blocks(v, block=64):
+    shp = v.shape
+    x = v.reshape(-1, block).float()
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(1e-4)
+    s = torch.exp2(torch.ceil(torch.log2(amax / 448.0)))
+    q = (x / s).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * s
+    return q.reshape(shp).to(v.dtype)
+
+
+def qat_e2m1(a):
+    """Round |v| <= 6 to the E2M1 grid {0, .5, 1, 1.5, 2, 3, 4, 6}, ties to the even code (torch.round)."""
+    mag = a.abs()
+    step = torch.where(mag < 2.0, torch.full_like(mag, 0.5), torch.where(mag < 4.0, torch.ones_like(mag), torch.full_like(mag, 2.0)))
+    return torch.sign(a) * torch.round(mag / step) * step
+
+
+def qat_fp4_blocks(v, block=32):
+    shp = v.shape
+    x = v.reshape(-1, block).float()
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp_min(6.0 * 2.0 ** -126)
+    s = torch.exp2(torch.ceil(torch.log2(amax / 6.0)))
+    q = qat_e2m1((x / s).clamp(-6.0, 6.0)) * s
+    return q.reshape(shp).to(v.dtype)
+
+
+def sylvester(n):
+    h = torch.ones((1, 1), dtype=torch.float64)
+    while h.shape[0] < n:
+        h = torch.cat([torch.cat([h, h], dim=1), torch.cat([h, -h], dim=1)], dim=0)
+    return h
+
+
+def qat_indexer(v):
+    n = v.shape[-1]
+    y = (v.double() @ sylvester(n).T) / math.sqrt(n)
+    return qat_fp4_blocks(y.float())
+
+
+def install_qat(model, cfg, selections=None):
+    """Hooks that make transformers run the shipped (QAT-on) numerics. Returns the hook handles.
+    `selections[layer]` receives the indexer's [S, k] selection (lowest index wins ties)."""
+    rope = cfg.qk_rope_head_dim
+    hooks = []
+
+    def kv_fp8(mod, args, out):
+        nope = out.shape[-1] - rope
+        return torch.cat([qat_fp8_blocks(out[..., :nope]), out[..., nope:]], dim=-1)
+
+    def scorer_pre(mod, args):
+        q, keys, hs = args
+        return (qat_indexer(q), qat_indexer(keys), hs)
+
+    def indexer_post(idx, scorer, ratio, topk):
+        def f(mod, args, kwargs, out):
+            sc = scorer.last_scores[0].double()  # [S, T]
+            S_, T = sc.shape
+            keyed = []
+            picks = torch.full((S_, min(topk, T)), -1, dtype=torch.long)
+            for t in range(S_):
+                vis = min((t + 1) // ratio, T)
+                order = sorted(range(vis), key=lambda j: (-float(sc[t, j]), j))[: min(topk, T)]
+                for c, j in enumerate(order):
+                    picks[t, c] = j
+            if selections is not None:
+                selections[idx] = picks
+            return picks.unsqueeze(0)
+        return f
+
+    def keep_scores(mod, args, out):
+        mod.last_scores = out.detach()
+
+    for i, layer in enumerate(model.model.layers):
+        attn = layer.self_attn
+        hooks.append(attn.kv_norm.register_forward_hook(kv_fp8))
+        comp = attn.compressor
+        if comp is None:
+            continue
+        hooks.append(comp.kv_norm.register_forward_hook(kv_fp8))
+        if hasattr(comp, "indexer"):
+            ix = comp.indexer
+            hooks.append(ix.scorer.register_forward_pre_hook(scorer_pre))
+            hooks.append(ix.scorer.register_forward_hook(keep_scores))
+            hooks.append(ix.register_forward_hook(indexer_post(i, ix.scorer, ix.compress_rate, ix.index_topk), with_kwargs=True))
+    return hooks
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,45 +412,51 @@ def pick_logit_positions(S, cfg):
     return pos
 
 
+def pick_state_positions(S):
+    """Where the per-layer HC states are stored: every 32nd position, the window and compressor edges."""
+    pos = set(range(0, S, 32)) | {31, 127, 128, 129, 255, 256, 383, 384, 511, 512, S - 1}
+    return sorted(p for p in pos if 0 <= p < S)
+
+
 def cmd_tiny_f32(args):
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     cfg_dict = tiny_f32_config()
     model, cfg = build_model(cfg_dict, seed=20260501)
-    out_dir = os.path.join(FIX_DIR, "hf_tiny")
-    os.makedirs(out_dir, exist_ok=True)
-
     g = torch.Generator().manual_seed(777)
     S = SEQ_LEN_F32
     tokens = torch.randint(0, cfg.vocab_size, (1, S), generator=g, dtype=torch.long)
+    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny"), qat=False)
+    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_qat"), qat=True)
 
-    logits, states, rmargin, imargin = run_with_probes(model, cfg, tokens)
+
+def write_tiny_set(model, cfg, cfg_dict, tokens, out_dir, qat):
+    os.makedirs(out_dir, exist_ok=True)
+    S = tokens.shape[1]
+    logits, states, rmargin, imargin = run_with_probes(model, cfg, tokens, qat=qat)
     L = cfg.num_hidden_layers
-    logit_pos = pick_logit_positions(S, cfg)
-    state_pos = [0, 31, 127, 128, 383, S - 1]
+    logit_pos = list(range(S))
+    state_pos = pick_state_positions(S)
 
-    write_json(os.path.join(out_dir, "config.json"), cfg_dict)
-    save_safetensors(os.path.join(out_dir, "model.safetensors"), in_memory_state(model))
+    if not qat:
+        write_json(os.path.join(out_dir, "config.json"), cfg_dict)
+        save_safetensors(os.path.join(out_dir, "model.safetensors"), in_memory_state(model))
     write_bytes(os.path.join(out_dir, "logits.bin"), f32_bytes(logits[logit_pos].numpy()))
     hc = np.stack([states[l][state_pos].numpy() for l in range(L + 1)])  # [L+1, P, hc, hidden]
     write_bytes(os.path.join(out_dir, "hc_states.bin"), f32_bytes(hc))
     write_bytes(os.path.join(out_dir, "router_margin.bin"), f32_bytes(rmargin))
     write_bytes(os.path.join(out_dir, "indexer_margin.bin"), f32_bytes(imargin))
 
-    # per stored position: margins at that position, and the minimum over all positions <= it
-    # (a near-tie at an earlier position changes the KV rows this position attends to)
-    per_pos = {}
-    for p in sorted(set(logit_pos) | set(state_pos)):
-        per_pos[str(p)] = {
-            "router_margin": [finite_or_none(rmargin[l, p]) for l in range(L)],
-            "indexer_margin": [finite_or_none(imargin[l, p]) for l in range(L)],
-            "router_margin_min_upto": [finite_or_none(rmargin[l, : p + 1].min()) for l in range(L)],
-            "indexer_margin_min_upto": [finite_or_none(imargin[l, : p + 1].min()) for l in range(L)],
-        }
     index = {
         "generator": "tools/reference/forward_fixtures.py tiny-f32",
         "reference": "transformers 5.17.0 DeepseekV4ForCausalLM, torch 2.15.0, float32, CPU, eager, use_cache=False, "
-                     "one forward over the whole sequence (prefill)",
+                     "one forward over the whole sequence (prefill)"
+                     + ("; WITH the shipped QAT numerics inserted by hooks (install_qat in the generator): FP8 E4M3 "
+                        "64-block ue8m0 on the nope part of raw and compressed KV, Hadamard-128 + FP4 E2M1 32-block "
+                        "on indexer queries and keys, indexer top-k ties to the lower row index" if qat else
+                        "; QAT simulation OFF (transformers omits it)"),
+        "qat": qat,
+        "checkpoint": "../hf_tiny (config.json, model.safetensors)" if qat else "this directory",
         "format": "all .bin files are raw little-endian float32, C order, shapes below; +inf = not applicable",
         "seq_len": S,
         "tokens": tokens[0].tolist(),
@@ -347,13 +464,14 @@ def cmd_tiny_f32(args):
         "n_layers": L,
         "hc_mult": cfg.hc_mult,
         "hidden_size": cfg.hidden_size,
+        "sliding_window": cfg.sliding_window,
         "layer_compress_ratios": cfg_dict["compress_ratios"],
         "layer_hash_routed": [t == "hash_moe" for t in cfg.mlp_layer_types],
         "logit_positions": logit_pos,
         "state_positions": state_pos,
         "files": {
             "logits": {"file": "logits.bin", "shape": [len(logit_pos), cfg.vocab_size],
-                       "meaning": "logits[i] = model logits at position logit_positions[i]"},
+                       "meaning": "logits[i] = model logits at position logit_positions[i] (every position)"},
             "hc_states": {"file": "hc_states.bin", "shape": [L + 1, len(state_pos), cfg.hc_mult, cfg.hidden_size],
                           "meaning": "[0] = HC state entering layer 0 (embedding copied to every stream); "
                                      "[l+1] = HC state after layer l; stream-major X[s][d] at state_positions[j]"},
@@ -362,16 +480,16 @@ def cmd_tiny_f32(args):
                                          "+inf on hash-routed layers"},
             "indexer_margin": {"file": "indexer_margin.bin", "shape": [L, S],
                                "meaning": "sorted desc indexer score over visible rows [(t+1)//4]: "
-                                          "[topk-1] - [topk] when visible > index_topk; +inf otherwise / no indexer"},
+                                          "[topk-1] - [topk] when visible > index_topk; +inf otherwise / no indexer"
+                                          + ("; 0 = exact tie, resolved by the lower row index on both sides" if qat else "")},
         },
-        "margins_at": per_pos,
         "logits_summary": {
             "argmax": [int(logits[p].argmax()) for p in logit_pos],
             "max_abs": float(logits[logit_pos].abs().max()),
         },
     }
     write_json(os.path.join(out_dir, "reference.json"), index)
-    print(f"tiny-f32: wrote {out_dir}")
+    print(f"tiny-f32{' qat' if qat else ''}: wrote {out_dir}")
     for fn in sorted(os.listdir(out_dir)):
         print(f"  {fn}: {os.path.getsize(os.path.join(out_dir, fn))} bytes")
     print(f"  min router margin {np.min(rmargin):.3e}, min indexer margin {np.min(imargin):.3e}")
@@ -438,7 +556,7 @@ def cmd_tiny_q(args):
     g = torch.Generator().manual_seed(778)
     S = SEQ_LEN_Q
     tokens = torch.randint(0, cfg.vocab_size, (1, S), generator=g, dtype=torch.long)
-    logit_pos = [0, 1, 3, 4, 31, 32, 63, 64, 127, 128, 159]
+    logit_pos = list(range(S))  # every position
     result = {
         "generator": "tools/reference/forward_fixtures.py tiny-q",
         "reference": "transformers 5.17.0 float32 CPU, with EVERY weight replaced by the gguf-py (gguf==0.19.0) "
