@@ -91,6 +91,12 @@ impl Chat {
         self.max_warned = false;
     }
 
+    /// `/power N`: a new duty-cycle target.
+    pub fn set_power(&mut self, pct: u32) -> Result<(), String> {
+        self.power = Power::new(pct)?;
+        Ok(())
+    }
+
     /// The caller already said that Think Max falls back (no second warning at the next turn).
     pub fn mark_max_warned(&mut self) { self.max_warned = true; }
 

@@ -9,7 +9,7 @@ use rustyline::{Config, Editor};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /read FILE  /quit";
+const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /power N  /read FILE  /quit";
 /// History entries kept (as ds4).
 const HISTORY_MAX: usize = 512;
 
@@ -76,6 +76,11 @@ fn command(input: &str, conv: &mut dyn Conversation, chat: &mut Chat) -> Next {
                 Err(e) => eprintln!("{e}"),
             },
             _ => eprintln!("usage: /ctx N (a positive number of tokens)"),
+        },
+        "/power" => match words.next().and_then(|w| w.parse::<u32>().ok()).map(|n| (n, chat.set_power(n))) {
+            Some((n, Ok(()))) => eprintln!("power target {n} %"),
+            Some((_, Err(e))) => eprintln!("{e}"),
+            None => eprintln!("usage: /power N (1 to 100 percent)"),
         },
         "/read" => {
             let path = input.trim_start()["/read".len()..].trim();
