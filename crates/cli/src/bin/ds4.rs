@@ -33,7 +33,8 @@ mod reasoning_view;
 mod repl;
 
 #[derive(Parser, Debug)]
-#[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true)]
+#[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
@@ -77,7 +78,7 @@ struct Args {
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Prompt tokens per prefill batch.
+    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.

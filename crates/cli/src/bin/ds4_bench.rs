@@ -21,7 +21,8 @@ mod kv_snapshot;
 mod power;
 
 #[derive(Parser, Debug)]
-#[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true)]
+#[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt_file", "chat_prompt_file"]))]
 struct Args {
     #[arg(short = 'm', long = "model")]
@@ -55,6 +56,7 @@ struct Args {
     gen_tokens: usize,
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
+    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
