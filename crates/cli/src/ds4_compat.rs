@@ -42,7 +42,6 @@ const NOT_BUILT: &[NotBuilt] = &[
     nb("--first-token-test", GPU_DIAGNOSTICS),
     family("--metal-graph-", GPU_DIAGNOSTICS),
     nb("--decode-consistency", "--decode-consistency is not built yet: use --dump-logprobs to compare runs"),
-    nb("--prefix-file", "--prefix-file is not built yet: put the earlier turns in the prompt or use the interactive chat"),
     nb("--server", "the HTTP server is a separate binary: run ds4-server"),
 ];
 

@@ -75,7 +75,6 @@ const DS4_NOT_YET: &[&[&str]] = &[
     &["--rdma-device", "mlx5_0"],
     &["--vision", "enc.gguf"],
     &["--expert-profile", "p.json"],
-    &["--prefix-file", "turns.txt"],
     &["--imatrix-dataset", "d.txt"],
     &["--imatrix-out", "i.dat"],
     &["--imatrix-max-prompts", "4"],
@@ -94,6 +93,7 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
     let d = scratch("ds4");
     let prompt = write(&d, "prompt.txt", "Quel ramo del lago di Como");
     let text = write(&d, "text.txt", "Quel ramo del lago di Como, che volge a mezzogiorno.");
+    let turns = write(&d, "turns.txt", "USER: Hi there\nASSISTANT: Hello.\n");
     let lp = d.join("lp.json").to_str().unwrap().to_string();
     let lg = d.join("lg.json").to_str().unwrap().to_string();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
@@ -130,6 +130,7 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
         &["--logprobs-top-k", "3"],
         &["--dump-logits", &lg],
         &["--raw-prompt"],
+        &["--prefix-file", &turns],
         &["--gpu-devices", "0"],
         &["--mem-limit-gb", "8"],
         &["--debug"],
@@ -400,5 +401,30 @@ fn chat_history_file_and_no_raw_think_tags() {
     s.exp_eof().unwrap();
     let h = std::fs::read_to_string(&hist).unwrap();
     assert!(h.contains("Tell me a story") && h.contains("/quit"), "{h}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `--prefix-file`: the earlier turns come before the prompt, rendered as chat history (an earlier
+/// assistant turn closed with `</think>` and EOS, spec §5.2).
+#[test]
+fn prefix_file_turns_precede_the_prompt() {
+    let d = scratch("prefix");
+    let turns = write(&d, "turns.txt", "USER: Hi there\nASSISTANT: Hello.\n");
+    let prompt_tokens = |extra: &[&str]| -> usize {
+        let mut args = vec!["-p", "Ciao", "-n", "1", "--temp", "0"];
+        args.extend(extra);
+        let o = run(ds4(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let e = stderr(&o);
+        let line = e.lines().find(|l| l.starts_with("prompt: ")).unwrap().to_string();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    };
+    let tok = ds4_tokenizer::tiny_tokenizer().unwrap();
+    let history = tok.encode("<｜User｜>Hi there<｜Assistant｜></think>Hello.<｜end▁of▁sentence｜>").len();
+    assert_eq!(prompt_tokens(&["--prefix-file", &turns]), prompt_tokens(&[]) + history);
+    let bad = write(&d, "bad.txt", "USER: only a question\n");
+    let o = run(ds4(), &["--prefix-file", &bad, "-p", "Ciao"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("complete USER:/ASSISTANT: pairs"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&d);
 }

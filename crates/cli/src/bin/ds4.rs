@@ -27,6 +27,8 @@ mod ds4_compat;
 mod logprobs;
 #[path = "../power.rs"]
 mod power;
+#[path = "../ds4/prefix_file.rs"]
+mod prefix_file;
 #[path = "../ds4/reasoning_view.rs"]
 mod reasoning_view;
 #[path = "../ds4/repl.rs"]
@@ -118,6 +120,9 @@ struct Ds4Flags {
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and tokens; same output.
     #[arg(long = "power", default_value_t = 100)]
     power: u32,
+    /// Start the conversation from earlier turns: `USER:` / `ASSISTANT:` blocks (complete pairs).
+    #[arg(long = "prefix-file", conflicts_with = "raw_prompt")]
+    prefix_file: Option<PathBuf>,
     /// Tokenize the prompt as written, without chat markers.
     #[arg(long = "raw-prompt")]
     raw_prompt: bool,
@@ -196,13 +201,20 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
 
 fn run(args: Args) -> Result<(), String> {
     let backend = check_usage(&args);
+    let prefix = match &args.ds4.prefix_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            prefix_file::parse(&text).map_err(|e| format!("{}: {e}", f.display()))?
+        }
+        None => Vec::new(),
+    };
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?),
         _ => None,
     };
     if args.dist.active() || args.dist.validate().is_err() {
-        return distributed(&args, backend, prompt);
+        return distributed(&args, backend, prefix, prompt);
     }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
@@ -256,9 +268,9 @@ fn run(args: Args) -> Result<(), String> {
     }
     let mut conv = Local { eng, session, tokenizer };
     if let (Some(f), Some(p)) = (&args.ds4.dump_logits, &prompt) {
-        return dump_logits(&args, &mut conv, p, f);
+        return dump_logits(&args, &mut conv, prefix, p, f);
     }
-    let r = converse(&args, &mut conv, prompt);
+    let r = converse(&args, &mut conv, prefix, prompt);
     if let (Some(p), Ok(())) = (&args.kv_save, &r) {
         let s = &conv.session;
         let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
@@ -268,8 +280,8 @@ fn run(args: Args) -> Result<(), String> {
 }
 
 /// `--dump-logits`: prefill the prompt (rendered as the chat would) and write the next-token logits.
-fn dump_logits(args: &Args, conv: &mut Local, prompt: &str, file: &std::path::Path) -> Result<(), String> {
-    let chat = Chat::new(chat_config(args), conv.n_vocab())?;
+fn dump_logits(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: &str, file: &std::path::Path) -> Result<(), String> {
+    let chat = Chat::new(chat_config(args, prefix), conv.n_vocab())?;
     let toks = chat.prompt_tokens(conv, prompt)?;
     conv.sync(&toks, &mut |_, _| {}, &AtomicBool::new(false))?;
     diagnostics::write_logits(file, toks.len(), &conv.session.logits)
@@ -296,7 +308,7 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
 
 /// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on
 /// the route. Usage errors exit 2.
-fn distributed(args: &Args, backend: ds4_engine::Backend, prompt: Option<String>) -> Result<(), String> {
+fn distributed(args: &Args, backend: ds4_engine::Backend, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: Option<String>) -> Result<(), String> {
     let usage = |e: ds4_dist::DistError| -> String { std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }) };
     args.dist.validate().map_err(usage)?;
     if args.dist.is_worker() {
@@ -314,7 +326,7 @@ fn distributed(args: &Args, backend: ds4_engine::Backend, prompt: Option<String>
     let wait = Some(ds4_dist::cli::wait_default());
     let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &load_options(args, backend), wait).map_err(usage)?;
     let tokenizer = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
-    converse(args, &mut Route { setup, tokenizer }, prompt)
+    converse(args, &mut Route { setup, tokenizer }, prefix, prompt)
 }
 
 fn mode_of(a: &Args) -> ThinkMode {
@@ -328,7 +340,7 @@ fn mode_of(a: &Args) -> ThinkMode {
 }
 
 /// The chat's settings from the flags: `--dump-logprobs` is greedy; without --seed the seed is random.
-fn chat_config(a: &Args) -> ChatConfig {
+fn chat_config(a: &Args, prefix: Vec<ds4_tokenizer::chat::Message>) -> ChatConfig {
     let seed = a.seed.unwrap_or_else(random_seed);
     if a.debug {
         eprintln!("ds4: sampling seed {seed}");
@@ -338,6 +350,7 @@ fn chat_config(a: &Args) -> ChatConfig {
     ChatConfig {
         mode: mode_of(a),
         system: Some(a.system.clone()),
+        prefix,
         sampler: SamplerConfig { temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed },
         max_tokens: a.tokens,
         raw: a.ds4.raw_prompt,
@@ -358,7 +371,7 @@ fn random_seed() -> u64 {
 }
 
 /// One-shot (`prompt`) or interactive chat on `conv`, with Ctrl+C stopping a generation.
-fn converse(args: &Args, conv: &mut dyn Conversation, prompt: Option<String>) -> Result<(), String> {
+fn converse(args: &Args, conv: &mut dyn Conversation, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: Option<String>) -> Result<(), String> {
     let cancel = Arc::new(AtomicBool::new(false));
     let generating = Arc::new(AtomicBool::new(false));
     {
@@ -373,7 +386,7 @@ fn converse(args: &Args, conv: &mut dyn Conversation, prompt: Option<String>) ->
         })
         .map_err(|e| format!("cannot install the Ctrl+C handler: {e}"))?;
     }
-    let mut chat = Chat::new(chat_config(args), conv.n_vocab())?;
+    let mut chat = Chat::new(chat_config(args, prefix), conv.n_vocab())?;
     let Some(p) = prompt else {
         return repl::interactive(conv, &mut chat, &cancel, &generating);
     };

@@ -27,6 +27,8 @@ pub enum Display {
 pub struct ChatConfig {
     pub mode: ThinkMode,
     pub system: Option<String>,
+    /// Earlier turns the conversation starts from (`--prefix-file`).
+    pub prefix: Vec<Message>,
     pub sampler: SamplerConfig,
     pub max_tokens: usize,
     /// Tokenize the prompt as written, without chat markers (`--raw-prompt`).
@@ -51,6 +53,7 @@ pub struct TurnStats {
 pub struct Chat {
     pub mode: ThinkMode,
     system: Option<String>,
+    prefix: Vec<Message>,
     sampler: Sampler,
     greedy: bool,
     max_tokens: usize,
@@ -72,6 +75,7 @@ impl Chat {
         Ok(Self {
             mode: c.mode,
             system: c.system,
+            prefix: c.prefix,
             sampler: Sampler::with_capacity(s, n_vocab),
             greedy,
             max_tokens: c.max_tokens,
@@ -119,6 +123,7 @@ impl Chat {
             if let Some(s) = self.system.as_deref().filter(|s| !s.is_empty()) {
                 msgs.push(Message::system(s.to_string()));
             }
+            msgs.extend(self.prefix.iter().cloned());
             msgs.push(Message::user(user.to_string()));
             return Ok(tok.encode(&render_chat(&msgs, &ropts)));
         }
