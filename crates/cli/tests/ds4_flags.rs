@@ -428,3 +428,21 @@ fn prefix_file_turns_precede_the_prompt() {
     assert!(stderr(&o).contains("complete USER:/ASSISTANT: pairs"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Think Max below its context size falls back to normal thinking with one warning, not one per turn.
+#[test]
+fn think_max_fallback_warns_once() {
+    use std::io::Write;
+    for (args, input) in [(&["--think-max"][..], "Hi\nHi again\n"), (&[][..], "/think-max\nHi\nHi again\n")] {
+        let mut c = ds4();
+        c.args(["-n", "2", "--temp", "0", "--ctx", "4096"]).args(args);
+        c.env("DS4_HISTORY", std::env::temp_dir().join(format!("ds4-flags-history-{}", std::process::id())));
+        c.stdin(std::process::Stdio::piped()).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+        let o = child.wait_with_output().unwrap();
+        let e = stderr(&o);
+        assert_eq!(e.matches("generated: ").count(), 2, "{e}");
+        assert_eq!(e.lines().filter(|l| l.contains("393216")).count(), 1, "{args:?}: {e}");
+    }
+}
