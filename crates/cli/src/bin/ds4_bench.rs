@@ -126,7 +126,8 @@ fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
     if !linear && a.step_incr.is_some() {
         return Err(usage("--step-incr applies only with --step-mul 1: give one of them"));
     }
-    if !linear && !(a.step_mul > 1.0 && a.step_mul.is_finite()) {
+    let geometric = a.step_mul > 1.0 && a.step_mul.is_finite();
+    if !linear && !geometric {
         return Err(usage("--step-mul must be 1 (linear steps) or greater than 1"));
     }
     let incr = a.step_incr.unwrap_or(2048);

@@ -29,7 +29,7 @@ pub fn parse(text: &str) -> Result<Vec<Message>, String> {
             return Err(format!("turn {}: USER: and ASSISTANT: must alternate, starting with USER:", i + 1));
         }
     }
-    if turns.is_empty() || turns.len() % 2 != 0 {
+    if turns.is_empty() || !turns.len().is_multiple_of(2) {
         return Err("the prefix file must hold complete USER:/ASSISTANT: pairs (it ends with ASSISTANT:)".into());
     }
     Ok(turns
