@@ -70,7 +70,8 @@ fn interactive_chat_through_a_pty() {
 
 #[test]
 fn ctrl_c_stops_the_generation_and_returns_to_the_prompt() {
-    let cmd = format!("{} -n 100000 --ctx 4096", env!("CARGO_BIN_EXE_ds4"));
+    // A seed whose answer is long, slowed to 5 % duty so that Ctrl+C lands mid-generation.
+    let cmd = format!("{} -n 100000 --ctx 4096 --seed 2 --power 5", env!("CARGO_BIN_EXE_ds4"));
     let mut p = rexpect::spawn(&cmd, Some(60_000)).unwrap();
     p.exp_string("> ").unwrap();
     p.send_line("Tell me a very long story").unwrap();

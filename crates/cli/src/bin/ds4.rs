@@ -1,22 +1,42 @@
 //! `ds4`: one-shot generation (`-p`, `--prompt-file`) and interactive multi-turn chat, on this
 //! process's engine or, with `--role coordinator`, on a distributed route (`--role worker` serves a
 //! layer slice instead).
+use chat::{print_stats, Chat, ChatConfig, Display};
 use clap::Parser;
-use ds4_dist::cli::CoordinatorSetup;
-use ds4_engine::{resolve_model, Engine, GenStats, LoadOptions, ModelSource, Session, StopReason};
-use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
-use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
-use ds4_tokenizer::{StreamDecoder, Tokenizer};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::{BufRead, Write};
+use conversation::{Conversation, Local, Route};
+use ds4_engine::{resolve_model, Engine, LoadOptions, ModelSource, Session};
+use ds4_tokenizer::chat::ThinkMode;
+use ds4_tokenizer::sampling::SamplerConfig;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+#[path = "../backend_flags.rs"]
+mod backend_flags;
+#[path = "../ds4/chat.rs"]
+mod chat;
+#[path = "../ds4/conversation.rs"]
+mod conversation;
+#[path = "../ds4/diagnostics.rs"]
+mod diagnostics;
+#[path = "../ds4_compat.rs"]
+mod ds4_compat;
+#[path = "../ds4/logprobs.rs"]
+mod logprobs;
+#[path = "../power.rs"]
+mod power;
+#[path = "../ds4/prefix_file.rs"]
+mod prefix_file;
+#[path = "../ds4/reasoning_view.rs"]
+mod reasoning_view;
+#[path = "../ds4/repl.rs"]
+mod repl;
+
 #[derive(Parser, Debug)]
-#[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version)]
+#[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
@@ -30,8 +50,8 @@ struct Args {
     /// Context size in tokens.
     #[arg(short = 'c', long = "ctx", default_value_t = 32768)]
     ctx: usize,
-    /// Maximum tokens to generate per answer.
-    #[arg(short = 'n', long = "tokens", default_value_t = 512)]
+    /// Maximum tokens to generate per answer (a line says when generation stopped there).
+    #[arg(short = 'n', long = "tokens", default_value_t = 50000)]
     tokens: usize,
     /// Sampling temperature (0 = greedy).
     #[arg(long = "temp", default_value_t = 1.0)]
@@ -42,8 +62,9 @@ struct Args {
     top_p: f32,
     #[arg(long = "min-p", default_value_t = 0.05)]
     min_p: f32,
-    #[arg(long = "seed", default_value_t = 0)]
-    seed: u64,
+    /// Sampling seed [default: a new random seed each run].
+    #[arg(long = "seed")]
+    seed: Option<u64>,
     /// Thinking mode (default).
     #[arg(long = "think", conflicts_with_all = ["nothink", "think_max"])]
     think: bool,
@@ -53,23 +74,23 @@ struct Args {
     /// Think Max (needs --ctx >= 393216, else falls back to thinking).
     #[arg(long = "think-max")]
     think_max: bool,
-    /// System prompt.
-    #[arg(long = "system")]
-    system: Option<String>,
+    /// System prompt (-sys works too); "" for none.
+    #[arg(long = "system", default_value = "You are a helpful assistant")]
+    system: String,
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Prompt tokens per prefill batch.
+    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
-    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
-    #[arg(long = "backend", default_value = "cpu")]
-    backend: String,
+    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    #[arg(long = "backend")]
+    backend: Option<String>,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
-    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
     cuda_devices: Vec<usize>,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
@@ -80,13 +101,54 @@ struct Args {
     /// Verbose diagnostics on stderr.
     #[arg(long = "debug")]
     debug: bool,
+    /// ds4's flags: backend switches, --quality, --power, diagnostics.
+    #[command(flatten)]
+    ds4: Ds4Flags,
     /// Distributed inference (--role, --layers, --listen, --coordinator, --dist-*).
     #[command(flatten)]
     dist: ds4_dist::DistArgs,
 }
 
+/// Flags with the C engine's spelling and meaning (ds4-features.md §3, §4.2).
+#[derive(clap::Args, Debug)]
+struct Ds4Flags {
+    #[command(flatten)]
+    backend: backend_flags::BackendSwitches,
+    /// Exact kernels: f32 activations everywhere (no int8 fast path).
+    #[arg(long = "quality")]
+    quality: bool,
+    /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and tokens; same output.
+    #[arg(long = "power", default_value_t = 100)]
+    power: u32,
+    /// Start the conversation from earlier turns: `USER:` / `ASSISTANT:` blocks (complete pairs).
+    #[arg(long = "prefix-file", conflicts_with = "raw_prompt")]
+    prefix_file: Option<PathBuf>,
+    /// Tokenize the prompt as written, without chat markers.
+    #[arg(long = "raw-prompt")]
+    raw_prompt: bool,
+    /// Load the model, print a summary and exit.
+    #[arg(long = "inspect")]
+    inspect: bool,
+    /// Print the prompt's token ids (tokenized as written, special tokens recognised) and exit.
+    #[arg(long = "dump-tokens")]
+    dump_tokens: bool,
+    /// Greedy continuation (ignores --temp) writing each step's top alternatives as JSON to FILE.
+    #[arg(long = "dump-logprobs")]
+    dump_logprobs: Option<PathBuf>,
+    /// Alternatives per token: with --dump-logprobs [default: 20]; alone, one JSON line per generated
+    /// token on stdout (logprobs of the model's distribution, before temperature/top-p). At most 128.
+    #[arg(long = "logprobs-top-k")]
+    logprobs_top_k: Option<usize>,
+    /// Print the perplexity of the text in FILE (teacher-forced) and exit.
+    #[arg(long = "perplexity-file")]
+    perplexity_file: Option<PathBuf>,
+    /// Write the next-token logits after the prompt to FILE (JSON) and exit.
+    #[arg(long = "dump-logits")]
+    dump_logits: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let args = Args::parse_from(ds4_compat::preprocess("ds4", std::env::args_os()));
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -96,42 +158,76 @@ fn main() -> ExitCode {
     }
 }
 
-fn mode_of(a: &Args) -> ThinkMode {
-    if a.nothink {
-        ThinkMode::None
-    } else if a.think_max {
-        ThinkMode::Max
-    } else {
-        ThinkMode::High
+/// A usage error: printed and exit 2 (as clap's), before anything is loaded.
+fn usage(msg: &str) -> ! {
+    eprintln!("ds4: {msg}");
+    std::process::exit(2)
+}
+
+/// Flag values and combinations that can be checked before loading anything (exit 2 when wrong).
+fn check_usage(args: &Args) -> ds4_engine::Backend {
+    let backend = args.ds4.backend.resolve(args.backend.as_deref()).unwrap_or_else(|e| usage(&e.0));
+    if let Some(k) = args.ds4.logprobs_top_k {
+        if k == 0 || k > logprobs::MAX_TOP_K {
+            usage(&format!("--logprobs-top-k {k}: expected 1 to {}", logprobs::MAX_TOP_K));
+        }
     }
+    if let Err(e) = power::Power::new(args.ds4.power) {
+        usage(&e);
+    }
+    let d = &args.ds4;
+    let has_prompt = args.prompt.is_some() || args.prompt_file.is_some();
+    if (d.dump_tokens || d.dump_logprobs.is_some() || d.dump_logits.is_some()) && !has_prompt {
+        usage("--dump-tokens, --dump-logprobs and --dump-logits need a prompt (-p or --prompt-file)");
+    }
+    if d.perplexity_file.is_some() && has_prompt {
+        usage("--perplexity-file scores a file: give it without -p/--prompt-file");
+    }
+    if args.dist.active() && (d.inspect || d.dump_tokens || d.dump_logits.is_some() || d.perplexity_file.is_some()) {
+        usage("--inspect, --dump-tokens, --dump-logits and --perplexity-file run on one process, not with --role");
+    }
+    if backend == ds4_engine::Backend::Cuda && (args.kv_load.is_some() || args.kv_save.is_some()) {
+        // The saved file holds the host KV state; with the CUDA backend the state lives on the GPU.
+        usage("--kv-load/--kv-save are not available with --backend cuda yet (the KV state lives on the GPU): add --cpu");
+    }
+    if args.prefill_chunk == 0 {
+        usage("--prefill-chunk must be at least 1");
+    }
+    if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
+        usage("--temp must be >= 0, --top-p and --min-p within [0, 1]");
+    }
+    backend
 }
 
 fn run(args: Args) -> Result<(), String> {
-    if args.prefill_chunk == 0 {
-        return Err("--prefill-chunk must be at least 1".into());
-    }
-    if args.backend == "cuda" && (args.kv_load.is_some() || args.kv_save.is_some()) {
-        // The saved file holds the host KV state; with the CUDA backend the state lives on the GPU.
-        return Err("--kv-load/--kv-save are not available with --backend cuda yet (the KV state lives on the GPU)".into());
-    }
-    if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
-        return Err("--temp must be >= 0, --top-p and --min-p within [0, 1]".into());
-    }
+    let backend = check_usage(&args);
+    let prefix = match &args.ds4.prefix_file {
+        Some(f) => {
+            let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+            prefix_file::parse(&text).map_err(|e| format!("{}: {e}", f.display()))?
+        }
+        None => Vec::new(),
+    };
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => Some(p.clone()),
         (None, Some(f)) => Some(std::fs::read_to_string(f).map_err(|e| format!("cannot read prompt file {}: {e}", f.display()))?),
         _ => None,
     };
     if args.dist.active() || args.dist.validate().is_err() {
-        return distributed(&args, prompt);
+        return distributed(&args, backend, prefix, prompt);
     }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
+    if args.ds4.dump_tokens {
+        let tok = diagnostics::file_tokenizer(src.path())?;
+        print!("{}", diagnostics::dump_tokens(&tok, prompt.as_deref().unwrap_or_default()));
+        return Ok(());
+    }
     let t0 = Instant::now();
-    let opts = load_options(&args)?;
-    let eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    let opts = load_options(&args, backend);
+    let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();
         eprintln!(
@@ -146,7 +242,17 @@ fn run(args: Args) -> Result<(), String> {
             rayon::current_num_threads()
         );
     }
+    if args.ds4.inspect {
+        diagnostics::inspect(src.path(), &eng);
+        return Ok(());
+    }
     let tokenizer = eng.tokenizer().map_err(|e| e.to_string())?;
+    if let Some(f) = &args.ds4.perplexity_file {
+        let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
+        let p = diagnostics::perplexity(&mut eng, &tokenizer, &text, &AtomicBool::new(false))?;
+        println!("perplexity: {:.4} over {} tokens (mean NLL {:.4} nats)", p.mean_nll.exp(), p.tokens, p.mean_nll);
+        return Ok(());
+    }
     let mut session = Session::new(&eng);
     session.prefill_chunk = args.prefill_chunk;
     let kv_id = ds4_kvstore::stage_identity(&eng.stage);
@@ -161,7 +267,10 @@ fn run(args: Args) -> Result<(), String> {
         }
     }
     let mut conv = Local { eng, session, tokenizer };
-    let r = converse(&args, &mut conv, prompt);
+    if let (Some(f), Some(p)) = (&args.ds4.dump_logits, &prompt) {
+        return dump_logits(&args, &mut conv, prefix, p, f);
+    }
+    let r = converse(&args, &mut conv, prefix, prompt);
     if let (Some(p), Ok(())) = (&args.kv_save, &r) {
         let s = &conv.session;
         let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
@@ -170,27 +279,40 @@ fn run(args: Args) -> Result<(), String> {
     r
 }
 
+/// `--dump-logits`: prefill the prompt (rendered as the chat would) and write the next-token logits.
+fn dump_logits(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: &str, file: &std::path::Path) -> Result<(), String> {
+    let chat = Chat::new(chat_config(args, prefix), conv.n_vocab())?;
+    let toks = chat.prompt_tokens(conv, prompt)?;
+    conv.sync(&toks, &mut |_, _| {}, &AtomicBool::new(false))?;
+    diagnostics::write_logits(file, toks.len(), &conv.session.logits)
+}
+
 /// How the model (or this process's layers of it) is loaded.
-fn load_options(args: &Args) -> Result<LoadOptions, String> {
-    Ok(LoadOptions {
+fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
+    let mut options = ds4_model::Options::default();
+    if args.ds4.quality {
+        options.precision = ds4_quant::Precision::Exact;
+    }
+    LoadOptions {
         ctx: args.ctx,
         threads: args.threads,
         prefill_chunk: args.prefill_chunk,
         mem_limit_gb: args.mem_limit_gb,
         debug: args.debug,
-        backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
+        backend,
         cuda_devices: args.cuda_devices.clone(),
+        options,
         ..LoadOptions::default()
-    })
+    }
 }
 
 /// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on
 /// the route. Usage errors exit 2.
-fn distributed(args: &Args, prompt: Option<String>) -> Result<(), String> {
+fn distributed(args: &Args, backend: ds4_engine::Backend, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: Option<String>) -> Result<(), String> {
     let usage = |e: ds4_dist::DistError| -> String { std::process::exit({ eprintln!("ds4: {e}"); ds4_dist::cli::exit_code(&e) as i32 }) };
     args.dist.validate().map_err(usage)?;
     if args.dist.is_worker() {
-        return ds4_dist::cli::worker_main(&args.dist, args.model.as_deref(), &load_options(args)?).map_err(usage);
+        return ds4_dist::cli::worker_main(&args.dist, args.model.as_deref(), &load_options(args, backend)).map_err(usage);
     }
     if !args.dist.is_coordinator() {
         return Err(usage(ds4_dist::DistError::Usage("--role none: nothing distributed to do".into())));
@@ -202,13 +324,54 @@ fn distributed(args: &Args, prompt: Option<String>) -> Result<(), String> {
     }
     let src = resolve_model(args.model.as_deref()).map_err(|e| e.to_string())?;
     let wait = Some(ds4_dist::cli::wait_default());
-    let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &load_options(args)?, wait).map_err(usage)?;
+    let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &load_options(args, backend), wait).map_err(usage)?;
     let tokenizer = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
-    converse(args, &mut Route { setup, tokenizer }, prompt)
+    converse(args, &mut Route { setup, tokenizer }, prefix, prompt)
+}
+
+fn mode_of(a: &Args) -> ThinkMode {
+    if a.nothink {
+        ThinkMode::None
+    } else if a.think_max {
+        ThinkMode::Max
+    } else {
+        ThinkMode::High
+    }
+}
+
+/// The chat's settings from the flags: `--dump-logprobs` is greedy; without --seed the seed is random.
+fn chat_config(a: &Args, prefix: Vec<ds4_tokenizer::chat::Message>) -> ChatConfig {
+    let seed = a.seed.unwrap_or_else(random_seed);
+    if a.debug {
+        eprintln!("ds4: sampling seed {seed}");
+    }
+    let dump = a.ds4.dump_logprobs.is_some();
+    let temperature = if dump { 0.0 } else { a.temp };
+    ChatConfig {
+        mode: mode_of(a),
+        system: Some(a.system.clone()),
+        prefix,
+        sampler: SamplerConfig { temperature, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed },
+        max_tokens: a.tokens,
+        raw: a.ds4.raw_prompt,
+        display: match a.ds4.logprobs_top_k {
+            Some(k) if !dump => Display::Logprobs(k),
+            _ => Display::Text,
+        },
+        record_top_k: dump.then(|| a.ds4.logprobs_top_k.unwrap_or(logprobs::DEFAULT_TOP_K)),
+        power: a.ds4.power,
+        debug: a.debug,
+    }
+}
+
+/// A seed that differs between runs (ds4 seeds from the time).
+fn random_seed() -> u64 {
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    t ^ (std::process::id() as u64).rotate_left(32)
 }
 
 /// One-shot (`prompt`) or interactive chat on `conv`, with Ctrl+C stopping a generation.
-fn converse(args: &Args, conv: &mut dyn Conversation, prompt: Option<String>) -> Result<(), String> {
+fn converse(args: &Args, conv: &mut dyn Conversation, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: Option<String>) -> Result<(), String> {
     let cancel = Arc::new(AtomicBool::new(false));
     let generating = Arc::new(AtomicBool::new(false));
     {
@@ -223,328 +386,18 @@ fn converse(args: &Args, conv: &mut dyn Conversation, prompt: Option<String>) ->
         })
         .map_err(|e| format!("cannot install the Ctrl+C handler: {e}"))?;
     }
-    let mut chat = Chat::new(args, conv.n_vocab());
-    match prompt {
-        Some(p) => chat.turn(conv, &p, &cancel, &generating).map(|stats| print_stats(&stats)),
-        None => interactive(conv, &mut chat, &cancel, &generating),
-    }
-}
-
-/// What a chat runs on: this process's engine ([`Local`]) or a distributed route (the coordinator's
-/// [`CoordinatorSetup`]); both keep the conversation's tokens and continue from them.
-trait Conversation {
-    fn tokenizer(&self) -> Arc<Tokenizer>;
-    fn ctx(&self) -> usize;
-    fn n_vocab(&self) -> usize;
-    fn tokens(&self) -> &[u32];
-    fn prefill_chunk(&self) -> usize;
-    fn reset(&mut self);
-    /// `/ctx N`: a new context size (the conversation is cleared).
-    fn set_ctx(&mut self, n: usize) -> Result<(), String>;
-    /// Makes the conversation hold exactly `prompt` (prefix reuse); returns the tokens prefilled.
-    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String>;
-    /// `greedy`: the sampler is deterministic argmax (a route lets its last stage pick the token).
-    #[allow(clippy::too_many_arguments)]
-    fn generate(
-        &mut self,
-        max_tokens: usize,
-        eos: u32,
-        greedy: bool,
-        sample: &mut dyn FnMut(&[f32]) -> u32,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        cancel: &AtomicBool,
-        stats: &mut GenStats,
-    ) -> Result<StopReason, String>;
-}
-
-struct Local {
-    eng: Engine,
-    session: Session,
-    tokenizer: Arc<Tokenizer>,
-}
-
-impl Conversation for Local {
-    fn tokenizer(&self) -> Arc<Tokenizer> { self.tokenizer.clone() }
-    fn ctx(&self) -> usize { self.eng.ctx }
-    fn n_vocab(&self) -> usize { self.eng.cfg().n_vocab }
-    fn tokens(&self) -> &[u32] { &self.session.tokens }
-    fn prefill_chunk(&self) -> usize { self.session.prefill_chunk }
-    fn reset(&mut self) { self.session.reset(&self.eng); }
-    fn set_ctx(&mut self, n: usize) -> Result<(), String> {
-        self.eng.ctx = n;
-        let chunk = self.session.prefill_chunk;
-        self.session = Session::new(&self.eng);
-        self.session.prefill_chunk = chunk;
-        Ok(())
-    }
-    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {
-        self.session.sync(&mut self.eng, prompt, progress, cancel).map_err(|e| e.to_string())
-    }
-    fn generate(
-        &mut self,
-        max_tokens: usize,
-        eos: u32,
-        greedy: bool,
-        sample: &mut dyn FnMut(&[f32]) -> u32,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        cancel: &AtomicBool,
-        stats: &mut GenStats,
-    ) -> Result<StopReason, String> {
-        self.session.generate(&mut self.eng, max_tokens, Some(eos), greedy, sample, on_token, cancel, stats).map_err(|e| e.to_string())
-    }
-}
-
-/// The coordinator's route: local layers 0:K, then the workers.
-struct Route {
-    setup: CoordinatorSetup,
-    tokenizer: Arc<Tokenizer>,
-}
-
-impl Conversation for Route {
-    fn tokenizer(&self) -> Arc<Tokenizer> { self.tokenizer.clone() }
-    fn ctx(&self) -> usize { self.setup.session.ctx() }
-    fn n_vocab(&self) -> usize { self.setup.cfg.n_vocab }
-    fn tokens(&self) -> &[u32] { &self.setup.session.tokens }
-    fn prefill_chunk(&self) -> usize { self.setup.session.opts.prefill_chunk }
-    fn reset(&mut self) { self.setup.session.reset(); }
-    fn set_ctx(&mut self, _n: usize) -> Result<(), String> {
-        Err("/ctx is not available on a distributed route (the workers registered with the coordinator's --ctx)".into())
-    }
-    fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {
-        let s = &mut self.setup.session;
-        let reuse = !s.tokens.is_empty() && prompt.len() > s.tokens.len() && prompt.starts_with(&s.tokens);
-        let todo = prompt.len() - if reuse { s.tokens.len() } else { 0 };
-        s.sync_cancellable(prompt, cancel).map_err(|e| e.to_string())?;
-        progress(todo, todo);
-        Ok(todo)
-    }
-    fn generate(
-        &mut self,
-        max_tokens: usize,
-        eos: u32,
-        greedy: bool,
-        sample: &mut dyn FnMut(&[f32]) -> u32,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        cancel: &AtomicBool,
-        stats: &mut GenStats,
-    ) -> Result<StopReason, String> {
-        self.setup.session.generate(max_tokens, Some(eos), greedy, sample, on_token, cancel, stats).map_err(|e| e.to_string())
-    }
-}
-
-/// A multi-turn conversation kept as tokens, so each turn only prefills what is new.
-struct Chat {
-    mode: ThinkMode,
-    system: Option<String>,
-    sampler: Sampler,
-    greedy: bool,
-    max_tokens: usize,
-    debug: bool,
-}
-
-impl Chat {
-    fn new(a: &Args, n_vocab: usize) -> Self {
-        let cfg = SamplerConfig { temperature: a.temp, top_k: a.top_k, top_p: a.top_p, min_p: a.min_p, seed: a.seed };
-        let greedy = cfg.temperature.is_nan() || cfg.temperature <= 0.0 || cfg.top_k == 1;
-        Self { mode: mode_of(a), system: a.system.clone(), sampler: Sampler::with_capacity(cfg, n_vocab), greedy, max_tokens: a.tokens, debug: a.debug }
-    }
-
-    /// Renders the next user turn as tokens appended to the conversation.
-    fn prompt_tokens(&self, conv: &dyn Conversation, user: &str) -> Result<Vec<u32>, String> {
+    let mut chat = Chat::new(chat_config(args, prefix), conv.n_vocab())?;
+    let Some(p) = prompt else {
+        return repl::interactive(conv, &mut chat, &cancel, &generating);
+    };
+    let stats = chat.turn(conv, &p, &cancel, &generating)?;
+    print_stats(&stats);
+    if let Some(f) = &args.ds4.dump_logprobs {
+        let k = args.ds4.logprobs_top_k.unwrap_or(logprobs::DEFAULT_TOP_K);
         let tok = conv.tokenizer();
-        let ids = tok.chat_ids().map_err(|e| e.to_string())?;
-        let ropts = RenderOptions { mode: self.mode, ctx: conv.ctx() as u64, ..RenderOptions::default() };
-        if conv.tokens().is_empty() {
-            let mut msgs = Vec::new();
-            if let Some(s) = &self.system {
-                msgs.push(Message::system(s.clone()));
-            }
-            msgs.push(Message::user(user.to_string()));
-            return Ok(tok.encode(&render_chat(&msgs, &ropts)));
-        }
-        // Later turns: the previous answer is closed with EOS, then a new user turn opens the reply.
-        let mut t = conv.tokens().to_vec();
-        if t.last() != Some(&ids.eos) {
-            t.push(ids.eos);
-        }
-        let opener = if self.mode.effective(conv.ctx() as u64).thinking() { "<think>" } else { "</think>" };
-        t.extend(tok.encode(&format!("<｜User｜>{user}<｜Assistant｜>{opener}")));
-        Ok(t)
+        let v = logprobs::dump(&tok, stats.gen.prompt_tokens, conv.ctx(), k, &chat.recorded);
+        std::fs::write(f, format!("{v}\n")).map_err(|e| format!("cannot write {}: {e}", f.display()))?;
+        eprintln!("ds4: wrote {} steps to {}", chat.recorded.len(), f.display());
     }
-
-    fn turn(&mut self, conv: &mut dyn Conversation, user: &str, cancel: &AtomicBool, generating: &AtomicBool) -> Result<GenStats, String> {
-        let ctx = conv.ctx();
-        if self.mode == ThinkMode::Max && self.mode.effective(ctx as u64) != ThinkMode::Max {
-            eprintln!("ds4: --think-max needs --ctx >= 393216; using normal thinking");
-        }
-        let prompt = self.prompt_tokens(conv, user)?;
-        if prompt.len() >= ctx {
-            return Err(format!("prompt has {} tokens, which does not fit --ctx {ctx}", prompt.len()));
-        }
-        let mut stats = GenStats { prompt_tokens: prompt.len(), ..GenStats::default() };
-        cancel.store(false, Ordering::SeqCst);
-        generating.store(true, Ordering::SeqCst);
-        let new = prompt.len() - common_prefix(conv.tokens(), &prompt);
-        let bar = (new > conv.prefill_chunk()).then(|| {
-            let b = ProgressBar::new(new as u64);
-            b.set_style(ProgressStyle::with_template("prefill {bar:40} {pos}/{len} tokens ({per_sec})").unwrap());
-            b
-        });
-        let t0 = Instant::now();
-        let res = conv.sync(&prompt, &mut |d, _| {
-            if let Some(b) = &bar {
-                b.set_position(d as u64);
-            }
-        }, cancel);
-        if let Some(b) = bar {
-            b.finish_and_clear();
-        }
-        stats.prefill_time = t0.elapsed();
-        match res {
-            Ok(n) => stats.prefilled_tokens = n,
-            Err(e) => {
-                generating.store(false, Ordering::SeqCst);
-                conv.reset();
-                if cancel.load(Ordering::SeqCst) {
-                    eprintln!("\n[prefill interrupted]");
-                    return Ok(stats);
-                }
-                return Err(e);
-            }
-        }
-        let tok = conv.tokenizer();
-        let ids = tok.chat_ids().map_err(|e| e.to_string())?;
-        let mut dec = StreamDecoder::new();
-        let mut out = std::io::stdout().lock();
-        let sampler = &mut self.sampler;
-        let debug = self.debug;
-        let reason = conv
-            .generate(
-                self.max_tokens,
-                ids.eos,
-                self.greedy,
-                &mut |l| sampler.sample(l),
-                &mut |t| {
-                    let piece = if tok.is_added(t) { tok.token_text(t) } else { dec.push(&tok, t) };
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                    if debug {
-                        // Weight residency operations so far in this phase: stays 0 after load.
-                        let c = ds4_model::residency::snapshot();
-                        use ds4_model::residency::{Op, Phase};
-                        eprintln!(
-                            "[debug] token {t}: decode map={} bind={} upload={}",
-                            c.get(Phase::Decode, Op::Map),
-                            c.get(Phase::Decode, Op::Bind),
-                            c.get(Phase::Decode, Op::Upload)
-                        );
-                    }
-                    true
-                },
-                cancel,
-                &mut stats,
-            )
-            .inspect_err(|_| {
-                generating.store(false, Ordering::SeqCst);
-                let _ = writeln!(std::io::stdout());
-            })?;
-        let rest = dec.finish();
-        let _ = out.write_all(rest.as_bytes());
-        let _ = writeln!(out);
-        generating.store(false, Ordering::SeqCst);
-        if reason == StopReason::Cancelled {
-            eprintln!("[generation interrupted]");
-        }
-        if self.debug {
-            eprintln!("ds4: stop reason {reason:?}, session {} tokens", conv.tokens().len());
-        }
-        Ok(stats)
-    }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    if b.starts_with(a) { a.len() } else { 0 }
-}
-
-fn print_stats(s: &GenStats) {
-    eprintln!(
-        "prompt: {} tokens, prefill {:.2} t/s | generated: {} tokens, {:.2} t/s",
-        s.prompt_tokens,
-        s.prefill_tps(),
-        s.gen_tokens,
-        s.gen_tps()
-    );
-}
-
-const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /read FILE  /quit";
-
-fn interactive(conv: &mut dyn Conversation, chat: &mut Chat, cancel: &AtomicBool, generating: &AtomicBool) -> Result<(), String> {
-    eprintln!("ds4 interactive chat ({HELP}); Ctrl+C stops a generation");
-    let stdin = std::io::stdin();
-    let mut line = String::new();
-    loop {
-        eprint!("> ");
-        let _ = std::io::stderr().flush();
-        line.clear();
-        if stdin.lock().read_line(&mut line).map_err(|e| e.to_string())? == 0 {
-            return Ok(());
-        }
-        let input = line.trim_end_matches(['\n', '\r']);
-        let mut words = input.split_whitespace();
-        let text = match words.next() {
-            None => continue,
-            Some("/quit") | Some("/exit") => return Ok(()),
-            Some("/help") => {
-                eprintln!("{HELP}");
-                continue;
-            }
-            Some("/think") => {
-                set_mode(chat, conv, ThinkMode::High);
-                continue;
-            }
-            Some("/think-max") => {
-                set_mode(chat, conv, ThinkMode::Max);
-                continue;
-            }
-            Some("/nothink") => {
-                set_mode(chat, conv, ThinkMode::None);
-                continue;
-            }
-            Some("/ctx") => {
-                match words.next().and_then(|w| w.parse::<usize>().ok()) {
-                    Some(n) if n > 0 => match conv.set_ctx(n) {
-                        Ok(()) => eprintln!("context set to {n} tokens; conversation cleared"),
-                        Err(e) => eprintln!("{e}"),
-                    },
-                    _ => eprintln!("usage: /ctx N (a positive number of tokens)"),
-                }
-                continue;
-            }
-            Some("/read") => {
-                let path = input["/read".len()..].trim();
-                match std::fs::read_to_string(path) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        eprintln!("cannot read {path}: {e}");
-                        continue;
-                    }
-                }
-            }
-            Some(w) if w.starts_with('/') => {
-                eprintln!("unknown command {w}; {HELP}");
-                continue;
-            }
-            Some(_) => input.to_string(),
-        };
-        match chat.turn(conv, &text, cancel, generating) {
-            Ok(s) => print_stats(&s),
-            Err(e) => eprintln!("ds4: {e}"),
-        }
-    }
-}
-
-fn set_mode(chat: &mut Chat, conv: &mut dyn Conversation, m: ThinkMode) {
-    chat.mode = m;
-    conv.reset();
-    eprintln!("mode: {m:?} (conversation cleared)");
+    Ok(())
 }

@@ -3,6 +3,7 @@
 //! Method: prefill incrementally to each frontier, snapshot the KV state, generate greedily, restore.
 use clap::Parser;
 use ds4_engine::{resolve_model, Engine, GenStats, LoadOptions, ModelSource, Session};
+use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
 use ds4_tokenizer::sampling::argmax;
 use std::io::Write;
 use std::path::PathBuf;
@@ -10,31 +11,52 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
+#[path = "../backend_flags.rs"]
+mod backend_flags;
+#[path = "../ds4_compat.rs"]
+mod ds4_compat;
+#[path = "../kv_snapshot.rs"]
+mod kv_snapshot;
+#[path = "../power.rs"]
+mod power;
+
 #[derive(Parser, Debug)]
-#[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version)]
+#[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
+#[command(group = clap::ArgGroup::new("input").required(true).args(["prompt_file", "chat_prompt_file"]))]
 struct Args {
     #[arg(short = 'm', long = "model")]
     model: Option<PathBuf>,
-    /// Text whose tokens fill the context (repeated if shorter than --ctx-max).
+    /// Raw text whose tokens fill the context (repeated if shorter than --ctx-max).
     #[arg(long = "prompt-file")]
-    prompt_file: PathBuf,
-    #[arg(long = "ctx-start", default_value_t = 512)]
+    prompt_file: Option<PathBuf>,
+    /// Text rendered as one non-thinking chat user message (with -sys/--system), then as --prompt-file.
+    #[arg(long = "chat-prompt-file")]
+    chat_prompt_file: Option<PathBuf>,
+    /// System prompt for --chat-prompt-file (ds4's -sys).
+    #[arg(long = "system", requires = "chat_prompt_file")]
+    system: Option<String>,
+    /// First measured frontier.
+    #[arg(long = "ctx-start", default_value_t = 2048)]
     ctx_start: usize,
-    #[arg(long = "ctx-max", default_value_t = 4096)]
+    /// Last frontier (always measured, also when the step jumps past it).
+    #[arg(long = "ctx-max", default_value_t = 32768)]
     ctx_max: usize,
-    /// Frontier step (additive).
-    #[arg(long = "step-incr", conflicts_with = "step_mul")]
+    /// Linear frontier step, used when --step-mul is 1 [default: 2048].
+    #[arg(long = "step-incr")]
     step_incr: Option<usize>,
-    /// Frontier step (multiplicative, > 1).
-    #[arg(long = "step-mul")]
-    step_mul: Option<f64>,
+    /// Multiplicative frontier step: when not 1, next = ceil(current × F).
+    #[arg(long = "step-mul", default_value_t = 1.0)]
+    step_mul: f64,
     /// Context size to allocate (default: --ctx-max + --gen-tokens + 1).
-    #[arg(short = 'c', long = "ctx")]
+    #[arg(long = "ctx-alloc", short = 'c', visible_alias = "ctx")]
     ctx: Option<usize>,
-    #[arg(long = "gen-tokens", default_value_t = 32)]
+    /// Greedy tokens decoded at each frontier (0: prefill only).
+    #[arg(long = "gen-tokens", short = 'n', visible_alias = "tokens", default_value_t = 128)]
     gen_tokens: usize,
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
+    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
@@ -46,11 +68,11 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
-    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
-    #[arg(long = "backend", default_value = "cpu")]
-    backend: String,
+    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    #[arg(long = "backend")]
+    backend: Option<String>,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
-    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
     cuda_devices: Vec<usize>,
     /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
@@ -58,13 +80,33 @@ struct Args {
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
     #[arg(long = "debug")]
     debug: bool,
+    /// ds4's flags (backend switches, --quality, --power, --dump-frontier-logits-dir).
+    #[command(flatten)]
+    ds4: BenchDs4Flags,
     /// Distributed inference (--role coordinator, --layers, --listen, --dist-*).
     #[command(flatten)]
     dist: ds4_dist::DistArgs,
 }
 
+/// Flags with the C engine's ds4-bench spelling and meaning.
+#[derive(clap::Args, Debug)]
+struct BenchDs4Flags {
+    #[command(flatten)]
+    backend: backend_flags::BackendSwitches,
+    /// Exact kernels: f32 activations everywhere (no int8 fast path).
+    #[arg(long = "quality")]
+    quality: bool,
+    /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens.
+    #[arg(long = "power", default_value_t = 100)]
+    power: u32,
+    /// Write the last position's logits at each frontier: DIR/ctx-N.logits.f32 (little-endian f32 ×
+    /// vocab) and DIR/ctx-N.tokens.u32 (the frontier's token ids, little-endian u32).
+    #[arg(long = "dump-frontier-logits-dir")]
+    dump_frontier_logits_dir: Option<PathBuf>,
+}
+
 fn main() -> ExitCode {
-    let a = Args::parse();
+    let a = Args::parse_from(ds4_compat::preprocess("ds4-bench", std::env::args_os()));
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -74,27 +116,74 @@ fn main() -> ExitCode {
     }
 }
 
-/// Context frontiers from start to max (inclusive when reached exactly).
+/// Context frontiers from --ctx-start to --ctx-max; --ctx-max is always the last one, also when the
+/// step jumps past it (as ds4-bench).
 fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("need 0 < --ctx-start <= --ctx-max".into());
     }
+    let linear = a.step_mul == 1.0;
+    if !linear && a.step_incr.is_some() {
+        return Err(usage("--step-incr applies only with --step-mul 1: give one of them"));
+    }
+    let geometric = a.step_mul > 1.0 && a.step_mul.is_finite();
+    if !linear && !geometric {
+        return Err(usage("--step-mul must be 1 (linear steps) or greater than 1"));
+    }
+    let incr = a.step_incr.unwrap_or(2048);
+    if incr == 0 {
+        return Err(usage("--step-incr must be positive"));
+    }
     let mut v = vec![a.ctx_start];
     loop {
         let cur = *v.last().unwrap();
-        let next = match (a.step_incr, a.step_mul) {
-            (Some(0), _) => return Err("--step-incr must be positive".into()),
-            (Some(s), _) => cur + s,
-            (None, Some(m)) if m > 1.0 => ((cur as f64) * m).ceil() as usize,
-            (None, Some(_)) => return Err("--step-mul must be > 1".into()),
-            (None, None) => cur * 2,
-        };
-        if next > a.ctx_max {
+        if cur >= a.ctx_max {
             break;
         }
-        v.push(next);
+        let next = if linear { cur + incr } else { ((cur as f64) * a.step_mul).ceil() as usize };
+        v.push(next.max(cur + 1).min(a.ctx_max));
     }
     Ok(v)
+}
+
+/// A usage error: printed and exit 2, as clap's.
+fn usage(msg: &str) -> String {
+    eprintln!("ds4-bench: {msg}");
+    std::process::exit(2)
+}
+
+/// The benchmark's token sequence: the raw text, or the text as one non-thinking chat user turn.
+fn bench_tokens(a: &Args, tok: &ds4_tokenizer::Tokenizer) -> Result<Vec<u32>, String> {
+    let (path, chat) = match (&a.prompt_file, &a.chat_prompt_file) {
+        (Some(p), _) => (p, false),
+        (None, Some(p)) => (p, true),
+        (None, None) => unreachable!("clap requires one of them"),
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if !chat {
+        return Ok(tok.encode(&text));
+    }
+    let mut msgs = Vec::new();
+    if let Some(s) = a.system.as_deref().filter(|s| !s.is_empty()) {
+        msgs.push(Message::system(s));
+    }
+    msgs.push(Message::user(text));
+    let opts = RenderOptions { mode: ThinkMode::None, ..RenderOptions::default() };
+    Ok(tok.encode(&render_chat(&msgs, &opts)))
+}
+
+/// Writes the frontier's last-position logits and its token ids (--dump-frontier-logits-dir).
+fn dump_frontier(dir: &std::path::Path, f: usize, logits: &[f32], tokens: &[u32]) -> Result<(), String> {
+    let le = |v: &mut Vec<u8>, b: [u8; 4]| v.extend_from_slice(&b);
+    let mut l = Vec::with_capacity(logits.len() * 4);
+    logits.iter().for_each(|x| le(&mut l, x.to_le_bytes()));
+    let mut t = Vec::with_capacity(tokens.len() * 4);
+    tokens.iter().for_each(|x| le(&mut t, x.to_le_bytes()));
+    for (name, bytes) in [(format!("ctx-{f}.logits.f32"), l), (format!("ctx-{f}.tokens.u32"), t)] {
+        let p = dir.join(name);
+        std::fs::write(&p, bytes).map_err(|e| format!("cannot write {}: {e}", p.display()))?;
+    }
+    Ok(())
 }
 
 fn run(a: Args) -> Result<(), String> {
@@ -102,13 +191,27 @@ fn run(a: Args) -> Result<(), String> {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
-    let backend = ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?;
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, ..LoadOptions::default() };
+    let backend = a.ds4.backend.resolve(a.backend.as_deref()).map_err(|e| usage(&e.0))?;
+    let mut power = power::Power::new(a.ds4.power).map_err(|e| usage(&e))?;
+    let mut options = ds4_model::Options::default();
+    if a.ds4.quality {
+        options.precision = ds4_quant::Precision::Exact;
+    }
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, options, ..LoadOptions::default() };
     if a.dist.active() || a.dist.validate().is_err() {
-        let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
+        let prompt_file = match (&a.prompt_file, a.ds4.dump_frontier_logits_dir.is_some(), a.ds4.power) {
+            (Some(p), false, 100) => p.clone(),
+            _ => return Err(usage("with --role coordinator: only --prompt-file (no --chat-prompt-file, --dump-frontier-logits-dir or --power) yet")),
+        };
+        let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file, frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
         return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
     }
-    let text = std::fs::read_to_string(&a.prompt_file).map_err(|e| format!("cannot read {}: {e}", a.prompt_file.display()))?;
+    for p in a.prompt_file.iter().chain(&a.chat_prompt_file) {
+        std::fs::metadata(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+    }
+    if let Some(d) = &a.ds4.dump_frontier_logits_dir {
+        std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
+    }
     let src = resolve_model(a.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
@@ -116,7 +219,7 @@ fn run(a: Args) -> Result<(), String> {
     let need = a.ctx_max + a.gen_tokens + 1;
     let ctx = a.ctx.unwrap_or(need);
     if ctx < need {
-        return Err(format!("--ctx {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
+        return Err(format!("--ctx-alloc {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
     }
     let opts = LoadOptions { ctx, debug: false, ..load };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
@@ -124,7 +227,7 @@ fn run(a: Args) -> Result<(), String> {
         eprintln!("after load: {r}");
     }
     let tok = eng.tokenizer().map_err(|e| e.to_string())?;
-    let base = tok.encode(&text);
+    let base = bench_tokens(&a, &tok)?;
     if base.is_empty() {
         return Err("the prompt file has no tokens".into());
     }
@@ -143,7 +246,8 @@ fn run(a: Args) -> Result<(), String> {
     let mut done = 0;
     for &f in &fr {
         let t0 = Instant::now();
-        let n = s.sync(&mut eng, &toks[..f], &mut |_, _| {}, &never).map_err(|e| e.to_string())?;
+        power.restart();
+        let n = s.sync(&mut eng, &toks[..f], &mut |_, _| power.tick(), &never).map_err(|e| e.to_string())?;
         let pt = t0.elapsed().as_secs_f64();
         if eng.backend() == ds4_engine::Backend::Cuda && std::env::var_os("DS4_CUDA_PROFILE").is_some() {
             // Separate prefill and decode kernel profiles.
@@ -153,16 +257,22 @@ fn run(a: Args) -> Result<(), String> {
         }
         debug_assert_eq!(n, f - done);
         done = f;
-        let kv_bytes = s.kv.bytes();
-        let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
-        let mut st = GenStats::default();
-        let mut ids = Vec::new();
-        s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |t| { ids.push(t); true }, &never, &mut st).map_err(|e| e.to_string())?;
-        if a.debug {
-            // For comparing runs (e.g. a distributed route against this single process).
-            eprintln!("ctx {f}: greedy token ids {ids:?}");
+        let kv_bytes = kv_snapshot::snapshot_bytes(eng.cfg(), f);
+        if let Some(d) = &a.ds4.dump_frontier_logits_dir {
+            dump_frontier(d, f, &s.logits, &s.tokens)?;
         }
-        (s.kv, s.tokens, s.logits) = snap;
+        let mut st = GenStats::default();
+        if a.gen_tokens > 0 {
+            let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
+            let mut ids = Vec::new();
+            power.restart();
+            s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |t| { ids.push(t); power.tick(); true }, &never, &mut st).map_err(|e| e.to_string())?;
+            if a.debug {
+                // For comparing runs (e.g. a distributed route against this single process).
+                eprintln!("ctx {f}: greedy token ids {ids:?}");
+            }
+            (s.kv, s.tokens, s.logits) = snap;
+        }
         writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
         if a.bandwidth {
             let cfg = eng.cfg().clone();

@@ -1,0 +1,86 @@
+//! Backend choice as ds4 spells it: `--backend auto|cpu|cuda` and the switches `--cpu`, `--cuda`,
+//! `--metal`, `--rocm`. `auto` (the default) is CUDA when this binary was built with it and an NVIDIA
+//! device is present, else the CPU, as ds4 picks its GPU backend when it has one.
+use ds4_engine::Backend;
+
+/// ds4's backend switches: aliases of `--backend NAME` (give at most one of them, and not with --backend).
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct BackendSwitches {
+    /// Same as --backend cpu.
+    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "rocm", "backend"])]
+    pub cpu: bool,
+    /// Same as --backend cuda.
+    #[arg(long = "cuda", conflicts_with_all = ["metal", "rocm", "backend"])]
+    pub cuda: bool,
+    /// Metal (Apple GPUs): not built here.
+    #[arg(long = "metal", conflicts_with_all = ["rocm", "backend"])]
+    pub metal: bool,
+    /// ROCm (AMD GPUs): not built here.
+    #[arg(long = "rocm", conflicts_with = "backend")]
+    pub rocm: bool,
+}
+
+/// Why no backend could be picked: a usage error (exit 2).
+#[derive(Debug)]
+pub struct BackendUsage(pub String);
+
+impl BackendSwitches {
+    /// The backend name the switches or `--backend` ask for (`auto` when neither is given), and
+    /// how the user spelled it (for messages).
+    fn requested(&self, backend: Option<&str>) -> (String, String) {
+        let name = match (self.cpu, self.cuda, self.metal, self.rocm) {
+            (true, ..) => "cpu",
+            (_, true, ..) => "cuda",
+            (_, _, true, _) => "metal",
+            (.., true) => "rocm",
+            _ => return (backend.unwrap_or("auto").to_string(), format!("--backend {}", backend.unwrap_or("auto"))),
+        };
+        (name.to_string(), format!("--{name}"))
+    }
+
+    /// Resolves the switches and `--backend` to a backend this binary can run, or a usage error.
+    pub fn resolve(&self, backend: Option<&str>) -> Result<Backend, BackendUsage> {
+        let (name, given) = self.requested(backend);
+        match name.as_str() {
+            "auto" => Ok(auto()),
+            "cpu" => Ok(Backend::Cpu),
+            "cuda" if cfg!(feature = "cuda") => Ok(Backend::Cuda),
+            "cuda" => Err(BackendUsage(format!("{given}: this binary was built without CUDA (cargo build --release --features cuda); use --backend cpu"))),
+            "metal" | "wgpu" | "rocm" => Err(BackendUsage(format!("{given}: not built yet: use --backend cpu or --backend cuda (--cpu, --cuda)"))),
+            _ => Err(BackendUsage(format!("{given}: unknown backend (expected auto, cpu or cuda)"))),
+        }
+    }
+}
+
+/// `auto`: CUDA in a CUDA build when the NVIDIA driver lists a device, else the CPU.
+pub fn auto() -> Backend {
+    if cfg!(feature = "cuda") && nvidia_device_present() { Backend::Cuda } else { Backend::Cpu }
+}
+
+/// The NVIDIA kernel driver lists one directory per GPU (checked without loading any CUDA library).
+fn nvidia_device_present() -> bool {
+    std::fs::read_dir("/proc/driver/nvidia/gpus").map(|mut d| d.next().is_some()).unwrap_or(false)
+        || std::path::Path::new("/dev/nvidia0").exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn switches_and_names() {
+        let s = BackendSwitches { cpu: true, ..Default::default() };
+        assert_eq!(s.resolve(None).unwrap(), Backend::Cpu);
+        let s = BackendSwitches { cuda: true, ..Default::default() };
+        assert_eq!(s.resolve(None).is_ok(), cfg!(feature = "cuda"));
+        let s = BackendSwitches { metal: true, ..Default::default() };
+        assert!(s.resolve(None).unwrap_err().0.contains("not built yet"));
+        let none = BackendSwitches::default();
+        assert_eq!(none.resolve(Some("auto")).unwrap(), auto());
+        assert_eq!(none.resolve(None).unwrap(), auto());
+        assert!(none.resolve(Some("vulkan")).is_err());
+        if !cfg!(feature = "cuda") {
+            assert_eq!(auto(), Backend::Cpu, "a CPU-only build never picks CUDA");
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! ds4's diagnostic modes: `--inspect` (model summary), `--dump-tokens` (the prompt's token ids),
+//! `--perplexity-file` (teacher-forced perplexity of a text), `--dump-logits` (next-token logits).
+use ds4_engine::Engine;
+use ds4_model::Logits;
+use ds4_tokenizer::Tokenizer;
+use std::io::Write;
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+/// `--inspect`: what was loaded, then exit.
+pub fn inspect(path: &Path, eng: &Engine) {
+    let c = eng.cfg();
+    let ratios = |r: usize| c.compress_ratios.iter().filter(|&&x| x == r).count();
+    println!("model: {}", path.display());
+    println!("backend: {:?}, context {} tokens, prefill chunk {}", eng.backend(), eng.ctx, eng.prefill_chunk);
+    println!("layers {}: embedding {}, vocabulary {}, {} heads × {} (rope {}), sliding window {}", c.n_layer, c.n_embd, c.n_vocab, c.n_head, c.head_dim, c.rope_dim, c.swa);
+    println!("experts: {} routed (top {}), {} shared, width {}; {} hash-routed layers", c.n_expert, c.n_expert_used, c.n_shared, c.ff_exp, c.n_hash_layer);
+    println!("compression: {} raw-only layers, {} at ratio 4 (indexer {} heads × {}, top {}), {} at ratio 128", ratios(0), ratios(4), c.idx_heads, c.idx_dim, c.idx_topk, ratios(128));
+    println!("hyper-connections: {} streams, {} Sinkhorn iterations", c.n_hc, c.sinkhorn_iters);
+    if let Ok(t) = eng.tokenizer() {
+        println!("tokenizer: {} tokens", t.n_vocab());
+    }
+    println!("memory plan: {:.3} GiB", eng.plan.total() as f64 / (1u64 << 30) as f64);
+}
+
+/// `--dump-tokens`: the prompt tokenized exactly as written (special tokens recognised), one
+/// `ID<TAB>"text"` line per token.
+pub fn dump_tokens(tok: &Tokenizer, text: &str) -> String {
+    let mut s = String::new();
+    for id in tok.encode(text) {
+        s += &format!("{id}\t{:?}\n", tok.token_text(id));
+    }
+    s
+}
+
+/// The tokenizer of a model file, without loading its weights.
+pub fn file_tokenizer(path: &Path) -> Result<Tokenizer, String> {
+    let f = ds4_gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    Tokenizer::from_gguf(&f).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Perplexity of a text under the model.
+pub struct Perplexity {
+    pub tokens: usize,
+    pub mean_nll: f64,
+}
+
+/// `--perplexity-file`: BOS, then the text's tokens; each token's negative log-likelihood given the
+/// tokens before it (teacher forcing), over at most the context size.
+pub fn perplexity(eng: &mut Engine, tok: &Tokenizer, text: &str, cancel: &AtomicBool) -> Result<Perplexity, String> {
+    let bos = tok.chat_ids().map_err(|e| e.to_string())?.bos;
+    let mut ids = vec![bos];
+    ids.extend(tok.encode(text));
+    if ids.len() < 2 {
+        return Err("the perplexity file has no tokens".into());
+    }
+    if ids.len() > eng.ctx {
+        eprintln!("ds4: the text has {} tokens; scoring the first {} (--ctx)", ids.len() - 1, eng.ctx - 1);
+        ids.truncate(eng.ctx);
+    }
+    let vocab = eng.cfg().n_vocab;
+    let mut kv = eng.new_kv();
+    let mut nll = 0.0f64;
+    let chunk = eng.prefill_chunk.max(1);
+    // Logits at position i predict token i + 1; the last position predicts nothing.
+    let inputs = &ids[..ids.len() - 1];
+    for (c, part) in inputs.chunks(chunk).enumerate() {
+        if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("interrupted".into());
+        }
+        let logits = eng.forward(&mut kv, part, None, Logits::All).map_err(|e| e.to_string())?;
+        for (j, row) in logits.chunks_exact(vocab).enumerate() {
+            let next = ids[c * chunk + j + 1] as usize;
+            nll -= log_softmax_at(row, next);
+        }
+    }
+    let n = inputs.len();
+    Ok(Perplexity { tokens: n, mean_nll: nll / n as f64 })
+}
+
+/// log p(`i`) under softmax(`row`).
+fn log_softmax_at(row: &[f32], i: usize) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let s: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+    row[i] as f64 - max - s.ln()
+}
+
+/// `--dump-logits FILE`: the next-token logits after the prompt, as JSON.
+pub fn write_logits(path: &Path, prompt_tokens: usize, logits: &[f32]) -> Result<(), String> {
+    let v = serde_json::json!({ "source": "dwarfstar", "prompt_tokens": prompt_tokens, "n_vocab": logits.len(), "logits": logits });
+    let mut f = std::fs::File::create(path).map_err(|e| format!("cannot create {}: {e}", path.display()))?;
+    writeln!(f, "{v}").map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_softmax_of_a_uniform_row() {
+        let row = [0.5f32; 4];
+        assert!((super::log_softmax_at(&row, 2) - (0.25f64).ln()).abs() < 1e-12);
+    }
+}
