@@ -52,6 +52,10 @@ struct Args {
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
     #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
     cuda_devices: Vec<usize>,
+    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
+    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
+    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
+    cuda_weights: String,
     /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
     gpu_bw_gbps: f64,
@@ -103,7 +107,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let fr = frontiers(&a)?;
     let backend = ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?;
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, ..LoadOptions::default() };
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).map_err(|e| e.to_string())?, debug: a.debug, ..LoadOptions::default() };
     if a.dist.active() || a.dist.validate().is_err() {
         let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
         return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
