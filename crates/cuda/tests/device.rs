@@ -188,13 +188,17 @@ fn tiny_q4_host_weights_greedy_64_matches_cpu() {
 }
 
 /// Greedy tokens of a stage with its weights copied to the GPU and of one reading them in place from
-/// host memory, with the engine's default kernels (fast int8 paths, cuBLAS prefill): equal. The host
-/// stage allocates no device memory for the weight matrices (cuMemGetInfo around its construction).
-fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize) {
+/// host memory (default kernel choices: cuBLAS / grouped-GEMM prefill, graph decode), and the GPU memory
+/// each takes (cuMemGetInfo around construction): the host stage none for the weight matrices. With
+/// `strict` (`Precision::Exact`: both read f32 activations; the two layouts differ only in summation
+/// order) the tokens must be equal. Under `Precision::Fast` the device copy's split-layout IQ2_XXS /
+/// Q8_0 rows take int8 activations, which the file layout the host stage reads has no kernel for, so
+/// the two runs differ by activation rounding: the agreement is printed, not asserted.
+fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, precision: Precision, qat: bool, strict: bool) {
     if !gpu_present() {
         return;
     }
-    let m = load_p(shape, mix, 11, true, Precision::Fast);
+    let m = load_p(shape, mix, 11, qat, precision);
     let v = m.stage.cfg.n_vocab as u32;
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
     let ctx = prompt_len + steps + 8;
@@ -223,7 +227,7 @@ fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usiz
     let (td, dtps, dused, dplan, wbytes) = run(WeightPlace::Device);
     let (th, htps, hused, hplan, _) = run(WeightPlace::Host);
     let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-    println!("weights {:.2} GiB; device copy: {:.2} GiB of GPU memory taken, decode {dtps:.1} t/s; host: {:.2} GiB taken, decode {htps:.1} t/s", wbytes / (1u64 << 30) as f64, gib(dused), gib(hused));
+    println!("{shape} {mix:?} {precision:?} qat {qat}: weights {:.2} GiB; device copy: {:.2} GiB of GPU memory taken, decode {dtps:.1} t/s; host: {:.2} GiB taken, decode {htps:.1} t/s", wbytes / (1u64 << 30) as f64, gib(dused), gib(hused));
     println!("  device plan {dplan:?}
   host plan {hplan:?}");
     let same = td.iter().zip(&th).take_while(|(a, b)| a == b).count();
@@ -236,18 +240,28 @@ fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usiz
     // own (kernel module, cuBLAS workspaces: under 1 GiB); the device copy's holds the weights too.
     assert!(hused <= hplan.total() + (1 << 30), "host mode took {hused} bytes of GPU memory, plan {}", hplan.total());
     assert!(dused >= dplan.weights, "device mode took {dused} bytes for {} bytes of weights", dplan.weights);
-    assert_eq!(td, th, "greedy tokens differ between the device copy and the host-mapped weights");
+    if strict {
+        assert_eq!(td, th, "greedy tokens differ between the device copy and the host-mapped weights");
+    }
 }
 
+/// Strict without the QAT simulation: with it, the first H200 run (2026-12-04) kept 44/64 tokens: its
+/// FP8 rounding steps turn the layouts' summation-order differences into whole steps on this random
+/// model (as between CPU and GPU at Flash size, bench/results/cuda/README.md); that case is printed.
 #[test]
 fn tiny_q2_host_weights_equal_device_copy() {
-    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64);
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Exact, false, true);
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Exact, true, false);
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Fast, true, false);
 }
 
+/// Flash shape without the QAT simulation (its FP8 rounding steps turn summation-order differences into
+/// whole steps: see bench/results/cuda/README.md), then with the engine's defaults (Fast, QAT on).
 #[test]
 #[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
 fn flash4_q2_host_weights_equal_device_copy() {
-    host_equals_device_copy("flash:4", Mix::Q2, 160, 64, 64);
+    host_equals_device_copy("flash:4", Mix::Q2, 160, 64, 64, Precision::Exact, false, true);
+    host_equals_device_copy("flash:4", Mix::Q2, 160, 64, 64, Precision::Fast, true, false);
 }
 
 #[test]
