@@ -3,7 +3,8 @@
 # new ones: host-mapped weights, CUDA session save/restore), flash:4 with --cuda-weights host against the
 # device copy (test + ds4-bench + ds4 greedy text), and ds4 --kv-save/--kv-load across CPU and CUDA.
 # Binaries from bench/cuda/build_device_bin.sh, carried in $B (default device-bin); logs in $OUT (at most 8
-# files come back from a device call: tests.log, engine_tests.log, flash4_host.log, bench.log, ds4.log, 2 CSVs).
+# files come back from a device call: tests.log, engine_tests.log, flash4_host.log, bench.log, ds4.log,
+# server.log, 2 CSVs).
 set -u
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache DS4_WEIGHTS=mmap
 B=${B:-device-bin}
@@ -63,4 +64,9 @@ done; done
 ls -la /tmp/g.kv /tmp/c.kv
 for x in /tmp/kv_save_*.txt /tmp/kv_save_*.err /tmp/kv_load_*.txt /tmp/kv_load_*.err; do echo "== $x"; grep -v uploading $x | tail -20; done >> $OUT/ds4.log
 grep -A3 "kv_load_.*txt" $OUT/ds4.log | head -40
+if [ -x $B/ds4-server ] && [ "${SKIP_SERVER:-0}" != 1 ]; then
+  el "ds4-server --backend cuda --kv-disk-dir: restart, restore, same answers (bench/cuda/server_kv_disk_cuda.py)"
+  timeout 300 python3 ${SERVER_PY:-bench/cuda/server_kv_disk_cuda.py} $B/ds4-server /tmp/skv 2>&1 | tee $OUT/server.log
+  echo "server check rc=${PIPESTATUS[0]}"
+fi
 el done
