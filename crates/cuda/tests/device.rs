@@ -430,6 +430,46 @@ fn tiny_q2_fast_decode_error_within_cpu_fast_error() {
     assert!(eg <= 1.5 * ec + 1e-5, "GPU Fast error {eg} above the CPU Fast error {ec}");
 }
 
+/// A context whose KV state cannot fit in the GPU's free memory is refused before anything large is
+/// allocated, with the plan's numbers and the flags that help; so is a weight placement in host memory.
+#[test]
+fn stage_over_free_memory_is_refused_with_the_plan() {
+    if !gpu_present() {
+        return;
+    }
+    let m = load("tiny", Mix::Q2, 11, true);
+    for place in [WeightPlace::Device, WeightPlace::Host] {
+        let e = ds4_cuda::CudaStage::new_placed(&m.stage, 1 << 36, 16, place).err().expect("a 64 Gi-token context must not fit").to_string();
+        println!("refusal ({place:?}): {e}");
+        assert!(e.contains("GPU plan") && e.contains("KV") && e.contains("free before loading") && e.contains("--ctx"), "{e}");
+    }
+    // The GPU is still usable afterwards.
+    assert!(ds4_cuda::CudaStage::new(&m.stage, 64, 16).is_ok());
+}
+
+/// `upload_kv` refuses a state that does not fit the stage (rows past its context) without breaking it:
+/// a fresh sequence still runs, with the logits of a fresh stage.
+#[test]
+fn mismatched_kv_upload_is_refused_and_the_stage_recovers() {
+    if !gpu_present() {
+        return;
+    }
+    let mut m = load("tiny", Mix::Q2, 11, true);
+    let prompt: Vec<u32> = (0..24).collect();
+    let mut big = m.stage.new_kv(256);
+    m.stage.forward(&mut big, &prompt, None, Logits::Last).unwrap();
+    let mut gpu = ds4_cuda::CudaStage::new(&m.stage, 16, 32).unwrap();
+    let e = gpu.upload_kv(&big).unwrap_err().to_string();
+    println!("refusal: {e}");
+    assert!(e.contains("context") || e.contains("room"), "{e}");
+    let mut kv = m.stage.new_kv(16);
+    let got = gpu.forward(&mut kv, &prompt[..8], None, Logits::Last).unwrap().to_vec();
+    let mut fresh = ds4_cuda::CudaStage::new(&m.stage, 16, 32).unwrap();
+    let mut kv2 = m.stage.new_kv(16);
+    let want = fresh.forward(&mut kv2, &prompt[..8], None, Logits::Last).unwrap().to_vec();
+    assert!(got == want, "logits after a refused upload differ from a fresh stage's");
+}
+
 /// A stage built on one thread runs on another (the server builds the engine, then moves it to its
 /// worker thread): same logits.
 #[test]
