@@ -19,8 +19,17 @@ pub const KERNEL_NAMES: &[&str] = &[
     "mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1", "mvq8_q8p_r4f", "mvq8_q8p_r2f", "mvq8_q8p_r1f", "mvq8_q2_k_n1x",
 ];
 
+/// Host address ranges registered when the GPU reads the weights in place.
+pub mod host_ranges;
+/// The device KV state in the host `KvState` format (disk KV cache on CUDA).
+pub mod kv_layout;
+
 #[cfg(feature = "cuda")]
 pub mod gpu;
+#[cfg(feature = "cuda")]
+mod host_pin;
+#[cfg(feature = "cuda")]
+pub use host_pin::{integrated, WeightPlace};
 #[cfg(feature = "cuda")]
 mod matvec;
 #[cfg(feature = "cuda")]
@@ -34,6 +43,6 @@ pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench
 #[cfg(feature = "cuda")]
 pub use probe_fused::fused_input_checks;
 #[cfg(feature = "cuda")]
-pub use stage::{CudaStage, CudaStats};
+pub use stage::{CudaStage, CudaStats, GpuPlan};
 #[cfg(feature = "cuda")]
 mod dec_attn;

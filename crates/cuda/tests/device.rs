@@ -5,6 +5,7 @@ use ds4_gguf::{GgmlType, GgufFile};
 use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_model::{Config, LayerRange, Logits, Options, Stage, Weights};
 use ds4_quant::{matmul, MatRef, Precision};
+use ds4_cuda::WeightPlace;
 use std::sync::Arc;
 
 fn gpu_present() -> bool {
@@ -65,8 +66,8 @@ fn load_p(shape: &str, mix: Mix, seed: u64, qat: bool, precision: Precision) -> 
 
 /// Greedy decoding on both backends from the same prompt (prefilled in chunks); returns
 /// (cpu tokens, gpu tokens, worst relative logits error, first-step top-2 margin at divergence).
-fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize, fast_gpu: bool) -> (Vec<u32>, Vec<u32>, f64) {
-    let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, chunk).unwrap();
+fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize, fast_gpu: bool, place: WeightPlace) -> (Vec<u32>, Vec<u32>, f64) {
+    let mut gpu = ds4_cuda::CudaStage::new_placed(&m.stage, ctx, chunk, place).unwrap();
     gpu.fast_experts = fast_gpu;
     gpu.fast_q8 = fast_gpu;
     // Token-identity runs keep every product in f32 (the f16 GEMM prefill path is checked op by op).
@@ -147,7 +148,9 @@ fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize
 
 fn model_case(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize) { model_case_opts(shape, mix, prompt_len, chunk, steps, true) }
 
-fn model_case_opts(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, qat: bool) {
+fn model_case_opts(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, qat: bool) { model_case_placed(shape, mix, prompt_len, chunk, steps, qat, WeightPlace::Device) }
+
+fn model_case_placed(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, qat: bool, place: WeightPlace) {
     if !gpu_present() {
         return;
     }
@@ -156,9 +159,9 @@ fn model_case_opts(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps
     let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
     let ctx = prompt_len + steps + 8;
     let allocs0 = ds4_cuda::CudaStage::stats();
-    let (tc, tg, worst) = compare(&mut m, &prompt, chunk, steps, ctx, false);
+    let (tc, tg, worst) = compare(&mut m, &prompt, chunk, steps, ctx, false, place);
     let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
-    println!("model {shape} {mix:?} (qat {qat}): prompt {prompt_len} (chunks of {chunk}), {steps} greedy steps: {same}/{steps} tokens identical; worst logits rel err {worst:.2e}");
+    println!("model {shape} {mix:?} (qat {qat}, weights {place:?}): prompt {prompt_len} (chunks of {chunk}), {steps} greedy steps: {same}/{steps} tokens identical; worst logits rel err {worst:.2e}");
     println!("  cpu: {:?}", &tc[..16.min(steps)]);
     println!("  gpu: {:?}", &tg[..16.min(steps)]);
     let _ = allocs0;
@@ -175,6 +178,90 @@ fn tiny_q2_greedy_64_matches_cpu() {
 fn tiny_q4_chunked_prefill_greedy_64_matches_cpu() {
     // Chunks of 24 cross compressor windows and the indexer threshold (top-k 8 → after 36 positions).
     model_case("tiny", Mix::Q4, 100, 24, 64);
+}
+
+/// Weights read in place from the registered host mapping (`--cuda-weights host`): the file's layout
+/// and the kernels that read it; the same comparison with the CPU as the device copy passes.
+#[test]
+fn tiny_q4_host_weights_greedy_64_matches_cpu() {
+    model_case_placed("tiny", Mix::Q4, 100, 24, 64, true, WeightPlace::Host);
+}
+
+/// Greedy tokens of a stage with its weights copied to the GPU and of one reading them in place from
+/// host memory (default kernel choices: cuBLAS / grouped-GEMM prefill, graph decode), and the GPU memory
+/// each takes (cuMemGetInfo around construction): the host stage none for the weight matrices. With
+/// `strict` (`Precision::Exact`: both read f32 activations; the two layouts differ only in summation
+/// order) the tokens must be equal. Under `Precision::Fast` the device copy's split-layout IQ2_XXS /
+/// Q8_0 rows take int8 activations, which the file layout the host stage reads has no kernel for, so
+/// the two runs differ by activation rounding: the agreement is printed, not asserted.
+fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usize, steps: usize, precision: Precision, qat: bool, strict: bool) {
+    if !gpu_present() {
+        return;
+    }
+    let m = load_p(shape, mix, 11, qat, precision);
+    let v = m.stage.cfg.n_vocab as u32;
+    let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
+    let ctx = prompt_len + steps + 8;
+    let run = |place: WeightPlace| -> (Vec<u32>, f64, u64, ds4_cuda::GpuPlan, f64) {
+        ds4_cuda::gpu::preload_libs();
+        // The primary context stays retained while the stage is built in it (as free0 is measured).
+        let _ctx0 = cudarc::driver::CudaContext::new(0).unwrap();
+        let free0 = cudarc::driver::result::mem_get_info().unwrap().0 as u64;
+        let mut gpu = ds4_cuda::CudaStage::new_placed(&m.stage, ctx, chunk, place).unwrap();
+        let free1 = cudarc::driver::result::mem_get_info().unwrap().0 as u64;
+        let mut kv = m.stage.new_kv(ctx);
+        let mut toks = Vec::new();
+        let mut tok = None;
+        for c in prompt.chunks(chunk) {
+            tok = Some(gpu.forward_argmax(&mut kv, c, None).unwrap().0);
+        }
+        let t0 = std::time::Instant::now();
+        for _ in 0..steps {
+            let t = tok.unwrap();
+            toks.push(t);
+            tok = Some(gpu.forward_argmax(&mut kv, &[t], None).unwrap().0);
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        (toks, steps as f64 / secs, free0.saturating_sub(free1), gpu.gpu_plan, gpu.weight_bytes as f64)
+    };
+    let (td, dtps, dused, dplan, wbytes) = run(WeightPlace::Device);
+    let (th, htps, hused, hplan, _) = run(WeightPlace::Host);
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    println!("{shape} {mix:?} {precision:?} qat {qat}: weights {:.2} GiB; device copy: {:.2} GiB of GPU memory taken, decode {dtps:.1} t/s; host: {:.2} GiB taken, decode {htps:.1} t/s", wbytes / (1u64 << 30) as f64, gib(dused), gib(hused));
+    println!("  device plan {dplan:?}
+  host plan {hplan:?}");
+    let same = td.iter().zip(&th).take_while(|(a, b)| a == b).count();
+    println!("  {same}/{steps} tokens identical
+  device: {:?}
+  host:   {:?}", &td[..16.min(steps)], &th[..16.min(steps)]);
+    assert_eq!(hplan.weights, 0);
+    assert_eq!(dplan.weights as f64, wbytes);
+    // The host stage's GPU memory is its plan without weights (vectors, KV, work) plus the context's
+    // own (kernel module, cuBLAS workspaces: under 1 GiB); the device copy's holds the weights too.
+    assert!(hused <= hplan.total() + (1 << 30), "host mode took {hused} bytes of GPU memory, plan {}", hplan.total());
+    assert!(dused >= dplan.weights, "device mode took {dused} bytes for {} bytes of weights", dplan.weights);
+    if strict {
+        assert_eq!(td, th, "greedy tokens differ between the device copy and the host-mapped weights");
+    }
+}
+
+/// Strict without the QAT simulation: with it, the first H200 run (2026-12-04) kept 44/64 tokens: its
+/// FP8 rounding steps turn the layouts' summation-order differences into whole steps on this random
+/// model (as between CPU and GPU at Flash size, bench/results/cuda/README.md); that case is printed.
+#[test]
+fn tiny_q2_host_weights_equal_device_copy() {
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Exact, false, true);
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Exact, true, false);
+    host_equals_device_copy("tiny", Mix::Q2, 40, 40, 64, Precision::Fast, true, false);
+}
+
+/// Flash shape without the QAT simulation (its FP8 rounding steps turn summation-order differences into
+/// whole steps: see bench/results/cuda/README.md), then with the engine's defaults (Fast, QAT on).
+#[test]
+#[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
+fn flash4_q2_host_weights_equal_device_copy() {
+    host_equals_device_copy("flash:4", Mix::Q2, 160, 64, 64, Precision::Exact, false, true);
+    host_equals_device_copy("flash:4", Mix::Q2, 160, 64, 64, Precision::Fast, true, false);
 }
 
 #[test]
@@ -341,6 +428,46 @@ fn tiny_q2_fast_decode_error_within_cpu_fast_error() {
     }
     println!("model tiny Q2 Fast, 64 one-token steps vs CPU Exact: GPU Fast worst logits rel err {eg:.2e}, CPU Fast {ec:.2e}");
     assert!(eg <= 1.5 * ec + 1e-5, "GPU Fast error {eg} above the CPU Fast error {ec}");
+}
+
+/// A context whose KV state cannot fit in the GPU's free memory is refused before anything large is
+/// allocated, with the plan's numbers and the flags that help; so is a weight placement in host memory.
+#[test]
+fn stage_over_free_memory_is_refused_with_the_plan() {
+    if !gpu_present() {
+        return;
+    }
+    let m = load("tiny", Mix::Q2, 11, true);
+    for place in [WeightPlace::Device, WeightPlace::Host] {
+        let e = ds4_cuda::CudaStage::new_placed(&m.stage, 1 << 36, 16, place).err().expect("a 64 Gi-token context must not fit").to_string();
+        println!("refusal ({place:?}): {e}");
+        assert!(e.contains("GPU plan") && e.contains("KV") && e.contains("free before loading") && e.contains("--ctx"), "{e}");
+    }
+    // The GPU is still usable afterwards.
+    assert!(ds4_cuda::CudaStage::new(&m.stage, 64, 16).is_ok());
+}
+
+/// `upload_kv` refuses a state that does not fit the stage (rows past its context) without breaking it:
+/// a fresh sequence still runs, with the logits of a fresh stage.
+#[test]
+fn mismatched_kv_upload_is_refused_and_the_stage_recovers() {
+    if !gpu_present() {
+        return;
+    }
+    let mut m = load("tiny", Mix::Q2, 11, true);
+    let prompt: Vec<u32> = (0..24).collect();
+    let mut big = m.stage.new_kv(256);
+    m.stage.forward(&mut big, &prompt, None, Logits::Last).unwrap();
+    let mut gpu = ds4_cuda::CudaStage::new(&m.stage, 16, 32).unwrap();
+    let e = gpu.upload_kv(&big).unwrap_err().to_string();
+    println!("refusal: {e}");
+    assert!(e.contains("context") || e.contains("room"), "{e}");
+    let mut kv = m.stage.new_kv(16);
+    let got = gpu.forward(&mut kv, &prompt[..8], None, Logits::Last).unwrap().to_vec();
+    let mut fresh = ds4_cuda::CudaStage::new(&m.stage, 16, 32).unwrap();
+    let mut kv2 = m.stage.new_kv(16);
+    let want = fresh.forward(&mut kv2, &prompt[..8], None, Logits::Last).unwrap().to_vec();
+    assert!(got == want, "logits after a refused upload differ from a fresh stage's");
 }
 
 /// A stage built on one thread runs on another (the server builds the engine, then moves it to its

@@ -1,8 +1,9 @@
 //! The CUDA backend of an engine: the stage's layers on one GPU, or split into contiguous parts over
 //! several GPUs (`--cuda-devices 0,1,...`), each part owning its layers' weights and KV; the hidden state
 //! passes from one part to the next through a reused host buffer (no allocation per token).
-use ds4_cuda::CudaStage;
-use ds4_model::{KvState, LayerRange, Logits, Result, Stage};
+use crate::engine::CudaWeights;
+use ds4_cuda::{CudaStage, WeightPlace};
+use ds4_model::{KvState, LayerRange, Logits, ModelError, Result, Stage};
 
 pub struct CudaPipeline {
     pub stages: Vec<CudaStage>,
@@ -24,15 +25,43 @@ pub fn split_layers(range: LayerRange, n: usize) -> Vec<LayerRange> {
     parts
 }
 
+/// Where the weights go: `Auto` reads them in place on an integrated GPU (it shares the host's
+/// memory: a copy would only compete with the file's pages), copies them to a discrete one.
+pub fn weight_place(mode: CudaWeights, devices: &[usize]) -> Result<WeightPlace> {
+    Ok(match mode {
+        CudaWeights::Device => WeightPlace::Device,
+        CudaWeights::Host => WeightPlace::Host,
+        CudaWeights::Auto => {
+            let mut all = true;
+            for &d in devices.iter().chain(devices.is_empty().then_some(&0)) {
+                all &= ds4_cuda::integrated(d).map_err(|e| ModelError::Invalid(format!("cuda: {e}")))?;
+            }
+            if all { WeightPlace::Host } else { WeightPlace::Device }
+        }
+    })
+}
+
 impl CudaPipeline {
-    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize]) -> Result<Self> {
+    /// The stage's layers on `devices`. With `WeightPlace::Host` the parts read `stage`'s mapped
+    /// weights while they run: `stage` must outlive the pipeline.
+    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize], place: WeightPlace) -> Result<Self> {
         let stages = if devices.len() <= 1 {
-            vec![CudaStage::new_part(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0))?]
+            vec![CudaStage::new_part_placed(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0), place)?]
         } else {
             let parts = split_layers(stage.w.range, devices.len());
-            parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part(stage, ctx, nmax, p, d)).collect::<Result<Vec<_>>>()?
+            parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part_placed(stage, ctx, nmax, p, d, place)).collect::<Result<Vec<_>>>()?
         };
         Ok(Self { stages, hidden: Vec::new() })
+    }
+
+    /// Copies every part's device KV state into `kv` (at `kv.pos`, which the device must hold).
+    pub fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {
+        self.stages.iter_mut().try_for_each(|s| s.download_kv(kv))
+    }
+
+    /// Makes `kv` every part's device state (the next forward call continues from `kv.pos`).
+    pub fn upload_kv(&mut self, kv: &KvState) -> Result<()> {
+        self.stages.iter_mut().try_for_each(|s| s.upload_kv(kv))
     }
 
     /// Same contract as `Stage::forward`: every part sees the same positions; the last one makes logits.

@@ -27,6 +27,29 @@ impl Backend {
     }
 }
 
+/// Where the CUDA backend keeps the weights (`--cuda-weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CudaWeights {
+    /// In place on an integrated GPU (it shares the host's memory), copied to a discrete one.
+    #[default]
+    Auto,
+    /// Copied into device memory.
+    Device,
+    /// Read in place from the registered host mapping (no device copy; over PCIe on a discrete GPU).
+    Host,
+}
+
+impl CudaWeights {
+    pub fn parse(s: &str) -> Result<Self, EngineError> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "device" => Ok(Self::Device),
+            "host" => Ok(Self::Host),
+            o => Err(EngineError::Invalid(format!("unknown --cuda-weights `{o}` (expected device, host or auto)"))),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub ctx: usize,
@@ -41,6 +64,8 @@ pub struct LoadOptions {
     pub backend: Backend,
     /// CUDA devices the layers are spread over in contiguous parts (the same device may repeat).
     pub cuda_devices: Vec<usize>,
+    /// Where the CUDA backend keeps the weights.
+    pub cuda_weights: CudaWeights,
 }
 
 impl Default for LoadOptions {
@@ -54,6 +79,7 @@ impl Default for LoadOptions {
             mem_limit_gb: None,
             backend: Backend::Cpu,
             cuda_devices: vec![0],
+            cuda_weights: CudaWeights::Auto,
         } }
 }
 
@@ -97,8 +123,19 @@ impl Engine {
         }
         let threads = rayon::current_num_threads();
         // A GPU backend keeps the weights in device memory: the host only maps the file to upload it.
+        #[cfg(feature = "cuda")]
+        let place = match opts.backend {
+            Backend::Cuda => Some(crate::cuda_pipeline::weight_place(opts.cuda_weights, &opts.cuda_devices)?),
+            Backend::Cpu => None,
+        };
+        #[cfg(feature = "cuda")]
+        let host_weights = place == Some(ds4_cuda::WeightPlace::Host);
+        #[cfg(not(feature = "cuda"))]
+        let host_weights = false;
         let plan = match opts.backend {
             Backend::Cpu => MemoryPlan::new(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk, threads),
+            // Weights the GPU reads in place stay pinned in host memory: the one copy is the host's.
+            Backend::Cuda if host_weights => MemoryPlan { weights: weights.resident_bytes(), mapped: 0, ..MemoryPlan::for_accelerator(&cfg, range, 0, opts.ctx, opts.prefill_chunk) },
             Backend::Cuda => MemoryPlan::for_accelerator(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk),
         };
         let budget = match opts.mem_limit_gb {
@@ -111,7 +148,7 @@ impl Engine {
         let mut stage = Stage::new(cfg, weights, opts.options);
         #[cfg(feature = "cuda")]
         let cuda = match opts.backend {
-            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices)?),
+            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?),
             Backend::Cpu => None,
         };
         #[cfg(not(feature = "cuda"))]
@@ -198,6 +235,28 @@ impl Engine {
         }
         let _ = out;
         Err(EngineError::Invalid("no device logits to fetch on the CPU backend".into()))
+    }
+
+    /// Brings `kv` up to date with the backend's state at `kv.pos` (on a GPU backend the state lives on
+    /// the device: this downloads it, e.g. before saving it to a file). A no-op on the CPU.
+    pub fn kv_to_host(&mut self, kv: &mut KvState) -> Result<(), EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            return Ok(c.download_kv(kv)?);
+        }
+        let _ = kv;
+        Ok(())
+    }
+
+    /// Makes `kv` (e.g. loaded from a file) the backend's state: the next forward call continues from
+    /// `kv.pos`. Uploads it on a GPU backend; a no-op on the CPU, which reads `kv` itself.
+    pub fn kv_to_device(&mut self, kv: &KvState) -> Result<(), EngineError> {
+        #[cfg(feature = "cuda")]
+        if let Some(c) = self.cuda.as_mut() {
+            return Ok(c.upload_kv(kv)?);
+        }
+        let _ = kv;
+        Ok(())
     }
 
     /// Which backend runs the forward pass.

@@ -8,6 +8,6 @@ pub mod membw;
 mod session;
 
 pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};
-pub use engine::{Backend, Engine, LoadOptions};
+pub use engine::{Backend, CudaWeights, Engine, LoadOptions};
 pub use error::EngineError;
 pub use session::{GenStats, Session, StopReason};

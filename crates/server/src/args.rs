@@ -66,6 +66,10 @@ pub struct Args {
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
     #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
     pub cuda_devices: Vec<usize>,
+    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
+    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
+    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
+    pub cuda_weights: String,
     /// Memory budget in GiB: the server refuses to start when its memory plan exceeds it (default: the
     /// available RAM).
     #[arg(long = "mem-limit-gb")]
@@ -147,10 +151,6 @@ impl Args {
             return Err("--mem-limit-gb must be a positive number".into());
         }
         self.dist.validate().map_err(|e| e.to_string())?;
-        if self.backend == "cuda" && self.kv_disk_dir.is_some() {
-            // The GPU keeps the KV state on the device; the host copy the cache would save is not it.
-            return Err("--kv-disk-dir is not available with --backend cuda yet (the KV state lives on the GPU)".into());
-        }
         if self.dist.active() && self.backend != "cpu" {
             return Err("--backend cuda is not available on a coordinator: its own layers run on the CPU".into());
         }

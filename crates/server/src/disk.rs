@@ -94,10 +94,17 @@ impl DiskCache {
             .collect()
     }
 
-    /// Saves the session when it is long enough and not on disk already.
-    pub fn save(&mut self, session: &Session, tok: &Tokenizer, reason: Reason) {
+    /// Saves the session when it is long enough and not on disk already (on a GPU backend its KV
+    /// state is downloaded from the device first).
+    pub fn save(&mut self, session: &mut Session, engine: &mut Engine, tok: &Tokenizer, reason: Reason) {
         if session.tokens.len() < self.min_tokens || session.logits.is_empty() || session.kv.pos != session.tokens.len() {
             return;
+        }
+        if !self.store.contains(&session.tokens) {
+            if let Err(e) = engine.kv_to_host(&mut session.kv) {
+                eprintln!("ds4-server: kv disk cache save failed: {e}");
+                return;
+            }
         }
         if self.store.contains(&session.tokens) {
             // Refreshes its last use.
@@ -122,13 +129,14 @@ impl DiskCache {
     }
 
     /// Replaces the session with `entry`'s state. False (session reset, file removed if bad) on failure.
-    pub fn restore(&mut self, entry: &Entry, session: &mut Session, engine: &Engine) -> bool {
+    pub fn restore(&mut self, entry: &Entry, session: &mut Session, engine: &mut Engine) -> bool {
         session.reset(engine);
         let vocab = (!session.kv.layers.is_empty()).then(|| engine.cfg().n_vocab);
         let t0 = std::time::Instant::now();
         let r = self.store.load(entry, &mut session.kv, &mut session.logits, vocab);
         let ok = match r {
-            Ok(r) if !session.logits.is_empty() => {
+            // On a GPU backend the restored state becomes the device's.
+            Ok(r) if !session.logits.is_empty() && engine.kv_to_device(&session.kv).is_ok() => {
                 session.tokens = r.tokens;
                 self.loaded_tokens += session.tokens.len() as u64;
                 eprintln!(

@@ -87,9 +87,9 @@ impl LiveKv {
     }
 
     /// Saves the live session to disk (clean shutdown).
-    pub fn save_to_disk(&mut self, tok: &Tokenizer, reason: Reason) {
+    pub fn save_to_disk(&mut self, engine: &mut Engine, tok: &Tokenizer, reason: Reason) {
         if let Some(disk) = self.disk.as_mut() {
-            disk.save(&self.session, tok, reason);
+            disk.save(&mut self.session, engine, tok, reason);
         }
     }
 
@@ -167,7 +167,7 @@ impl LiveKv {
                 // The live state is about to be replaced: keep it on disk when the new prompt is another
                 // conversation (shares less than half of it).
                 if have_live && live_common * 2 < live_len {
-                    disk.save(&self.session, tok, Reason::Evict);
+                    disk.save(&mut self.session, engine, tok, Reason::Evict);
                 }
                 if let Some(e) = entry {
                     from_disk = disk.restore(&e, &mut self.session, engine);
@@ -213,7 +213,7 @@ impl LiveKv {
         }
         if let Some(disk) = self.disk.as_mut() {
             if total >= disk.min_tokens {
-                disk.save(&self.session, tok, if decision == Decision::Cold { Reason::Cold } else { Reason::Continued });
+                disk.save(&mut self.session, engine, tok, if decision == Decision::Cold { Reason::Cold } else { Reason::Continued });
             }
         }
         Ok(Prepared { prompt, cached, prefilled: total, decision, live_common, live_len })

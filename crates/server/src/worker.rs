@@ -192,8 +192,8 @@ pub fn spawn(
                 Msg::Shutdown(ack) => {
                     let tok = w.tok.clone();
                     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        if let Backend::Local { live, .. } = &mut w.backend {
-                            live.save_to_disk(&tok, ds4_kvstore::Reason::Shutdown)
+                        if let Backend::Local { live, engine } = &mut w.backend {
+                            live.save_to_disk(engine, &tok, ds4_kvstore::Reason::Shutdown)
                         }
                     }));
                     if r.is_err() {

@@ -92,6 +92,10 @@ struct Args {
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
     #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
     cuda_devices: Vec<usize>,
+    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
+    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
+    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
+    cuda_weights: String,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
     kv_load: Option<std::path::PathBuf>,
@@ -186,10 +190,6 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     if args.dist.active() && (d.inspect || d.dump_tokens || d.dump_logits.is_some() || d.perplexity_file.is_some()) {
         usage("--inspect, --dump-tokens, --dump-logits and --perplexity-file run on one process, not with --role");
     }
-    if backend == ds4_engine::Backend::Cuda && (args.kv_load.is_some() || args.kv_save.is_some()) {
-        // The saved file holds the host KV state; with the CUDA backend the state lives on the GPU.
-        usage("--kv-load/--kv-save are not available with --backend cuda yet (the KV state lives on the GPU): add --cpu");
-    }
     if args.prefill_chunk == 0 {
         usage("--prefill-chunk must be at least 1");
     }
@@ -259,7 +259,14 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(p) = &args.kv_load {
         let s = &mut session;
         match ds4_kvstore::load_file(p, &kv_id, &mut s.kv, &mut s.logits, Some(eng.cfg().n_vocab)) {
-            Ok(r) => s.tokens = r.tokens,
+            // On a GPU backend the restored state is uploaded (the file's format is the backend's own).
+            Ok(r) => match eng.kv_to_device(&s.kv) {
+                Ok(()) => s.tokens = r.tokens,
+                Err(e) => {
+                    eprintln!("ds4: WARNING --kv-load {}: {e}; starting a new session", p.display());
+                    s.reset(&eng);
+                }
+            },
             Err(e) => {
                 eprintln!("ds4: WARNING --kv-load {}: {e}; starting a new session", p.display());
                 s.reset(&eng);
@@ -272,6 +279,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     let r = converse(&args, &mut conv, prefix, prompt);
     if let (Some(p), Ok(())) = (&args.kv_save, &r) {
+        conv.eng.kv_to_host(&mut conv.session.kv).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
         let s = &conv.session;
         let st = ds4_kvstore::StateRef { tokens: &s.tokens, kv: &s.kv, logits: &s.logits, tool_map: &[] };
         ds4_kvstore::save_file(p, &kv_id, ds4_kvstore::Reason::Manual, &st).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
@@ -302,6 +310,7 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
         backend,
         cuda_devices: args.cuda_devices.clone(),
         options,
+        cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).unwrap_or_default(),
         ..LoadOptions::default()
     }
 }

@@ -74,6 +74,10 @@ struct Args {
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
     #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
     cuda_devices: Vec<usize>,
+    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
+    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
+    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
+    cuda_weights: String,
     /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
     gpu_bw_gbps: f64,
@@ -197,7 +201,7 @@ fn run(a: Args) -> Result<(), String> {
     if a.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, options, ..LoadOptions::default() };
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, ..LoadOptions::default() };
     if a.dist.active() || a.dist.validate().is_err() {
         let prompt_file = match (&a.prompt_file, a.ds4.dump_frontier_logits_dir.is_some(), a.ds4.power) {
             (Some(p), false, 100) => p.clone(),

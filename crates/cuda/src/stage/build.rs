@@ -9,23 +9,23 @@ use ds4_model::rope::Rope;
 use ds4_model::residency;
 use ds4_model::weights::{CompressorWeights, HcWeights, Mat};
 
-/// Weight upload plan: device buffers and the host bytes that go into them.
-struct Uploader<'a> {
-    g: &'a Gpu,
+/// Weight placement plan: matrices are recorded first (their device pointers are tagged indices into
+/// `pending`, resolved once KV and work buffers are allocated and the plan is known to fit); small host
+/// vectors (norms, biases) are copied to the device at once.
+struct Uploader<'g, 'a> {
+    g: &'g Gpu,
     bufs: Vec<DBuf>,
-    items: Vec<(u64, &'a [u8])>,
-    bytes: u64,
-    owned: Vec<Vec<u8>>,
+    pending: Vec<&'a [u8]>,
+    vec_bytes: u64,
 }
 
-impl<'a> Uploader<'a> {
+/// Tag of a matrix pointer not placed yet (bit 63: no device or host virtual address has it).
+const PENDING: u64 = 1 << 63;
+
+impl<'a> Uploader<'_, 'a> {
     fn bytes(&mut self, data: &'a [u8]) -> Result<u64> {
-        let b = self.g.alloc(data.len()).map_err(|e| format!("{e} while placing the weights: serve fewer layers with --layers, or spread them over several GPUs with --cuda-devices"))?;
-        let p = b.ptr;
-        self.items.push((p, data));
-        self.bytes += data.len() as u64;
-        self.bufs.push(b);
-        Ok(p)
+        self.pending.push(data);
+        Ok(PENDING | (self.pending.len() - 1) as u64)
     }
     /// Small host vectors (norms, biases) are copied immediately.
     fn vec_f32(&mut self, v: &[f32]) -> Result<u64> {
@@ -33,8 +33,8 @@ impl<'a> Uploader<'a> {
         self.g.htod(b.ptr, v)?;
         WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
         let p = b.ptr;
+        self.vec_bytes += b.bytes as u64;
         self.bufs.push(b);
-        self.bytes += 4 * v.len() as u64;
         Ok(p)
     }
     fn vec_u32(&mut self, v: &[u32]) -> Result<u64> {
@@ -42,6 +42,7 @@ impl<'a> Uploader<'a> {
         self.g.htod(b.ptr, v)?;
         WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
         let p = b.ptr;
+        self.vec_bytes += b.bytes as u64;
         self.bufs.push(b);
         Ok(p)
     }
@@ -49,15 +50,84 @@ impl<'a> Uploader<'a> {
         let b = self.g.alloc(v.len() * 8)?;
         self.g.htod(b.ptr, v)?;
         let p = b.ptr;
+        self.vec_bytes += b.bytes as u64;
         self.bufs.push(b);
         Ok(p)
+    }
+}
+
+/// Floats of one layer's device KV buffers (`KvState::new`'s arrays, plus the snapshot of the mutable ones).
+struct KvFloats {
+    ring: usize,
+    comp: usize,
+    st: usize,
+    idx: usize,
+    ist: usize,
+}
+
+impl KvFloats {
+    fn new(cfg: &Config, il: usize, ratio: usize, indexer: bool, ctx: usize) -> Self {
+        let (d, id) = (cfg.head_dim, cfg.idx_dim);
+        let coff = cfg.compress_coff(il);
+        let cap = compressed_capacity(ctx, ratio);
+        Self {
+            ring: cfg.swa * d,
+            comp: if ratio != 0 { cap * d } else { 0 },
+            st: if ratio != 0 { compressor_rows(ratio) * coff * d } else { 0 },
+            idx: if indexer { cap * id } else { 0 },
+            ist: if indexer { compressor_rows(ratio) * coff * id } else { 0 },
+        }
+    }
+    fn snap(&self) -> usize { self.ring + 2 * self.st + 2 * self.ist }
+    fn bytes(&self) -> u64 { 4 * (self.ring + self.comp + 2 * self.st + self.idx + 2 * self.ist + self.snap()) as u64 }
+}
+
+/// The GPU part of the memory plan (bytes).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuPlan {
+    /// Weight matrices in device memory (0 when read in place from host memory).
+    pub weights: u64,
+    /// Norms, biases, RoPE tables (always copied: small).
+    pub vectors: u64,
+    pub kv: u64,
+    /// Work buffers and the prefill expert scratch (measured as allocated).
+    pub work: u64,
+    /// Free device memory before the stage allocated anything.
+    pub free: u64,
+}
+
+impl GpuPlan {
+    pub fn total(&self) -> u64 { self.weights + self.vectors + self.kv + self.work }
+    pub fn describe(&self, place: WeightPlace) -> String {
+        let w = match place {
+            WeightPlace::Device => format!("weights {:.2} GiB", self.weights as f64 / GIB),
+            WeightPlace::Host => "weights 0 GiB (read in place from host memory)".to_string(),
+        };
+        format!(
+            "GPU plan: {w} + vectors {:.2} GiB + KV {:.2} GiB + work {:.2} GiB = {:.2} GiB; {:.2} GiB free before loading",
+            self.vectors as f64 / GIB,
+            self.kv as f64 / GIB,
+            self.work as f64 / GIB,
+            self.total() as f64 / GIB,
+            self.free as f64 / GIB
+        )
+    }
+}
+
+/// Free device memory (bytes) of the current context's device.
+fn free_mem() -> Result<u64> { cudarc::driver::result::mem_get_info().map(|m| m.0 as u64).map_err(|e| format!("{e:?}")) }
+
+/// Resolves a tagged matrix pointer to its placed address.
+fn place(m: &mut DM, ptrs: &[u64]) {
+    if m.ptr & PENDING != 0 {
+        m.ptr = ptrs[(m.ptr & !PENDING) as usize];
     }
 }
 
 impl CudaStage {
     /// Uploads the part `part` (a sub-range of the stage's layers; the embedding and head only when it
     /// starts / ends the stage's range) to CUDA device `device`.
-    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> Result<Self> {
+    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, wplace: WeightPlace) -> Result<Self> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
         if part.first < w.range.first || part.last > w.range.last || part.first > part.last {
@@ -66,18 +136,11 @@ impl CudaStage {
         let part = LayerRange { embed: w.range.embed && part.first == w.range.first, head: w.range.head && part.last == w.range.last, ..part };
         let mut g = Gpu::on_device(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST, device)?;
         let (free, total) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
-        eprintln!("cuda: device {device}: {} ({}, {} SMs), {:.1} GiB free of {:.1} GiB; layers {}", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB, part.label());
-        let need = w.resident_bytes();
-        if part == w.range && need as f64 > free as f64 * 0.97 {
-            return Err(format!(
-                "the stage's weights ({:.1} GiB) do not fit in the GPU's free memory ({:.1} GiB): serve fewer layers with --layers, or spread them over several GPUs with --cuda-devices",
-                need as f64 / GIB,
-                free as f64 / GIB
-            ));
-        }
-        let mut up = Uploader { g: &g, bufs: Vec::new(), items: Vec::new(), bytes: 0, owned: Vec::new() };
-        let _ = &up.owned;
-        fn dm<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, m: &Mat) -> Result<DM> {
+        let wname = if wplace == WeightPlace::Host { "weights read in place from host memory" } else { "weights copied to the GPU" };
+        eprintln!("cuda: device {device}: {} ({}, {} SMs), {:.2} GiB free of {:.2} GiB; layers {}; {wname}", g.name, g.arch, g.sms, free as f64 / GIB, total as f64 / GIB, part.label());
+        let mut plan = GpuPlan { free: free as u64, ..GpuPlan::default() };
+        let mut up = Uploader { g: &g, bufs: Vec::new(), pending: Vec::new(), vec_bytes: 0 };
+        fn dm<'a>(up: &mut Uploader<'_, 'a>, w: &'a ds4_model::Weights, m: &Mat) -> Result<DM> {
             let r = w.mat(m);
             if matches!(m.ty, GgmlType::F16 | GgmlType::BF16) && m.cols % 8 != 0 {
                 return Err(format!("F16 matrix with {} columns (need a multiple of 8)", m.cols));
@@ -86,10 +149,10 @@ impl CudaStage {
             let row_bytes = m.ty.row_bytes(m.cols).ok_or("bad row")?;
             Ok(DM { ptr, ty: m.ty, rows: m.rows, cols: m.cols, n_mat: m.n_mat, row_bytes, split: false })
         }
-        fn hc<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, h: &HcWeights) -> Result<DHc> {
+        fn hc<'a>(up: &mut Uploader<'_, 'a>, w: &'a ds4_model::Weights, h: &HcWeights) -> Result<DHc> {
             Ok(DHc { fn_: dm(up, w, &h.fn_)?, scale: up.vec_f32(&h.scale)?, base: up.vec_f32(&h.base)? })
         }
-        fn comp<'a>(up: &mut Uploader<'a>, w: &'a ds4_model::Weights, c: &CompressorWeights) -> Result<DComp> {
+        fn comp<'a>(up: &mut Uploader<'_, 'a>, w: &'a ds4_model::Weights, c: &CompressorWeights) -> Result<DComp> {
             Ok(DComp { ape: up.vec_f32(&c.ape)?, kv: dm(up, w, &c.kv)?, gate: dm(up, w, &c.gate)?, norm: up.vec_f32(&c.norm)? })
         }
         residency::set_phase(residency::Phase::Load);
@@ -158,63 +221,50 @@ impl CudaStage {
             }),
             None => None,
         };
-        // One pass of large copies through pinned staging buffers.
-        let t0 = std::time::Instant::now();
-        let total = up.bytes;
-        let mut last = 0u64;
-        let items = std::mem::take(&mut up.items);
-        g.upload(&items, |done, tot| {
-            if done * 20 / tot.max(1) != last * 20 / tot.max(1) || done == tot {
-                eprint!("\rcuda: uploading weights {:5.1}% ({:.1} / {:.1} GiB)", 100.0 * done as f64 / tot as f64, done as f64 / GIB, tot as f64 / GIB);
-                last = done;
-            }
-        })?;
-        residency::count(residency::Op::Upload, items.len() as u64);
-        let upload_secs = t0.elapsed().as_secs_f64();
-        eprintln!("\ncuda: {:.2} GiB of weights resident in {:.1} s ({:.1} GB/s)", total as f64 / GIB, upload_secs, total as f64 / 1e9 / upload_secs.max(1e-9));
-        let weights = std::mem::take(&mut up.bufs);
-        drop(items);
+        let pending = std::mem::take(&mut up.pending);
+        plan.vectors = up.vec_bytes;
+        let vec_bufs = std::mem::take(&mut up.bufs);
         drop(up);
-        // Q8_0 / IQ2_XXS rows to the split layout of the mv4 kernels (in place, once).
+        let mat_bytes: u64 = pending.iter().map(|d| d.len() as u64).sum();
+        plan.weights = if wplace == WeightPlace::Device { mat_bytes } else { 0 };
         let mut layers = layers;
         let mut head = head;
-        for l in layers.iter_mut() {
-            for m in l.mats_mut() {
-                split_layout(&mut g, m)?;
-            }
-        }
-        if let Some(h) = head.as_mut() {
-            split_layout(&mut g, &mut h.hc_fn)?;
-            split_layout(&mut g, &mut h.output)?;
-        }
-        g.sync()?;
+        let mut embed = embed;
 
-        // KV state.
-        let (d, id) = (cfg.head_dim, cfg.idx_dim);
+        // KV state (sized by the same formulas the plan counts), refused with the numbers before any
+        // large allocation when it and the weights cannot fit.
+        let kvf: Vec<KvFloats> = layers.iter().enumerate().map(|(li, l)| KvFloats::new(&cfg, part.first + li, l.ratio, l.indexer.is_some(), ctx)).collect();
+        plan.kv = kvf.iter().map(KvFloats::bytes).sum();
+        let refuse = |plan: &GpuPlan, what: &str| -> String {
+            let hint = if wplace == WeightPlace::Device { ", read the weights from host memory with --cuda-weights host" } else { "" };
+            format!(
+                "{what}: {} — use a smaller --ctx (now {ctx}) or --prefill-chunk (now {nmax}), serve fewer layers with --layers, spread them over several GPUs with --cuda-devices{hint}",
+                plan.describe(wplace)
+            )
+        };
+        if (plan.weights + plan.vectors + plan.kv) as f64 > plan.free as f64 * 0.97 {
+            return Err(refuse(&plan, "the stage does not fit in the GPU's free memory"));
+        }
         let mut kv = Vec::new();
-        for (li, l) in layers.iter().enumerate() {
-            let il = part.first + li;
-            let ratio = l.ratio;
-            let coff = cfg.compress_coff(il);
-            let cap = compressed_capacity(ctx, ratio);
-            let st_len = if ratio != 0 { compressor_rows(ratio) * coff * d } else { 0 };
-            let ist_len = if l.indexer.is_some() { compressor_rows(ratio) * coff * id } else { 0 };
+        for f in &kvf {
             let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
             kv.push(DKv {
-                ring: g.alloc_zeroed(cfg.swa * d * 4)?,
-                comp: opt(if ratio != 0 { cap * d } else { 0 })?,
-                st_kv: opt(st_len)?,
-                st_sc: opt(st_len)?,
-                st_len,
-                idx: opt(if l.indexer.is_some() { cap * id } else { 0 })?,
-                ist_kv: opt(ist_len)?,
-                ist_sc: opt(ist_len)?,
-                ist_len,
-                snap: g.alloc_zeroed((cfg.swa * d + 2 * st_len + 2 * ist_len) * 4)?,
+                ring: g.alloc_zeroed(f.ring * 4)?,
+                comp: opt(f.comp)?,
+                st_kv: opt(f.st)?,
+                st_sc: opt(f.st)?,
+                st_len: f.st,
+                idx: opt(f.idx)?,
+                ist_kv: opt(f.ist)?,
+                ist_sc: opt(f.ist)?,
+                ist_len: f.ist,
+                snap: g.alloc_zeroed(f.snap() * 4)?,
             });
         }
+        let free_kv = free_mem()?;
 
         // Work buffers for batches of up to nmax tokens.
+        let (d, id) = (cfg.head_dim, cfg.idx_dim);
         let n = nmax;
         let (e, hd, k, ff, ne) = (cfg.n_embd, cfg.hc_dim(), cfg.n_expert_used, cfg.ff_exp, cfg.n_expert);
         let f = |c: usize| g.alloc(c * 4);
@@ -256,7 +306,8 @@ impl CudaStage {
         // free memory allows it (Flash q2 on an H200: 512 x 16.8 MB), else fewer; at least two.
         let ewh_slot = layers.iter().flat_map(|l| [l.gate_exps, l.up_exps, l.down_exps]).map(|m| m.rows * m.cols).max().unwrap_or(0);
         let ewh_slots = if nmax > 1 && ewh_slot > 0 {
-            let (free, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
+            // A quarter of what stays free once the weights are placed.
+            let free = (free_mem()?.saturating_sub(plan.weights)) as usize;
             let cap = std::env::var("DS4_CUDA_EXPERT_SCRATCH_GB").ok().and_then(|v| v.parse::<f64>().ok()).map_or(free / 4, |gb| (gb * GIB) as usize);
             (cap / (ewh_slot * 2)).clamp(2, 2 * ne)
         } else {
@@ -344,8 +395,78 @@ impl CudaStage {
         }
         g.reserve_smem("idx_scores", ((cfg.idx_heads * (id + 1) + 8 * id) * 4) as u32)?;
         g.sync()?;
-        let (free2, _) = cudarc::driver::result::mem_get_info().map_err(|e| format!("{e:?}"))?;
-        eprintln!("cuda: KV + work buffers allocated (ctx {ctx}, batch {nmax}); {:.1} GiB free", free2 as f64 / GIB);
+        let free_work = free_mem()?;
+        plan.work = free_kv.saturating_sub(free_work);
+        if plan.weights as f64 > free_work as f64 * 0.97 {
+            return Err(refuse(&plan, "the stage's weights do not fit in the GPU's free memory"));
+        }
+
+        // The weights: one pass of large copies through pinned staging buffers, or device pointers into
+        // the registered host mapping.
+        let t0 = std::time::Instant::now();
+        let mut weights = vec_bufs;
+        let mut pinned = None;
+        let ptrs: Vec<u64> = match wplace {
+            WeightPlace::Device => {
+                let mut ptrs = Vec::with_capacity(pending.len());
+                let mut items = Vec::with_capacity(pending.len());
+                for d in &pending {
+                    let b = g.alloc(d.len()).map_err(|e| format!("{e} while placing the weights: serve fewer layers with --layers, or spread them over several GPUs with --cuda-devices"))?;
+                    ptrs.push(b.ptr);
+                    items.push((b.ptr, *d));
+                    weights.push(b);
+                }
+                let mut last = 0u64;
+                g.upload(&items, |done, tot| {
+                    if done * 20 / tot.max(1) != last * 20 / tot.max(1) || done == tot {
+                        eprint!("\rcuda: uploading weights {:5.1}% ({:.1} / {:.1} GiB)", 100.0 * done as f64 / tot as f64, done as f64 / GIB, tot as f64 / GIB);
+                        last = done;
+                    }
+                })?;
+                residency::count(residency::Op::Upload, items.len() as u64);
+                eprintln!();
+                ptrs
+            }
+            WeightPlace::Host => {
+                let spans: Vec<(usize, usize)> = pending.iter().map(|d| (d.as_ptr() as usize, d.len())).collect();
+                let p = crate::host_pin::pin(&spans)?;
+                let ptrs = p.device_ptrs(&spans)?;
+                eprintln!("cuda: {:.2} GiB of mapped weights registered with the GPU (read in place)", p.bytes() as f64 / GIB);
+                pinned = Some(p);
+                ptrs
+            }
+        };
+        let upload_secs = t0.elapsed().as_secs_f64();
+        if let Some(m) = embed.as_mut() {
+            place(m, &ptrs);
+        }
+        for l in layers.iter_mut() {
+            for m in l.mats_mut() {
+                place(m, &ptrs);
+            }
+        }
+        if let Some(h) = head.as_mut() {
+            place(&mut h.hc_fn, &ptrs);
+            place(&mut h.output, &ptrs);
+        }
+        if wplace == WeightPlace::Device {
+            eprintln!("cuda: {:.2} GiB of weights resident in {:.1} s ({:.1} GB/s)", mat_bytes as f64 / GIB, upload_secs, mat_bytes as f64 / 1e9 / upload_secs.max(1e-9));
+            // Q8_0 / IQ2_XXS rows to the split layout of the mv4 kernels (in place, once). Weights
+            // read from the host mapping keep the file's layout (and the kernels that read it).
+            for l in layers.iter_mut() {
+                for m in l.mats_mut() {
+                    split_layout(&mut g, m)?;
+                }
+            }
+            if let Some(h) = head.as_mut() {
+                split_layout(&mut g, &mut h.hc_fn)?;
+                split_layout(&mut g, &mut h.output)?;
+            }
+            g.sync()?;
+        }
+        let total = mat_bytes;
+        let free2 = free_mem()?;
+        eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax})", plan.describe(wplace), free2 as f64 / GIB);
         let mut s = Self {
             cfg,
             g,
@@ -364,6 +485,9 @@ impl CudaStage {
             hidden_host: Vec::new(),
             counts_host: vec![0; stage.cfg.n_expert],
             _weights: weights,
+            _pinned: pinned,
+            weight_place: wplace,
+            gpu_plan: plan,
             weight_bytes: total,
             upload_secs,
             trace: None,

@@ -3,6 +3,7 @@
 //! memory plan's sizes (batch `nmax` = the prefill chunk, context `ctx`); a forward call then performs no
 //! device allocation and no weight transfer (only the token ids in and the logits out).
 use crate::gpu::{DBuf, Gpu, Result, A, ALLOCS, WEIGHT_UPLOADS};
+pub use crate::host_pin::WeightPlace;
 use crate::matvec::{cdiv, DM};
 use ds4_gguf::GgmlType;
 use ds4_model::{Config, KvState, LayerRange, Logits, ModelError, Options, Stage};
@@ -17,6 +18,9 @@ mod build;
 mod ffn;
 mod graph;
 pub(super) mod host_time;
+mod kv_io;
+
+pub use build::GpuPlan;
 
 use graph::DecodeGraph;
 
@@ -239,6 +243,13 @@ pub struct CudaStage {
     hidden_host: Vec<f32>,
     counts_host: Vec<i32>,
     _weights: Vec<DBuf>,
+    /// The registered host pages the weights are read from (WeightPlace::Host).
+    _pinned: Option<std::sync::Arc<crate::host_pin::Pinned>>,
+    /// Where the weight matrices are read from.
+    pub weight_place: WeightPlace,
+    /// The GPU part of the memory plan, as checked before the weights were placed.
+    pub gpu_plan: GpuPlan,
+    /// Bytes of the weight matrices (in device memory, or read in place from the host).
     pub weight_bytes: u64,
     pub upload_secs: f64,
     /// When set, the HC streams after every layer of each forward call are appended here (as the CPU
@@ -324,13 +335,24 @@ impl CudaStage {
     /// Uploads the weights of `stage` (its bound, mapped tensors) and allocates KV state for `ctx` and
     /// work buffers for batches of up to `nmax` tokens.
     pub fn new(stage: &Stage, ctx: usize, nmax: usize) -> ds4_model::Result<Self> {
-        Self::build(stage, ctx, nmax.max(1), stage.w.range, 0).map_err(me)
+        Self::build(stage, ctx, nmax.max(1), stage.w.range, 0, WeightPlace::Device).map_err(me)
+    }
+
+    /// [`CudaStage::new`] with the weights in `place`.
+    pub fn new_placed(stage: &Stage, ctx: usize, nmax: usize, place: WeightPlace) -> ds4_model::Result<Self> {
+        Self::build(stage, ctx, nmax.max(1), stage.w.range, 0, place).map_err(me)
     }
 
     /// The layers `part` of `stage` on CUDA device `device`: one of several stages of a pipeline over
     /// GPUs (each owns its layers' weights and KV; the hidden state passes between them).
     pub fn new_part(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> ds4_model::Result<Self> {
-        Self::build(stage, ctx, nmax.max(1), part, device).map_err(me)
+        Self::build(stage, ctx, nmax.max(1), part, device, WeightPlace::Device).map_err(me)
+    }
+
+    /// [`CudaStage::new_part`] with the weights in `place`. With [`WeightPlace::Host`] the stage reads
+    /// `stage`'s mapped weights while it runs: `stage` must outlive it.
+    pub fn new_part_placed(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace) -> ds4_model::Result<Self> {
+        Self::build(stage, ctx, nmax.max(1), part, device, place).map_err(me)
     }
 
     /// The layers this stage runs.
