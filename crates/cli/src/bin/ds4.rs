@@ -65,6 +65,14 @@ struct Args {
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    warm_weights: bool,
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
@@ -131,7 +139,20 @@ fn run(args: Args) -> Result<(), String> {
     }
     let t0 = Instant::now();
     let opts = load_options(&args)?;
-    let eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let Err(e) = opts.validate() {
+        eprintln!("ds4: {e}");
+        std::process::exit(2);
+    }
+    if let Some(dir) = args.kv_save.as_deref().map(|p| p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))) {
+        if !dir.is_dir() {
+            return Err(format!("--kv-save: directory {} does not exist", dir.display()));
+        }
+    }
+    let planned = Engine::plan(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let (Some(p), None) = (&prompt, &args.kv_load) {
+        prompt_fits(&args, &planned, p)?;
+    }
+    let eng = planned.load().map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();
         eprintln!(
@@ -180,8 +201,36 @@ fn load_options(args: &Args) -> Result<LoadOptions, String> {
         debug: args.debug,
         backend: ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?,
         cuda_devices: args.cuda_devices.clone(),
+        weights: args.weights,
+        warm_weights: args.warm_weights,
         ..LoadOptions::default()
     })
+}
+
+/// Refuses, before the weights are read, a one-shot prompt whose first turn cannot fit the context.
+/// A text longer than `ctx` tokens of the longest vocabulary entry is refused without tokenizing it.
+fn prompt_fits(args: &Args, planned: &ds4_engine::LoadPlan, prompt: &str) -> Result<(), String> {
+    let ctx = planned.memory.ctx;
+    let tok = planned.tokenizer.clone().ok_or("the model file carries no tokenizer")?;
+    let longest = (0..tok.n_vocab() as u32).map(|i| tok.token_bytes(i).len()).max().unwrap_or(1).max(1);
+    if prompt.len() / longest >= ctx {
+        return Err(format!("the prompt has {} bytes, at least {} tokens, which does not fit --ctx {ctx}", prompt.len(), prompt.len() / longest));
+    }
+    let n = tok.encode(&first_turn(args.system.as_deref(), prompt, mode_of(args), ctx)).len();
+    if n >= ctx {
+        return Err(format!("prompt has {n} tokens, which does not fit --ctx {ctx}"));
+    }
+    Ok(())
+}
+
+/// The rendered text of a conversation's first turn.
+fn first_turn(system: Option<&str>, user: &str, mode: ThinkMode, ctx: usize) -> String {
+    let mut msgs = Vec::new();
+    if let Some(s) = system {
+        msgs.push(Message::system(s.to_string()));
+    }
+    msgs.push(Message::user(user.to_string()));
+    render_chat(&msgs, &RenderOptions { mode, ctx: ctx as u64, ..RenderOptions::default() })
 }
 
 /// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on
@@ -353,14 +402,8 @@ impl Chat {
     fn prompt_tokens(&self, conv: &dyn Conversation, user: &str) -> Result<Vec<u32>, String> {
         let tok = conv.tokenizer();
         let ids = tok.chat_ids().map_err(|e| e.to_string())?;
-        let ropts = RenderOptions { mode: self.mode, ctx: conv.ctx() as u64, ..RenderOptions::default() };
         if conv.tokens().is_empty() {
-            let mut msgs = Vec::new();
-            if let Some(s) = &self.system {
-                msgs.push(Message::system(s.clone()));
-            }
-            msgs.push(Message::user(user.to_string()));
-            return Ok(tok.encode(&render_chat(&msgs, &ropts)));
+            return Ok(tok.encode(&first_turn(self.system.as_deref(), user, self.mode, conv.ctx())));
         }
         // Later turns: the previous answer is closed with EOS, then a new user turn opens the reply.
         let mut t = conv.tokens().to_vec();
