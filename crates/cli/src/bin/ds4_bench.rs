@@ -46,6 +46,14 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    warm_weights: bool,
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
@@ -103,7 +111,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let fr = frontiers(&a)?;
     let backend = ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?;
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, ..LoadOptions::default() };
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
     if a.dist.active() || a.dist.validate().is_err() {
         let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
         return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
