@@ -272,7 +272,8 @@ mod tests {
         let err = admit(&inp, plan.total() - 1).unwrap_err();
         assert!(err.contains("exceeds the budget"), "{err}");
         // Each suggested value, planned again, fits the budget (an independent check of the search).
-        let value = |flag: &str| -> f64 { err.split(&format!("{flag} ")).nth(1).unwrap().split([',', ' ']).next().unwrap().parse().unwrap() };
+        let fit = err.split("would fit:").nth(1).unwrap();
+        let value = |flag: &str| -> f64 { fit.split(&format!("{flag} ")).nth(1).unwrap().split([',', ' ']).next().unwrap().parse().unwrap() };
         let ctx = value("--ctx") as usize;
         assert!(ctx < inp.ctx && MemoryPlan::new(&PlanInput { ctx, ..inp }).total() < plan.total(), "{err}");
         let chunk = value("--prefill-chunk") as usize;
