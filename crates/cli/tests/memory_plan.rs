@@ -147,6 +147,13 @@ fn flash1_over_budget_exits_fast_and_small_and_runs_with_the_default_budget() {
     assert!(err.contains("exceeds the budget"), "{err}");
     assert!(secs < 3.0, "refusal took {secs} s");
     assert!(rss_kib < 300 * 1000, "peak RSS {rss_kib} KiB");
+    // A prompt over the context: refused after tokenizing (the tokenizer comes from the metadata).
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(400);
+    let (out, rss_kib, secs) = timed(&["-m", m, "--ctx", "256", "-p", &long]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("does not fit --ctx 256"), "{err}");
+    assert!(secs < 3.0 && rss_kib < 300 * 1000, "prompt refusal took {secs} s, peak RSS {rss_kib} KiB");
     let (out, rss_kib, _) = timed(&["-m", m, "-p", "Hi", "-n", "2", "--temp", "0"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");

@@ -112,6 +112,10 @@ fn run(a: Args) -> Result<(), String> {
     let fr = frontiers(&a)?;
     let backend = ds4_engine::Backend::parse(&a.backend).map_err(|e| e.to_string())?;
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), debug: a.debug, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
+    if let Err(e) = load.validate() {
+        eprintln!("ds4-bench: {e}");
+        std::process::exit(2);
+    }
     if a.dist.active() || a.dist.validate().is_err() {
         let b = ds4_dist::cli::BenchRun { model: a.model.as_deref(), prompt_file: a.prompt_file.clone(), frontiers: fr, gen_tokens: a.gen_tokens, load, csv: a.csv.clone() };
         return ds4_dist::cli::bench_main(&a.dist, &b).map_err(|e| std::process::exit({ eprintln!("ds4-bench: {e}"); ds4_dist::cli::exit_code(&e) as i32 }));
