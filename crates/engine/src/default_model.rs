@@ -57,8 +57,11 @@ fn write_default(path: &Path) -> Result<(), EngineError> {
     }
     let (tokens, merges, token_types) = ds4_tokenizer::tiny_vocab()?;
     let vocab = vocab_from_parts(tokens, merges, token_types);
-    // Write to a temporary name and rename, so a concurrent or interrupted run never sees half a file.
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    // Write to a temporary name and rename, so a concurrent or interrupted run never sees half a file
+    // (the name is unique per process and call: threads of one process may generate it at once).
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = path.with_extension(format!("tmp{}-{n}", std::process::id()));
     let spec = SynthSpec { shape: "tiny", mix: Mix::Q4, seed: 0xD5_4D5, layers: None, vocab: Some(&vocab) };
     synth::write(&spec, &tmp, |_, _| {})?;
     std::fs::rename(&tmp, path)?;

@@ -1,11 +1,13 @@
 //! A loaded model: the stage that runs it, its tokenizer, and the thread pool set-up.
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
-use ds4_model::memplan::{available_ram, MemoryPlan};
-use ds4_model::weights::WeightMemory;
+use crate::progress::Progress;
+use ds4_model::hostload::{HostLoad, WeightMemory};
+use ds4_model::mapplan::MapPlan;
+use ds4_model::memplan::{admit, admit_device, available_ram, MemoryPlan, PlanInput, Placement};
 use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Which device runs the forward pass.
@@ -59,13 +61,22 @@ pub struct LoadOptions {
     pub debug: bool,
     /// Prompt tokens per prefill batch (sizes the prefill working memory).
     pub prefill_chunk: usize,
-    /// Memory budget in GiB; default: the RAM available now.
+    /// Memory budget in GiB; default: the RAM available before loading.
     pub mem_limit_gb: Option<f64>,
     pub backend: Backend,
     /// CUDA devices the layers are spread over in contiguous parts (the same device may repeat).
     pub cuda_devices: Vec<usize>,
     /// Where the CUDA backend keeps the weights.
     pub cuda_weights: CudaWeights,
+    /// Host memory of the weights (`--weights copy|mmap`); None: the backend's default (a copy on the
+    /// CPU, a mapping to upload from for a GPU).
+    pub weights: Option<WeightMemory>,
+    /// Pre-fault the weight mapping at load (`--warm-weights`); a copy reads every page anyway.
+    pub warm_weights: bool,
+    /// KV states held at once (a session plus the server's snapshots): the plan counts each.
+    pub kv_states: usize,
+    /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
+    pub quiet: bool,
 }
 
 impl Default for LoadOptions {
@@ -80,7 +91,53 @@ impl Default for LoadOptions {
             backend: Backend::Cpu,
             cuda_devices: vec![0],
             cuda_weights: CudaWeights::Auto,
+            weights: None,
+            warm_weights: false,
+            kv_states: 1,
+            quiet: false,
         } }
+}
+
+impl LoadOptions {
+    /// The weights' host memory: the flag, else copy on the CPU and a mapping for a GPU backend.
+    pub fn weight_memory(&self) -> WeightMemory {
+        self.weights.unwrap_or(if self.backend == Backend::Cpu { WeightMemory::Copy } else { WeightMemory::Mmap })
+    }
+
+    /// Checks the values that need no file; the messages name the flag.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |m: &str| Err(EngineError::Invalid(m.into()));
+        if self.threads == Some(0) {
+            return bad("--threads must be at least 1");
+        }
+        if self.ctx == 0 {
+            return bad("--ctx must be at least 1");
+        }
+        if self.prefill_chunk == 0 {
+            return bad("--prefill-chunk must be at least 1");
+        }
+        if let Some(g) = self.mem_limit_gb {
+            if !(g > 0.0 && g.is_finite()) {
+                return Err(EngineError::Invalid(format!("--mem-limit-gb must be a positive number, got {g}")));
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        if self.backend == Backend::Cuda {
+            return bad("--backend cuda: this binary was built without CUDA support (cargo build --features cuda)");
+        }
+        if self.backend == Backend::Cuda && self.cuda_devices.is_empty() {
+            return bad("--cuda-devices must name at least one device");
+        }
+        Ok(())
+    }
+
+    /// Host bytes the plan must fit: `--mem-limit-gb`, else the memory available now (before loading).
+    fn budget(&self) -> u64 {
+        match self.mem_limit_gb {
+            Some(g) => (g * (1u64 << 30) as f64) as u64,
+            None => available_ram().unwrap_or(u64::MAX),
+        }
+    }
 }
 
 pub struct Engine {
@@ -94,35 +151,59 @@ pub struct Engine {
     cuda: Option<crate::cuda_pipeline::CudaPipeline>,
 }
 
+/// A model file planned for loading: its metadata, tokenizer and memory plan, admitted by the budget,
+/// with no weight read yet. `load` reads them.
+pub struct LoadPlan {
+    path: PathBuf,
+    opts: LoadOptions,
+    pub file: Arc<GgufFile>,
+    pub cfg: Config,
+    pub range: LayerRange,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub memory: MemoryPlan,
+    /// The host budget the plan was admitted by.
+    pub budget: u64,
+    spans: MapPlan,
+    /// Where the CUDA backend keeps the weights (resolved from `--cuda-weights` and the device).
+    #[cfg(feature = "cuda")]
+    place: Option<ds4_cuda::WeightPlace>,
+}
+
+/// The plan of weights a GPU reads in place from the host mapping: counted once, as host memory that
+/// stays resident (pinned), and not on the device.
+fn host_weights_plan(mut p: MemoryPlan) -> MemoryPlan {
+    p.memory = WeightMemory::Mmap;
+    p.mapped = 0;
+    p.device = p.device.saturating_sub(p.weights);
+    p
+}
+
 impl Engine {
+    /// Plans and loads (see [`Engine::plan`] and [`LoadPlan::load`]).
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        Self::plan(path, opts)?.load()
+    }
+
+    /// Reads the file's metadata and tensor directory, makes the memory plan for `opts` and checks it
+    /// against the budget (and, for a GPU backend, its free memory): a refusal comes before any weight
+    /// is read, with the flag values that would fit.
+    pub fn plan(path: &Path, opts: &LoadOptions) -> Result<LoadPlan, EngineError> {
+        opts.validate()?;
         if let Some(t) = opts.threads {
-            if t == 0 {
-                return Err(EngineError::Invalid("--threads must be at least 1".into()));
-            }
             // The global pool can be built once per process; later calls keep the first setting.
             let _ = rayon::ThreadPoolBuilder::new().num_threads(t).build_global();
-        }
-        if opts.ctx == 0 {
-            return Err(EngineError::Invalid("--ctx must be at least 1".into()));
         }
         let file = Arc::new(GgufFile::open(path)?);
         let cfg = Config::from_gguf(&file)?;
         let shard = ds4_model::weights::shard_range(&file)?;
         let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
-        let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };
-        residency::set_phase(residency::Phase::Load);
-        // The CPU reads weights from huge-page anonymous memory; a GPU backend uploads from the file mapping.
-        let mem = if opts.backend == Backend::Cpu { WeightMemory::Anon } else { WeightMemory::Mmap };
-        let weights = Weights::bind_with(file, path, &cfg, range, WeightMemory::from_env(mem))?;
+        let spans = Weights::map_plan(&file, &cfg, range)?;
         if opts.layers.is_some() || shard.is_some() || opts.debug {
-            eprintln!("{}", weights.plan.describe(&range.label()));
+            eprintln!("{}", spans.describe(&range.label()));
         }
-        if opts.prefill_chunk == 0 {
-            return Err(EngineError::Invalid("--prefill-chunk must be at least 1".into()));
-        }
-        let threads = rayon::current_num_threads();
-        // A GPU backend keeps the weights in device memory: the host only maps the file to upload it.
+        let placement = if opts.backend == Backend::Cpu { Placement::Cpu } else { Placement::Accelerator };
+        // `--cuda-weights host`: the GPU reads the mapping in place, so the plan counts the weights once,
+        // on the host (planned as a copy, then mapped: `host_weights_plan`), and none on the device.
         #[cfg(feature = "cuda")]
         let place = match opts.backend {
             Backend::Cuda => Some(crate::cuda_pipeline::weight_place(opts.cuda_weights, &opts.cuda_devices)?),
@@ -132,48 +213,59 @@ impl Engine {
         let host_weights = place == Some(ds4_cuda::WeightPlace::Host);
         #[cfg(not(feature = "cuda"))]
         let host_weights = false;
-        let plan = match opts.backend {
-            Backend::Cpu => MemoryPlan::new(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk, threads),
-            // Weights the GPU reads in place stay pinned in host memory: the one copy is the host's.
-            Backend::Cuda if host_weights => MemoryPlan { weights: weights.resident_bytes(), mapped: 0, ..MemoryPlan::for_accelerator(&cfg, range, 0, opts.ctx, opts.prefill_chunk) },
-            Backend::Cuda => MemoryPlan::for_accelerator(&cfg, range, weights.resident_bytes(), opts.ctx, opts.prefill_chunk),
-        };
-        let budget = match opts.mem_limit_gb {
-            Some(g) if g > 0.0 && g.is_finite() => (g * (1u64 << 30) as f64) as u64,
-            Some(g) => return Err(EngineError::Invalid(format!("--mem-limit-gb must be a positive number, got {g}"))),
-            None => available_ram().unwrap_or(u64::MAX),
-        };
-        eprintln!("{}", plan.describe(budget));
-        plan.check(budget).map_err(EngineError::Budget)?;
-        let mut stage = Stage::new(cfg, weights, opts.options);
-        #[cfg(feature = "cuda")]
-        let cuda = match opts.backend {
-            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?),
-            Backend::Cpu => None,
-        };
-        #[cfg(not(feature = "cuda"))]
-        if opts.backend == Backend::Cuda {
-            return Err(EngineError::Invalid("--backend cuda: this binary was built without CUDA support (cargo build --features cuda)".into()));
-        }
-        if opts.backend == Backend::Cpu {
-            stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
-        }
-        Ok(Self {
-            stage,
-            tokenizer,
+        let input = PlanInput {
+            cfg: &cfg,
+            range,
+            weights: spans.bytes(),
             ctx: opts.ctx,
             prefill_chunk: opts.prefill_chunk,
-            plan,
+            threads: rayon::current_num_threads(),
+            kv_states: opts.kv_states,
+            memory: if host_weights { WeightMemory::Copy } else { opts.weight_memory() },
+            placement,
+        };
+        let budget = opts.budget();
+        let shown = MemoryPlan::new(&input);
+        eprintln!("{}", if host_weights { host_weights_plan(shown) } else { shown }.describe(budget));
+        let mut memory = admit(&input, budget).map_err(EngineError::Budget)?;
+        if host_weights {
+            memory = host_weights_plan(memory);
+        }
+        if let Some(free) = crate::device_budget::device_free(opts.backend, &opts.cuda_devices) {
+            admit_device(&memory, free).map_err(EngineError::Budget)?;
+        }
+        // The vocabulary is metadata: building the tokenizer reads no tensor data.
+        let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };
+        Ok(LoadPlan {
+            path: path.to_path_buf(),
+            opts: opts.clone(),
+            file,
+            cfg,
+            range,
+            tokenizer,
+            memory,
+            budget,
+            spans,
             #[cfg(feature = "cuda")]
-            cuda,
+            place,
         })
     }
 
     /// A CPU engine around an already built stage (no tokenizer; the stage's buffers grow on demand).
     pub fn from_stage(stage: Stage, ctx: usize) -> Self {
         let range = stage.w.range;
-        let threads = rayon::current_num_threads();
-        let plan = MemoryPlan::new(&stage.cfg, range, stage.w.resident_bytes(), ctx, 1, threads);
+        let input = PlanInput {
+            cfg: &stage.cfg,
+            range,
+            weights: stage.w.resident_bytes(),
+            ctx,
+            prefill_chunk: 1,
+            threads: rayon::current_num_threads(),
+            kv_states: 1,
+            memory: WeightMemory::Copy,
+            placement: Placement::Cpu,
+        };
+        let plan = MemoryPlan::new(&input);
         Self {
             stage,
             tokenizer: None,
@@ -288,5 +380,45 @@ impl Engine {
 
     pub fn tokenizer(&self) -> Result<Arc<Tokenizer>, EngineError> {
         self.tokenizer.clone().ok_or_else(|| EngineError::Invalid("the model file carries no tokenizer".into()))
+    }
+}
+
+impl LoadPlan {
+    /// Brings the weights in (copied or mapped as planned, with a progress bar on a terminal) and
+    /// builds the engine: its backend, and the CPU's work buffers sized by the plan.
+    pub fn load(self) -> Result<Engine, EngineError> {
+        #[cfg(feature = "cuda")]
+        let place = self.place;
+        let LoadPlan { path, opts, file, cfg, range, tokenizer, memory, spans, .. } = self;
+        residency::set_phase(residency::Phase::Load);
+        let mem = memory.memory;
+        let reads = mem == WeightMemory::Copy || opts.warm_weights;
+        let what = match (mem, opts.warm_weights) {
+            (WeightMemory::Copy, _) => "loading weights (copy)",
+            (WeightMemory::Mmap, true) => "warming weights (mmap)",
+            (WeightMemory::Mmap, false) => "mapping weights (mmap, pages load on first use)",
+        };
+        let progress = Progress::start(what, spans.bytes(), reads, opts.quiet);
+        let report = |done: u64| progress.set(done);
+        let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
+        progress.finish();
+        let mut stage = Stage::new(cfg, weights, opts.options);
+        #[cfg(feature = "cuda")]
+        let cuda = match opts.backend {
+            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?),
+            Backend::Cpu => None,
+        };
+        if opts.backend == Backend::Cpu {
+            stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
+        }
+        Ok(Engine {
+            stage,
+            tokenizer,
+            ctx: opts.ctx,
+            prefill_chunk: opts.prefill_chunk,
+            plan: memory,
+            #[cfg(feature = "cuda")]
+            cuda,
+        })
     }
 }

@@ -2,12 +2,15 @@
 #[cfg(feature = "cuda")]
 mod cuda_pipeline;
 mod default_model;
+mod device_budget;
 mod engine;
 mod error;
 pub mod membw;
+mod progress;
 mod session;
 
 pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};
-pub use engine::{Backend, CudaWeights, Engine, LoadOptions};
+pub use ds4_model::hostload::WeightMemory;
+pub use engine::{Backend, CudaWeights, Engine, LoadOptions, LoadPlan};
 pub use error::EngineError;
 pub use session::{GenStats, Session, StopReason};

@@ -4,6 +4,7 @@ pub mod compressor;
 pub mod config;
 pub mod error;
 pub mod hc;
+pub mod hostload;
 pub mod kv;
 pub mod mapplan;
 pub mod memplan;

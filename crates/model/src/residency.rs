@@ -57,3 +57,14 @@ pub fn snapshot() -> Counters {
     }
     c
 }
+
+static LOADED: AtomicU64 = AtomicU64::new(0);
+
+/// Records `n` weight bytes read from the file into memory (copied, or pre-faulted in a mapping).
+pub fn add_loaded(n: u64) {
+    LOADED.fetch_add(n, Ordering::Relaxed);
+}
+
+/// Weight bytes read into memory by loads so far in this process: the memory plan refuses before
+/// this moves (design §5).
+pub fn loaded_bytes() -> u64 { LOADED.load(Ordering::Relaxed) }

@@ -3,6 +3,8 @@ use crate::config::Config;
 use crate::error::{ModelError, Result};
 use ds4_gguf::{GgmlType, GgufFile, TensorInfo};
 use ds4_quant::MatRef;
+use crate::hostload::{load_spans, HostLoad};
+pub use crate::hostload::{Region, WeightMemory};
 use crate::mapplan::MapPlan;
 use crate::residency;
 use std::cell::RefCell;
@@ -131,16 +133,6 @@ impl LayerRange {
     }
 }
 
-/// One mapping of the map plan: its own mmap of a file span, or (for in-memory files) a window of the
-/// file's bytes.
-pub enum Region {
-    Mapped(memmap2::Mmap),
-    /// Anonymous memory backed by huge pages where the kernel allows, filled from the file at load
-    /// (the default; `DS4_WEIGHTS=mmap` maps the file instead): fewer TLB misses in decode.
-    Anon(memmap2::MmapMut),
-    Window(Range<usize>),
-}
-
 /// All weights a stage owns, bound to the mappings of its map plan.
 pub struct Weights {
     pub file: Arc<GgufFile>,
@@ -217,45 +209,34 @@ impl Weights {
         Self::bind_from(file, None, cfg, range)
     }
 
-    /// Binds the stage's tensors and maps only the coalesced spans of its map plan from `path`.
-    /// (The CPU default copies the spans into huge-page anonymous memory; see `WeightMemory`.)
+    /// Binds the stage's tensors and copies only the coalesced spans of its map plan from `path` into
+    /// memory (the CPU default; see `WeightMemory`).
     pub fn bind_mapped(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange) -> Result<Self> {
-        Self::bind_from(file, Some((path, WeightMemory::from_env(WeightMemory::Anon))), cfg, range)
+        Self::bind_from(file, Some((path, &HostLoad::copy())), cfg, range)
     }
 
-    /// Like `bind_mapped` with an explicit choice of host memory for the weights.
-    pub fn bind_with(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange, mem: WeightMemory) -> Result<Self> {
-        Self::bind_from(file, Some((path, mem)), cfg, range)
+    /// Like `bind_mapped`, bringing the spans in as `load` says.
+    pub fn bind_with(file: Arc<GgufFile>, path: &Path, cfg: &Config, range: LayerRange, load: &HostLoad) -> Result<Self> {
+        Self::bind_from(file, Some((path, load)), cfg, range)
     }
 
-    fn bind_from(file: Arc<GgufFile>, path: Option<(&Path, WeightMemory)>, cfg: &Config, range: LayerRange) -> Result<Self> {
-        if range.first > range.last || range.last >= cfg.n_layer {
-            return Err(ModelError::Invalid(format!(
-                "layer range {}:{} is outside the model's {} layers",
-                range.first, range.last, cfg.n_layer
-            )));
-        }
-        check_shard(&file, range)?;
-        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()) };
-        let embed = if range.embed { Some(b.mat("token_embd.weight", cfg.n_vocab, cfg.n_embd, 1)?) } else { None };
-        let mut layers = Vec::with_capacity(range.last - range.first + 1);
-        for il in range.first..=range.last {
-            layers.push(b.layer(il)?);
-        }
-        let head = if range.head {
-            Some(HeadWeights {
-                hc_fn: b.mat("output_hc_fn.weight", cfg.n_hc, cfg.hc_dim(), 1)?,
-                hc_scale: b.vec("output_hc_scale.weight", 1)?,
-                hc_base: b.vec("output_hc_base.weight", cfg.n_hc)?,
-                norm: b.vec("output_norm.weight", cfg.n_embd)?,
-                output: b.mat("output.weight", cfg.n_vocab, cfg.n_embd, 1)?,
-            })
-        } else {
-            None
-        };
+    /// The map plan of a stage, from the tensor directory alone: checks that every tensor the stage
+    /// needs is present with the right shape and type, and reads no tensor data (the memory plan is
+    /// made from it before any weight is loaded).
+    pub fn map_plan(file: &GgufFile, cfg: &Config, range: LayerRange) -> Result<MapPlan> {
+        check_range(file, cfg, range)?;
+        let b = Binder { f: file, cfg, owned: RefCell::new(Vec::new()), dry: true };
+        b.stage(range)?;
+        Ok(MapPlan::build(b.owned.into_inner(), file.alignment()))
+    }
+
+    fn bind_from(file: Arc<GgufFile>, path: Option<(&Path, &HostLoad)>, cfg: &Config, range: LayerRange) -> Result<Self> {
+        check_range(&file, cfg, range)?;
+        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()), dry: false };
+        let (embed, layers, head) = b.stage(range)?;
         let plan = MapPlan::build(b.owned.into_inner(), file.alignment());
         let regions = match path {
-            Some((p, mem)) => map_spans(p, &plan, mem)?,
+            Some((p, load)) => load_spans(p, &plan, load)?,
             None => plan.spans.iter().map(|r| Region::Window(r.start as usize..r.end as usize)).collect(),
         };
         residency::count(residency::Op::Map, regions.len() as u64);
@@ -322,62 +303,19 @@ struct Binder<'a> {
     cfg: &'a Config,
     /// File byte ranges of every tensor the stage owns (input of the map plan).
     owned: RefCell<Vec<Range<u64>>>,
+    /// Check the directory only: vectors and tables come back empty, no tensor data is read.
+    dry: bool,
 }
 
-/// Maps each span of the plan from the file.
-/// Where a stage's weights live on the host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WeightMemory {
-    /// Pre-faulted read-only mapping of the file (what a GPU backend uploads from: no second host copy).
-    Mmap,
-    /// Huge-page-advised anonymous memory filled from the file: the CPU default, since decode streams every
-    /// weight each token and 4 KiB file pages cost ~30% in TLB misses (bench/results/cpu_decode.md).
-    Anon,
-}
-
-impl WeightMemory {
-    /// `DS4_WEIGHTS=mmap|anon` overrides `default`.
-    pub fn from_env(default: Self) -> Self {
-        match std::env::var("DS4_WEIGHTS").as_deref() {
-            Ok("mmap") => Self::Mmap,
-            Ok("anon") => Self::Anon,
-            _ => default,
-        }
+/// A range must lie inside the model and, for a shard file, inside the shard.
+fn check_range(file: &GgufFile, cfg: &Config, range: LayerRange) -> Result<()> {
+    if range.first > range.last || range.last >= cfg.n_layer {
+        return Err(ModelError::Invalid(format!(
+            "layer range {}:{} is outside the model's {} layers",
+            range.first, range.last, cfg.n_layer
+        )));
     }
-}
-
-fn map_spans(path: &Path, plan: &MapPlan, mem: WeightMemory) -> Result<Vec<Region>> {
-    let f = std::fs::File::open(path).map_err(|e| ModelError::Invalid(format!("{}: {e}", path.display())))?;
-    if mem == WeightMemory::Anon {
-        return copy_spans(&f, path, plan);
-    }
-    plan.spans
-        .iter()
-        .map(|r| {
-            // SAFETY: read-only mapping (pre-faulted: weights become resident at load) of a model file the engine
-            // does not modify; like any mmap
-            // it assumes no other process truncates the file while it is mapped.
-            let m = unsafe { memmap2::MmapOptions::new().offset(r.start).len((r.end - r.start) as usize).populate().map(&f) };
-            m.map(Region::Mapped).map_err(|e| ModelError::Invalid(format!("mapping {}..{} of {}: {e}", r.start, r.end, path.display())))
-        })
-        .collect()
-}
-
-/// Reads each span into anonymous (huge-page advised) memory.
-fn copy_spans(f: &std::fs::File, path: &Path, plan: &MapPlan) -> Result<Vec<Region>> {
-    use std::os::unix::fs::FileExt;
-    let err = |e: std::io::Error| ModelError::Invalid(format!("loading {}: {e}", path.display()));
-    plan.spans
-        .iter()
-        .map(|r| {
-            let len = (r.end - r.start) as usize;
-            let mut m = memmap2::MmapMut::map_anon(len).map_err(err)?;
-            #[cfg(target_os = "linux")]
-            let _ = m.advise(memmap2::Advice::HugePage);
-            f.read_exact_at(&mut m, r.start).map_err(err)?;
-            Ok(Region::Anon(m))
-        })
-        .collect()
+    check_shard(file, range)
 }
 
 /// A shard file records its layer range; a stage must lie inside it.
@@ -410,6 +348,25 @@ const MATRIX_TYPES: &[GgmlType] =
 const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 impl<'a> Binder<'a> {
+    /// The embedding, layers and head of `range`.
+    fn stage(&self, range: LayerRange) -> Result<(Option<Mat>, Vec<LayerWeights>, Option<HeadWeights>)> {
+        let cfg = self.cfg;
+        let embed = if range.embed { Some(self.mat("token_embd.weight", cfg.n_vocab, cfg.n_embd, 1)?) } else { None };
+        let layers = (range.first..=range.last).map(|il| self.layer(il)).collect::<Result<Vec<_>>>()?;
+        let head = if range.head {
+            Some(HeadWeights {
+                hc_fn: self.mat("output_hc_fn.weight", cfg.n_hc, cfg.hc_dim(), 1)?,
+                hc_scale: self.vec("output_hc_scale.weight", 1)?,
+                hc_base: self.vec("output_hc_base.weight", cfg.n_hc)?,
+                norm: self.vec("output_norm.weight", cfg.n_embd)?,
+                output: self.mat("output.weight", cfg.n_vocab, cfg.n_embd, 1)?,
+            })
+        } else {
+            None
+        };
+        Ok((embed, layers, head))
+    }
+
     fn info(&self, name: &str) -> Result<&'a TensorInfo> {
         let t = self.f.tensor(name).ok_or_else(|| ModelError::Tensor { name: name.into(), problem: "missing from the model file".into() })?;
         self.owned.borrow_mut().push(self.f.tensor_file_range(t));
@@ -450,6 +407,9 @@ impl<'a> Binder<'a> {
         }
         if !VECTOR_TYPES.contains(&t.ty) {
             return Err(ModelError::Tensor { name: name.into(), problem: format!("type {} is not a float type", t.ty.name()) });
+        }
+        if self.dry {
+            return Ok(Vec::new());
         }
         let mut out = vec![0f32; n];
         ds4_quant::dequantize(t.ty, self.f.tensor_data(t), &mut out)?;
@@ -544,6 +504,9 @@ impl<'a> Binder<'a> {
         self.check_dims(t, &[cfg.n_expert_used as u64, cfg.n_vocab as u64])?;
         if t.ty != GgmlType::I32 {
             return Err(ModelError::Tensor { name: name.into(), problem: format!("expected I32, found {}", t.ty.name()) });
+        }
+        if self.dry {
+            return Ok(Vec::new());
         }
         let data = self.f.tensor_data(t);
         let mut out = Vec::with_capacity(cfg.n_expert_used * cfg.n_vocab);

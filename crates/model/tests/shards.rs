@@ -79,3 +79,30 @@ fn shard_refuses_layers_it_does_not_hold() {
     let msg = err.to_string();
     assert!(msg.contains("shard of layers 1:3") && msg.contains("2:output"), "{msg}");
 }
+
+#[test]
+fn map_plan_from_the_directory_equals_the_bound_plan_and_reads_no_tensor_data() {
+    let full = tiny_model(Mix::F16, "f16");
+    let f = GgufFile::open(&full).unwrap();
+    let cfg = Config::from_gguf(&f).unwrap();
+    for range in ["0:2", "3:output", "0:output"] {
+        let r = LayerRange::parse(range, cfg.n_layer).unwrap();
+        assert_eq!(Weights::map_plan(&f, &cfg, r).unwrap(), stage(&full, range).w.plan, "range {range}");
+    }
+    // Corrupt tensor data (a hash-routing table with expert ids out of range): binding reads it and
+    // fails, the map plan does not read it and still succeeds.
+    let hash = (0..cfg.n_layer).find(|&il| cfg.is_hash_layer(il)).expect("the tiny shape has a hash layer");
+    let mut bytes = std::fs::read(&full).unwrap();
+    let t = f.tensor(&format!("blk.{hash}.ffn_gate_tid2eid.weight")).unwrap();
+    let span = f.tensor_file_range(t);
+    bytes[span.start as usize..span.end as usize].fill(0xFF);
+    let bad = GgufFile::from_bytes(bytes).unwrap();
+    let all = LayerRange::full(&cfg);
+    assert!(Weights::bind(Arc::new(GgufFile::from_bytes(std::fs::read(&full).unwrap()).unwrap()), &cfg, all).is_ok());
+    let err = Weights::bind(Arc::new(GgufFile::from_bytes(bad.bytes().to_vec()).unwrap()), &cfg, all).err().expect("corrupt table bound");
+    assert!(err.to_string().contains("expert id"), "{err}");
+    assert_eq!(Weights::map_plan(&bad, &cfg, all).unwrap(), Weights::map_plan(&f, &cfg, all).unwrap());
+    // A range outside the model is refused before anything is bound.
+    let short = LayerRange { last: cfg.n_layer, ..all };
+    assert!(Weights::map_plan(&f, &cfg, short).is_err());
+}

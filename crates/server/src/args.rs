@@ -60,6 +60,14 @@ pub struct Args {
     /// Prompt tokens per prefill batch.
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    pub weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    pub warm_weights: bool,
     /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     pub backend: String,

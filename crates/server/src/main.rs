@@ -57,7 +57,7 @@ fn run(args: args::Args) -> Result<(), String> {
         eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, ..LoadOptions::default() };
+    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(&args), ..LoadOptions::default() };
     let (model, tok, coordinator) = if args.dist.is_coordinator() {
         // Requests are served as soon as HTTP is up; until the route is complete they fail with the
         // missing layer (503) and /health says what is missing.
@@ -134,6 +134,12 @@ fn run(args: args::Args) -> Result<(), String> {
         }
     }
     served
+}
+
+/// KV states the server can hold at once, for the memory plan: the live session and its rewind
+/// snapshots (kept on the CPU backend only).
+fn kv_states(args: &args::Args) -> usize {
+    1 + if args.backend == "cuda" { 0 } else { args.kv_snapshots }
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM.

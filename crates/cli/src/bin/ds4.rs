@@ -86,6 +86,14 @@ struct Args {
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    warm_weights: bool,
     /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
     #[arg(long = "backend")]
     backend: Option<String>,
@@ -227,7 +235,21 @@ fn run(args: Args) -> Result<(), String> {
     }
     let t0 = Instant::now();
     let opts = load_options(&args, backend);
-    let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let Err(e) = opts.validate() {
+        eprintln!("ds4: {e}");
+        std::process::exit(2);
+    }
+    if let Some(dir) = args.kv_save.as_deref().map(|p| p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))) {
+        if !dir.is_dir() {
+            return Err(format!("--kv-save: directory {} does not exist", dir.display()));
+        }
+    }
+    // Plan first: a refusal (memory, a prompt over --ctx) comes before any weight is read.
+    let planned = Engine::plan(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let (Some(p), None) = (&prompt, &args.kv_load) {
+        prompt_fits(&args, &planned, &prefix, p)?;
+    }
+    let mut eng = planned.load().map_err(|e| format!("{}: {e}", src.path().display()))?;
     if args.debug {
         let c = eng.cfg();
         eprintln!(
@@ -311,8 +333,28 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
         cuda_devices: args.cuda_devices.clone(),
         options,
         cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).unwrap_or_default(),
+        weights: args.weights,
+        warm_weights: args.warm_weights,
         ..LoadOptions::default()
     }
+}
+
+/// Refuses a one-shot prompt that cannot fit `--ctx`, from the planned model's tokenizer (metadata only,
+/// before any weight is read): from its byte length alone when even the longest token could not make it
+/// fit, else by rendering and tokenizing the first turn as the chat will.
+fn prompt_fits(args: &Args, planned: &ds4_engine::LoadPlan, prefix: &[ds4_tokenizer::chat::Message], prompt: &str) -> Result<(), String> {
+    let ctx = planned.memory.ctx;
+    let tok = planned.tokenizer.clone().ok_or("the model file carries no tokenizer")?;
+    let longest = (0..tok.n_vocab() as u32).map(|i| tok.token_bytes(i).len()).max().unwrap_or(1).max(1);
+    if prompt.len() / longest >= ctx {
+        return Err(format!("the prompt has {} bytes, at least {} tokens, which does not fit --ctx {ctx}", prompt.len(), prompt.len() / longest));
+    }
+    let chat = Chat::new(chat_config(args, prefix.to_vec()), tok.n_vocab())?;
+    let n = chat.first_turn_tokens(&tok, ctx, prompt).len();
+    if n >= ctx {
+        return Err(format!("prompt has {n} tokens, which does not fit --ctx {ctx}"));
+    }
+    Ok(())
 }
 
 /// `--role worker`: serve a layer slice; `--role coordinator`: the chat (one-shot or interactive) on

@@ -68,6 +68,14 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    warm_weights: bool,
     /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
     #[arg(long = "backend")]
     backend: Option<String>,
@@ -201,7 +209,11 @@ fn run(a: Args) -> Result<(), String> {
     if a.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, ..LoadOptions::default() };
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
+    if let Err(e) = load.validate() {
+        eprintln!("ds4-bench: {e}");
+        std::process::exit(2);
+    }
     if a.dist.active() || a.dist.validate().is_err() {
         let prompt_file = match (&a.prompt_file, a.ds4.dump_frontier_logits_dir.is_some(), a.ds4.power) {
             (Some(p), false, 100) => p.clone(),

@@ -104,6 +104,21 @@ impl Chat {
     /// The caller already said that Think Max falls back (no second warning at the next turn).
     pub fn mark_max_warned(&mut self) { self.max_warned = true; }
 
+    /// The tokens of a conversation's first turn: system prompt, `--prefix-file` turns, the user's text.
+    pub fn first_turn_tokens(&self, tok: &ds4_tokenizer::Tokenizer, ctx: usize, user: &str) -> Vec<u32> {
+        if self.raw || user.starts_with(ds4_tokenizer::special::BOS) {
+            // Raw, or already a rendered chat (as ds4): tokenized as written.
+            return tok.encode(user);
+        }
+        let mut msgs = Vec::new();
+        if let Some(s) = self.system.as_deref().filter(|s| !s.is_empty()) {
+            msgs.push(Message::system(s.to_string()));
+        }
+        msgs.extend(self.prefix.iter().cloned());
+        msgs.push(Message::user(user.to_string()));
+        tok.encode(&render_chat(&msgs, &RenderOptions { mode: self.mode, ctx: ctx as u64, ..RenderOptions::default() }))
+    }
+
     /// Renders the next user turn as tokens appended to the conversation.
     pub fn prompt_tokens(&self, conv: &dyn Conversation, user: &str) -> Result<Vec<u32>, String> {
         let tok = conv.tokenizer();
@@ -113,19 +128,8 @@ impl Chat {
             t.extend(tok.encode(user));
             return Ok(t);
         }
-        let ropts = RenderOptions { mode: self.mode, ctx: conv.ctx() as u64, ..RenderOptions::default() };
         if conv.tokens().is_empty() {
-            if user.starts_with(ds4_tokenizer::special::BOS) {
-                // Already a rendered chat (as ds4): tokenized as written.
-                return Ok(tok.encode(user));
-            }
-            let mut msgs = Vec::new();
-            if let Some(s) = self.system.as_deref().filter(|s| !s.is_empty()) {
-                msgs.push(Message::system(s.to_string()));
-            }
-            msgs.extend(self.prefix.iter().cloned());
-            msgs.push(Message::user(user.to_string()));
-            return Ok(tok.encode(&render_chat(&msgs, &ropts)));
+            return Ok(self.first_turn_tokens(&tok, conv.ctx(), user));
         }
         // Later turns: the previous answer is closed with EOS, then a new user turn opens the reply.
         let mut t = conv.tokens().to_vec();

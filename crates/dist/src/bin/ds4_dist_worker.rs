@@ -17,6 +17,14 @@ struct Args {
     /// Prompt tokens per forward call (larger batches from the coordinator run in pieces).
     #[arg(long = "prefill-chunk", default_value_t = 256)]
     prefill_chunk: usize,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    warm_weights: bool,
     /// Compute backend: cpu, or cuda (binary built with --features cuda).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
@@ -39,7 +47,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let load = ds4_engine::LoadOptions { ctx: a.ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, backend, debug: a.debug, ..Default::default() };
+    let load = ds4_engine::LoadOptions { ctx: a.ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, backend, debug: a.debug, weights: a.weights, warm_weights: a.warm_weights, ..Default::default() };
     match ds4_dist::cli::worker_main(&d, a.model.as_deref(), &load) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
