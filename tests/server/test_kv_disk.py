@@ -14,7 +14,9 @@ CONVS = [CONV_A, CONV_B] + [
     [SYS, {"role": "user", "content": f"Conversation {k}: a distinct question number {k} about oceans and their currents."}]
     for k in range(3, 7)
 ]
-DISK = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-min-tokens", "8"]
+# Every prefill saved whole (no trim, no alignment), so a restart restores the whole prompt.
+DISK = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-min-tokens", "8",
+        "--kv-cache-boundary-trim-tokens", "0", "--kv-cache-boundary-align-tokens", "0"]
 
 
 def client(s):
