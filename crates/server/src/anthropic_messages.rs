@@ -150,6 +150,9 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let stops = fields::opt_stops(&o, "stop_sequences")?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &last);
     let (rx, guard) = app.ready()?.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;

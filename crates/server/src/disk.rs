@@ -46,7 +46,7 @@ impl SavePolicy {
             return None;
         }
         let p = len.saturating_sub(self.trim);
-        let p = if self.align > 0 { p / self.align * self.align } else { p };
+        let p = p.checked_div(self.align).map_or(p, |q| q * self.align);
         (p >= self.min_tokens && p > 0).then_some(p)
     }
 

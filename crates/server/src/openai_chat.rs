@@ -92,6 +92,9 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         None => false,
     };
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
     let (rx, guard) = app.ready()?.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;

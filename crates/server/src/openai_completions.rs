@@ -61,6 +61,8 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         None => false,
     };
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    drop(o);
+    drop(body);
     let prompt = request::raw_prompt(&app, raw).await?;
     let params = request::params(&app, &prompt, sampling, max, stops, false, "call_", &last);
     let (rx, guard) = app.ready()?.submitter.submit("completion", prompt.tokens, None, params)?;

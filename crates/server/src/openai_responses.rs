@@ -185,6 +185,9 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let max = request::max_tokens(&o, &["max_output_tokens", "max_tokens"])?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
     let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;

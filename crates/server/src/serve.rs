@@ -186,6 +186,7 @@ impl http_body::Body for Guarded {
 
 /// Raises the soft open-file limit to the hard one (many connections each hold a descriptor).
 #[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // rlim_t is narrower than u64 on some targets
 pub fn raise_nofile_limit() -> Option<u64> {
     let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
     // SAFETY: getrlimit writes one rlimit struct through a valid pointer.
@@ -210,6 +211,7 @@ pub fn raise_nofile_limit() -> Option<u64> {
 #[cfg(all(test, unix))]
 mod tests {
     #[test]
+    #[allow(clippy::unnecessary_cast)] // rlim_t is narrower than u64 on some targets
     fn nofile_soft_limit_reaches_the_hard_limit() {
         let n = super::raise_nofile_limit().expect("getrlimit");
         let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
