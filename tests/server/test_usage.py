@@ -81,3 +81,21 @@ def test_messages_usage_excludes_cache_reads(server, claude):
     assert ub.cache_read_input_tokens > 0
     assert ub.input_tokens + ub.cache_read_input_tokens + ub.cache_creation_input_tokens == total_b
     assert ub.input_tokens < total_b
+
+
+def test_one_log_line_per_request_and_quiet(make_server):
+    import re
+    loud = make_server("--ctx", "2048", name="loud")
+    quiet = make_server("--ctx", "2048", "--quiet", name="quiet")
+    for s in (loud, quiet):
+        import openai
+        c = openai.OpenAI(base_url=s.base + "/v1", api_key="unused", max_retries=0, timeout=60)
+        c.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[plain]] log"}], max_tokens=16,
+                                  reasoning_effort="none")
+    loud.stop(); quiet.stop()
+    text = open(loud.log.name).read()
+    lines = [l for l in text.splitlines() if l.startswith("ds4-server: req ")]
+    assert len(lines) == 1, text
+    assert re.match(r"ds4-server: req \d+ /v1/chat/completions prompt=\d+ cached=0 gen=\d+ prefill=[\d.]+ t/s "
+                    r"decode=[\d.]+ t/s time=[\d.]+s finish=stop$", lines[0]), lines[0]
+    assert "ds4-server: req " not in open(quiet.log.name).read()

@@ -49,6 +49,7 @@ pub struct PrefillProgress {
     seq: u64,
     kind: &'static str,
     quiet: bool,
+    every: Duration,
     t0: Instant,
     last: Instant,
 }
@@ -56,28 +57,34 @@ pub struct PrefillProgress {
 impl PrefillProgress {
     pub fn new(seq: u64, kind: &'static str, quiet: bool) -> Self {
         let now = Instant::now();
-        Self { seq, kind, quiet, t0: now, last: now }
+        Self { seq, kind, quiet, every: PROGRESS_EVERY, t0: now, last: now }
     }
 
-    /// `done` of `total` tokens prefilled so far.
+    /// `done` of `total` tokens prefilled so far: prints the progress line when one is due.
     pub fn update(&mut self, done: usize, total: usize) {
+        if let Some(l) = self.due(done, total) {
+            eprintln!("{l}");
+        }
+    }
+
+    fn due(&mut self, done: usize, total: usize) -> Option<String> {
         if self.quiet || total < PROGRESS_MIN_TOKENS || done == 0 {
-            return;
+            return None;
         }
         let now = Instant::now();
-        if now.duration_since(self.last) < PROGRESS_EVERY && done < total {
-            return;
+        if now.duration_since(self.last) < self.every && done < total {
+            return None;
         }
         self.last = now;
         let el = now.duration_since(self.t0);
-        eprintln!(
+        Some(format!(
             "ds4-server: req {} {} prefill {done}/{total} ({:.0}%) {:.1} t/s {:.1}s",
             self.seq,
             endpoint(self.kind),
             done as f64 * 100.0 / total as f64,
             rate(done, el),
             el.as_secs_f64()
-        );
+        ))
     }
 }
 
@@ -92,5 +99,20 @@ mod tests {
         let stats = GenStats { gen_tokens: 50, gen_time: Duration::from_secs(2), ..GenStats::default() };
         let l = line(7, "chat", &prep, Duration::from_secs(4), &stats, "stop");
         assert_eq!(l, "ds4-server: req 7 /v1/chat/completions prompt=300 cached=100 gen=50 prefill=50.0 t/s decode=25.0 t/s time=6.00s finish=stop");
+    }
+
+    #[test]
+    fn progress_only_for_long_prompts_and_not_when_quiet() {
+        let mut p = PrefillProgress::new(3, "messages", false);
+        p.every = Duration::ZERO;
+        assert!(p.due(100, 1000).is_none(), "short prompt");
+        let l = p.due(1024, 4096).unwrap();
+        assert!(l.starts_with("ds4-server: req 3 /v1/messages prefill 1024/4096 (25%) "), "{l}");
+        let mut p = PrefillProgress::new(3, "messages", false);
+        assert!(p.due(1024, 4096).is_none(), "within the interval");
+        assert!(p.due(4096, 4096).is_some(), "the end is always reported");
+        let mut q = PrefillProgress::new(3, "messages", true);
+        q.every = Duration::ZERO;
+        assert!(q.due(1024, 4096).is_none());
     }
 }

@@ -84,24 +84,54 @@ async fn connection(stream: TcpStream, conn: Arc<Conn>, registry: Arc<Registry>,
     let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
         let busy = c.busy();
         let router = router.clone();
-        async move { Ok::<_, Infallible>(handle(req, router, limits, busy).await) }
+        Box::pin(async move { Ok::<_, Infallible>(handle(req, router, limits, busy).await) })
     });
-    let http = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc);
-    tokio::pin!(http);
+    let mut http = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc);
     let mut stopping = false;
+    let mut finished = false;
     loop {
         tokio::select! {
-            _ = http.as_mut() => break,
+            r = std::future::poll_fn(|cx| http.poll_without_shutdown(cx)) => {
+                finished = r.is_ok();
+                break;
+            }
             _ = conn.evicted.notified() => break,
             _ = idle_expired(&conn, limits.header_timeout) => break,
             _ = stop.wait_for(|v| *v), if !stopping => {
                 stopping = true;
-                http.as_mut().graceful_shutdown();
+                Pin::new(&mut http).graceful_shutdown();
             }
         }
     }
     registry.remove(&conn);
+    if finished {
+        linger(http.into_parts().io.into_inner()).await;
+    }
 }
+
+/// Closes a connection whose request body may be partly unread (a 413 answered before the body): stop
+/// writing, then read and discard what the client is still sending for a short while, so that closing
+/// does not reset the connection before the client has read the answer.
+async fn linger(mut stream: TcpStream) {
+    use tokio::io::AsyncReadExt;
+    if stream.shutdown().await.is_err() {
+        return;
+    }
+    let drain = async {
+        let mut buf = vec![0u8; 64 << 10];
+        let mut total = 0usize;
+        while total < LINGER_MAX_BYTES {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let _ = tokio::time::timeout(LINGER_MAX_TIME, drain).await;
+}
+
+const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
+const LINGER_MAX_BYTES: usize = 256 << 20;
 
 /// Resolves once the connection has had no request in flight for `timeout`.
 async fn idle_expired(conn: &Conn, timeout: Duration) {

@@ -41,6 +41,13 @@ fn declared_content_length_over_the_limit_is_413_before_the_body() {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["type"], "error");
     assert_eq!(v["error"]["type"], "request_too_large");
+    // A client that writes its whole (oversized) body before reading still gets the answer: the server
+    // drains what it sends after the 413 instead of resetting the connection.
+    let srv = Server::start(&["--max-body-bytes", "1048576"], true);
+    for _ in 0..3 {
+        let (st, body) = request(srv.port, "POST", "/v1/chat/completions", &vec![b' '; 8 << 20]);
+        assert_eq!(st, 413, "{body}");
+    }
 }
 
 #[test]
