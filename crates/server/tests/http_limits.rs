@@ -214,3 +214,24 @@ fn options_is_204_without_cors() {
         assert_eq!(request(srv.port, "OPTIONS", path, b"").0, 204, "{path}");
     }
 }
+
+/// Tiny JSON values cost far more parsed than written (`0,` is two bytes): a body of millions of them is
+/// refused before parsing.
+#[test]
+fn a_body_of_millions_of_tiny_values_is_refused_with_bounded_memory() {
+    let srv = Server::start(&[], true);
+    let pid = srv.pid();
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+    let before = proc_kib(pid, "VmRSS:");
+    let mut body = br#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":1,"x":["#.to_vec();
+    for _ in 0..30_000_000 {
+        body.extend_from_slice(b"0,");
+    }
+    body.extend_from_slice(b"0]}");
+    let (st, resp) = request(srv.port, "POST", "/v1/chat/completions", &body);
+    let peak = proc_kib(pid, "VmHWM:");
+    assert_eq!(st, 413, "{resp}");
+    let growth_mb = peak.saturating_sub(before) / 1024;
+    eprintln!("60 MB of tiny JSON values: RSS +{growth_mb} MB");
+    assert!(growth_mb < 200, "RSS grew by {growth_mb} MB");
+}
