@@ -116,10 +116,11 @@ fn run(args: args::Args) -> Result<(), String> {
             })
             .map_err(|e| format!("cannot start the loading thread: {e}"))?;
     }
+    let served_metrics = app.metrics.clone();
     let served = rt.block_on(async move {
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         // Connections still open a few seconds after the signal (a stream nobody reads) do not hold the exit.
-        let serve = serve::run(listener, router, limits, stop_rx, Duration::from_secs(5));
+        let serve = serve::run(listener, router, limits, &served_metrics, stop_rx, Duration::from_secs(5));
         tokio::pin!(serve);
         let result = tokio::select! {
             _ = &mut serve => Ok(()),

@@ -31,8 +31,9 @@ pub struct Limits {
 
 /// Serves `router` on `listener` until `stop` turns true; then stops accepting, lets requests in
 /// flight finish, and returns once every connection is closed or `grace` has passed.
-pub async fn run(listener: TcpListener, router: Router, limits: Limits, mut stop: watch::Receiver<bool>, grace: Duration) {
+pub async fn run(listener: TcpListener, router: Router, limits: Limits, metrics: &crate::metrics::Metrics, mut stop: watch::Receiver<bool>, grace: Duration) {
     let registry = Arc::new(Registry::new(limits.max_connections));
+    let _ = metrics.connections.set(registry.clone());
     loop {
         let stream = tokio::select! {
             r = listener.accept() => match r {

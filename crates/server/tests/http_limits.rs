@@ -98,6 +98,12 @@ fn stalled_connections_do_not_lock_out_health_or_chat() {
     assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     let (st, body) = request(srv.port, "POST", "/v1/chat/completions", &chat_body("Hello"));
     assert_eq!(st, 200, "{body}");
+    let (_, m) = request(srv.port, "GET", "/metrics", b"");
+    let metric = |name: &str| -> f64 {
+        m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.trim().parse().ok())).unwrap_or_else(|| panic!("{name} in {m}"))
+    };
+    assert!(metric("ds4_http_connections_open ") <= 64.0);
+    assert!(metric("ds4_http_connections_evicted_total ") >= 256.0);
     drop(stalled);
 }
 
