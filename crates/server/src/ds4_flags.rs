@@ -18,7 +18,7 @@ pub struct Ds4Flags {
     pub metal: bool,
     #[arg(long = "rocm", hide = true)]
     pub rocm: bool,
-    /// Prefer exact kernels: every kernel of this build is the exact one, so this changes nothing.
+    /// Exact kernels (f32 activations) instead of the fast int8-activation mat-vecs.
     #[arg(long = "quality")]
     pub quality: bool,
 

@@ -46,9 +46,6 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    if args.ds4.quality {
-        eprintln!("ds4-server: --quality: every kernel of this build is the exact one; nothing to switch");
-    }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -156,7 +153,11 @@ fn load(
     trace: Arc<trace::Trace>,
 ) -> Result<(), String> {
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), debug: args.debug, ..LoadOptions::default() };
+    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), debug: args.debug, ..LoadOptions::default() };
+    if args.ds4.quality {
+        // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
+        opts.options.precision = ds4_quant::Precision::Exact;
+    }
     app.set_loading("loading model weights");
     let t0 = std::time::Instant::now();
     let (model, tok, coordinator, model_id) = if args.dist.is_coordinator() {
