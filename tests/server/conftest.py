@@ -70,7 +70,8 @@ class Server:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"ds4-server exited with {self.proc.returncode}: {(tmp / f'{name}.log').read_text()}")
             try:
-                if self.get_json("/health")["status"] == "ok":
+                # Loaded: "ok", or (a coordinator without its workers yet) "route_incomplete" with 503.
+                if self.get_json("/health")["status"] in ("ok", "route_incomplete"):
                     break
             except Exception:
                 if time.time() > deadline:
@@ -83,7 +84,11 @@ class Server:
             return r.read().decode()
 
     def get_json(self, path, headers=None):
-        return json.loads(self.get(path, headers))
+        """The JSON body, also of an error answer (/health is 503 while loading or while a route is incomplete)."""
+        try:
+            return json.loads(self.get(path, headers))
+        except urllib.error.HTTPError as e:
+            return json.loads(e.read())
 
     def metrics(self, headers=None):
         out = {}

@@ -6,6 +6,7 @@ must be identical (32-bit activations are exact). A worker killed (SIGKILL) or h
 compute thread blocked by the test-only DS4_DIST_TEST_HANG while its heartbeats go on) while a request
 streams makes that request fail with an error naming the stage within the bound (--dist-timeout-s); while the route is incomplete requests fail at once with the missing layer (503);
 after the worker registers again the next request succeeds with the reference output."""
+import json
 import os
 import signal
 import subprocess
@@ -75,6 +76,15 @@ def wait_route(server, want, limit=30):
         time.sleep(0.05)
 
 
+def health_code(server):
+    import urllib.request
+    try:
+        with urllib.request.urlopen(server.base + "/health", timeout=10) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
 def client(server):
     return openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0, timeout=60)
 
@@ -86,7 +96,16 @@ def greedy(server, prompt=PROMPT, n=24):
     return (getattr(m, "reasoning_content", None), m.content, r.choices[0].finish_reason, r.usage.completion_tokens)
 
 
+def test_health_is_503_while_the_route_is_incomplete(make_server):
+    s = make_server(*COMMON, "--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", str(free_port()),
+                    name="lonely-coordinator")
+    code, h = health_code(s)
+    assert code == 503 and h["status"] == "route_incomplete", h
+    assert "incomplete" in h["reason"] and h["route"]["status"] != "complete"
+
+
 def test_route_output_equals_single_process(dist):
+    assert health_code(dist["coord"])[0] == 200
     h = dist["coord"].get_json("/health")["route"]
     assert h["local_layers"] == "0:2" and [w["layers"] for w in h["workers"]] == ["3:output"], h
     # A prompt of several chunks (pipelined prefill), then greedy decode at the last stage.

@@ -14,7 +14,9 @@ CONVS = [CONV_A, CONV_B] + [
     [SYS, {"role": "user", "content": f"Conversation {k}: a distinct question number {k} about oceans and their currents."}]
     for k in range(3, 7)
 ]
-DISK = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-min-tokens", "8"]
+# Every prefill saved whole (no trim, no alignment), so a restart restores the whole prompt.
+DISK = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-min-tokens", "8",
+        "--kv-cache-boundary-trim-tokens", "0", "--kv-cache-boundary-align-tokens", "0"]
 
 
 def client(s):
@@ -245,3 +247,30 @@ def test_tool_call_ids_survive_a_restart(make_server, tmp_path):
     cached = r2.usage.prompt_tokens_details.cached_tokens
     assert cached >= r1.usage.prompt_tokens + r1.usage.completion_tokens - 2
     assert after["ds4_prefilled_tokens_total"] - before["ds4_prefilled_tokens_total"] == r2.usage.prompt_tokens - cached
+
+
+def test_ds4_save_policy_trims_aligns_and_saves_at_frontiers(make_server, tmp_path):
+    """ds4's --kv-cache-* flags: a cold prompt is saved at its length minus the trim, aligned down; a
+    longer prefill also saves at every interval frontier it crosses."""
+    d = tmp_path / "kv"
+    flags = ["--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-dir", str(d), "--kv-cache-min-tokens", "8",
+             "--kv-cache-boundary-trim-tokens", "5", "--kv-cache-boundary-align-tokens", "16",
+             "--kv-cache-continued-interval-tokens", "0"]
+    s1 = make_server(*flags, name="policy1")
+    _, usage, delta = run(s1, CONV_A)
+    n = usage.prompt_tokens
+    assert delta["ds4_kv_disk_saves_total"] == 1
+    s1.proc.kill()  # no shutdown save: only the cold save is on disk
+    s1.proc.wait(10)
+    s2 = make_server(*flags, name="policy2")
+    _, usage2, delta2 = run(s2, CONV_A)
+    assert delta2["ds4_kv_disk_hits_total"] == 1
+    assert usage2.prompt_tokens_details.cached_tokens == (n - 5) // 16 * 16
+    s2.proc.kill()
+    s2.proc.wait(10)
+    # Frontiers every 8 tokens, no cold saves: a cold prompt of n tokens is saved at each multiple of 8.
+    d2 = tmp_path / "kv2"
+    s3 = make_server("--ctx", "2048", "--kv-snapshots", "0", "--kv-disk-dir", str(d2), "--kv-cache-min-tokens", "8",
+                     "--kv-cache-cold-max-tokens", "0", "--kv-cache-continued-interval-tokens", "8", name="policy3")
+    _, usage3, delta3 = run(s3, CONV_A)
+    assert delta3["ds4_kv_disk_saves_total"] == usage3.prompt_tokens // 8

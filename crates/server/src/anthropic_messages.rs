@@ -128,7 +128,8 @@ fn stop_reason(f: Finish, stops: &[String]) -> (&'static str, Value) {
 
 fn usage(u: &Usage) -> Value {
     json!({
-        "input_tokens": u.prompt_tokens,
+        // Anthropic semantics: input_tokens + cache_read + cache_creation = the whole prompt.
+        "input_tokens": u.prompt_tokens - u.cached_tokens.min(u.prompt_tokens),
         "output_tokens": u.completion_tokens,
         "cache_read_input_tokens": u.cached_tokens,
         "cache_creation_input_tokens": 0,
@@ -148,10 +149,13 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let max = request::max_tokens(&o, &["max_tokens"])?;
     let stops = fields::opt_stops(&o, "stop_sequences")?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
-    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &last);
-    let (rx, guard) = app.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;
+    let (rx, guard) = app.ready()?.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("msg_"), model, stops };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_messages(rx, guard, out, meta)));
@@ -227,7 +231,7 @@ async fn stream_messages(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelO
     while let Some(ev) = rx.recv().await {
         let ok = match ev {
             Event::Started { prompt_tokens, cached_tokens } => {
-                let u = Usage { prompt_tokens, cached_tokens, completion_tokens: 0 };
+                let u = Usage { prompt_tokens, cached_tokens, completion_tokens: 0, reasoning_tokens: 0 };
                 let m = json!({
                     "id": meta.id, "type": "message", "role": "assistant", "model": meta.model, "content": [],
                     "stop_reason": null, "stop_sequence": null, "usage": usage(&u),

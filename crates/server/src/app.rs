@@ -16,15 +16,27 @@ use axum::Router;
 use ds4_tokenizer::chat::ThinkMode;
 use ds4_tokenizer::sampling::SamplerConfig;
 use ds4_tokenizer::Tokenizer;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-pub struct App {
+/// What exists once the model is loaded (the HTTP listener is up before that).
+pub struct Ready {
+    /// `deepseek-v4-flash` or `deepseek-v4-pro`, from the loaded model's shape.
     pub model_id: String,
+    pub tok: Arc<Tokenizer>,
+    /// Bytes of the longest token: a text of B bytes has at least B / this many tokens.
+    pub max_token_bytes: usize,
+    pub submitter: Submitter,
+    /// `--role coordinator`: the route's registry (for /health).
+    pub coordinator: Option<Arc<ds4_dist::Coordinator>>,
+}
+
+pub struct App {
     pub ctx: usize,
     pub default_max_tokens: usize,
-    pub tok: Arc<Tokenizer>,
-    pub submitter: Submitter,
+    pub ready: OnceLock<Ready>,
+    /// What the server is doing while not ready (for /health).
+    pub loading: Mutex<String>,
     pub metrics: Arc<Metrics>,
     pub tool_mem: Arc<Mutex<ToolMemory>>,
     pub script: Option<Script>,
@@ -33,12 +45,10 @@ pub struct App {
     pub exact_replay: bool,
     pub api_key: Option<String>,
     pub keepalive: Duration,
-    /// `--role coordinator`: the route's registry (for /health).
-    pub coordinator: Option<Arc<ds4_dist::Coordinator>>,
 }
 
 impl App {
-    pub fn from_args(args: &Args, tok: Arc<Tokenizer>, submitter: Submitter, metrics: Arc<Metrics>, tool_mem: Arc<Mutex<ToolMemory>>, script: Option<Script>) -> Self {
+    pub fn from_args(args: &Args, metrics: Arc<Metrics>, tool_mem: Arc<Mutex<ToolMemory>>, script: Option<Script>) -> Self {
         let default_mode = if args.nothink {
             ThinkMode::None
         } else if args.think_max {
@@ -47,11 +57,10 @@ impl App {
             ThinkMode::High
         };
         Self {
-            model_id: "deepseek-v4-flash".into(),
             ctx: args.ctx,
             default_max_tokens: args.tokens,
-            tok,
-            submitter,
+            ready: OnceLock::new(),
+            loading: Mutex::new("starting".into()),
             metrics,
             tool_mem,
             script,
@@ -60,7 +69,20 @@ impl App {
             exact_replay: !args.disable_exact_dsml_tool_replay,
             api_key: args.api_key.clone(),
             keepalive: Duration::from_secs(args.keepalive_secs),
-            coordinator: None,
+        }
+    }
+
+    /// The loaded model, or 503 while it is loading.
+    pub fn ready(&self) -> Result<&Ready, ApiError> {
+        self.ready.get().ok_or_else(|| {
+            let what = self.loading.lock().map(|s| s.clone()).unwrap_or_default();
+            ApiError::unavailable(format!("the model is not loaded yet ({what}); retry when /health answers 200")).code("model_loading")
+        })
+    }
+
+    pub fn set_loading(&self, what: &str) {
+        if let Ok(mut s) = self.loading.lock() {
+            *s = what.to_string();
         }
     }
 }
@@ -120,18 +142,32 @@ async fn guard(State(app): State<Arc<App>>, req: Request, next: Next) -> Respons
         _ => "other",
     }
     .to_string();
-    let resp = if let Some(key) = &app.api_key {
-        if path != "/health" && req.method() != Method::OPTIONS && !key_matches(req.headers(), key) {
+    let resp = if req.method() == Method::OPTIONS {
+        // As ds4: OPTIONS answers 204 with or without --cors (a CORS preflight is answered by the
+        // CORS layer before this when --cors is on).
+        (StatusCode::NO_CONTENT, [(header::ALLOW, "GET, POST, OPTIONS")]).into_response()
+    } else if let Some(key) = &app.api_key {
+        if path != "/health" && !key_matches(req.headers(), key) {
             ApiError::new(StatusCode::UNAUTHORIZED, "missing or invalid API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)")
                 .code("invalid_api_key")
                 .flavor(Flavor::of_path(&path))
                 .into_response()
         } else {
-            next.run(req).await
+            run_when_ready(&app, &path, req, next).await
         }
     } else {
-        next.run(req).await
+        run_when_ready(&app, &path, req, next).await
     };
     app.metrics.request(&endpoint, resp.status().as_u16());
     resp
+}
+
+/// The API endpoints answer 503 until the model is loaded; /health and /metrics always answer.
+async fn run_when_ready(app: &App, path: &str, req: Request, next: Next) -> Response {
+    if path.starts_with("/v1/") {
+        if let Err(e) = app.ready() {
+            return e.flavor(Flavor::of_path(path)).into_response();
+        }
+    }
+    next.run(req).await
 }

@@ -72,7 +72,7 @@ pub struct Args {
     #[arg(long = "backend", default_value = "cpu")]
     pub backend: String,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
-    #[arg(long = "cuda-devices", value_delimiter = ',', default_value = "0")]
+    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
     pub cuda_devices: Vec<usize>,
     /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
     /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
@@ -91,15 +91,45 @@ pub struct Args {
     /// Space budget of the disk KV cache in MiB (fractions allowed); least useful files are evicted.
     #[arg(long = "kv-disk-space-mb", default_value_t = 8192.0)]
     pub kv_disk_space_mb: f64,
-    /// Shortest session (in tokens) worth saving to the disk KV cache.
-    #[arg(long = "kv-disk-min-tokens", default_value_t = 512)]
+    /// Shortest session (in tokens) worth saving to (or loading from) the disk KV cache.
+    #[arg(long = "kv-disk-min-tokens", visible_alias = "kv-cache-min-tokens", default_value_t = 512)]
     pub kv_disk_min_tokens: usize,
+    /// Cold first prompts of [min, N] tokens are saved to the disk KV cache before generation (trimmed
+    /// and aligned, below); 0 disables cold saves.
+    #[arg(long = "kv-cache-cold-max-tokens", value_name = "N", default_value_t = 30000)]
+    pub kv_cache_cold_max_tokens: usize,
+    /// Save to the disk KV cache whenever a prefill crosses a multiple of N tokens; 0 disables.
+    #[arg(long = "kv-cache-continued-interval-tokens", value_name = "N", default_value_t = 10000)]
+    pub kv_cache_continued_interval_tokens: usize,
+    /// Tokens dropped from the end of a cold prompt before it is saved (the tail is often edited).
+    #[arg(long = "kv-cache-boundary-trim-tokens", value_name = "N", default_value_t = 32)]
+    pub kv_cache_boundary_trim_tokens: usize,
+    /// Cold saves are aligned down to a multiple of N tokens; 0 disables.
+    #[arg(long = "kv-cache-boundary-align-tokens", value_name = "N", default_value_t = 2048)]
+    pub kv_cache_boundary_align_tokens: usize,
+    /// Refuse cache files written by a model with other weights (always the case here: a file is only
+    /// loaded by the model identity that wrote it).
+    #[arg(long = "kv-cache-reject-different-quant")]
+    pub kv_cache_reject_different_quant: bool,
     /// Size of the tool-id → sampled DSML map.
     #[arg(long = "tool-memory-max-ids", default_value_t = 100000)]
     pub tool_memory_max_ids: usize,
     /// Render history tool calls canonically instead of replaying the sampled DSML.
     #[arg(long = "disable-exact-dsml-tool-replay")]
     pub disable_exact_dsml_tool_replay: bool,
+    /// Open connections at most; past it a new connection replaces the longest-idle one, or gets 503
+    /// when every connection has a request in flight.
+    #[arg(long = "max-connections", default_value_t = 512)]
+    pub max_connections: usize,
+    /// Seconds a connection may stay without a request in flight (unfinished headers included).
+    #[arg(long = "header-timeout-secs", default_value_t = 30)]
+    pub header_timeout_secs: u64,
+    /// Seconds allowed to receive a request body (408 after that).
+    #[arg(long = "body-timeout-secs", default_value_t = 60)]
+    pub body_timeout_secs: u64,
+    /// No per-request log lines or prefill progress on stderr.
+    #[arg(long = "quiet", short = 'q')]
+    pub quiet: bool,
     /// Seconds between `: prefill` SSE keep-alive comments.
     #[arg(long = "keepalive-secs", default_value_t = 5)]
     pub keepalive_secs: u64,
@@ -116,6 +146,9 @@ pub struct Args {
     /// requests through a route of this process's layers and the workers' (`ds4 --role worker`).
     #[command(flatten)]
     pub dist: ds4_dist::DistArgs,
+    /// ds4 flags without a counterpart of another name.
+    #[command(flatten)]
+    pub ds4: crate::ds4_flags::Ds4Flags,
 }
 
 impl Args {
@@ -150,6 +183,18 @@ impl Args {
         }
         if self.kv_disk_min_tokens == 0 {
             return Err("--kv-disk-min-tokens must be at least 1".into());
+        }
+        if self.kv_cache_cold_max_tokens != 0 && self.kv_cache_cold_max_tokens < self.kv_disk_min_tokens {
+            return Err("--kv-cache-cold-max-tokens must be 0 or at least --kv-cache-min-tokens".into());
+        }
+        if self.max_connections == 0 {
+            return Err("--max-connections must be at least 1".into());
+        }
+        if self.header_timeout_secs == 0 || self.body_timeout_secs == 0 {
+            return Err("--header-timeout-secs and --body-timeout-secs must be at least 1".into());
+        }
+        if let Some(line) = self.ds4.not_built() {
+            return Err(line);
         }
         if matches!(&self.api_key, Some(k) if k.is_empty()) {
             return Err("--api-key must not be empty".into());

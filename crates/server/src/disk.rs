@@ -14,17 +14,81 @@ use std::sync::{Arc, Mutex};
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
 const CALLS_CLOSE: &str = "</｜DSML｜tool_calls>";
 
+/// When the live session is saved while prefilling (ds4's `--kv-cache-*` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SavePolicy {
+    /// Shorter sessions are neither saved nor loaded.
+    pub min_tokens: usize,
+    /// Cold prompts of [min, cold_max] tokens are saved before generation; 0 = never.
+    pub cold_max: usize,
+    /// Saves at every multiple of this many tokens crossed while prefilling; 0 = never.
+    pub interval: usize,
+    /// Cold saves drop this many tokens from the end, then align down to a multiple of `align` (0 = no
+    /// alignment): the end of a prompt is what the next request most often changes.
+    pub trim: usize,
+    pub align: usize,
+}
+
+impl SavePolicy {
+    pub fn from_args(a: &crate::args::Args) -> Self {
+        Self {
+            min_tokens: a.kv_disk_min_tokens,
+            cold_max: a.kv_cache_cold_max_tokens,
+            interval: a.kv_cache_continued_interval_tokens,
+            trim: a.kv_cache_boundary_trim_tokens,
+            align: a.kv_cache_boundary_align_tokens,
+        }
+    }
+
+    /// Where a cold prompt of `len` tokens is saved, if at all.
+    pub fn cold_point(&self, len: usize) -> Option<usize> {
+        if self.cold_max == 0 || len < self.min_tokens || len > self.cold_max {
+            return None;
+        }
+        let p = len.saturating_sub(self.trim);
+        let p = p.checked_div(self.align).map_or(p, |q| q * self.align);
+        (p >= self.min_tokens && p > 0).then_some(p)
+    }
+
+    /// The interval frontiers in (from, to].
+    pub fn continued_points(&self, from: usize, to: usize) -> Vec<usize> {
+        if self.interval == 0 {
+            return Vec::new();
+        }
+        let first = (from / self.interval + 1) * self.interval;
+        (first..=to).step_by(self.interval).filter(|&p| p >= self.min_tokens).collect()
+    }
+}
+
+impl std::fmt::Display for SavePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "min={} cold_max={} continued={} trim={} align={}", self.min_tokens, self.cold_max, self.interval, self.trim, self.align)
+    }
+}
+
+/// Checks before loading that `dir` exists or can be created, is a directory, and is writable.
+pub fn check_dir(dir: &std::path::Path) -> Result<(), String> {
+    if dir.exists() && !dir.is_dir() {
+        return Err("not a directory".into());
+    }
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create it: {e}"))?;
+    let probe = dir.join(format!(".ds4-write-check.tmp{}", std::process::id()));
+    std::fs::write(&probe, b"ok").map_err(|e| format!("not writable: {e}"))?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
 pub struct DiskCache {
     store: KvStore,
-    pub min_tokens: usize,
+    pub policy: SavePolicy,
     metrics: Arc<Metrics>,
     tool_mem: Arc<Mutex<ToolMemory>>,
     loaded_tokens: u64,
 }
 
 impl DiskCache {
-    pub fn new(store: KvStore, min_tokens: usize, metrics: Arc<Metrics>, tool_mem: Arc<Mutex<ToolMemory>>) -> Self {
-        let d = Self { store, min_tokens, metrics, tool_mem, loaded_tokens: 0 };
+    pub fn new(store: KvStore, policy: SavePolicy, metrics: Arc<Metrics>, tool_mem: Arc<Mutex<ToolMemory>>) -> Self {
+        let d = Self { store, policy, metrics, tool_mem, loaded_tokens: 0 };
         // Requests render their history (exact tool-call replay) before any KV is loaded: the saved
         // tool-id → DSML entries are needed from the start.
         let mut n = 0;
@@ -97,7 +161,7 @@ impl DiskCache {
     /// Saves the session when it is long enough and not on disk already (on a GPU backend its KV
     /// state is downloaded from the device first).
     pub fn save(&mut self, session: &mut Session, engine: &mut Engine, tok: &Tokenizer, reason: Reason) {
-        if session.tokens.len() < self.min_tokens || session.logits.is_empty() || session.kv.pos != session.tokens.len() {
+        if session.tokens.len() < self.policy.min_tokens || session.logits.is_empty() || session.kv.pos != session.tokens.len() {
             return;
         }
         if !self.store.contains(&session.tokens) {
@@ -161,5 +225,46 @@ impl DiskCache {
         }
         self.publish();
         ok
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ds4_defaults() -> SavePolicy {
+        SavePolicy { min_tokens: 512, cold_max: 30000, interval: 10000, trim: 32, align: 2048 }
+    }
+
+    #[test]
+    fn cold_saves_are_trimmed_and_aligned() {
+        let p = ds4_defaults();
+        assert_eq!(p.cold_point(5000), Some(4096));
+        assert_eq!(p.cold_point(2080), Some(2048));
+        assert_eq!(p.cold_point(2079), None); // 2047 aligns down to 0
+        assert_eq!(p.cold_point(30001), None);
+        assert_eq!(SavePolicy { cold_max: 0, ..p }.cold_point(5000), None);
+        assert_eq!(SavePolicy { trim: 0, align: 0, min_tokens: 8, ..p }.cold_point(100), Some(100));
+    }
+
+    #[test]
+    fn continued_saves_at_interval_frontiers() {
+        let p = ds4_defaults();
+        assert_eq!(p.continued_points(0, 25000), vec![10000, 20000]);
+        assert_eq!(p.continued_points(10000, 20000), vec![20000]);
+        assert!(p.continued_points(10001, 19999).is_empty());
+        assert!(SavePolicy { interval: 0, ..p }.continued_points(0, 50000).is_empty());
+    }
+
+    #[test]
+    fn unusable_directories_are_refused() {
+        let base = std::env::temp_dir().join(format!("ds4-disk-check-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        assert!(check_dir(&base.join("new/sub")).is_ok());
+        let file = base.join("file");
+        std::fs::write(&file, b"x").unwrap();
+        assert!(check_dir(&file).unwrap_err().contains("not a directory"));
+        assert!(check_dir(&file.join("below")).is_err());
+        let _ = std::fs::remove_dir_all(&base);
     }
 }

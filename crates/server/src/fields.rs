@@ -5,10 +5,46 @@ use serde_json::{Map, Value};
 
 pub type Obj = Map<String, Value>;
 
+/// Most JSON values a request may hold. A parsed value costs tens of bytes however short its text
+/// (`0,` is two bytes), so a body of many tiny values would cost over ten times its size; real requests
+/// hold at most thousands (long texts are one value each).
+pub const MAX_JSON_VALUES: usize = 1 << 20;
+
+/// Counts the values of a JSON text from its structure (separators and openers outside strings), a
+/// cheap upper-bound estimate made before parsing.
+fn json_values(body: &[u8]) -> usize {
+    let (mut n, mut in_str, mut esc) = (1usize, false, false);
+    for &c in body {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == b'\\' {
+                esc = true;
+            } else if c == b'"' {
+                in_str = false;
+            }
+        } else {
+            match c {
+                b'"' => in_str = true,
+                b',' | b'[' | b'{' | b':' => n += 1,
+                _ => {}
+            }
+        }
+    }
+    n
+}
+
 /// Parses a request body that must be a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Obj, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request("invalid JSON request: empty body"));
+    }
+    if json_values(body) > MAX_JSON_VALUES {
+        return Err(ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request JSON has more than {MAX_JSON_VALUES} values"),
+        )
+        .code("request_too_large"));
     }
     match serde_json::from_slice::<Value>(body) {
         Ok(Value::Object(o)) => Ok(o),
@@ -136,5 +172,31 @@ pub fn content_text(v: &Value, what: &str, types: &[&str]) -> Result<String, Api
             Ok(out)
         }
         _ => Err(ApiError::bad_request(format!("{what}: `content` must be a string or an array of parts"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_count_ignores_strings() {
+        assert_eq!(json_values(br#"{"a":"x,y:[{"}"#), 3);
+        assert_eq!(json_values(br#"[0,0,0]"#), 4);
+        assert_eq!(json_values(br#"{"a":"\"[,,,"}"#), 3);
+    }
+
+    #[test]
+    fn many_tiny_values_are_refused_before_parsing() {
+        let mut b = b"{\"x\":[".to_vec();
+        for _ in 0..MAX_JSON_VALUES {
+            b.extend_from_slice(b"0,");
+        }
+        b.extend_from_slice(b"0]}");
+        let e = parse_object(&b).unwrap_err();
+        assert_eq!(e.status.as_u16(), 413);
+        // A long string is one value.
+        let text = format!("{{\"content\":\"{}\"}}", ",".repeat(4 * MAX_JSON_VALUES));
+        assert!(parse_object(text.as_bytes()).is_ok());
     }
 }

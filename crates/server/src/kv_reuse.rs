@@ -8,7 +8,8 @@
 //! 5. cold prefill.
 //!
 //! With a disk cache, the live state is saved before an unrelated prompt (sharing less than half of it)
-//! replaces it, and after any prefill of at least `--kv-disk-min-tokens` tokens.
+//! replaces it, while prefilling a cold prompt (at its trimmed, aligned length) and at every
+//! `--kv-cache-continued-interval-tokens` frontier (`disk::SavePolicy`).
 //!
 //! Snapshots are taken while prefilling, at the start of the first and last user turns (shared system
 //! prompt, edited last message) and at the end of the prompt (regenerate), bounded in number (LRU).
@@ -189,7 +190,23 @@ impl LiveKv {
         let cached = self.session.tokens.len();
         let total = prompt.len() - cached;
         let mut done_before = 0;
-        let mut stops: Vec<usize> = points.iter().copied().filter(|&p| p > cached && p < prompt.len()).collect();
+        // Disk saves while prefilling (`SavePolicy`): a cold prompt at its trimmed, aligned length; any
+        // prefill at the interval frontiers it crosses.
+        let mut saves: Vec<(usize, Reason)> = Vec::new();
+        if let Some(disk) = self.disk.as_ref() {
+            let pol = disk.policy;
+            if decision == Decision::Cold && cached == 0 {
+                if let Some(p) = pol.cold_point(prompt.len()) {
+                    saves.push((p, Reason::Cold));
+                }
+            }
+            for p in pol.continued_points(cached, prompt.len()) {
+                if !saves.iter().any(|s| s.0 == p) {
+                    saves.push((p, Reason::Continued));
+                }
+            }
+        }
+        let mut stops: Vec<usize> = points.iter().copied().chain(saves.iter().map(|s| s.0)).filter(|&p| p > cached && p < prompt.len()).collect();
         stops.sort_unstable();
         stops.dedup();
         stops.push(prompt.len());
@@ -209,11 +226,11 @@ impl LiveKv {
                     }
                 }
             }
-            self.take_snapshot();
-        }
-        if let Some(disk) = self.disk.as_mut() {
-            if total >= disk.min_tokens {
-                disk.save(&mut self.session, engine, tok, if decision == Decision::Cold { Reason::Cold } else { Reason::Continued });
+            if points.contains(&p) || p == prompt.len() {
+                self.take_snapshot();
+            }
+            if let (Some(disk), Some(&(_, reason))) = (self.disk.as_mut(), saves.iter().find(|s| s.0 == p)) {
+                disk.save(&mut self.session, engine, tok, reason);
             }
         }
         Ok(Prepared { prompt, cached, prefilled: total, decision, live_common, live_len })

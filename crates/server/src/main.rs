@@ -2,7 +2,9 @@
 mod anthropic_messages;
 mod app;
 mod args;
+mod conn_limit;
 mod disk;
+mod ds4_flags;
 mod errors;
 mod fields;
 mod kv_reuse;
@@ -11,9 +13,12 @@ mod models;
 mod openai_chat;
 mod openai_completions;
 mod openai_responses;
+mod prompt_bound;
 mod request;
+mod request_log;
 mod route_kv;
 mod script;
+mod serve;
 mod sse;
 mod tools;
 mod trace;
@@ -23,13 +28,23 @@ use clap::Parser;
 use ds4_engine::{resolve_model, Engine, LoadOptions, ModelSource};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 fn main() -> ExitCode {
-    let args = args::Args::parse();
+    let mut args = args::Args::parse();
+    if let Some(b) = args.ds4.backend() {
+        args.backend = b.to_string();
+    }
     // Bad flag values are usage errors, as clap's own (exit 2).
     if let Err(e) = args.validate() {
         eprintln!("ds4-server: {e}");
         return ExitCode::from(2);
+    }
+    if let Some(dir) = &args.ds4.chdir {
+        if let Err(e) = std::env::set_current_dir(dir) {
+            eprintln!("ds4-server: --chdir {}: {e}", dir.display());
+            return ExitCode::from(2);
+        }
     }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -40,7 +55,11 @@ fn main() -> ExitCode {
     }
 }
 
+/// Everything that can be checked before loading: the listener is bound and the cache directory is
+/// usable before a weight byte is read, so a taken port or a bad `--kv-disk-dir` fails at once. The
+/// model then loads on its own thread while HTTP answers (503 until it is ready).
 fn run(args: args::Args) -> Result<(), String> {
+    serve::raise_nofile_limit();
     let script = match &args.test_script {
         Some(p) => {
             eprintln!("ds4-server: WARNING --test-script {}: scripted replies replace sampling for matching requests (test only)", p.display());
@@ -56,32 +75,115 @@ fn run(args: args::Args) -> Result<(), String> {
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
-    let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(&args), ..LoadOptions::default() };
-    let (model, tok, coordinator) = if args.dist.is_coordinator() {
-        // Requests are served as soon as HTTP is up; until the route is complete they fail with the
-        // missing layer (503) and /health says what is missing.
-        let setup = ds4_dist::cli::start_coordinator(&args.dist, src.path(), &opts, None)
-            .map_err(|e| format!("{}: {e}", src.path().display()))?;
-        let tok = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", src.path().display()))?;
-        let coord = setup.coordinator.clone();
-        let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
-        (worker::Model::Route(route), tok, Some(coord))
-    } else {
-        let engine = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
-        let tok = engine.tokenizer().map_err(|e| e.to_string())?;
-        (worker::Model::Local(engine), tok, None)
-    };
-    tok.chat_ids().map_err(|e| format!("{}: {e}", src.path().display()))?;
+    if let Some(dir) = &args.kv_disk_dir {
+        disk::check_dir(dir).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
+    }
+    ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
     let metrics = Arc::new(metrics::Metrics::default());
     let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
+    let app = Arc::new(app::App::from_args(&args, metrics.clone(), tool_mem.clone(), script));
+    let router = app::router(app.clone(), args.max_body_bytes, args.cors);
+    let limits = serve::Limits {
+        max_connections: args.max_connections,
+        header_timeout: Duration::from_secs(args.header_timeout_secs),
+        body_timeout: Duration::from_secs(args.body_timeout_secs),
+        max_body: args.max_body_bytes,
+    };
+    let saves_on_exit = args.kv_disk_dir.is_some();
+    let addr = format!("{}:{}", args.bind_host(), args.port);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .thread_name("ds4-http")
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let listener = rt.block_on(tokio::net::TcpListener::bind(&addr)).map_err(|e| format!("cannot listen on {addr} (--host/--port): {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    eprintln!("ds4-server: listening on http://{local} (ctx={}); loading {}", args.ctx, src.path().display());
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    {
+        let app = app.clone();
+        let args = args.clone();
+        std::thread::Builder::new()
+            .name("ds4-load".into())
+            .spawn(move || {
+                if let Err(e) = load(&args, src.path(), &app, metrics, tool_mem, trace) {
+                    let _ = failed_tx.send(e);
+                }
+            })
+            .map_err(|e| format!("cannot start the loading thread: {e}"))?;
+    }
+    let served_metrics = app.metrics.clone();
+    let served = rt.block_on(async move {
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        // Connections still open a few seconds after the signal (a stream nobody reads) do not hold the exit.
+        let serve = serve::run(listener, router, limits, &served_metrics, stop_rx, Duration::from_secs(5));
+        tokio::pin!(serve);
+        let result = tokio::select! {
+            _ = &mut serve => Ok(()),
+            _ = shutdown_signal() => {
+                eprintln!("ds4-server: shutting down");
+                Ok(())
+            }
+            Ok(e) = failed_rx => Err(e),
+        };
+        let _ = stop_tx.send(true);
+        serve.await;
+        result
+    });
+    if saves_on_exit {
+        // Clean exit: the live session goes to the disk KV cache (after the job in progress, if any).
+        if let Some(r) = app.ready.get() {
+            if !r.submitter.shutdown(Duration::from_secs(60)) {
+                eprintln!("ds4-server: WARNING the live session was not saved to the KV disk cache before exit");
+            }
+        }
+    }
+    served
+}
+
+/// Loads the model (or starts the distributed route), opens the disk cache, starts the inference
+/// worker, and marks the server ready.
+fn load(
+    args: &args::Args,
+    path: &std::path::Path,
+    app: &app::App,
+    metrics: Arc<metrics::Metrics>,
+    tool_mem: Arc<Mutex<tools::ToolMemory>>,
+    trace: Arc<trace::Trace>,
+) -> Result<(), String> {
+    let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
+    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), ..LoadOptions::default() };
+    if args.ds4.quality {
+        // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
+        opts.options.precision = ds4_quant::Precision::Exact;
+    }
+    app.set_loading("loading model weights");
+    let t0 = std::time::Instant::now();
+    let (model, tok, coordinator, model_id) = if args.dist.is_coordinator() {
+        // Requests are served as soon as the local layers are loaded; until the route is complete they
+        // fail with the missing layer (503) and /health says what is missing.
+        let setup = ds4_dist::cli::start_coordinator(&args.dist, path, &opts, None).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tok = setup.tokenizer.clone().ok_or_else(|| format!("{}: the model file carries no tokenizer", path.display()))?;
+        let coord = setup.coordinator.clone();
+        let id = models::model_id(&setup.cfg);
+        let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
+        (worker::Model::Route(route), tok, Some(coord), id)
+    } else {
+        let engine = Engine::load(path, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+        let tok = engine.tokenizer().map_err(|e| e.to_string())?;
+        let id = models::model_id(engine.cfg());
+        (worker::Model::Local(engine), tok, None, id)
+    };
+    tok.chat_ids().map_err(|e| format!("{}: {e}", path.display()))?;
     let disk = match (&args.kv_disk_dir, &model) {
         (Some(dir), worker::Model::Local(engine)) => {
             let model = ds4_kvstore::stage_identity(&engine.stage);
             let budget = (args.kv_disk_space_mb * (1u64 << 20) as f64) as u64;
             let store = ds4_kvstore::KvStore::open(dir, budget, model).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
-            eprintln!("ds4-server: KV disk cache {} (budget={budget} bytes, min={} tokens)", dir.display(), args.kv_disk_min_tokens);
-            Some(disk::DiskCache::new(store, args.kv_disk_min_tokens, metrics.clone(), tool_mem.clone()))
+            let policy = disk::SavePolicy::from_args(args);
+            eprintln!("ds4-server: KV disk cache {} (budget={budget} bytes, {policy})", dir.display());
+            Some(disk::DiskCache::new(store, policy, metrics.clone(), tool_mem.clone()))
         }
         _ => None,
     };
@@ -92,48 +194,15 @@ fn run(args: args::Args) -> Result<(), String> {
     } else {
         args.kv_snapshots
     };
-    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk };
-    let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics.clone(), tool_mem.clone(), trace)
-        .map_err(|e| format!("cannot start the inference worker: {e}"))?;
-    let mut app = app::App::from_args(&args, tok, submitter, metrics, tool_mem, script);
-    app.coordinator = coordinator;
-    let app = Arc::new(app);
-    let router = app::router(app.clone(), args.max_body_bytes, args.cors);
-    let saves_on_exit = args.kv_disk_dir.is_some();
-    let addr = format!("{}:{}", args.bind_host(), args.port);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .thread_name("ds4-http")
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let served = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(&addr).await.map_err(|e| format!("cannot listen on {addr} (--host/--port): {e}"))?;
-        let local = listener.local_addr().map_err(|e| e.to_string())?;
-        eprintln!("ds4-server: listening on http://{local} (ctx={})", args.ctx);
-        let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-        let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
-            shutdown_signal().await;
-            eprintln!("ds4-server: shutting down");
-            let _ = stop_tx.send(true);
-        });
-        // Connections still open a few seconds after the signal (a stream nobody reads) do not hold the exit.
-        let grace = async move {
-            let _ = stop_rx.wait_for(|v| *v).await;
-            tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-        };
-        tokio::select! {
-            r = serve => r.map_err(|e| format!("server error: {e}")),
-            _ = grace => Ok(()),
-        }
-    });
-    if saves_on_exit {
-        // Clean exit: the live session goes to the disk KV cache (after the job in progress, if any).
-        if !app.submitter.shutdown(std::time::Duration::from_secs(60)) {
-            eprintln!("ds4-server: WARNING the live session was not saved to the KV disk cache before exit");
-        }
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet };
+    let max_token_bytes = prompt_bound::max_token_bytes(&tok);
+    let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
+    let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };
+    if app.ready.set(ready).is_err() {
+        return Err("the model was loaded twice".into());
     }
-    served
+    eprintln!("ds4-server: ready: {model_id} loaded in {:.1}s", t0.elapsed().as_secs_f64());
+    Ok(())
 }
 
 /// KV states the server can hold at once, for the memory plan: the live session and its rewind

@@ -44,6 +44,8 @@ pub struct Metrics {
     pub kv_disk_bytes: AtomicU64,
     pub kv_disk_files: AtomicU64,
     pub tool_calls: AtomicU64,
+    /// The open connections (set by the accept loop).
+    pub connections: std::sync::OnceLock<std::sync::Arc<crate::conn_limit::Registry>>,
 }
 
 impl Metrics {
@@ -109,6 +111,11 @@ impl Metrics {
         }
         c(&mut s, "ds4_tool_calls_total", "Tool calls generated.", self.tool_calls.load(Relaxed));
         c(&mut s, "ds4_tool_replay_exact_total", "History tool-call blocks replayed byte-exact from the id map.", self.tool_replay_exact.load(Relaxed));
+        if let Some(r) = self.connections.get() {
+            g(&mut s, "ds4_http_connections_open", "Open HTTP connections.", r.open() as f64);
+            c(&mut s, "ds4_http_connections_evicted_total", "Idle connections closed to make room for new ones (--max-connections).", r.evictions.load(Relaxed));
+            c(&mut s, "ds4_http_connections_refused_total", "Connections refused with 503 because every open one had a request in flight.", r.refused.load(Relaxed));
+        }
         g(&mut s, "ds4_process_resident_bytes", "Resident set size of the server process.", resident_bytes() as f64);
         s
     }

@@ -91,10 +91,13 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
         None => false,
     };
-    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
-    let (rx, guard) = app.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;
+    let (rx, guard) = app.ready()?.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("chatcmpl-"), created: request::now_secs(), model, include_usage };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_chat(rx, guard, out, meta)));

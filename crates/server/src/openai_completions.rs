@@ -60,10 +60,12 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
         None => false,
     };
-    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    drop(o);
+    drop(body);
     let prompt = request::raw_prompt(&app, raw).await?;
     let params = request::params(&app, &prompt, sampling, max, stops, false, "call_", &last);
-    let (rx, guard) = app.submitter.submit("completion", prompt.tokens, None, params)?;
+    let (rx, guard) = app.ready()?.submitter.submit("completion", prompt.tokens, None, params)?;
     let meta = Meta { id: new_id("cmpl-"), created: request::now_secs(), model, include_usage };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_completion(rx, guard, out, meta)));

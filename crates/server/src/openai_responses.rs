@@ -118,9 +118,10 @@ struct Meta {
 fn usage(u: &Usage) -> Value {
     json!({
         "input_tokens": u.prompt_tokens,
-        "input_tokens_details": { "cached_tokens": u.cached_tokens },
+        // The live KV reuse is reported as cache reads; nothing is billed as a cache write.
+        "input_tokens_details": { "cached_tokens": u.cached_tokens, "cache_write_tokens": 0 },
         "output_tokens": u.completion_tokens,
-        "output_tokens_details": { "reasoning_tokens": 0 },
+        "output_tokens_details": { "reasoning_tokens": u.reasoning_tokens },
         "total_tokens": u.prompt_tokens + u.completion_tokens,
     })
 }
@@ -183,10 +184,13 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_output_tokens", "max_tokens"])?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
-    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.model_id).to_string();
+    let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
+    drop(o);
+    drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
     let params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
-    let (rx, guard) = app.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;
+    let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_responses(rx, guard, out, meta)));

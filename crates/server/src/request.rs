@@ -3,10 +3,12 @@
 use crate::app::App;
 use crate::errors::ApiError;
 use crate::fields::{self, Obj};
+use crate::prompt_bound;
 use crate::tools::apply_exact_replay;
 use crate::worker::{CancelOnDrop, Event, Finish, GenParams, Usage};
 use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
 use ds4_tokenizer::sampling::SamplerConfig;
+use ds4_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -125,6 +127,27 @@ fn context_error(n: usize, ctx: usize) -> ApiError {
     .extra("n_ctx", json!(ctx))
 }
 
+/// The prompt is known to be too long before all of it was tokenized: `n` is a lower bound.
+fn context_error_at_least(n: usize, ctx: usize) -> ApiError {
+    ApiError::bad_request(format!(
+        "the prompt has at least {n} tokens but the context is {ctx} tokens (at least one token must be left for the reply)"
+    ))
+    .code("context_length_exceeded")
+    .param("messages")
+    .extra("n_prompt_tokens", json!(n))
+    .extra("n_ctx", json!(ctx))
+}
+
+/// Tokens of a prompt text that must leave room for one reply token: refused from its length alone when
+/// it cannot fit, else tokenized in bounded pieces (`prompt_bound`).
+fn encode_fitting(tok: &Tokenizer, text: &str, max_token_bytes: usize, ctx: usize) -> Result<Vec<u32>, ApiError> {
+    let least = prompt_bound::min_tokens(text.len(), max_token_bytes);
+    if least >= ctx {
+        return Err(context_error_at_least(least, ctx));
+    }
+    prompt_bound::encode_bounded(tok, text, ctx - 1).map_err(|n| context_error_at_least(n, ctx))
+}
+
 /// Renders a conversation (tools block, thinking mode, exact DSML replay of known tool ids), tokenizes
 /// it off the async threads, and checks it fits the context.
 pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<String>, mode: ThinkMode) -> Result<Prompt, ApiError> {
@@ -135,15 +158,17 @@ pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<
         }
     }
     let ctx = app.ctx;
-    let tok = app.tok.clone();
+    let ready = app.ready()?;
+    let (tok, max_bytes) = (ready.tok.clone(), ready.max_token_bytes);
     let eff = mode.effective(ctx as u64);
     let (tokens, rendered) = tokio::task::spawn_blocking(move || {
         let opts = RenderOptions { mode: eff, ctx: ctx as u64, tools, developer_as_system: true, ..RenderOptions::default() };
         let text = render_chat(&messages, &opts);
-        (tok.encode(&text), text)
+        drop(messages);
+        encode_fitting(&tok, &text, max_bytes, ctx).map(|t| (t, text))
     })
     .await
-    .map_err(|_| ApiError::internal("prompt rendering failed"))?;
+    .map_err(|_| ApiError::internal("prompt rendering failed"))??;
     if tokens.len() >= ctx {
         return Err(context_error(tokens.len(), ctx));
     }
@@ -152,7 +177,8 @@ pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<
 
 /// Raw completion prompt: BOS + text (unless the text already starts with BOS), or token ids.
 pub async fn raw_prompt(app: &Arc<App>, prompt: RawPrompt) -> Result<Prompt, ApiError> {
-    let tok = app.tok.clone();
+    let ready = app.ready()?;
+    let (tok, max_bytes, ctx) = (ready.tok.clone(), ready.max_token_bytes, app.ctx);
     let tokens = match prompt {
         RawPrompt::Ids(ids) => {
             let n = tok.n_vocab() as u64;
@@ -163,16 +189,17 @@ pub async fn raw_prompt(app: &Arc<App>, prompt: RawPrompt) -> Result<Prompt, Api
         }
         RawPrompt::Text(text) => tokio::task::spawn_blocking(move || {
             let bos = ds4_tokenizer::special::BOS;
-            if text.starts_with(bos) { tok.encode(&text) } else { tok.encode(&format!("{bos}{text}")) }
+            let text = if text.starts_with(bos) { text } else { format!("{bos}{text}") };
+            encode_fitting(&tok, &text, max_bytes, ctx).map_err(|e| e.param("prompt"))
         })
         .await
-        .map_err(|_| ApiError::internal("tokenization failed"))?,
+        .map_err(|_| ApiError::internal("tokenization failed"))??,
     };
     if tokens.is_empty() {
         return Err(ApiError::bad_request("`prompt` must not be empty").param("prompt"));
     }
-    if tokens.len() >= app.ctx {
-        return Err(context_error(tokens.len(), app.ctx).param("prompt"));
+    if tokens.len() >= ctx {
+        return Err(context_error(tokens.len(), ctx).param("prompt"));
     }
     Ok(Prompt { tokens, rendered: None, thinking: false })
 }
@@ -195,7 +222,7 @@ pub fn params(
     last_text: &str,
 ) -> GenParams {
     let room = app.ctx - prompt.tokens.len();
-    let script = app.script.as_ref().and_then(|s| s.find(last_text)).map(|o| app.tok.encode(o));
+    let script = app.script.as_ref().and_then(|s| s.find(last_text)).map(|o| app.ready().map(|r| r.tok.encode(o)).unwrap_or_default());
     GenParams {
         max_tokens: max_tokens.unwrap_or(app.default_max_tokens).min(room),
         sampling,
@@ -250,7 +277,8 @@ pub fn openai_usage(u: &Usage) -> Value {
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
         "total_tokens": u.prompt_tokens + u.completion_tokens,
-        "prompt_tokens_details": { "cached_tokens": u.cached_tokens },
+        "prompt_tokens_details": { "cached_tokens": u.cached_tokens, "cache_write_tokens": 0 },
+        "completion_tokens_details": { "reasoning_tokens": u.reasoning_tokens },
     })
 }
 

@@ -59,6 +59,8 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub cached_tokens: usize,
     pub completion_tokens: usize,
+    /// Generated tokens of the reasoning (up to and including `</think>`).
+    pub reasoning_tokens: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -140,6 +142,8 @@ pub struct WorkerConfig {
     pub prefill_chunk: usize,
     pub exact_tool_replay: bool,
     pub disk: Option<crate::disk::DiskCache>,
+    /// No per-request log lines (`--quiet`).
+    pub quiet: bool,
 }
 
 /// What runs the model: a local engine, or a distributed route (`--role coordinator`).
@@ -184,7 +188,7 @@ pub fn spawn(
         }
         Model::Route(r) => Backend::Route(r),
     };
-    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay };
+    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay, quiet: cfg.quiet };
     std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
         while let Ok(msg) = rx.recv() {
             let job = match msg {
@@ -226,6 +230,7 @@ struct Worker {
     tool_mem: Arc<Mutex<ToolMemory>>,
     trace: Arc<Trace>,
     exact_tool_replay: bool,
+    quiet: bool,
 }
 
 static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -260,10 +265,12 @@ impl Worker {
         let t0 = Instant::now();
         let cancel = job.cancel.clone();
         let ev = job.events.clone();
-        let mut progress = |_d: usize, _t: usize| {
+        let mut plog = crate::request_log::PrefillProgress::new(seq, job.kind, self.quiet);
+        let mut progress = |d: usize, t: usize| {
             if ev.is_closed() {
                 cancel.store(true, SeqCst);
             }
+            plog.update(d, t);
         };
         let prep = match &mut self.backend {
             Backend::Local { engine, live } => {
@@ -348,11 +355,18 @@ impl Worker {
         let mut stopm = StopMatcher::new(&job.params.stops, &[]);
         let mut stop_hit: Option<usize> = None;
         let mut client_gone = false;
+        // In thinking mode every token up to and including `</think>` is reasoning.
+        let mut reasoning_tokens = 0usize;
+        let mut in_reasoning = job.params.thinking;
         let mut on_token = |t: u32| -> bool {
             if job.events.is_closed() {
                 client_gone = true;
                 job.cancel.store(true, SeqCst);
                 return false;
+            }
+            if in_reasoning {
+                reasoning_tokens += 1;
+                in_reasoning = t != ids.think_end;
             }
             let piece = if tok.is_added(t) {
                 let mut p = dec.finish();
@@ -388,6 +402,7 @@ impl Worker {
                 }
                 m.jobs_failed.fetch_add(1, Relaxed);
                 eprintln!("ds4-server: request failed: {}", e.message);
+                crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, "error");
                 let _ = job.events.send(Event::Error(e));
                 return;
             }
@@ -399,6 +414,7 @@ impl Worker {
         }
         if client_gone || reason == StopReason::Cancelled {
             m.jobs_cancelled.fetch_add(1, Relaxed);
+            crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, "cancelled");
             self.trace.job(seq, &job, &prep, "cancelled", &out.all_text, &stats);
             return;
         }
@@ -424,7 +440,13 @@ impl Worker {
         }
         m.jobs_completed.fetch_add(1, Relaxed);
         self.trace.job(seq, &job, &prep, &format!("{finish:?}"), &out.all_text, &stats);
-        let usage = Usage { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached, completion_tokens: stats.gen_tokens };
+        let finish_name = match finish {
+            Finish::Stop | Finish::StopSequence(_) => "stop",
+            Finish::Length => "length",
+            Finish::ToolCalls => "tool_calls",
+        };
+        crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, finish_name);
+        let usage = Usage { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached, completion_tokens: stats.gen_tokens, reasoning_tokens: reasoning_tokens.min(stats.gen_tokens) };
         let _ = job.events.send(Event::Done { finish, usage });
     }
 }

@@ -1,0 +1,133 @@
+//! The C engine's `ds4-server` flags that are not ours by another name (spec §3 and §5.1), so a ds4
+//! user's command line parses unchanged. Flags of features this build does not have are accepted by the
+//! parser and then refused with exit 2 and one line that says what to use instead (`not_built`).
+use clap::Args;
+use std::path::PathBuf;
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct Ds4Flags {
+    /// Change to DIR before anything else (relative paths such as -m resolve from there).
+    #[arg(long = "chdir", value_name = "DIR")]
+    pub chdir: Option<PathBuf>,
+    /// Backend shorthands as in ds4: --cpu is --backend cpu, --cuda is --backend cuda.
+    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "rocm"])]
+    pub cpu: bool,
+    #[arg(long = "cuda", conflicts_with_all = ["metal", "rocm"])]
+    pub cuda: bool,
+    #[arg(long = "metal", hide = true)]
+    pub metal: bool,
+    #[arg(long = "rocm", hide = true)]
+    pub rocm: bool,
+    /// Exact kernels (f32 activations) instead of the fast int8-activation mat-vecs.
+    #[arg(long = "quality")]
+    pub quality: bool,
+
+    // Features not built yet (refused by `not_built`).
+    #[arg(long = "mtp", value_name = "FILE", hide = true)]
+    pub mtp: Option<String>,
+    #[arg(long = "mtp-draft", value_name = "N", hide = true)]
+    pub mtp_draft: Option<String>,
+    #[arg(long = "mtp-margin", value_name = "F", hide = true)]
+    pub mtp_margin: Option<String>,
+    #[arg(long = "mtp-model", value_name = "FILE", hide = true)]
+    pub mtp_model: Option<String>,
+    #[arg(long = "mtp-exact-sampling", hide = true)]
+    pub mtp_exact_sampling: bool,
+    #[arg(long = "mtp-timing", hide = true)]
+    pub mtp_timing: bool,
+    #[arg(long = "dspark", hide = true)]
+    pub dspark: bool,
+    #[arg(long = "dspark-confidence", value_name = "F", hide = true)]
+    pub dspark_confidence: Option<String>,
+    #[arg(long = "dspark-strict", hide = true)]
+    pub dspark_strict: bool,
+    #[arg(long = "dir-steering-file", value_name = "FILE", hide = true)]
+    pub dir_steering_file: Option<String>,
+    #[arg(long = "dir-steering-ffn", value_name = "F", hide = true, allow_hyphen_values = true)]
+    pub dir_steering_ffn: Option<String>,
+    #[arg(long = "dir-steering-attn", value_name = "F", hide = true, allow_hyphen_values = true)]
+    pub dir_steering_attn: Option<String>,
+    #[arg(long = "dir-steering-policy", value_name = "MODE", hide = true)]
+    pub dir_steering_policy: Option<String>,
+    #[arg(long = "power", value_name = "N", hide = true)]
+    pub power: Option<String>,
+    #[arg(long = "ssd-streaming", hide = true)]
+    pub ssd_streaming: bool,
+    #[arg(long = "ssd-streaming-cold", hide = true)]
+    pub ssd_streaming_cold: bool,
+    #[arg(long = "ssd-streaming-cache-experts", value_name = "N", hide = true)]
+    pub ssd_streaming_cache_experts: Option<String>,
+    #[arg(long = "ssd-streaming-preload-experts", value_name = "N", hide = true)]
+    pub ssd_streaming_preload_experts: Option<String>,
+    #[arg(long = "ssd-streaming-full-layers", value_name = "N", hide = true)]
+    pub ssd_streaming_full_layers: Option<String>,
+    #[arg(long = "simulate-used-memory", value_name = "NGB", hide = true)]
+    pub simulate_used_memory: Option<String>,
+    #[arg(long = "gpu-vram", value_name = "N", hide = true)]
+    pub gpu_vram: Option<String>,
+    #[arg(long = "cuda-tensor-parallel", hide = true)]
+    pub cuda_tensor_parallel: bool,
+    #[arg(long = "tensor-parallel", value_name = "N", hide = true)]
+    pub tensor_parallel: Option<String>,
+    #[arg(long = "transport", value_name = "NAME", hide = true)]
+    pub transport: Option<String>,
+    #[arg(long = "vision", value_name = "FILE", hide = true)]
+    pub vision: Option<String>,
+    #[arg(long = "expert-profile", value_name = "FILE", hide = true)]
+    pub expert_profile: Option<String>,
+    #[arg(long = "batched-session", value_name = "N", hide = true)]
+    pub batched_session: Option<String>,
+    #[arg(long = "mixed-prefill-quantum", value_name = "N", hide = true)]
+    pub mixed_prefill_quantum: Option<String>,
+}
+
+impl Ds4Flags {
+    /// The backend named by a shorthand, if any.
+    pub fn backend(&self) -> Option<&'static str> {
+        if self.cpu {
+            Some("cpu")
+        } else if self.cuda {
+            Some("cuda")
+        } else {
+            None
+        }
+    }
+
+    /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
+    pub fn not_built(&self) -> Option<String> {
+        let set = |o: &Option<String>| o.is_some();
+        let checks: [(bool, &str, &str); 30] = [
+            (self.metal, "--metal", "the Metal backend is not built; use --backend cpu or --backend cuda"),
+            (self.rocm, "--rocm", "the ROCm backend is not built; use --backend cpu or --backend cuda"),
+            (set(&self.mtp), "--mtp", "MTP speculative decoding is not built; run without it (decoding is exact without it)"),
+            (set(&self.mtp_draft), "--mtp-draft", "MTP speculative decoding is not built; run without it"),
+            (set(&self.mtp_margin), "--mtp-margin", "MTP speculative decoding is not built; run without it"),
+            (set(&self.mtp_model), "--mtp-model", "MTP/DSpark speculative decoding is not built; run without it"),
+            (self.mtp_exact_sampling, "--mtp-exact-sampling", "MTP speculative decoding is not built; run without it"),
+            (self.mtp_timing, "--mtp-timing", "MTP speculative decoding is not built; run without it"),
+            (self.dspark, "--dspark", "DSpark speculative decoding is not built; run without it"),
+            (set(&self.dspark_confidence), "--dspark-confidence", "DSpark speculative decoding is not built; run without it"),
+            (self.dspark_strict, "--dspark-strict", "DSpark speculative decoding is not built; run without it"),
+            (set(&self.dir_steering_file), "--dir-steering-file", "directional steering is not built; run without it"),
+            (set(&self.dir_steering_ffn), "--dir-steering-ffn", "directional steering is not built; run without it"),
+            (set(&self.dir_steering_attn), "--dir-steering-attn", "directional steering is not built; run without it"),
+            (set(&self.dir_steering_policy), "--dir-steering-policy", "directional steering is not built; run without it"),
+            (set(&self.power), "--power", "GPU duty-cycle limiting is not built; run without it (full speed)"),
+            (self.ssd_streaming, "--ssd-streaming", "SSD expert streaming is not built; the weights are mapped from the file (use a model that fits in memory)"),
+            (self.ssd_streaming_cold, "--ssd-streaming-cold", "SSD expert streaming is not built; run without it"),
+            (set(&self.ssd_streaming_cache_experts), "--ssd-streaming-cache-experts", "SSD expert streaming is not built; run without it"),
+            (set(&self.ssd_streaming_preload_experts), "--ssd-streaming-preload-experts", "SSD expert streaming is not built; run without it"),
+            (set(&self.ssd_streaming_full_layers), "--ssd-streaming-full-layers", "SSD expert streaming is not built; run without it"),
+            (set(&self.simulate_used_memory), "--simulate-used-memory", "SSD expert streaming is not built; use --mem-limit-gb to set the memory budget"),
+            (set(&self.gpu_vram), "--gpu-vram", "per-GPU memory placement is not built; use --backend cuda --cuda-devices 0,1,... (layers are split evenly)"),
+            (self.cuda_tensor_parallel, "--cuda-tensor-parallel", "tensor parallelism is not built; use --cuda-devices 0,1,... (layers split over GPUs) or distributed stages (--role)"),
+            (set(&self.tensor_parallel), "--tensor-parallel", "tensor parallelism is not built; use distributed stages (--role coordinator / ds4 --role worker)"),
+            (set(&self.transport), "--transport", "tensor-parallel transports are not built; distributed stages use TCP (--role)"),
+            (set(&self.vision), "--vision", "the vision encoder is not built; send text only"),
+            (set(&self.expert_profile), "--expert-profile", "expert profiling (Metal) is not built; run without it"),
+            (set(&self.batched_session), "--batched-session", "batched sessions are not built: one live session serves requests in turn (--max-queue bounds the wait)"),
+            (set(&self.mixed_prefill_quantum), "--mixed-prefill-quantum", "batched sessions are not built, so there is no mixed prefill; run without it"),
+        ];
+        checks.iter().find(|(on, _, _)| *on).map(|(_, flag, why)| format!("{flag} is not available in this build: {why}"))
+    }
+}

@@ -1,0 +1,157 @@
+//! Every ds4-server flag of the C engine (its `usage()` and the shared engine flags) parses: each is
+//! either accepted (the run then stops at the taken port, exit 1) or refused with exit 2 and one line
+//! saying the feature is not in this build. None is an unknown-argument error.
+mod common;
+
+use common::BIN;
+use std::net::TcpListener;
+use std::process::Command;
+
+/// (flag, value or "" for a switch)
+const DS4_SERVER_FLAGS: &[(&str, &str)] = &[
+    ("-m", "MODEL"),
+    ("--model", "MODEL"),
+    ("-n", "128"),
+    ("--tokens", "128"),
+    ("-c", "4096"),
+    ("--ctx", "4096"),
+    ("--host", "127.0.0.1"),
+    ("--cors", ""),
+    ("--trace", "TRACE"),
+    ("--kv-disk-dir", "KVDIR"),
+    ("--kv-disk-space-mb", "64"),
+    ("--kv-cache-min-tokens", "512"),
+    ("--kv-cache-cold-max-tokens", "30000"),
+    ("--kv-cache-continued-interval-tokens", "10000"),
+    ("--kv-cache-boundary-trim-tokens", "32"),
+    ("--kv-cache-boundary-align-tokens", "2048"),
+    ("--kv-cache-reject-different-quant", ""),
+    ("--disable-exact-dsml-tool-replay", ""),
+    ("--tool-memory-max-ids", "1000"),
+    ("--max-queue", "4"),
+    ("--batched-session", "4"),
+    ("--mixed-prefill-quantum", "128"),
+    ("--dir-steering-policy", "final-answer"),
+    ("--chdir", "."),
+    ("--cpu", ""),
+    ("--cuda", ""),
+    ("--metal", ""),
+    ("--rocm", ""),
+    ("--backend", "cpu"),
+    ("-t", "1"),
+    ("--threads", "1"),
+    ("--quality", ""),
+    ("--mtp", "mtp.gguf"),
+    ("--mtp-draft", "2"),
+    ("--mtp-margin", "3.0"),
+    ("--mtp-model", "mtp.gguf"),
+    ("--mtp-exact-sampling", ""),
+    ("--mtp-timing", ""),
+    ("--dspark", ""),
+    ("--dspark-confidence", "0.7"),
+    ("--dspark-strict", ""),
+    ("--dir-steering-file", "dir.f32"),
+    ("--dir-steering-ffn", "-1.5"),
+    ("--dir-steering-attn", "0"),
+    ("--power", "50"),
+    ("--prefill-chunk", "256"),
+    ("--ssd-streaming", ""),
+    ("--ssd-streaming-cold", ""),
+    ("--ssd-streaming-cache-experts", "8GB"),
+    ("--ssd-streaming-preload-experts", "4"),
+    ("--ssd-streaming-full-layers", "2"),
+    ("--simulate-used-memory", "8GB"),
+    ("--gpu-vram", "auto"),
+    ("--gpu-devices", "0"),
+    ("--cuda-tensor-parallel", ""),
+    ("--tensor-parallel", "2"),
+    ("--transport", "tcp"),
+    ("--vision", "vision.gguf"),
+    ("--expert-profile", "profile.json"),
+    ("--debug", ""),
+    ("--think", ""),
+    ("--nothink", ""),
+    ("--think-max", ""),
+    ("--temp", "0.5"),
+    ("--top-p", "0.9"),
+    ("--min-p", "0.05"),
+    ("--top-k", "40"),
+    ("--seed", "7"),
+];
+
+#[test]
+fn every_ds4_server_flag_is_accepted_or_answered_with_not_built() {
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let dir = std::env::temp_dir().join(format!("ds4-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
+    let mut accepted = 0;
+    let mut not_built = 0;
+    for (flag, value) in DS4_SERVER_FLAGS {
+        let value = match *value {
+            "MODEL" => model.to_str().unwrap().to_string(),
+            "TRACE" => dir.join("trace.log").to_str().unwrap().to_string(),
+            "KVDIR" => dir.join("kv").to_str().unwrap().to_string(),
+            v => v.to_string(),
+        };
+        let mut cmd = Command::new(BIN);
+        cmd.current_dir(&dir).args(["--port", &port]);
+        if !matches!(*flag, "-m" | "--model") {
+            cmd.args(["-m", model.to_str().unwrap()]);
+        }
+        cmd.arg(flag);
+        if !value.is_empty() {
+            cmd.arg(&value);
+        }
+        let out = cmd.output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("unexpected argument") && !err.contains("unrecognized"), "{flag}: {err}");
+        match out.status.code() {
+            // Accepted: stopped at the taken port, before loading.
+            Some(1) => {
+                assert!(err.contains("cannot listen"), "{flag}: {err}");
+                accepted += 1;
+            }
+            Some(2) => {
+                let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+                assert_eq!(lines.len(), 1, "{flag}: one line expected: {err}");
+                assert!(
+                    err.contains("not available in this build") || (*flag == "--cuda" && err.contains("cuda")),
+                    "{flag}: {err}"
+                );
+                not_built += 1;
+            }
+            c => panic!("{flag}: exit {c:?}: {err}"),
+        }
+    }
+    assert!(accepted > 30 && not_built > 20, "accepted {accepted}, not built {not_built}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn kv_cache_min_tokens_is_kv_disk_min_tokens() {
+    let out = Command::new(BIN).args(["--kv-cache-min-tokens", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-disk-min-tokens must be at least 1"));
+    let out = Command::new(BIN).args(["--kv-cache-min-tokens", "600", "--kv-cache-cold-max-tokens", "500"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--kv-cache-cold-max-tokens must be 0 or at least"));
+}
+
+#[test]
+fn chdir_changes_the_directory_before_the_model_is_resolved() {
+    let out = Command::new(BIN).args(["--chdir", "/nonexistent-ds4-dir"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--chdir /nonexistent-ds4-dir"));
+    // A relative -m resolves inside --chdir.
+    let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
+    let taken = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let parent = model.parent().unwrap();
+    let name = model.file_name().unwrap().to_str().unwrap();
+    let out = Command::new(BIN).args(["--chdir", parent.to_str().unwrap(), "-m", name, "--port", &port]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot listen"), "{err}");
+}
