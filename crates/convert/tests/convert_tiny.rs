@@ -128,7 +128,7 @@ fn tiny_f32_names_types_dims_metadata_values() {
         ("rope.dimension_count", 64), ("attention.q_lora_rank", 16), ("attention.output_lora_rank", 16),
         ("attention.output_group_count", 2), ("expert_count", 6), ("expert_used_count", 3),
         ("expert_feed_forward_length", 32), ("expert_shared_count", 1), ("hash_layer_count", 2),
-        ("attention.sliding_window", 32), ("attention.indexer.head_count", 16),
+        ("attention.sliding_window", 128), ("attention.indexer.head_count", 16),
         ("attention.indexer.key_length", 128), ("attention.indexer.top_k", 16), ("hyper_connection.count", 4),
         ("hyper_connection.sinkhorn_iterations", 20), ("expert_gating_func", 4), ("context_length", 1048576),
         ("rope.scaling.original_context_length", 65536), ("expert_group_count", 0),
