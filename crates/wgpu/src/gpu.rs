@@ -45,6 +45,9 @@ pub struct Caps {
     pub subgroup: bool,
     /// `IMMEDIATES` (push constants) enabled.
     pub immediates: bool,
+    /// `unpack2x16float` usable (wgpu's SHADER_F16_IN_F32 downlevel flag; treated as absent when
+    /// SHADER_F16 is disabled through `GpuOptions::disable`, which selects every fallback).
+    pub f16_in_f32: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
     /// Largest storage binding in bytes (after `GpuOptions::max_binding_bytes`).
@@ -167,6 +170,8 @@ impl Gpu {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
             immediates: features.contains(wgpu::Features::IMMEDIATES),
+            f16_in_f32: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+                && !opts.disable.contains(wgpu::Features::SHADER_F16),
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             max_binding,

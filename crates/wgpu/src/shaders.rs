@@ -7,6 +7,8 @@ const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
 const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
+const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
+const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const ROPE: &str = include_str!("shaders/rope.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
@@ -45,33 +47,68 @@ fn iq2xxs_grid_wgsl() -> String {
     format!("const IQ2XXS_GRID = array<u32, 512>(\n{}\n);\n", words.join(", "))
 }
 
+/// How f16 scales and weights become f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum F16Unpack {
+    /// `unpack2x16float` (adapters with wgpu's SHADER_F16_IN_F32 downlevel flag).
+    Native,
+    /// Integer decode (every adapter).
+    Bits,
+}
+
 /// The module of a mat-vec (tb = 1) or batched product (tb = BATCH_TILE) over `ty` weights, or None
 /// for a type without a kernel.
-pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce) -> Option<String> {
+pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> Option<String> {
     let load = load8_source(ty)?;
     let (red, params, call) = match reduce {
         Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
         Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
     };
     let main = MATVEC_MAIN.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
-    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{load}\n{red}\n{main}"))
+    let unpack = match f16 {
+        F16Unpack::Native => F16_NATIVE,
+        F16Unpack::Bits => F16_BITS,
+    };
+    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
 }
 
-/// Every module the crate can build, named, with whether it needs the SUBGROUP feature
-/// (for the naga validation / translation test).
-pub fn all_modules() -> Vec<(String, String, bool)> {
+/// The pipeline-cache key of a mat-vec module.
+pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
+}
+
+/// One WGSL module the crate builds, with what it needs from the adapter.
+#[derive(Debug, Clone)]
+pub struct ModuleSource {
+    pub name: String,
+    pub wgsl: String,
+    /// Uses subgroup builtins (SUBGROUP feature).
+    pub subgroup: bool,
+    /// Uses unpack2x16float (SHADER_F16_IN_F32 downlevel flag).
+    pub f16_in_f32: bool,
+}
+
+/// Every module the crate can build (for the naga validation / translation test).
+pub fn all_modules() -> Vec<ModuleSource> {
     let mut out = Vec::new();
     for ty in MATVEC_TYPES {
         for tb in [1, BATCH_TILE] {
             for reduce in [Reduce::Tree, Reduce::Subgroup] {
-                if let Some(src) = matvec_source(ty, tb, reduce) {
-                    out.push((format!("matvec_{}_tb{tb}_{reduce:?}", ty.name()), src, reduce == Reduce::Subgroup));
+                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                    if let Some(wgsl) = matvec_source(ty, tb, reduce, f16) {
+                        out.push(ModuleSource {
+                            name: matvec_key(ty, tb, reduce, f16),
+                            wgsl,
+                            subgroup: reduce == Reduce::Subgroup,
+                            f16_in_f32: f16 == F16Unpack::Native,
+                        });
+                    }
                 }
             }
         }
     }
     for (name, src) in [("rms_norm", RMS_NORM), ("rope", ROPE), ("swiglu", SWIGLU), ("argmax", ARGMAX)] {
-        out.push((name.to_string(), src.to_string(), false));
+        out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
     }
     out
 }

@@ -8,7 +8,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matvec_source, Reduce, BATCH_TILE};
+use crate::shaders::{matvec_key, matvec_source, F16Unpack, Reduce, BATCH_TILE};
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,6 +29,7 @@ pub struct MatVec {
     tile: u32,
     max_tokens: u32,
     pub reduce: Reduce,
+    pub f16: F16Unpack,
 }
 
 impl MatVec {
@@ -49,10 +50,11 @@ impl MatVec {
             });
         }
         let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
-        let key = format!("matvec_{}_tb{tile}_{reduce:?}", w.ty.name());
+        let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
+        let key = matvec_key(ty, tile, reduce, f16);
         let pipeline = gpu.pipeline(&key, || {
-            matvec_source(ty, tile, reduce).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
+            matvec_source(ty, tile, reduce, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
         })?;
         let cols = u32_of("columns", w.cols)?;
         let row_bytes = u32_of("row bytes", w.row_bytes)?;
@@ -67,7 +69,7 @@ impl MatVec {
             let bind = gpu.bind_group(&label, &pipeline, &[&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step])?;
             parts.push(Part { bind, wg });
         }
-        Ok(Self { pipeline, parts, tile, max_tokens, reduce })
+        Ok(Self { pipeline, parts, tile, max_tokens, reduce, f16 })
     }
 
     /// Records the product for the step's tokens (1 for `Product::Vec`).

@@ -33,8 +33,8 @@ fn byte_at(b: u32) -> u32 {
     return (w[b >> 2u] >> ((b & 3u) * 8u)) & 255u;
 }
 
-// f16 at an even byte offset (exact f16 -> f32 through unpack2x16float, no f16 feature needed).
+// f16 at an even byte offset (exact f16 -> f32 through `unpack_h2`, no f16 arithmetic).
 fn half_at(b: u32) -> f32 {
     let v = w[b >> 2u];
-    return unpack2x16float(select(v, v >> 16u, (b & 2u) != 0u)).x;
+    return unpack_h2(select(v, v >> 16u, (b & 2u) != 0u)).x;
 }
