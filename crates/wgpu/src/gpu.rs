@@ -24,7 +24,8 @@ pub struct GpuOptions {
     pub backend: BackendChoice,
     /// Only adapters whose name contains this (case-insensitive), e.g. "llvmpipe".
     pub adapter_name: Option<String>,
-    /// Caps the storage binding size below the adapter's limit (tests force tensor splitting with it).
+    /// Caps the binding size of resident weights below the adapter's limit (tests force tensor
+    /// splitting with it; activation buffers keep the adapter's limit).
     pub max_binding_bytes: Option<u64>,
     /// Optional features to leave off even when the adapter has them (tests run the fallbacks).
     pub disable: wgpu::Features,
@@ -50,8 +51,10 @@ pub struct Caps {
     pub f16_in_f32: bool,
     pub subgroup_min_size: u32,
     pub subgroup_max_size: u32,
-    /// Largest storage binding in bytes (after `GpuOptions::max_binding_bytes`).
+    /// Largest storage binding in bytes (the adapter's limit).
     pub max_binding: u64,
+    /// Largest binding of one resident-weight part (`max_binding`, or `GpuOptions::max_binding_bytes` if lower).
+    pub weight_binding: u64,
     /// Largest buffer in bytes.
     pub max_buffer: u64,
 }
@@ -158,10 +161,8 @@ impl Gpu {
                 v.push(e.to_string());
             }
         }));
-        let mut max_binding = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
-        if let Some(cap) = opts.max_binding_bytes {
-            max_binding = max_binding.min(cap);
-        }
+        let max_binding = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let weight_binding = opts.max_binding_bytes.map_or(max_binding, |cap| cap.min(max_binding));
         let caps = Caps {
             adapter: info.name.clone(),
             backend: info.backend,
@@ -175,6 +176,7 @@ impl Gpu {
             subgroup_min_size: info.subgroup_min_size,
             subgroup_max_size: info.subgroup_max_size,
             max_binding,
+            weight_binding,
             max_buffer: limits.max_buffer_size,
         };
         let step = device.create_buffer(&wgpu::BufferDescriptor {

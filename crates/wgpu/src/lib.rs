@@ -18,3 +18,4 @@ pub use error::WgpuError;
 pub use gpu::{BackendChoice, Caps, Gpu, GpuOptions, Step, OPTIONAL_FEATURES};
 pub use loader::{library_present, VULKAN_LOADER};
 pub use resident::{ResidentTensor, TensorPart};
+pub use wgpu;

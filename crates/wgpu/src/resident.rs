@@ -42,7 +42,7 @@ impl ResidentTensor {
         if data.len() != row_bytes * rows {
             return Err(WgpuError::BadShape { what: name.into(), reason: format!("{} bytes, expected {rows} rows x {row_bytes}", data.len()) });
         }
-        let limit = gpu.caps().max_binding;
+        let limit = gpu.caps().weight_binding;
         let per = rows_per_part(row_bytes as u64, limit);
         if per == 0 {
             return Err(WgpuError::BindingOverLimit { what: format!("one row of {name}"), bytes: row_bytes as u64 + TAIL_PAD, limit });

@@ -7,3 +7,5 @@ fn load8(rb: u32, g: u32) -> W8 {
     let h3 = unpack_h2(w[i + 3u]);
     return W8(vec4<f32>(h0, h1), vec4<f32>(h2, h3));
 }
+
+fn load_prelude(lid: u32) {}

@@ -2,7 +2,16 @@
 // a0 (4 grid indices) and a1 (4 x 7 sign bits, 4-bit scale in the top nibble). Chunk c (8 values)
 // is grid point (a0 >> 8l) & 255 with signs ksigns((a1 >> 7l) & 127), l = c & 3, scaled by
 // d * (0.5 + (a1 >> 28)) * 0.25. The grid table (IQ2XXS_GRID, 2 words per point) is appended by
-// the host from ds4_quant's table; ksigns is computed: the 8th sign makes the count of minus signs even.
+// the host from ds4_quant's table and copied once per workgroup into workgroup memory (indexing a
+// const array with a runtime index makes some compilers copy the whole array per call); ksigns is
+// computed: the 8th sign makes the count of minus signs even.
+var<workgroup> iq2_grid: array<u32, 512>;
+
+fn load_prelude(lid: u32) {
+    for (var i = lid; i < 512u; i += WG) { iq2_grid[i] = IQ2XXS_GRID[i]; }
+    workgroupBarrier();
+}
+
 fn load8(rb: u32, g: u32) -> W8 {
     let bo = rb + (g >> 5u) * 66u;
     let c = g & 31u;
@@ -15,8 +24,8 @@ fn load8(rb: u32, g: u32) -> W8 {
     let gi = (a0 >> (8u * l)) & 255u;
     let s7 = (a1 >> (7u * l)) & 127u;
     let signs = s7 | ((countOneBits(s7) & 1u) << 7u);
-    let g0 = vec4<f32>(unpack4xU8(IQ2XXS_GRID[2u * gi]));
-    let g1 = vec4<f32>(unpack4xU8(IQ2XXS_GRID[2u * gi + 1u]));
+    let g0 = vec4<f32>(unpack4xU8(iq2_grid[2u * gi]));
+    let g1 = vec4<f32>(unpack4xU8(iq2_grid[2u * gi + 1u]));
     let n0 = vec4<bool>((signs & 1u) != 0u, (signs & 2u) != 0u, (signs & 4u) != 0u, (signs & 8u) != 0u);
     let n1 = vec4<bool>((signs & 16u) != 0u, (signs & 32u) != 0u, (signs & 64u) != 0u, (signs & 128u) != 0u);
     let v0 = db * g0;

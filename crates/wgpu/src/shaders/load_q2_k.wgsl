@@ -16,3 +16,5 @@ fn load8(rb: u32, g: u32) -> W8 {
     let v1 = vec4<f32>(unpack4xU8((w[qi + 1u] >> sh) & 0x03030303u));
     return W8(dl * v0 - ml, dl * v1 - ml);
 }
+
+fn load_prelude(lid: u32) {}

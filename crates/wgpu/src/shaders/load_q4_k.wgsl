@@ -25,3 +25,5 @@ fn load8(rb: u32, g: u32) -> W8 {
     let v1 = vec4<f32>(unpack4xU8((w[qi + 1u] >> sh) & 0x0f0f0f0fu));
     return W8(d1 * v0 - m1, d1 * v1 - m1);
 }
+
+fn load_prelude(lid: u32) {}

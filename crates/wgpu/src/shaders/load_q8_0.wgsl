@@ -7,3 +7,5 @@ fn load8(rb: u32, g: u32) -> W8 {
     let q1 = vec4<f32>(unpack4xI8(word_at(qb + 4u)));
     return W8(q0 * d, q1 * d);
 }
+
+fn load_prelude(lid: u32) {}

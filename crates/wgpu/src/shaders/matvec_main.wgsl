@@ -6,6 +6,7 @@ var<workgroup> red: array<f32, 256>;  // WG * TB (TB <= 4)
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {
+    load_prelude(lid);
     let row = wid.x + wid.y * p.wg_x;
     if (row >= p.rows) { return; }
     let t0 = wid.z * TB;
