@@ -31,6 +31,9 @@ pub struct GpuOptions {
     pub disable: wgpu::Features,
     /// Features the caller cannot do without: an adapter lacking one is an error.
     pub require: wgpu::Features,
+    /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
+    #[doc(hidden)]
+    pub loader_probe: Option<String>,
 }
 
 /// What the opened device can do.
@@ -125,7 +128,8 @@ impl Gpu {
         }
         let best = adapters.into_iter().max_by_key(|a| (rank(&a.get_info()), a.limits().max_buffer_size));
         let Some(adapter) = best else {
-            if backends.contains(wgpu::Backends::VULKAN) && !cfg!(target_vendor = "apple") && !library_present(VULKAN_LOADER) {
+            let loader = opts.loader_probe.as_deref().unwrap_or(VULKAN_LOADER);
+            if backends.contains(wgpu::Backends::VULKAN) && !cfg!(target_vendor = "apple") && !library_present(loader) {
                 return Err(WgpuError::VulkanLoaderMissing { lib: VULKAN_LOADER });
             }
             let names: Vec<&str> = backends.iter().map(|b| if b == wgpu::Backends::METAL { "Metal" } else { "Vulkan" }).collect();
@@ -228,6 +232,21 @@ impl Gpu {
         let msg = v.join("; ");
         v.clear();
         Err(WgpuError::Device { op: op.to_string(), msg })
+    }
+
+    /// Compiles a WGSL compute module (entry point `main`) and reports its errors (diagnostics).
+    pub fn check_wgsl(&self, label: &str, wgsl: &str) -> Result<(), WgpuError> {
+        self.scoped(&format!("compiling {label}"), |d| {
+            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) });
+            let _ = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        })
     }
 
     /// Checks a binding size against the adapter's limit.
