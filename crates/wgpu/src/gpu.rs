@@ -329,7 +329,8 @@ impl Gpu {
         Counters::add(&self.counters.step_writes, 1);
         let mut enc = Encoder::new(self, step);
         f(&mut enc)?;
-        let cmd = enc.finish();
+        // Errors recorded in passes surface when the encoder finishes.
+        let cmd = self.scoped("recording", |_| enc.finish())?;
         self.scoped("submit", |_| self.queue.submit([cmd]))?;
         Counters::add(&self.counters.submits, 1);
         self.wait()
@@ -346,6 +347,9 @@ impl Gpu {
     /// Copies `size` bytes of `src` from `offset` back to the host (a staging buffer per call: for
     /// tests and one-off reads, not for the per-token path).
     pub(crate) fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, WgpuError> {
+        if size == 0 {
+            return Ok(Vec::new());
+        }
         let size4 = size.next_multiple_of(4);
         let staging = self.scoped("readback buffer", |d| {
             d.create_buffer(&wgpu::BufferDescriptor {
