@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub(crate) struct Counters {
     pub weight_uploads: AtomicU64,
     pub weight_bytes: AtomicU64,
+    pub weight_imports: AtomicU64,
     pub bind_groups: AtomicU64,
     pub pipelines: AtomicU64,
     pub buffers: AtomicU64,
@@ -20,6 +21,8 @@ pub struct CounterSnapshot {
     /// Weight (resident tensor part / constant table) uploads, and their bytes.
     pub weight_uploads: u64,
     pub weight_bytes: u64,
+    /// Resident-tensor parts imported from host memory without a copy (zero-copy).
+    pub weight_imports: u64,
     /// Bind groups created.
     pub bind_groups: u64,
     /// Compute pipelines compiled.
@@ -39,6 +42,7 @@ impl Counters {
         CounterSnapshot {
             weight_uploads: self.weight_uploads.load(Relaxed),
             weight_bytes: self.weight_bytes.load(Relaxed),
+            weight_imports: self.weight_imports.load(Relaxed),
             bind_groups: self.bind_groups.load(Relaxed),
             pipelines: self.pipelines.load(Relaxed),
             buffers: self.buffers.load(Relaxed),

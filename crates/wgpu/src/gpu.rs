@@ -31,6 +31,8 @@ pub struct GpuOptions {
     pub disable: wgpu::Features,
     /// Features the caller cannot do without: an adapter lacking one is an error.
     pub require: wgpu::Features,
+    /// Do not open the device with host-memory import (zero-copy weights) even where it is available.
+    pub no_host_import: bool,
     /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
     #[doc(hidden)]
     pub loader_probe: Option<String>,
@@ -60,6 +62,9 @@ pub struct Caps {
     pub weight_binding: u64,
     /// Largest buffer in bytes.
     pub max_buffer: u64,
+    /// Alignment of host pointers the device can import as memory (VK_EXT_external_memory_host);
+    /// None where weights can only be uploaded.
+    pub host_import_alignment: Option<u64>,
 }
 
 /// The optional features the kernels use when present.
@@ -148,15 +153,27 @@ impl Gpu {
         }
         let features = (have & OPTIONAL_FEATURES) | (opts.require & have);
         let limits = adapter.limits();
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        let desc = wgpu::DeviceDescriptor {
             label: Some("ds4-wgpu"),
             required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| WgpuError::RequestDevice { adapter: info.name.clone(), reason: e.to_string() })?;
+        };
+        let refused = |reason: String| WgpuError::RequestDevice { adapter: info.name.clone(), reason };
+        #[cfg(not(target_vendor = "apple"))]
+        let imported = if opts.no_host_import { None } else { crate::host_import::open_with_import(&adapter, &desc) };
+        #[cfg(target_vendor = "apple")]
+        let imported: Option<Result<(wgpu::Device, wgpu::Queue), String>> = None;
+        let (device, queue) = match imported {
+            Some(r) => r.map_err(refused)?,
+            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| refused(e.to_string()))?,
+        };
+        #[cfg(not(target_vendor = "apple"))]
+        let host_import_alignment = crate::host_import::import_alignment(&device);
+        #[cfg(target_vendor = "apple")]
+        let host_import_alignment = None;
         // Errors outside an error scope land here instead of panicking; `check` reports them.
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = uncaptured.clone();
@@ -182,6 +199,7 @@ impl Gpu {
             max_binding,
             weight_binding,
             max_buffer: limits.max_buffer_size,
+            host_import_alignment,
         };
         let step = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step"),

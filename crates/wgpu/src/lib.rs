@@ -6,6 +6,8 @@ mod counters;
 mod encoder;
 mod error;
 mod gpu;
+#[cfg(not(target_vendor = "apple"))]
+mod host_import;
 mod loader;
 pub mod ops;
 mod resident;

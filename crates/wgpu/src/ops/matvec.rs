@@ -63,7 +63,7 @@ impl MatVec {
         for (i, part) in w.parts.iter().enumerate() {
             let rows = u32_of("rows", part.rows)?;
             let wg = grid(rows);
-            let params: [u32; 8] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, y_stride, 0];
+            let params: [u32; 8] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, y_stride, part.byte_offset];
             let label = format!("{}#{i}", w.name);
             let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
             let bind = gpu.bind_group(&label, &pipeline, &[&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step])?;

@@ -9,7 +9,7 @@ struct Params {
     wg_x: u32,       // workgroups along x (rows = x + y * wg_x)
     x_stride4: u32,  // activation row stride in vec4s
     y_stride: u32,   // output row stride in floats
-    pad: u32,
+    w_off: u32,      // byte offset of the part's first row in its binding (imported windows)
 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 

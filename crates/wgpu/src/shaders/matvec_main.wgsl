@@ -13,7 +13,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ntok = select(1u, step.ntok, TB > 1u);
     if (t0 >= ntok) { return; }
     let nt = min(TB, ntok - t0);
-    let rb = row * p.row_bytes;
+    let rb = p.w_off + row * p.row_bytes;
     let nchunks = p.cols / 8u;
     var acc: array<f32, TB>;
     for (var g = lid; g < nchunks; g += WG) {
