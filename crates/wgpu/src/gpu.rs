@@ -62,8 +62,8 @@ pub struct Caps {
     pub weight_binding: u64,
     /// Largest buffer in bytes.
     pub max_buffer: u64,
-    /// Alignment of host pointers the device can import as memory (VK_EXT_external_memory_host);
-    /// None where weights can only be uploaded.
+    /// Alignment of host pointers the device can wrap as buffers (Vulkan VK_EXT_external_memory_host,
+    /// Metal newBufferWithBytesNoCopy); None where weights can only be uploaded.
     pub host_import_alignment: Option<u64>,
 }
 
@@ -170,10 +170,7 @@ impl Gpu {
             Some(r) => r.map_err(refused)?,
             None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| refused(e.to_string()))?,
         };
-        #[cfg(not(target_vendor = "apple"))]
-        let host_import_alignment = crate::host_import::import_alignment(&device);
-        #[cfg(target_vendor = "apple")]
-        let host_import_alignment = None;
+        let host_import_alignment = if opts.no_host_import { None } else { crate::host_import::import_alignment(&device) };
         // Errors outside an error scope land here instead of panicking; `check` reports them.
         let uncaptured = Arc::new(Mutex::new(Vec::new()));
         let sink = uncaptured.clone();
@@ -182,7 +179,7 @@ impl Gpu {
                 v.push(e.to_string());
             }
         }));
-        let max_binding = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         let weight_binding = opts.max_binding_bytes.map_or(max_binding, |cap| cap.min(max_binding));
         let caps = Caps {
             adapter: info.name.clone(),

@@ -8,6 +8,9 @@ mod error;
 mod gpu;
 #[cfg(not(target_vendor = "apple"))]
 mod host_import;
+#[cfg(target_vendor = "apple")]
+#[path = "host_import_metal.rs"]
+mod host_import;
 mod loader;
 pub mod ops;
 mod resident;

@@ -70,9 +70,9 @@ impl ResidentTensor {
     }
 
     /// The tensor at `offset` in a read-only mapping (e.g. the GGUF file's mmap). On a device with
-    /// unified memory that can import host memory (Vulkan VK_EXT_external_memory_host: integrated
-    /// GPUs, lavapipe) the mapping's pages become the binding without a copy; elsewhere the bytes are
-    /// uploaded once. `offset` must be a multiple of 4 (GGUF data is 32-byte aligned).
+    /// unified memory that can wrap host memory (Vulkan VK_EXT_external_memory_host: integrated GPUs,
+    /// lavapipe; Metal newBufferWithBytesNoCopy: Apple Silicon) the mapping's pages become the binding
+    /// without a copy; elsewhere (discrete GPUs) the bytes are uploaded once. `offset` must be a multiple of 4 (GGUF data is 32-byte aligned).
     pub fn from_mapping(
         gpu: &Gpu,
         name: &str,
@@ -91,7 +91,7 @@ impl ResidentTensor {
         };
         let unified = matches!(gpu.caps().device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
         match gpu.caps().host_import_alignment {
-            Some(align) if unified && offset % 4 == 0 => Self::import(gpu, name, ty, map, offset, rows, cols, row_bytes, align),
+            Some(align) if unified && offset.is_multiple_of(4) => Self::import(gpu, name, ty, map, offset, rows, cols, row_bytes, align),
             _ => Self::upload(gpu, name, ty, &map[offset..end], rows, cols),
         }
     }
@@ -108,12 +108,6 @@ impl ResidentTensor {
         row_bytes: usize,
         align: u64,
     ) -> Result<Self, WgpuError> {
-        #[cfg(target_vendor = "apple")]
-        {
-            let _ = align;
-            return Self::upload(gpu, name, ty, &map[offset..offset + rows * row_bytes], rows, cols);
-        }
-        #[cfg(not(target_vendor = "apple"))]
         {
             let align = align as usize;
             // The window of a part is page aligned on both ends: up to 2 * align more than its rows.
@@ -133,7 +127,7 @@ impl ResidentTensor {
                 let start = offset + row0 * row_bytes;
                 let stop = start + n * row_bytes;
                 let (w0, w1) = (start / align * align, stop.next_multiple_of(align));
-                if w1 > mapped_end || (base as usize) % align != 0 {
+                if w1 > mapped_end || !(base as usize).is_multiple_of(align) {
                     return Self::upload(gpu, name, ty, &map[offset..offset + rows * row_bytes], rows, cols);
                 }
                 let label = format!("{name}[{row0}..{}] (host)", row0 + n);

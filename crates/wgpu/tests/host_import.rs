@@ -13,8 +13,9 @@ use ds4_wgpu::{GpuBuffer, GpuOptions, ResidentTensor, Step};
 
 const ROWS: usize = 70;
 
-fn write_file(tensors: &[(usize, &[u8])]) -> (std::path::PathBuf, Arc<memmap2::Mmap>) {
-    let path = std::env::temp_dir().join(format!("ds4-wgpu-import-{}.bin", std::process::id()));
+fn write_file(tag: &str, tensors: &[(usize, &[u8])]) -> (std::path::PathBuf, Arc<memmap2::Mmap>) {
+    // One file per test (tests run in parallel threads of one process).
+    let path = std::env::temp_dir().join(format!("ds4-wgpu-import-{}-{tag}.bin", std::process::id()));
     let end = tensors.iter().map(|(o, b)| o + b.len()).max().unwrap_or(0);
     let mut bytes = vec![0xA5u8; end + 100];
     for (o, b) in tensors {
@@ -53,7 +54,7 @@ fn mmapped_tensors_are_imported_without_a_copy() {
     let q4 = ds4_quant::random_valid_blocks(GgmlType::Q4_K, 1, ROWS * 3);
     let q8 = ds4_quant::random_valid_blocks(GgmlType::Q8_0, 2, ROWS * 9);
     let (o4, o8) = (4096 + 96, 4096 * 20 + 32);
-    let (path, map) = write_file(&[(o4, &q4), (o8, &q8)]);
+    let (path, map) = write_file("import", &[(o4, &q4), (o8, &q8)]);
     let before = gpu.counters();
     let t4 = ResidentTensor::from_mapping(&gpu, "q4", GgmlType::Q4_K, map.clone(), o4, ROWS, 768).unwrap();
     let t8 = ResidentTensor::from_mapping(&gpu, "q8", GgmlType::Q8_0, map.clone(), o8, ROWS, 288).unwrap();
@@ -76,7 +77,7 @@ fn without_import_the_mapping_is_uploaded() {
     assert_eq!(gpu.caps().host_import_alignment, None);
     let q2 = ds4_quant::random_valid_blocks(GgmlType::Q2_K, 3, ROWS * 3);
     let o2 = 4096 * 3 + 64;
-    let (path, map) = write_file(&[(o2, &q2)]);
+    let (path, map) = write_file("upload", &[(o2, &q2)]);
     let before = gpu.counters();
     let t = ResidentTensor::from_mapping(&gpu, "q2", GgmlType::Q2_K, map, o2, ROWS, 768).unwrap();
     let after = gpu.counters();

@@ -39,7 +39,7 @@ impl MatVec {
             Product::Vec => (1, 1),
             Product::Batched { max_tokens } => (BATCH_TILE, max_tokens.max(1)),
         };
-        if w.cols % 8 != 0 {
+        if !w.cols.is_multiple_of(8) {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{} columns: the kernels need a multiple of 8", w.cols) });
         }
         let m = max_tokens as usize;
