@@ -89,6 +89,7 @@ pub struct Gpu {
     uncaptured: Arc<Mutex<Vec<String>>>,
     pub(crate) step: wgpu::Buffer,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    iq2_grid: Mutex<Option<Arc<wgpu::Buffer>>>,
 }
 
 fn backends_for(choice: BackendChoice) -> wgpu::Backends {
@@ -212,6 +213,7 @@ impl Gpu {
             uncaptured,
             step,
             pipelines: Mutex::new(HashMap::new()),
+            iq2_grid: Mutex::new(None),
         };
         Counters::add(&gpu.counters.buffers, 1);
         Ok(gpu)
@@ -297,6 +299,21 @@ impl Gpu {
         let p = Arc::new(p);
         map.insert(key.to_string(), p.clone());
         Ok(p)
+    }
+
+    /// The IQ2_XXS grid table, uploaded at its first use (one per device).
+    pub(crate) fn iq2_grid(&self) -> Result<Arc<wgpu::Buffer>, WgpuError> {
+        let mut g = self.iq2_grid.lock().map_err(|_| WgpuError::Device { op: "grid table".into(), msg: "poisoned".into() })?;
+        if let Some(b) = g.as_ref() {
+            return Ok(b.clone());
+        }
+        let words = crate::shaders::iq2xxs_grid_words();
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        let b = Arc::new(self.buffer_with("iq2_xxs grid", bytes, bytes.len() as u64, wgpu::BufferUsages::STORAGE)?);
+        Counters::add(&self.counters.weight_uploads, 1);
+        Counters::add(&self.counters.weight_bytes, bytes.len() as u64);
+        *g = Some(b.clone());
+        Ok(b)
     }
 
     /// A bind group over `buffers` (binding i = buffers[i], whole buffer), counted.

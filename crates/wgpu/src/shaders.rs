@@ -35,16 +35,20 @@ fn load8_source(ty: GgmlType) -> Option<String> {
         GgmlType::Q8_0 => include_str!("shaders/load_q8_0.wgsl").to_string(),
         GgmlType::Q2_K => include_str!("shaders/load_q2_k.wgsl").to_string(),
         GgmlType::Q4_K => include_str!("shaders/load_q4_k.wgsl").to_string(),
-        GgmlType::IQ2_XXS => format!("{}\n{}", include_str!("shaders/load_iq2_xxs.wgsl"), iq2xxs_grid_wgsl()),
+        GgmlType::IQ2_XXS => include_str!("shaders/load_iq2_xxs.wgsl").to_string(),
         _ => return None,
     })
 }
 
-/// ds4_quant's IQ2_XXS grid as a WGSL constant: point i is words 2i (bytes 0..3) and 2i+1 (bytes 4..7).
-fn iq2xxs_grid_wgsl() -> String {
-    let words: Vec<String> =
-        IQ2XXS_GRID_CONST.iter().flat_map(|&g| [g as u32, (g >> 32) as u32]).map(|w| format!("{w:#010x}u")).collect();
-    format!("const IQ2XXS_GRID = array<u32, 512>(\n{}\n);\n", words.join(", "))
+/// ds4_quant's IQ2_XXS grid as the kernels' table buffer: point i is words 2i (bytes 0..3) and
+/// 2i+1 (bytes 4..7).
+pub fn iq2xxs_grid_words() -> Vec<u32> {
+    IQ2XXS_GRID_CONST.iter().flat_map(|&g| [g as u32, (g >> 32) as u32]).collect()
+}
+
+/// Whether the mat-vec module of `ty` binds a table at binding 5.
+pub fn needs_table(ty: GgmlType) -> bool {
+    ty == GgmlType::IQ2_XXS
 }
 
 /// How f16 scales and weights become f32.

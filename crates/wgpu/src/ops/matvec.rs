@@ -8,7 +8,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matvec_key, matvec_source, F16Unpack, Reduce, BATCH_TILE};
+use crate::shaders::{matvec_key, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE};
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +59,7 @@ impl MatVec {
         let cols = u32_of("columns", w.cols)?;
         let row_bytes = u32_of("row bytes", w.row_bytes)?;
         let y_stride = u32_of("rows", w.rows)?;
+        let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
         let mut parts = Vec::with_capacity(w.parts.len());
         for (i, part) in w.parts.iter().enumerate() {
             let rows = u32_of("rows", part.rows)?;
@@ -66,7 +67,11 @@ impl MatVec {
             let params: [u32; 8] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, y_stride, part.byte_offset];
             let label = format!("{}#{i}", w.name);
             let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
-            let bind = gpu.bind_group(&label, &pipeline, &[&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step])?;
+            let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
+            if let Some(t) = table.as_deref() {
+                buffers.push(t);
+            }
+            let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
             parts.push(Part { bind, wg });
         }
         Ok(Self { pipeline, parts, tile, max_tokens, reduce, f16 })

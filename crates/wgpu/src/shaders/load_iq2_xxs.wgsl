@@ -1,14 +1,15 @@
 // IQ2_XXS: 66-byte blocks {f16 d; u8 qs[64]}, 256 values in 8 groups of 32. Group k has two words
 // a0 (4 grid indices) and a1 (4 x 7 sign bits, 4-bit scale in the top nibble). Chunk c (8 values)
 // is grid point (a0 >> 8l) & 255 with signs ksigns((a1 >> 7l) & 127), l = c & 3, scaled by
-// d * (0.5 + (a1 >> 28)) * 0.25. The grid table (IQ2XXS_GRID, 2 words per point) is appended by
-// the host from ds4_quant's table and copied once per workgroup into workgroup memory (indexing a
-// const array with a runtime index makes some compilers copy the whole array per call); ksigns is
-// computed: the 8th sign makes the count of minus signs even.
+// d * (0.5 + (a1 >> 28)) * 0.25. The grid (2 words per point, from ds4_quant's table) is a storage
+// buffer uploaded once per device (a WGSL const array indexed at run time gets copied whole per
+// access by some compilers: 30x slower on lavapipe), copied once per workgroup into workgroup
+// memory. ksigns is computed: the 8th sign makes the count of minus signs even.
+@group(0) @binding(5) var<storage, read> iq2_grid_buf: array<u32, 512>;
 var<workgroup> iq2_grid: array<u32, 512>;
 
 fn load_prelude(lid: u32) {
-    for (var i = lid; i < 512u; i += WG) { iq2_grid[i] = IQ2XXS_GRID[i]; }
+    for (var i = lid; i < 512u; i += WG) { iq2_grid[i] = iq2_grid_buf[i]; }
     workgroupBarrier();
 }
 
