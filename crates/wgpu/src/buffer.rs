@@ -12,7 +12,7 @@ pub struct GpuBuffer {
 impl GpuBuffer {
     /// A zeroed buffer of `len` floats (refused when it is over the binding limit).
     pub fn new(gpu: &Gpu, label: &str, len: usize) -> Result<Self, WgpuError> {
-        let bytes = (len as u64).max(1) * 4;
+        let bytes = (len as u64).max(1).saturating_mul(4);
         gpu.check_binding(label, bytes)?;
         let buffer = gpu.scoped(label, |d| {
             d.create_buffer(&wgpu::BufferDescriptor {

@@ -45,6 +45,9 @@ impl ResidentTensor {
         let row_bytes = ty
             .row_bytes(cols)
             .ok_or_else(|| WgpuError::BadShape { what: name.into(), reason: format!("{cols} columns is not a whole number of {} blocks", ty.name()) })?;
+        if cols == 0 {
+            return Err(WgpuError::BadShape { what: name.into(), reason: "zero columns".into() });
+        }
         if data.len() != row_bytes * rows {
             return Err(WgpuError::BadShape { what: name.into(), reason: format!("{} bytes, expected {rows} rows x {row_bytes}", data.len()) });
         }
@@ -85,7 +88,10 @@ impl ResidentTensor {
         let row_bytes = ty
             .row_bytes(cols)
             .ok_or_else(|| WgpuError::BadShape { what: name.into(), reason: format!("{cols} columns is not a whole number of {} blocks", ty.name()) })?;
-        let end = offset.checked_add(row_bytes * rows).filter(|&e| e <= map.len());
+        if cols == 0 {
+            return Err(WgpuError::BadShape { what: name.into(), reason: "zero columns".into() });
+        }
+        let end = row_bytes.checked_mul(rows).and_then(|n| offset.checked_add(n)).filter(|&e| e <= map.len());
         let Some(end) = end else {
             return Err(WgpuError::BadShape { what: name.into(), reason: format!("{rows} rows x {row_bytes} bytes at {offset} run past the mapping ({} bytes)", map.len()) });
         };

@@ -102,6 +102,10 @@ fn binding_over_limit() {
     let limit = gpu.caps().max_binding;
     let e = GpuBuffer::new(&gpu, "huge", (limit / 4 + 1) as usize).err().expect("over the limit");
     assert!(matches!(e, WgpuError::BindingOverLimit { .. }), "{e:?}");
+    // Zero columns and an absurd buffer length are errors, not panics.
+    let e = ResidentTensor::upload(&gpu, "t", GgmlType::F16, &[], 5, 0).err().expect("zero columns");
+    assert!(matches!(e, WgpuError::BadShape { .. }), "{e:?}");
+    assert!(matches!(GpuBuffer::new(&gpu, "absurd", usize::MAX).err(), Some(WgpuError::BindingOverLimit { .. })));
     // A wrongly sized tensor is a shape error.
     let e = ResidentTensor::upload(&gpu, "t", GgmlType::Q8_0, &w[..100], 2, 4096).err().expect("bad length");
     assert!(matches!(e, WgpuError::BadShape { .. }), "{e:?}");
