@@ -1,0 +1,415 @@
+//! The device: adapter choice (Vulkan or Metal, best first), limits and optional features,
+//! validation errors turned into `WgpuError` (wgpu panics on uncaptured errors by default).
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::counters::{CounterSnapshot, Counters};
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::loader::{library_present, VULKAN_LOADER};
+
+/// Which GPU API to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// Metal on Apple platforms, Vulkan elsewhere.
+    #[default]
+    Auto,
+    Vulkan,
+    Metal,
+}
+
+/// How to open the device.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    pub backend: BackendChoice,
+    /// Only adapters whose name contains this (case-insensitive), e.g. "llvmpipe".
+    pub adapter_name: Option<String>,
+    /// Caps the binding size of resident weights below the adapter's limit (tests force tensor
+    /// splitting with it; activation buffers keep the adapter's limit).
+    pub max_binding_bytes: Option<u64>,
+    /// Optional features to leave off even when the adapter has them (tests run the fallbacks).
+    pub disable: wgpu::Features,
+    /// Features the caller cannot do without: an adapter lacking one is an error.
+    pub require: wgpu::Features,
+    /// Do not open the device with host-memory import (zero-copy weights) even where it is available.
+    pub no_host_import: bool,
+    /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
+    #[doc(hidden)]
+    pub loader_probe: Option<String>,
+}
+
+/// What the opened device can do.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    pub adapter: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    /// `SHADER_F16` enabled.
+    pub f16: bool,
+    /// `SUBGROUP` enabled (subgroup reductions are used).
+    pub subgroup: bool,
+    /// `IMMEDIATES` (push constants) enabled.
+    pub immediates: bool,
+    /// `unpack2x16float` usable (wgpu's SHADER_F16_IN_F32 downlevel flag; treated as absent when
+    /// SHADER_F16 is disabled through `GpuOptions::disable`, which selects every fallback).
+    pub f16_in_f32: bool,
+    pub subgroup_min_size: u32,
+    pub subgroup_max_size: u32,
+    /// Largest storage binding in bytes (the adapter's limit).
+    pub max_binding: u64,
+    /// Largest binding of one resident-weight part (`max_binding`, or `GpuOptions::max_binding_bytes` if lower).
+    pub weight_binding: u64,
+    /// Largest buffer in bytes.
+    pub max_buffer: u64,
+    /// Alignment of host pointers the device can wrap as buffers (Vulkan VK_EXT_external_memory_host,
+    /// Metal newBufferWithBytesNoCopy); None where weights can only be uploaded.
+    pub host_import_alignment: Option<u64>,
+}
+
+/// The optional features the kernels use when present.
+pub const OPTIONAL_FEATURES: wgpu::Features =
+    wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP).union(wgpu::Features::IMMEDIATES);
+
+/// Per-step values every kernel may read (one 16-byte uniform, written once per step).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Step {
+    /// Tokens (activation rows) in this step.
+    pub ntok: u32,
+    /// Position of the first token.
+    pub pos: u32,
+}
+
+/// An opened GPU device with its queue, capabilities and pipeline cache.
+pub struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    caps: Caps,
+    pub(crate) counters: Arc<Counters>,
+    uncaptured: Arc<Mutex<Vec<String>>>,
+    pub(crate) step: wgpu::Buffer,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    iq2_grid: Mutex<Option<Arc<wgpu::Buffer>>>,
+}
+
+fn backends_for(choice: BackendChoice) -> wgpu::Backends {
+    match choice {
+        BackendChoice::Auto => wgpu::Backends::VULKAN | wgpu::Backends::METAL,
+        BackendChoice::Vulkan => wgpu::Backends::VULKAN,
+        BackendChoice::Metal => wgpu::Backends::METAL,
+    }
+}
+
+/// Higher is better: discrete, integrated, virtual, CPU (lavapipe), other.
+fn rank(info: &wgpu::AdapterInfo) -> u8 {
+    match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 4,
+        wgpu::DeviceType::IntegratedGpu => 3,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 1,
+        wgpu::DeviceType::Other => 0,
+    }
+}
+
+fn feature_name(f: wgpu::Features) -> &'static str {
+    const NAMES: [(wgpu::Features, &str); 3] = [
+        (wgpu::Features::SHADER_F16, "SHADER_F16"),
+        (wgpu::Features::SUBGROUP, "SUBGROUP"),
+        (wgpu::Features::IMMEDIATES, "IMMEDIATES"),
+    ];
+    NAMES.iter().find(|(k, _)| f.contains(*k)).map(|(_, n)| *n).unwrap_or("(a feature outside SHADER_F16/SUBGROUP/IMMEDIATES)")
+}
+
+impl Gpu {
+    /// Opens the best adapter of the chosen backend with its full limits and the optional features it has.
+    pub fn new(opts: &GpuOptions) -> Result<Self, WgpuError> {
+        let backends = backends_for(opts.backend);
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends;
+        let instance = wgpu::Instance::new(desc);
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if let Some(name) = &opts.adapter_name {
+            let want = name.to_lowercase();
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(&want));
+        }
+        let best = adapters.into_iter().max_by_key(|a| (rank(&a.get_info()), a.limits().max_buffer_size));
+        let Some(adapter) = best else {
+            let loader = opts.loader_probe.as_deref().unwrap_or(VULKAN_LOADER);
+            if backends.contains(wgpu::Backends::VULKAN) && !cfg!(target_vendor = "apple") && !library_present(loader) {
+                return Err(WgpuError::VulkanLoaderMissing { lib: VULKAN_LOADER });
+            }
+            let names: Vec<&str> = backends.iter().map(|b| if b == wgpu::Backends::METAL { "Metal" } else { "Vulkan" }).collect();
+            let filter = opts.adapter_name.as_ref().map(|n| format!(" whose name contains '{n}'")).unwrap_or_default();
+            return Err(WgpuError::NoAdapter { backends: names.join(" or "), filter });
+        };
+        Self::open(adapter, opts)
+    }
+
+    fn open(adapter: wgpu::Adapter, opts: &GpuOptions) -> Result<Self, WgpuError> {
+        let info = adapter.get_info();
+        let have = adapter.features() - opts.disable;
+        let missing = opts.require - have;
+        if !missing.is_empty() {
+            return Err(WgpuError::MissingFeature { adapter: info.name.clone(), feature: feature_name(missing) });
+        }
+        let features = (have & OPTIONAL_FEATURES) | (opts.require & have);
+        let limits = adapter.limits();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("ds4-wgpu"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let refused = |reason: String| WgpuError::RequestDevice { adapter: info.name.clone(), reason };
+        #[cfg(not(target_vendor = "apple"))]
+        let imported = if opts.no_host_import { None } else { crate::host_import::open_with_import(&adapter, &desc) };
+        #[cfg(target_vendor = "apple")]
+        let imported: Option<Result<(wgpu::Device, wgpu::Queue), String>> = None;
+        let (device, queue) = match imported {
+            Some(r) => r.map_err(refused)?,
+            None => pollster::block_on(adapter.request_device(&desc)).map_err(|e| refused(e.to_string()))?,
+        };
+        let host_import_alignment = if opts.no_host_import { None } else { crate::host_import::import_alignment(&device) };
+        // Errors outside an error scope land here instead of panicking; `check` reports them.
+        let uncaptured = Arc::new(Mutex::new(Vec::new()));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(e.to_string());
+            }
+        }));
+        let max_binding = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let weight_binding = opts.max_binding_bytes.map_or(max_binding, |cap| cap.min(max_binding));
+        let caps = Caps {
+            adapter: info.name.clone(),
+            backend: info.backend,
+            device_type: info.device_type,
+            driver: format!("{} {}", info.driver, info.driver_info),
+            f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroup: features.contains(wgpu::Features::SUBGROUP),
+            immediates: features.contains(wgpu::Features::IMMEDIATES),
+            f16_in_f32: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+                && !opts.disable.contains(wgpu::Features::SHADER_F16),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            max_binding,
+            weight_binding,
+            max_buffer: limits.max_buffer_size,
+            host_import_alignment,
+        };
+        let step = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("step"),
+            size: 16,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let gpu = Self {
+            device,
+            queue,
+            caps,
+            counters: Arc::new(Counters::default()),
+            uncaptured,
+            step,
+            pipelines: Mutex::new(HashMap::new()),
+            iq2_grid: Mutex::new(None),
+        };
+        Counters::add(&gpu.counters.buffers, 1);
+        Ok(gpu)
+    }
+
+    pub fn caps(&self) -> &Caps {
+        &self.caps
+    }
+
+    pub fn counters(&self) -> CounterSnapshot {
+        self.counters.snapshot()
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and returns the first error.
+    pub(crate) fn scoped<T>(&self, op: &str, f: impl FnOnce(&wgpu::Device) -> T) -> Result<T, WgpuError> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f(&self.device);
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        match v.or(o) {
+            Some(e) => Err(WgpuError::Device { op: op.to_string(), msg: e.to_string() }),
+            None => self.check(op).map(|_| out),
+        }
+    }
+
+    /// Reports (and clears) errors that reached the uncaptured-error handler.
+    pub fn check(&self, op: &str) -> Result<(), WgpuError> {
+        let mut v = self.uncaptured.lock().map_err(|_| WgpuError::Device { op: op.into(), msg: "error log poisoned".into() })?;
+        if v.is_empty() {
+            return Ok(());
+        }
+        let msg = v.join("; ");
+        v.clear();
+        Err(WgpuError::Device { op: op.to_string(), msg })
+    }
+
+    /// Compiles a WGSL compute module (entry point `main`) and reports its errors (diagnostics).
+    pub fn check_wgsl(&self, label: &str, wgsl: &str) -> Result<(), WgpuError> {
+        self.scoped(&format!("compiling {label}"), |d| {
+            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) });
+            let _ = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(label),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            });
+        })
+    }
+
+    /// Checks a binding size against the adapter's limit.
+    pub fn check_binding(&self, what: &str, bytes: u64) -> Result<(), WgpuError> {
+        if bytes > self.caps.max_binding {
+            return Err(WgpuError::BindingOverLimit { what: what.to_string(), bytes, limit: self.caps.max_binding });
+        }
+        Ok(())
+    }
+
+    /// The compute pipeline of a WGSL module (compiled once per key; later calls share it).
+    pub(crate) fn pipeline(&self, key: &str, wgsl: impl FnOnce() -> Result<String, WgpuError>) -> Result<Arc<wgpu::ComputePipeline>, WgpuError> {
+        let mut map = self.pipelines.lock().map_err(|_| WgpuError::Device { op: "pipeline cache".into(), msg: "poisoned".into() })?;
+        if let Some(p) = map.get(key) {
+            return Ok(p.clone());
+        }
+        let src = wgsl()?;
+        let p = self.scoped(&format!("compiling kernel {key}"), |d| {
+            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(key),
+                source: wgpu::ShaderSource::Wgsl(src.into()),
+            });
+            d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(key),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: wgpu::PipelineCompilationOptions::default(),
+                cache: None,
+            })
+        })?;
+        Counters::add(&self.counters.pipelines, 1);
+        let p = Arc::new(p);
+        map.insert(key.to_string(), p.clone());
+        Ok(p)
+    }
+
+    /// The IQ2_XXS grid table, uploaded at its first use (one per device).
+    pub(crate) fn iq2_grid(&self) -> Result<Arc<wgpu::Buffer>, WgpuError> {
+        let mut g = self.iq2_grid.lock().map_err(|_| WgpuError::Device { op: "grid table".into(), msg: "poisoned".into() })?;
+        if let Some(b) = g.as_ref() {
+            return Ok(b.clone());
+        }
+        let words = crate::shaders::iq2xxs_grid_words();
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        let b = Arc::new(self.buffer_with("iq2_xxs grid", bytes, bytes.len() as u64, wgpu::BufferUsages::STORAGE)?);
+        Counters::add(&self.counters.weight_uploads, 1);
+        Counters::add(&self.counters.weight_bytes, bytes.len() as u64);
+        *g = Some(b.clone());
+        Ok(b)
+    }
+
+    /// A bind group over `buffers` (binding i = buffers[i], whole buffer), counted.
+    pub(crate) fn bind_group(&self, label: &str, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> Result<wgpu::BindGroup, WgpuError> {
+        let bg = self.scoped(label, |d| {
+            let entries: Vec<wgpu::BindGroupEntry> = buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                .collect();
+            d.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
+        })?;
+        Counters::add(&self.counters.bind_groups, 1);
+        Ok(bg)
+    }
+
+    /// A buffer of `size` bytes filled with `bytes` (zero-padded), written through a mapped-at-creation
+    /// range (no staging buffer).
+    pub(crate) fn buffer_with(&self, label: &str, bytes: &[u8], size: u64, usage: wgpu::BufferUsages) -> Result<wgpu::Buffer, WgpuError> {
+        if size > self.caps.max_buffer {
+            return Err(WgpuError::BindingOverLimit { what: label.to_string(), bytes: size, limit: self.caps.max_buffer });
+        }
+        let size = size.max(4).next_multiple_of(4);
+        let buf = self.scoped(label, |d| d.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: true }))?;
+        {
+            let mut view = buf
+                .slice(..)
+                .get_mapped_range_mut()
+                .map_err(|e| WgpuError::Device { op: format!("mapping {label}"), msg: e.to_string() })?;
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+        }
+        buf.unmap();
+        Counters::add(&self.counters.buffers, 1);
+        Ok(buf)
+    }
+
+    /// A uniform buffer holding `bytes`.
+    pub(crate) fn uniform(&self, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, WgpuError> {
+        self.buffer_with(label, bytes, bytes.len() as u64, wgpu::BufferUsages::UNIFORM)
+    }
+
+    /// Records work through `f` and runs it with `step` (one 16-byte uniform write), waiting for it.
+    pub fn run(&self, step: Step, f: impl FnOnce(&mut Encoder) -> Result<(), WgpuError>) -> Result<(), WgpuError> {
+        self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&[step.ntok, step.pos, 0, 0]));
+        Counters::add(&self.counters.step_writes, 1);
+        let mut enc = Encoder::new(self, step);
+        f(&mut enc)?;
+        // Errors recorded in passes surface when the encoder finishes.
+        let cmd = self.scoped("recording", |_| enc.finish())?;
+        self.scoped("submit", |_| self.queue.submit([cmd]))?;
+        Counters::add(&self.counters.submits, 1);
+        self.wait()
+    }
+
+    /// Blocks until the queue is idle.
+    pub(crate) fn wait(&self) -> Result<(), WgpuError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| WgpuError::Device { op: "wait".into(), msg: e.to_string() })?;
+        self.check("GPU work")
+    }
+
+    /// Copies `size` bytes of `src` from `offset` back to the host (a staging buffer per call: for
+    /// tests and one-off reads, not for the per-token path).
+    pub(crate) fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, WgpuError> {
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let size4 = size.next_multiple_of(4);
+        let staging = self.scoped("readback buffer", |d| {
+            d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: size4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })?;
+        let mut enc = self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        enc.copy_buffer_to_buffer(src, offset, &staging, 0, size4);
+        self.scoped("readback copy", |_| self.queue.submit([enc.finish()]))?;
+        Counters::add(&self.counters.submits, 1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv()
+            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?
+            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?;
+        let view = staging
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?;
+        let out = view[..size as usize].to_vec();
+        drop(view);
+        staging.unmap();
+        Ok(out)
+    }
+}

@@ -1,0 +1,43 @@
+//! RMS norm in place over the step's token rows.
+use std::sync::Arc;
+
+use super::{check_tokens, u32_of};
+use crate::buffer::GpuBuffer;
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+use crate::shaders::RMS_NORM;
+
+pub struct RmsNorm {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    max_tokens: u32,
+    // Keeps the placeholder weight alive when there is none.
+    _dummy: Option<GpuBuffer>,
+}
+
+impl RmsNorm {
+    /// `x` holds up to max_tokens rows of n; `g` (n floats) scales the result when given.
+    pub fn new(gpu: &Gpu, x: &GpuBuffer, n: usize, g: Option<&GpuBuffer>, eps: f32, max_tokens: u32) -> Result<Self, WgpuError> {
+        if n == 0 || x.len() < n * max_tokens as usize || g.is_some_and(|g| g.len() < n) {
+            return Err(WgpuError::BadShape { what: "rms norm".into(), reason: format!("row of {n}, buffers too small or empty row") });
+        }
+        let pipeline = gpu.pipeline("rms_norm", || Ok(RMS_NORM.to_string()))?;
+        let dummy = if g.is_none() { Some(GpuBuffer::new(gpu, "norm no weight", 1)?) } else { None };
+        let gb = g.or(dummy.as_ref()).map(|b| &b.buffer).ok_or_else(|| WgpuError::BadShape { what: "rms norm".into(), reason: "no weight buffer".into() })?;
+        let params: [u32; 4] = [u32_of("norm width", n)?, g.is_some() as u32, eps.to_bits(), 0];
+        let uni = gpu.uniform("rms norm", bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group("rms norm", &pipeline, &[&x.buffer, gb, &uni, &gpu.step])?;
+        Ok(Self { pipeline, bind, max_tokens, _dummy: dummy })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let ntok = enc.step().ntok;
+        check_tokens("rms norm", ntok, self.max_tokens)?;
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(ntok.max(1), 1, 1);
+        Ok(())
+    }
+}

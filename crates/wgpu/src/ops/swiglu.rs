@@ -1,0 +1,46 @@
+//! SwiGLU with the V4 clamps, in place on the gate buffer.
+use std::sync::Arc;
+
+use super::{check_tokens, grid, u32_of};
+use crate::buffer::GpuBuffer;
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+use crate::shaders::SWIGLU;
+
+pub struct SwiGlu {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    n: u32,
+    max_tokens: u32,
+}
+
+impl SwiGlu {
+    /// a = silu(min(a, c)) * clamp(b, -c, c) over up to max_tokens rows of n (no clamp when `clamp` is None).
+    pub fn new(gpu: &Gpu, a: &GpuBuffer, b: &GpuBuffer, n: usize, clamp: Option<f32>, max_tokens: u32) -> Result<Self, WgpuError> {
+        let total = n * max_tokens as usize;
+        if a.len() < total || b.len() < total {
+            return Err(WgpuError::BadShape { what: "swiglu".into(), reason: format!("buffers of {} / {} floats, need {total}", a.len(), b.len()) });
+        }
+        let pipeline = gpu.pipeline("swiglu", || Ok(SWIGLU.to_string()))?;
+        let n32 = u32_of("swiglu width", n)?;
+        let wg_x = grid(u32_of("swiglu size", total)?.div_ceil(64)).0;
+        let params: [u32; 4] = [n32, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), wg_x];
+        let uni = gpu.uniform("swiglu", bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group("swiglu", &pipeline, &[&a.buffer, &b.buffer, &uni, &gpu.step])?;
+        Ok(Self { pipeline, bind, n: n32, max_tokens })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let ntok = enc.step().ntok;
+        check_tokens("swiglu", ntok, self.max_tokens)?;
+        // The x extent is fixed at build time (it is in the uniform); y covers this step's rows.
+        let wg_x = grid((self.n * self.max_tokens).div_ceil(64)).0;
+        let need = (self.n * ntok).div_ceil(64);
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(wg_x, need.div_ceil(wg_x).max(1), 1);
+        Ok(())
+    }
+}

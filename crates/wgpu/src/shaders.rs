@@ -1,0 +1,118 @@
+//! WGSL sources. Mat-vec / batched modules are composed from a shared part, one `load8` per quant
+//! type, a reduction (tree or subgroup) and the main loop with its token tile `TB`.
+use ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST;
+use ds4_quant::GgmlType;
+
+const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
+const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
+const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
+const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
+const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
+const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
+pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
+pub const ROPE: &str = include_str!("shaders/rope.wgsl");
+pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
+pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+
+/// The weight types with mat-vec kernels.
+pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
+
+/// Token tile of the batched product (tokens per workgroup; weights are dequantized once per tile).
+pub const BATCH_TILE: u32 = 4;
+
+/// How a workgroup sums its partial dot products.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reduce {
+    /// Workgroup-memory tree: every adapter.
+    Tree,
+    /// `subgroupAdd`: adapters with `SUBGROUP`.
+    Subgroup,
+}
+
+fn load8_source(ty: GgmlType) -> Option<String> {
+    Some(match ty {
+        GgmlType::F16 => include_str!("shaders/load_f16.wgsl").to_string(),
+        GgmlType::Q8_0 => include_str!("shaders/load_q8_0.wgsl").to_string(),
+        GgmlType::Q2_K => include_str!("shaders/load_q2_k.wgsl").to_string(),
+        GgmlType::Q4_K => include_str!("shaders/load_q4_k.wgsl").to_string(),
+        GgmlType::IQ2_XXS => include_str!("shaders/load_iq2_xxs.wgsl").to_string(),
+        _ => return None,
+    })
+}
+
+/// ds4_quant's IQ2_XXS grid as the kernels' table buffer: point i is words 2i (bytes 0..3) and
+/// 2i+1 (bytes 4..7).
+pub fn iq2xxs_grid_words() -> Vec<u32> {
+    IQ2XXS_GRID_CONST.iter().flat_map(|&g| [g as u32, (g >> 32) as u32]).collect()
+}
+
+/// Whether the mat-vec module of `ty` binds a table at binding 5.
+pub fn needs_table(ty: GgmlType) -> bool {
+    ty == GgmlType::IQ2_XXS
+}
+
+/// How f16 scales and weights become f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum F16Unpack {
+    /// `unpack2x16float` (adapters with wgpu's SHADER_F16_IN_F32 downlevel flag).
+    Native,
+    /// Integer decode (every adapter).
+    Bits,
+}
+
+/// The module of a mat-vec (tb = 1) or batched product (tb = BATCH_TILE) over `ty` weights, or None
+/// for a type without a kernel.
+pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> Option<String> {
+    let load = load8_source(ty)?;
+    let (red, params, call) = match reduce {
+        Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
+        Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
+    };
+    let main = MATVEC_MAIN.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
+    let unpack = match f16 {
+        F16Unpack::Native => F16_NATIVE,
+        F16Unpack::Bits => F16_BITS,
+    };
+    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+}
+
+/// The pipeline-cache key of a mat-vec module.
+pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
+}
+
+/// One WGSL module the crate builds, with what it needs from the adapter.
+#[derive(Debug, Clone)]
+pub struct ModuleSource {
+    pub name: String,
+    pub wgsl: String,
+    /// Uses subgroup builtins (SUBGROUP feature).
+    pub subgroup: bool,
+    /// Uses unpack2x16float (SHADER_F16_IN_F32 downlevel flag).
+    pub f16_in_f32: bool,
+}
+
+/// Every module the crate can build (for the naga validation / translation test).
+pub fn all_modules() -> Vec<ModuleSource> {
+    let mut out = Vec::new();
+    for ty in MATVEC_TYPES {
+        for tb in [1, BATCH_TILE] {
+            for reduce in [Reduce::Tree, Reduce::Subgroup] {
+                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                    if let Some(wgsl) = matvec_source(ty, tb, reduce, f16) {
+                        out.push(ModuleSource {
+                            name: matvec_key(ty, tb, reduce, f16),
+                            wgsl,
+                            subgroup: reduce == Reduce::Subgroup,
+                            f16_in_f32: f16 == F16Unpack::Native,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    for (name, src) in [("rms_norm", RMS_NORM), ("rope", ROPE), ("swiglu", SWIGLU), ("argmax", ARGMAX)] {
+        out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
+    }
+    out
+}

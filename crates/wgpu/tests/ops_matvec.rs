@@ -1,0 +1,139 @@
+//! Mat-vec and batched products on the test adapter against the CPU reference: the weights
+//! dequantized by `ds4_quant::dequantize` (bit-exact vs gguf-py), dotted in f64. Every quant type,
+//! with the adapter's features (subgroup reduction, unpack2x16float) and with every fallback, and
+//! with a forced small binding limit so each tensor is split into several bindings.
+//!
+//! Bound: |y - ref| <= 1e-5 * sum_i |w_i x_i| per output. The GPU sums f32 in a tree of depth
+//! <= 12 here (chunks, 8-wide dots, 64-way reduction), so its rounding error is below
+//! ~12 * 2^-24 = 7e-7 of that sum; a wrong block decode is off by O(1).
+mod common;
+
+use ds4_quant::{GgmlType, MatRef, Precision};
+use ds4_wgpu::ops::{MatVec, Product};
+use ds4_wgpu::shaders::{F16Unpack, Reduce, MATVEC_TYPES};
+use ds4_wgpu::{GpuBuffer, ResidentTensor, Step};
+
+const ROWS: usize = 70;
+const ROWS_PER_PART: usize = 16;
+
+/// Columns per type: odd block counts for Q8_0 / IQ2_XXS, so rows start at 2-mod-4 bytes.
+fn cols_for(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::F16 => 264,
+        GgmlType::Q8_0 => 32 * 9,
+        _ => 256 * 3,
+    }
+}
+
+fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let nb = rows * cols / ty.block_elems();
+    ds4_quant::random_valid_blocks(ty, seed, nb)
+}
+
+/// (max error / bound ratio, max absolute error) of y against the f64 reference of W x_t.
+fn compare(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &[f32], ntok: usize) -> (f64, f64) {
+    let mut deq = vec![0f32; rows * cols];
+    ds4_quant::dequantize(ty, w, &mut deq).expect("dequantize");
+    let (mut worst, mut max_abs) = (0f64, 0f64);
+    for t in 0..ntok {
+        let xt = &x[t * cols..(t + 1) * cols];
+        // The library's own f32 reference path must agree too (a second, independent CPU result).
+        let mut exact = vec![0f32; rows];
+        ds4_quant::matvec(&MatRef::new(ty, w, rows, cols).expect("matref"), xt, &mut exact, Precision::Exact);
+        for r in 0..rows {
+            let wr = &deq[r * cols..(r + 1) * cols];
+            let refv: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mag: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let got = y[t * rows + r] as f64;
+            let err = (got - refv).abs();
+            assert!((exact[r] as f64 - refv).abs() <= 1e-5 * mag, "CPU exact path disagrees with the f64 reference");
+            worst = worst.max(err / (1e-5 * mag));
+            max_abs = max_abs.max(err);
+        }
+    }
+    (worst, max_abs)
+}
+
+fn run_type(ty: GgmlType, fallback: bool) {
+    let cols = cols_for(ty);
+    let row_bytes = ty.row_bytes(cols).expect("row bytes") as u64;
+    // A binding holds 16 rows (+ the 4-byte tail pad): 70 rows become 5 parts.
+    let Some(gpu) = common::gpu(common::opts(fallback, Some(row_bytes * ROWS_PER_PART as u64 + 4))) else { return };
+    let w = weights(ty, ROWS, cols, 7 + ty as u64);
+    let t = ResidentTensor::upload(&gpu, "w", ty, &w, ROWS, cols).expect("upload");
+    assert_eq!(t.parts.len(), ROWS.div_ceil(ROWS_PER_PART), "{}: tensor not split as expected", ty.name());
+    assert!(t.parts.iter().all(|p| p.rows <= ROWS_PER_PART));
+
+    // One token.
+    let x1 = common::normals(100 + ty as u64, cols);
+    let xb = GpuBuffer::from_slice(&gpu, "x", &x1).expect("x");
+    let yb = GpuBuffer::new(&gpu, "y", ROWS).expect("y");
+    let mv = MatVec::new(&gpu, &t, &xb, &yb, Product::Vec).expect("matvec op");
+    let want_reduce = if fallback { Reduce::Tree } else { Reduce::Subgroup };
+    let want_f16 = if fallback { F16Unpack::Bits } else { F16Unpack::Native };
+    if !fallback && !gpu.caps().subgroup {
+        panic!("adapter {} has no SUBGROUP: the subgroup path cannot be tested here", gpu.caps().adapter);
+    }
+    assert_eq!((mv.reduce, mv.f16), (want_reduce, want_f16));
+    gpu.run(Step { ntok: 1, pos: 0 }, |e| mv.encode(e)).expect("run");
+    let y = yb.read(&gpu, ROWS).expect("read");
+    let (ratio, abs) = compare(ty, &w, ROWS, cols, &x1, &y, 1);
+    eprintln!("{} vec fallback={fallback}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name());
+    assert!(ratio <= 1.0, "{} mat-vec (fallback={fallback}): error {ratio} x the bound", ty.name());
+
+    // A batch of 6 tokens (one full tile of 4 and a partial one), op built for up to 8.
+    let ntok = 6;
+    let xs = common::normals(200 + ty as u64, 8 * cols);
+    let xbb = GpuBuffer::from_slice(&gpu, "xs", &xs).expect("xs");
+    let ybb = GpuBuffer::new(&gpu, "ys", 8 * ROWS).expect("ys");
+    let mm = MatVec::new(&gpu, &t, &xbb, &ybb, Product::Batched { max_tokens: 8 }).expect("batched op");
+    let before = gpu.counters();
+    for _ in 0..3 {
+        gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| mm.encode(e)).expect("run batched");
+    }
+    let after = gpu.counters();
+    // Nothing uploaded, bound, compiled or allocated per step: one uniform write and one submit each.
+    assert_eq!(
+        (after.weight_uploads, after.bind_groups, after.pipelines, after.buffers),
+        (before.weight_uploads, before.bind_groups, before.pipelines, before.buffers)
+    );
+    assert_eq!((after.step_writes - before.step_writes, after.submits - before.submits), (3, 3));
+    let ys = ybb.read(&gpu, ntok * ROWS).expect("read");
+    let (ratio, abs) = compare(ty, &w, ROWS, cols, &xs, &ys, ntok);
+    eprintln!("{} batched fallback={fallback}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name());
+    assert!(ratio <= 1.0, "{} batched (fallback={fallback}): error {ratio} x the bound", ty.name());
+    // Too many tokens for the op is an error, not a panic or an overrun.
+    let r = gpu.run(Step { ntok: 9, pos: 0 }, |e| mm.encode(e));
+    assert!(r.is_err());
+}
+
+#[test]
+fn f16() {
+    run_type(GgmlType::F16, false);
+    run_type(GgmlType::F16, true);
+}
+#[test]
+fn q8_0() {
+    run_type(GgmlType::Q8_0, false);
+    run_type(GgmlType::Q8_0, true);
+}
+#[test]
+fn q2_k() {
+    run_type(GgmlType::Q2_K, false);
+    run_type(GgmlType::Q2_K, true);
+}
+#[test]
+fn q4_k() {
+    run_type(GgmlType::Q4_K, false);
+    run_type(GgmlType::Q4_K, true);
+}
+#[test]
+fn iq2_xxs() {
+    run_type(GgmlType::IQ2_XXS, false);
+    run_type(GgmlType::IQ2_XXS, true);
+}
+
+#[test]
+fn every_matvec_type_is_tested() {
+    assert_eq!(MATVEC_TYPES, [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS]);
+}
