@@ -1,5 +1,6 @@
 //! DeepSeek V4 model: config, weights, forward pass, KV state, synthetic models.
 pub mod attention;
+pub mod batch;
 pub mod compressor;
 pub mod config;
 pub mod error;

@@ -37,7 +37,7 @@ pub enum Logits {
 
 /// Scratch buffers, grown to the largest batch seen and then reused (decode allocates nothing).
 #[derive(Default)]
-struct Work {
+pub(crate) struct Work {
     x: Vec<f32>,      // n × hc_dim (HC streams)
     flat: Vec<f32>,   // n × hc_dim
     mix: Vec<f32>,    // n × hc_mix
@@ -75,6 +75,22 @@ struct Work {
     row: Vec<f32>,
     crow: Vec<f32>,   // D (compressed row being emitted)
     irow: Vec<f32>,   // idx_dim
+    spans: Vec<Span>, // one per sequence of the call
+    tpos: Vec<usize>, // n: position of each token in its own sequence
+    tseg: Vec<usize>, // n: index of each token's span
+    hrows: Vec<usize>, // rows that get logits
+}
+
+/// One sequence's share of a forward call: `n` consecutive tokens at rows `start..start + n` of the batch,
+/// at positions `pos0..pos0 + n` of its own KV state; `prev` window rows from before the call precede them
+/// in the raw-row buffer at row `lin0`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub start: usize,
+    pub n: usize,
+    pub pos0: usize,
+    pub prev: usize,
+    pub lin0: usize,
 }
 
 thread_local! {
@@ -165,6 +181,10 @@ impl Work {
             v.reserve_exact(n.saturating_sub(v.len()));
         }
         self.ncomp.reserve_exact(sz.n);
+        self.tpos.reserve_exact(sz.n);
+        self.tseg.reserve_exact(sz.n);
+        self.hrows.reserve_exact(sz.n);
+        self.spans.reserve_exact(1);
         self.mixes.reserve_exact(sz.mixes);
         self.eids.reserve_exact(sz.n * (sz.eids_u32 / (2 * sz.n.max(1))));
         self.ex_tok.reserve_exact(sz.n * (sz.eids_u32 / (2 * sz.n.max(1))));
@@ -232,6 +252,10 @@ impl Stage {
     /// Runs `tokens` (consecutive positions starting at `kv.pos`) through the stage.
     /// `hidden_in` replaces the embedding for stages that don't start at layer 0.
     /// Returns the requested logits (rows of n_vocab), empty for `Logits::None` or headless stages.
+    pub(crate) fn take_work(&mut self) -> Work { std::mem::take(&mut self.work) }
+    pub(crate) fn put_work(&mut self, wk: Work) { self.work = wk; }
+    pub(crate) fn logits_rows(&self, m: usize) -> &[f32] { &self.work.logits[..m * self.cfg.n_vocab] }
+
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
         let mut wk = std::mem::take(&mut self.work);
         let res = self.forward_in(&mut wk, kv, tokens, hidden_in, want);
@@ -241,14 +265,36 @@ impl Stage {
     }
 
     fn forward_in(&mut self, wk: &mut Work, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<usize> {
+        let n = tokens.len();
+        let mut one = [kv];
+        self.forward_spans(wk, &mut one, &[n], tokens, hidden_in, want)
+    }
+
+    /// The forward pass over several sequences at once: sequence `s` contributes `lens[s]` consecutive
+    /// tokens (in order, rows of `tokens`) at its own `kvs[s].pos`. Weight products take all rows together;
+    /// KV updates, compressors, indexer and attention run per sequence on its own state, with the same
+    /// arithmetic as a call for that sequence alone. `Logits::Last` gives the last row of every sequence.
+    pub(crate) fn forward_spans(&mut self, wk: &mut Work, kvs: &mut [&mut KvState], lens: &[usize], tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<usize> {
         let cfg = &self.cfg;
         let n = tokens.len();
+        if kvs.len() != lens.len() || lens.iter().sum::<usize>() != n {
+            return Err(ModelError::Invalid(format!("{} sequences with lengths summing to {}, for {} tokens", kvs.len(), lens.iter().sum::<usize>(), n)));
+        }
         if n == 0 {
             return Ok(0);
         }
-        if kv.pos + n > kv.ctx {
-            return Err(ModelError::Invalid(format!("context full: {} + {} tokens exceeds ctx {}", kv.pos, n, kv.ctx)));
+        if lens.iter().any(|&l| l == 0) {
+            return Err(ModelError::Invalid("a sequence of the batch has no tokens".into()));
         }
+        for (kv, &l) in kvs.iter().zip(lens) {
+            if kv.pos + l > kv.ctx {
+                return Err(ModelError::Invalid(format!("context full: {} + {} tokens exceeds ctx {}", kv.pos, l, kv.ctx)));
+            }
+            if kv.first_layer != self.w.range.first || kv.layers.len() != self.w.range.last + 1 - self.w.range.first {
+                return Err(ModelError::Invalid("KV state is for another layer range".into()));
+            }
+        }
+        self.set_spans(wk, kvs, lens);
         let hd = cfg.hc_dim();
         grow(&mut wk.x, n * hd);
         match (hidden_in, self.w.embed.is_some()) {
@@ -271,15 +317,32 @@ impl Stage {
             }
             (None, false) => return Err(ModelError::Invalid("stage without embedding needs a hidden-state input".into())),
         }
-        self.run_layers(wk, kv, tokens, want)
+        self.run_layers(wk, kvs, tokens, want)
+    }
+
+    /// Lays out the spans and each token's position and sequence for this call.
+    fn set_spans(&self, wk: &mut Work, kvs: &[&mut KvState], lens: &[usize]) {
+        let swa = self.cfg.swa;
+        wk.spans.clear();
+        wk.tpos.clear();
+        wk.tseg.clear();
+        let (mut start, mut lin0) = (0, 0);
+        for (s, (kv, &n)) in kvs.iter().zip(lens).enumerate() {
+            let prev = kv.pos.min(swa - 1);
+            wk.spans.push(Span { start, n, pos0: kv.pos, prev, lin0 });
+            wk.tpos.extend(kv.pos..kv.pos + n);
+            wk.tseg.extend(std::iter::repeat_n(s, n));
+            start += n;
+            lin0 += prev + n;
+        }
     }
 
     /// All owned layers, then the head; returns how many logit rows were produced.
-    fn run_layers(&mut self, wk: &mut Work, kv: &mut KvState, tokens: &[u32], want: Logits) -> Result<usize> {
+    fn run_layers(&mut self, wk: &mut Work, kvs: &mut [&mut KvState], tokens: &[u32], want: Logits) -> Result<usize> {
         let n = tokens.len();
         let hd = self.cfg.hc_dim();
         for il in self.w.range.first..=self.w.range.last {
-            self.attention_block(wk, il, kv, n)?;
+            self.attention_block(wk, il, kvs, n)?;
             self.ffn_block(wk, il, tokens, n)?;
             if let Some(t) = self.trace.as_mut() {
                 t.push(wk.x[..n * hd].to_vec());
@@ -288,16 +351,26 @@ impl Stage {
                 p(il);
             }
         }
-        kv.pos += n;
+        for (kv, sp) in kvs.iter_mut().zip(&wk.spans) {
+            kv.pos += sp.n;
+        }
         if want == Logits::None || self.w.head.is_none() {
             return Ok(0);
         }
-        let rows = if want == Logits::Last { n - 1..n } else { 0..n };
-        self.head(wk, rows.clone())?;
+        let mut rows = std::mem::take(&mut wk.hrows);
+        rows.clear();
+        match want {
+            Logits::All => rows.extend(0..n),
+            _ => rows.extend(wk.spans.iter().map(|sp| sp.start + sp.n - 1)),
+        }
+        let r = self.head(wk, &rows);
+        let m = rows.len();
+        wk.hrows = rows;
+        r?;
         if let Some(p) = &self.on_progress {
             p(self.cfg.n_layer);
         }
-        Ok(rows.len())
+        Ok(m)
     }
 
     fn mm(&self, m: &Mat, x: &[f32], n: usize, y: &mut [f32]) {
@@ -340,13 +413,12 @@ impl Stage {
         }
     }
 
-    fn attention_block(&self, wk: &mut Work, il: usize, kv: &mut KvState, n: usize) -> Result<()> {
+    fn attention_block(&self, wk: &mut Work, il: usize, kvs: &mut [&mut KvState], n: usize) -> Result<()> {
         let lw = self.w.layer(il);
         let cfg = &self.cfg;
         let rope = &self.ropes[il - self.w.range.first];
         let (e, d, nh) = (cfg.n_embd, cfg.head_dim, cfg.n_head);
         let qd = cfg.q_dim();
-        let pos0 = kv.pos;
         let qat_on = self.opts.qat;
 
         self.hc_pre(wk, &lw.hc_attn, n);
@@ -369,38 +441,43 @@ impl Stage {
             rms_norm(&mut qr[i * cfg.q_lora..(i + 1) * cfg.q_lora], Some(&lw.q_a_norm), cfg.rms_eps);
         }
         self.mm(&lw.q_b, &qr, n, &mut q);
+        let tpos = &wk.tpos;
         q.par_chunks_mut(d).enumerate().for_each(|(k, h)| {
             rms_norm(h, None, cfg.rms_eps);
-            rope.apply(h, pos0 + k / nh, false);
+            rope.apply(h, tpos[k / nh], false);
         });
         // Shared KV row: project, norm, rope, FP8 on the non-rope part.
         self.mm(&lw.kv, &wk.xn, n, &mut kvb);
         for i in 0..n {
             let r = &mut kvb[i * d..(i + 1) * d];
             rms_norm(r, Some(&lw.kv_norm), cfg.rms_eps);
-            rope.apply(r, pos0 + i, false);
+            rope.apply(r, wk.tpos[i], false);
             if qat_on {
                 qat::fp8_simulate(&mut r[..cfg.nope_dim()], 64);
             }
         }
 
-        // Raw rows in position order: the previous swa-1 positions from the ring, then this batch.
+        // Raw rows in position order, per sequence: its previous swa-1 positions from its ring, then its
+        // tokens of this call.
         let swa = cfg.swa;
-        let prev = pos0.min(swa - 1);
-        let lkv = kv.layer(il);
         {
             let lin = &mut wk.lin;
-            grow(lin, (prev + n) * d);
-            for j in 0..prev {
-                let p = pos0 - prev + j;
-                let src = (p % swa) * d;
-                lin[j * d..(j + 1) * d].copy_from_slice(&lkv.raw[src..src + d]);
-            }
-            lin[prev * d..(prev + n) * d].copy_from_slice(&kvb);
-            for i in n.saturating_sub(swa)..n {
-                let p = pos0 + i;
-                let dst = (p % swa) * d;
-                lkv.raw[dst..dst + d].copy_from_slice(&kvb[i * d..(i + 1) * d]);
+            let last = wk.spans.last().expect("spans");
+            grow(lin, (last.lin0 + last.prev + last.n) * d);
+            for (sp, kv) in wk.spans.iter().zip(kvs.iter_mut()) {
+                let lkv = kv.layer(il);
+                let (pos0, prev, n, l0) = (sp.pos0, sp.prev, sp.n, sp.lin0);
+                for j in 0..prev {
+                    let p = pos0 - prev + j;
+                    let src = (p % swa) * d;
+                    lin[(l0 + j) * d..(l0 + j + 1) * d].copy_from_slice(&lkv.raw[src..src + d]);
+                }
+                lin[(l0 + prev) * d..(l0 + prev + n) * d].copy_from_slice(&kvb[sp.start * d..(sp.start + n) * d]);
+                for i in n.saturating_sub(swa)..n {
+                    let p = pos0 + i;
+                    let dst = (p % swa) * d;
+                    lkv.raw[dst..dst + d].copy_from_slice(&kvb[(sp.start + i) * d..(sp.start + i + 1) * d]);
+                }
             }
         }
 
@@ -432,7 +509,8 @@ impl Stage {
             grow(&mut row, d);
             grow(&mut irow, cfg.idx_dim);
             for i in 0..n {
-                let pos = pos0 + i;
+                let pos = wk.tpos[i];
+                let lkv = kvs[wk.tseg[i]].layer(il);
                 let st = lkv.comp_state.as_mut().expect("compressor state");
                 if compressor::push(st, pos, &ck[i * wd..(i + 1) * wd], &cg[i * wd..(i + 1) * wd], &cw.ape, &cw.norm, cfg.rms_eps, &rope, &mut row) {
                     if qat_on {
@@ -477,20 +555,23 @@ impl Stage {
                 self.mm(&iw.q_b, &qr, n, &mut iq);
                 self.mm(&iw.proj, &wk.xn, n, &mut iwt);
                 let wscale = 1.0 / ((id * ih) as f32).sqrt();
+                let tpos = &wk.tpos;
                 iq.par_chunks_mut(id).enumerate().for_each(|(k, h)| {
-                    rope.apply(h, pos0 + k / ih, false);
+                    rope.apply(h, tpos[k / ih], false);
                     if qat_on {
                         qat::hadamard(h);
                         qat::fp4_simulate(h, 32);
                     }
                 });
                 iwt.iter_mut().for_each(|v| *v *= wscale);
-                let keys = &lkv.idx.as_ref().expect("indexer rows").data;
+                let lkvs = layer_views(kvs, il);
+                let tseg = &wk.tseg;
                 let ncomp = &wk.ncomp;
                 let topk = cfg.idx_topk;
                 wk.sel.par_iter_mut().enumerate().for_each(|(i, sel)| with_scores(|scores| {
                     let nc = ncomp[i];
                     if nc > topk {
+                        let keys = &lkvs[tseg[i]].idx.as_ref().expect("indexer rows").data;
                         indexer_scores(&iq[i * ih * id..(i + 1) * ih * id], &iwt[i * ih..(i + 1) * ih], keys, id, nc, scores);
                         INDICES.with(|ix| top_k_indices(scores, topk, &mut ix.borrow_mut(), sel));
                     } else {
@@ -509,15 +590,20 @@ impl Stage {
         grow(&mut o, n * qd);
         {
             let lin = &wk.lin;
-            let comp = lkv.comp.as_ref();
+            let lkvs = layer_views(kvs, il);
+            let (spans, tseg, tpos) = (&wk.spans, &wk.tseg, &wk.tpos);
             let ncomp = &wk.ncomp;
             let sel = &wk.sel;
             let topk = cfg.idx_topk;
             let is_idx = lw.indexer.is_some();
             o.par_chunks_mut(d).enumerate().for_each(|(k, out)| with_scores(|scores| {
                 let (i, h) = (k / nh, k % nh);
-                let lo = (prev + i + 1).saturating_sub(swa);
-                let raw = (lo..=prev + i).map(|j| &lin[j * d..(j + 1) * d]);
+                let sp = &spans[tseg[i]];
+                let comp = lkvs[tseg[i]].comp.as_ref();
+                // Row of token i within its sequence's raw rows.
+                let li = sp.prev + i - sp.start;
+                let lo = (li + 1).saturating_sub(swa);
+                let raw = (sp.lin0 + lo..=sp.lin0 + li).map(|j| &lin[j * d..(j + 1) * d]);
                 let nc = ncomp[i];
                 let qh = &q[i * qd + h * d..i * qd + (h + 1) * d];
                 let sink = lw.sinks[h];
@@ -532,7 +618,7 @@ impl Stage {
                     }
                     None => attend_head(qh, raw, sink, scores, out),
                 }
-                rope.apply(out, pos0 + i, true);
+                rope.apply(out, tpos[i], true);
             }));
         }
 
@@ -667,7 +753,7 @@ impl Stage {
         Ok(())
     }
 
-    fn head(&self, wk: &mut Work, rows: std::ops::Range<usize>) -> Result<()> {
+    fn head(&self, wk: &mut Work, rows: &[usize]) -> Result<()> {
         let cfg = &self.cfg;
         let hw = self.w.head.as_ref().expect("head");
         let (hd, e, v) = (cfg.hc_dim(), cfg.n_embd, cfg.n_vocab);
@@ -675,12 +761,12 @@ impl Stage {
         grow(&mut wk.flat, m * hd);
         grow(&mut wk.mix, m * cfg.n_hc);
         grow(&mut wk.cur, m * e);
-        for (j, i) in rows.clone().enumerate() {
+        for (j, &i) in rows.iter().enumerate() {
             hc::flat_norm(&wk.x[i * hd..(i + 1) * hd], &mut wk.flat[j * hd..(j + 1) * hd], cfg.rms_eps);
         }
         let p = self.opts.precision;
         matmul(&self.w.mat(&hw.hc_fn), &wk.flat[..m * hd], m, &mut wk.mix[..m * cfg.n_hc], p);
-        for (j, i) in rows.clone().enumerate() {
+        for (j, &i) in rows.iter().enumerate() {
             let out = &mut wk.cur[j * e..(j + 1) * e];
             hc::head_collapse(&wk.mix[j * cfg.n_hc..(j + 1) * cfg.n_hc], hw.hc_scale[0], &hw.hc_base, cfg.hc_eps, &wk.x[i * hd..(i + 1) * hd], out);
             rms_norm(out, Some(&hw.norm), cfg.rms_eps);
@@ -689,4 +775,9 @@ impl Stage {
         matmul(&self.w.mat(&hw.output), &wk.cur[..m * e], m, &mut wk.logits, p);
         Ok(())
     }
+}
+
+/// Shared views of every sequence's state of layer `il` (for the parallel read-only phases).
+fn layer_views<'a>(kvs: &'a [&mut KvState], il: usize) -> Vec<&'a crate::kv::LayerKv> {
+    kvs.iter().map(|kv| &kv.layers[il - kv.first_layer]).collect()
 }
