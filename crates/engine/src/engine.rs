@@ -305,6 +305,20 @@ impl Engine {
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
 
+    /// True when the backend can step several sequences in one pass (`decode_batch`): the CPU only, for
+    /// now.
+    pub fn batched_decode(&self) -> bool { self.backend() == Backend::Cpu }
+
+    /// One decode step for several sequences at once: `tokens[s]` is fed to `kvs[s]` at its own position,
+    /// reading every weight once for the batch. Returns one logit row per sequence, each bit-identical
+    /// to a `forward` of that token alone. Not yet on the CUDA backend (an error: step them one at a time).
+    pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
+        if !self.batched_decode() {
+            return Err(EngineError::Unsupported("batched decode is not yet available on the CUDA backend: decode one sequence at a time".into()));
+        }
+        Ok(self.stage.forward_batch(kvs, tokens, None)?)
+    }
+
     /// Feeds `tokens` (with `hidden_in` as in `forward`) and returns the greedy next token and its
     /// log-probability, taken on the GPU (8 bytes come back instead of the logits row, and the host
     /// scans nothing). None on the CPU backend, without running anything: use `forward` there.

@@ -13,6 +13,9 @@ pub enum EngineError {
     /// The memory plan does not fit the budget (refused at startup).
     #[error("{0}")]
     Budget(String),
+    /// The backend does not implement this yet.
+    #[error("{0}")]
+    Unsupported(String),
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
 }
