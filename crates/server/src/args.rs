@@ -82,6 +82,10 @@ pub struct Args {
     /// available RAM).
     #[arg(long = "mem-limit-gb")]
     pub mem_limit_gb: Option<f64>,
+    /// KV sessions held at once and decoded together as one batch (1 = one request at a time). Each
+    /// session has its own KV state and snapshots: the memory plan counts them all.
+    #[arg(long = "batched-session", value_name = "N", default_value_t = 1)]
+    pub batched_session: usize,
     /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).
     #[arg(long = "kv-snapshots", default_value_t = 8)]
     pub kv_snapshots: usize,
@@ -186,6 +190,15 @@ impl Args {
         }
         if self.kv_cache_cold_max_tokens != 0 && self.kv_cache_cold_max_tokens < self.kv_disk_min_tokens {
             return Err("--kv-cache-cold-max-tokens must be 0 or at least --kv-cache-min-tokens".into());
+        }
+        if self.batched_session == 0 {
+            return Err("--batched-session must be at least 1".into());
+        }
+        if self.batched_session > 1 && self.backend != "cpu" {
+            return Err(format!("--batched-session {}: batched decode is not yet available with --backend {}; use --batched-session 1 or --backend cpu", self.batched_session, self.backend));
+        }
+        if self.batched_session > 1 && self.dist.active() {
+            return Err("--batched-session is not available with distributed inference (--role coordinator); use --batched-session 1".into());
         }
         if self.max_connections == 0 {
             return Err("--max-connections must be at least 1".into());

@@ -130,12 +130,21 @@ impl LiveKv {
         &mut self,
         engine: &mut Engine,
         tok: &Tokenizer,
-        mut prompt: Vec<u32>,
+        prompt: Vec<u32>,
         rendered: Option<&str>,
         points: &[usize],
         progress: &mut dyn FnMut(usize, usize),
         cancel: &AtomicBool,
     ) -> Result<Prepared, EngineError> {
+        let prep = self.choose(engine, tok, prompt, rendered);
+        let end = prep.prompt.len();
+        self.prefill_to(engine, tok, &prep, points, end, progress, cancel)?;
+        Ok(prep)
+    }
+
+    /// The first half of `prepare`: picks the reuse (restoring a snapshot or a disk entry, or starting
+    /// over) and says what is left to prefill; nothing is prefilled yet.
+    pub fn choose(&mut self, engine: &mut Engine, tok: &Tokenizer, mut prompt: Vec<u32>, rendered: Option<&str>) -> Prepared {
         let live_len = self.session.tokens.len();
         let live_common = common_prefix(&self.session.tokens, &prompt);
         let have_live = live_len > 0 && !self.session.logits.is_empty();
@@ -189,7 +198,26 @@ impl LiveKv {
         }
         let cached = self.session.tokens.len();
         let total = prompt.len() - cached;
-        let mut done_before = 0;
+        Prepared { prompt, cached, prefilled: total, decision, live_common, live_len }
+    }
+
+    /// The second half of `prepare`: prefills `prep.prompt` from where the session is up to `end` (at
+    /// most the prompt's length), taking snapshots at `points` and disk saves on the way. Called
+    /// repeatedly with growing `end`, it prefills a long prompt in slices.
+    #[allow(clippy::too_many_arguments)]
+    pub fn prefill_to(
+        &mut self,
+        engine: &mut Engine,
+        tok: &Tokenizer,
+        prep: &Prepared,
+        points: &[usize],
+        end: usize,
+        progress: &mut dyn FnMut(usize, usize),
+        cancel: &AtomicBool,
+    ) -> Result<(), EngineError> {
+        let (prompt, cached, decision, total) = (&prep.prompt, prep.cached, prep.decision, prep.prefilled);
+        let end = end.min(prompt.len());
+        let mut done_before = self.session.tokens.len().saturating_sub(cached);
         // Disk saves while prefilling (`SavePolicy`): a cold prompt at its trimmed, aligned length; any
         // prefill at the interval frontiers it crosses.
         let mut saves: Vec<(usize, Reason)> = Vec::new();
@@ -206,10 +234,10 @@ impl LiveKv {
                 }
             }
         }
-        let mut stops: Vec<usize> = points.iter().copied().chain(saves.iter().map(|s| s.0)).filter(|&p| p > cached && p < prompt.len()).collect();
+        let mut stops: Vec<usize> = points.iter().copied().chain(saves.iter().map(|s| s.0)).filter(|&p| p > self.session.tokens.len() && p < end).collect();
         stops.sort_unstable();
         stops.dedup();
-        stops.push(prompt.len());
+        stops.push(end);
         for p in stops {
             if p > self.session.tokens.len() {
                 let base = done_before;
@@ -233,6 +261,6 @@ impl LiveKv {
                 disk.save(&mut self.session, engine, tok, reason);
             }
         }
-        Ok(Prepared { prompt, cached, prefilled: total, decision, live_common, live_len })
+        Ok(())
     }
 }

@@ -2,11 +2,13 @@
 mod anthropic_messages;
 mod app;
 mod args;
+mod batch_worker;
 mod conn_limit;
 mod disk;
 mod ds4_flags;
 mod errors;
 mod fields;
+mod gen;
 mod kv_reuse;
 mod metrics;
 mod models;
@@ -194,7 +196,7 @@ fn load(
     } else {
         args.kv_snapshots
     };
-    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet };
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session };
     let max_token_bytes = prompt_bound::max_token_bytes(&tok);
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };
@@ -205,10 +207,10 @@ fn load(
     Ok(())
 }
 
-/// KV states the server can hold at once, for the memory plan: the live session and its rewind
-/// snapshots (kept on the CPU backend only).
+/// KV states the server can hold at once, for the memory plan: every session (`--batched-session`) and
+/// its rewind snapshots (kept on the CPU backend only).
 fn kv_states(args: &args::Args) -> usize {
-    1 + if args.backend == "cuda" { 0 } else { args.kv_snapshots }
+    args.batched_session * (1 + if args.backend == "cuda" { 0 } else { args.kv_snapshots })
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM.

@@ -44,6 +44,17 @@ pub struct Metrics {
     pub kv_disk_bytes: AtomicU64,
     pub kv_disk_files: AtomicU64,
     pub tool_calls: AtomicU64,
+    /// KV sessions of the batched scheduler (`--batched-session`), and how many run a request now.
+    pub batch_slots: AtomicU64,
+    pub active_sessions: AtomicU64,
+    /// Sequences in the last batched decode step; steps and rows so far.
+    pub batch_last_size: AtomicU64,
+    pub batch_steps: AtomicU64,
+    pub batch_rows: AtomicU64,
+    /// Time from queueing a request to its first generated token.
+    pub ttft_micros: AtomicU64,
+    pub ttft_count: AtomicU64,
+    pub last_ttft_micros: AtomicU64,
     /// The open connections (set by the accept loop).
     pub connections: std::sync::OnceLock<std::sync::Arc<crate::conn_limit::Registry>>,
 }
@@ -109,6 +120,14 @@ impl Metrics {
                 let _ = writeln!(s, "ds4_weight_residency_ops_total{{phase=\"{pn}\",op=\"{on}\"}} {}", r.get(p, o));
             }
         }
+        g(&mut s, "ds4_batch_sessions", "KV sessions of the batched scheduler (--batched-session).", self.batch_slots.load(Relaxed) as f64);
+        g(&mut s, "ds4_active_sessions", "Sessions running a request (prefilling or decoding).", self.active_sessions.load(Relaxed) as f64);
+        g(&mut s, "ds4_batch_size", "Sequences in the last batched decode step.", self.batch_last_size.load(Relaxed) as f64);
+        c(&mut s, "ds4_batch_steps_total", "Batched decode steps.", self.batch_steps.load(Relaxed));
+        c(&mut s, "ds4_batch_rows_total", "Sequence-steps decoded by batched steps (rows / steps = mean batch size).", self.batch_rows.load(Relaxed));
+        c(&mut s, "ds4_time_to_first_token_microseconds_total", "Sum over requests of the time from queueing to the first generated token.", self.ttft_micros.load(Relaxed));
+        c(&mut s, "ds4_time_to_first_token_count", "Requests that generated a first token.", self.ttft_count.load(Relaxed));
+        g(&mut s, "ds4_time_to_first_token_seconds", "Time to first token of the last request.", self.last_ttft_micros.load(Relaxed) as f64 / 1e6);
         c(&mut s, "ds4_tool_calls_total", "Tool calls generated.", self.tool_calls.load(Relaxed));
         c(&mut s, "ds4_tool_replay_exact_total", "History tool-call blocks replayed byte-exact from the id map.", self.tool_replay_exact.load(Relaxed));
         if let Some(r) = self.connections.get() {

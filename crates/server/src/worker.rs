@@ -9,11 +9,12 @@ use crate::metrics::Metrics;
 use crate::route_kv::RouteKv;
 use crate::tools::{new_id, ToolMemory};
 use crate::trace::Trace;
-use ds4_engine::{Engine, GenStats, StopReason};
+use ds4_engine::{Engine, GenStats};
 use ds4_tokenizer::dsml::{DsmlEvent, DsmlParser};
-use ds4_tokenizer::sampling::{Sampler, SamplerConfig, StopMatcher, StopReason as StopHit};
-use ds4_tokenizer::{StreamDecoder, Tokenizer};
-use std::cell::Cell;
+use ds4_tokenizer::sampling::SamplerConfig;
+use ds4_tokenizer::Tokenizer;
+use crate::gen::{Gen, Report};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::mpsc as std_mpsc;
 use std::sync::{Arc, Mutex};
@@ -43,6 +44,8 @@ pub struct Job {
     pub params: GenParams,
     pub events: mpsc::UnboundedSender<Event>,
     pub cancel: Arc<AtomicBool>,
+    /// When the request was queued (time to first token counts from here).
+    pub queued: Instant,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,7 +79,7 @@ pub enum Event {
 }
 
 /// What the worker's queue carries.
-enum Msg {
+pub(crate) enum Msg {
     Job(Job),
     /// Save the live session to the disk KV cache (clean shutdown), then acknowledge.
     Shutdown(std_mpsc::Sender<()>),
@@ -115,7 +118,7 @@ impl Submitter {
         }
         let (etx, erx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
-        let job = Job { kind, prompt, rendered, params, events: etx, cancel: cancel.clone() };
+        let job = Job { kind, prompt, rendered, params, events: etx, cancel: cancel.clone(), queued: Instant::now() };
         let sent = self.tx.lock().map_err(|_| ApiError::internal("queue lock poisoned"))?.send(Msg::Job(job));
         if sent.is_err() {
             self.metrics.queue_depth.fetch_sub(1, SeqCst);
@@ -144,6 +147,8 @@ pub struct WorkerConfig {
     pub disk: Option<crate::disk::DiskCache>,
     /// No per-request log lines (`--quiet`).
     pub quiet: bool,
+    /// KV sessions decoded together (`--batched-session`); 1 = one request at a time.
+    pub batched: usize,
 }
 
 /// What runs the model: a local engine, or a distributed route (`--role coordinator`).
@@ -178,6 +183,13 @@ pub fn spawn(
     trace: Arc<Trace>,
 ) -> std::io::Result<Submitter> {
     let (tx, rx) = std_mpsc::channel::<Msg>();
+    let model = match model {
+        Model::Local(engine) if cfg.batched > 1 => {
+            crate::batch_worker::spawn(engine, rx, tok, cfg, metrics.clone(), tool_mem, trace)?;
+            return Ok(Submitter { tx: Mutex::new(tx), max_queue, metrics });
+        }
+        m => m,
+    };
     let backend = match model {
         Model::Local(engine) => {
             let mut session = ds4_engine::Session::new(&engine);
@@ -254,14 +266,7 @@ impl Worker {
                 return;
             }
         };
-        // Snapshot points: start of the first and of the last user turn.
-        let mut points = Vec::new();
-        if let Some(p) = job.prompt.iter().position(|&t| t == ids.user) {
-            points.push(p);
-        }
-        if let Some(p) = job.prompt.iter().rposition(|&t| t == ids.user) {
-            points.push(p);
-        }
+        let points = snapshot_points(&job.prompt, ids.user);
         let t0 = Instant::now();
         let cancel = job.cancel.clone();
         let ev = job.events.clone();
@@ -295,38 +300,7 @@ impl Worker {
                 return;
             }
         };
-        let m = &self.metrics;
-        m.prompt_tokens.fetch_add(prep.prompt.len() as u64, Relaxed);
-        m.cached_tokens.fetch_add(prep.cached as u64, Relaxed);
-        m.prefilled_tokens.fetch_add(prep.prefilled as u64, Relaxed);
-        m.prefill_micros.fetch_add(prefill_time.as_micros() as u64, Relaxed);
-        if prep.prefilled > 0 && prefill_time.as_secs_f64() > 0.0 {
-            m.last_prefill_mtps.store((prep.prefilled as f64 / prefill_time.as_secs_f64() * 1000.0) as u64, Relaxed);
-        }
-        match prep.decision {
-            Decision::Cold => {
-                m.kv_misses.fetch_add(1, Relaxed);
-                if prep.live_len > 0 {
-                    eprintln!(
-                        "ds4-server: live kv cache miss live={} prompt={} common={} reason=token-mismatch",
-                        prep.live_len,
-                        prep.prompt.len(),
-                        prep.live_common
-                    );
-                }
-            }
-            d => {
-                m.kv_hits.fetch_add(1, Relaxed);
-                match d {
-                    Decision::Extend => &m.kv_extend,
-                    Decision::Exact => &m.kv_exact,
-                    Decision::TextPrefix => &m.kv_text_prefix,
-                    Decision::Disk => &m.kv_disk,
-                    _ => &m.kv_snapshot,
-                }
-                .fetch_add(1, Relaxed);
-            }
-        }
+        record_prefill(&self.metrics, &prep, prefill_time);
         let _ = job.events.send(Event::Started { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached });
 
         // Generation.
@@ -334,137 +308,94 @@ impl Worker {
             Backend::Local { engine, .. } => (engine.ctx, engine.cfg().n_vocab),
             Backend::Route(r) => (r.ctx(), r.n_vocab),
         };
-        let room = ctx.saturating_sub(prep.prompt.len());
-        let max_tokens = job.params.max_tokens.min(room);
-        let mut out = Output::new(&job, self.tool_mem.clone(), self.exact_tool_replay);
-        let syntax = Cell::new(false);
-        let sc = job.params.sampling;
-        let greedy = job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
-        let mut sampler = Sampler::with_capacity(sc, n_vocab);
-        let script = job.params.script.clone();
-        let mut k = 0usize;
-        let mut sample = |l: &[f32]| -> u32 {
-            if let Some(s) = &script {
-                let t = s.get(k).copied().unwrap_or(ids.eos);
-                k += 1;
-                return t;
-            }
-            sampler.sample_greedy_if(l, syntax.get())
-        };
-        let mut dec = StreamDecoder::new();
-        let mut stopm = StopMatcher::new(&job.params.stops, &[]);
-        let mut stop_hit: Option<usize> = None;
-        let mut client_gone = false;
-        // In thinking mode every token up to and including `</think>` is reasoning.
-        let mut reasoning_tokens = 0usize;
-        let mut in_reasoning = job.params.thinking;
-        let mut on_token = |t: u32| -> bool {
-            if job.events.is_closed() {
-                client_gone = true;
-                job.cancel.store(true, SeqCst);
-                return false;
-            }
-            if in_reasoning {
-                reasoning_tokens += 1;
-                in_reasoning = t != ids.think_end;
-            }
-            let piece = if tok.is_added(t) {
-                let mut p = dec.finish();
-                p.push_str(&tok.token_text(t));
-                p
-            } else {
-                dec.push(&tok, t)
-            };
-            let step = stopm.push_text(&piece);
-            out.push(&step.emit);
-            syntax.set(out.in_syntax());
-            if let Some(StopHit::StopString(i)) = step.stop {
-                stop_hit = Some(i);
-                return false;
-            }
-            !out.block_done
-        };
+        let max_tokens = job.params.max_tokens.min(ctx.saturating_sub(prep.prompt.len()));
+        let cancel = job.cancel.clone();
+        let g = RefCell::new(Gen::new(job, seq, tok, ids, self.tool_mem.clone(), self.exact_tool_replay, n_vocab));
+        let greedy = g.borrow().greedy;
+        let mut sample = |l: &[f32]| g.borrow_mut().sample(l);
+        let mut on_token = |t: u32| g.borrow_mut().on_token(t);
         let mut stats = GenStats::default();
         let eos = Some(ids.eos);
         let r = match &mut self.backend {
             Backend::Local { engine, live } => live
                 .session
-                .generate(engine, max_tokens, eos, greedy, &mut sample, &mut on_token, &job.cancel, &mut stats)
+                .generate(engine, max_tokens, eos, greedy, &mut sample, &mut on_token, &cancel, &mut stats)
                 .map_err(|e| ApiError::internal(format!("generation failed: {e}"))),
             // A failed route keeps its history: the next request that extends it replays it.
-            Backend::Route(r) => r.generate(max_tokens, eos, greedy, &mut sample, &mut on_token, &job.cancel, &mut stats),
+            Backend::Route(r) => r.generate(max_tokens, eos, greedy, &mut sample, &mut on_token, &cancel, &mut stats),
         };
-        let reason = match r {
-            Ok(r) => r,
-            Err(e) => {
-                if let Backend::Local { .. } = self.backend {
-                    self.backend.reset();
-                }
-                m.jobs_failed.fetch_add(1, Relaxed);
-                eprintln!("ds4-server: request failed: {}", e.message);
-                crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, "error");
-                let _ = job.events.send(Event::Error(e));
-                return;
+        if r.is_err() {
+            if let Backend::Local { .. } = self.backend {
+                self.backend.reset();
             }
-        };
-        m.generated_tokens.fetch_add(stats.gen_tokens as u64, Relaxed);
-        m.decode_micros.fetch_add(stats.gen_time.as_micros() as u64, Relaxed);
-        if stats.gen_tokens > 0 && stats.gen_time.as_secs_f64() > 0.0 {
-            m.last_decode_mtps.store((stats.gen_tokens as f64 / stats.gen_time.as_secs_f64() * 1000.0) as u64, Relaxed);
         }
-        if client_gone || reason == StopReason::Cancelled {
-            m.jobs_cancelled.fetch_add(1, Relaxed);
-            crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, "cancelled");
-            self.trace.job(seq, &job, &prep, "cancelled", &out.all_text, &stats);
-            return;
-        }
-        if stop_hit.is_none() {
-            let rest = dec.finish();
-            let mut tail = stopm.push_text(&rest).emit;
-            tail.push_str(&stopm.finish());
-            out.push(&tail);
-        }
-        out.finish();
-        let finish = if out.block_done {
-            Finish::ToolCalls
-        } else if let Some(i) = stop_hit {
-            Finish::StopSequence(i)
-        } else {
-            match reason {
-                StopReason::Eos => Finish::Stop,
-                _ => Finish::Length,
+        let mut g = g.into_inner();
+        g.stats = stats;
+        g.finish(r, &Report { metrics: &self.metrics, trace: &self.trace, quiet: self.quiet }, &prep, prefill_time);
+    }
+}
+
+/// Snapshot points of a prompt: the start of its first and of its last user turn.
+pub(crate) fn snapshot_points(prompt: &[u32], user: u32) -> Vec<usize> {
+    let mut points = Vec::new();
+    if let Some(p) = prompt.iter().position(|&t| t == user) {
+        points.push(p);
+    }
+    if let Some(p) = prompt.iter().rposition(|&t| t == user) {
+        points.push(p);
+    }
+    points
+}
+
+/// Prefill counters and the KV reuse decision of a prepared prompt.
+pub(crate) fn record_prefill(m: &Metrics, prep: &crate::kv_reuse::Prepared, prefill_time: std::time::Duration) {
+    m.prompt_tokens.fetch_add(prep.prompt.len() as u64, Relaxed);
+    m.cached_tokens.fetch_add(prep.cached as u64, Relaxed);
+    m.prefilled_tokens.fetch_add(prep.prefilled as u64, Relaxed);
+    m.prefill_micros.fetch_add(prefill_time.as_micros() as u64, Relaxed);
+    if prep.prefilled > 0 && prefill_time.as_secs_f64() > 0.0 {
+        m.last_prefill_mtps.store((prep.prefilled as f64 / prefill_time.as_secs_f64() * 1000.0) as u64, Relaxed);
+    }
+    match prep.decision {
+        Decision::Cold => {
+            m.kv_misses.fetch_add(1, Relaxed);
+            if prep.live_len > 0 {
+                eprintln!(
+                    "ds4-server: live kv cache miss live={} prompt={} common={} reason=token-mismatch",
+                    prep.live_len,
+                    prep.prompt.len(),
+                    prep.live_common
+                );
             }
-        };
-        if out.block_done {
-            m.tool_calls.fetch_add(out.calls.len() as u64, Relaxed);
         }
-        m.jobs_completed.fetch_add(1, Relaxed);
-        self.trace.job(seq, &job, &prep, &format!("{finish:?}"), &out.all_text, &stats);
-        let finish_name = match finish {
-            Finish::Stop | Finish::StopSequence(_) => "stop",
-            Finish::Length => "length",
-            Finish::ToolCalls => "tool_calls",
-        };
-        crate::request_log::done(self.quiet, seq, job.kind, &prep, prefill_time, &stats, finish_name);
-        let usage = Usage { prompt_tokens: prep.prompt.len(), cached_tokens: prep.cached, completion_tokens: stats.gen_tokens, reasoning_tokens: reasoning_tokens.min(stats.gen_tokens) };
-        let _ = job.events.send(Event::Done { finish, usage });
+        d => {
+            m.kv_hits.fetch_add(1, Relaxed);
+            match d {
+                Decision::Extend => &m.kv_extend,
+                Decision::Exact => &m.kv_exact,
+                Decision::TextPrefix => &m.kv_text_prefix,
+                Decision::Disk => &m.kv_disk,
+                _ => &m.kv_snapshot,
+            }
+            .fetch_add(1, Relaxed);
+        }
     }
 }
 
 /// Turns decoded text into events: reasoning/text/tool calls (DSML), holding back trailing whitespace
 /// of visible text until it is known not to precede a tool-call block (that whitespace belongs to the
 /// block's exact DSML, so streamed and final content agree and history replays byte-exact).
-struct Output<'a> {
-    events: &'a mpsc::UnboundedSender<Event>,
+pub(crate) struct Output {
+    events: mpsc::UnboundedSender<Event>,
     parser: Option<DsmlParser>,
     id_prefix: &'static str,
     /// All text after stop handling (what the model said).
-    all_text: String,
+    pub(crate) all_text: String,
     pending_ws: String,
     block_start: Option<usize>,
     block_ids: Vec<String>,
-    calls: Vec<(String, String)>,
-    block_done: bool,
+    pub(crate) calls: Vec<(String, String)>,
+    pub(crate) block_done: bool,
     tool_mem: Arc<Mutex<ToolMemory>>,
     remember: bool,
 }
@@ -472,11 +403,11 @@ struct Output<'a> {
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
 const CALLS_CLOSE: &str = "</｜DSML｜tool_calls>";
 
-impl<'a> Output<'a> {
-    fn new(job: &'a Job, tool_mem: Arc<Mutex<ToolMemory>>, remember: bool) -> Self {
+impl Output {
+    pub(crate) fn new(job: &Job, tool_mem: Arc<Mutex<ToolMemory>>, remember: bool) -> Self {
         let p = &job.params;
         Self {
-            events: &job.events,
+            events: job.events.clone(),
             parser: if p.parse_tools || p.thinking { Some(DsmlParser::new(p.thinking)) } else { None },
             id_prefix: p.id_prefix,
             all_text: String::new(),
@@ -490,11 +421,11 @@ impl<'a> Output<'a> {
         }
     }
 
-    fn in_syntax(&self) -> bool {
+    pub(crate) fn in_syntax(&self) -> bool {
         self.parser.as_ref().is_some_and(|p| p.in_syntax())
     }
 
-    fn push(&mut self, text: &str) {
+    pub(crate) fn push(&mut self, text: &str) {
         if text.is_empty() || self.block_done {
             return;
         }
@@ -570,7 +501,7 @@ impl<'a> Output<'a> {
         }
     }
 
-    fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if self.block_done {
             return;
         }
