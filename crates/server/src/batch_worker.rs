@@ -193,8 +193,9 @@ impl Sched {
             let max_tokens = job.params.max_tokens.min(self.engine.ctx.saturating_sub(prep.prompt.len()));
             let plog = PrefillProgress::new(seq, job.kind, self.quiet);
             let gen = Gen::new(job, seq, self.tok.clone(), ids, self.tool_mem.clone(), self.exact_tool_replay, n_vocab);
+            // Even with nothing left to prefill, the first `prefill_slice` turn runs `prefill_to` (it takes
+            // the end-of-prompt snapshot) before the slot decodes.
             self.slots[i].run = Some(Running { gen, prep, points, prefill_time, decoding: false, plog, remaining: max_tokens });
-            self.finish_prefill_if_done(i);
         }
     }
 

@@ -172,7 +172,15 @@ fn load(
         let route = route_kv::RouteKv { session: setup.session, n_vocab: setup.cfg.n_vocab };
         (worker::Model::Route(route), tok, Some(coord), id)
     } else {
-        let engine = Engine::load(path, &opts).map_err(|e| format!("{}: {e}", path.display()))?;
+        let engine = Engine::load(path, &opts).map_err(|e| {
+            let hint = match e {
+                ds4_engine::EngineError::Budget(_) if args.batched_session > 1 => {
+                    format!(" (the plan holds {} KV states: --batched-session {} x (1 + --kv-snapshots); fewer sessions or snapshots need less memory)", opts.kv_states, args.batched_session)
+                }
+                _ => String::new(),
+            };
+            format!("{}: {e}{hint}", path.display())
+        })?;
         let tok = engine.tokenizer().map_err(|e| e.to_string())?;
         let id = models::model_id(engine.cfg());
         (worker::Model::Local(engine), tok, None, id)
