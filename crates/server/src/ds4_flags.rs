@@ -75,8 +75,6 @@ pub struct Ds4Flags {
     pub vision: Option<String>,
     #[arg(long = "expert-profile", value_name = "FILE", hide = true)]
     pub expert_profile: Option<String>,
-    #[arg(long = "batched-session", value_name = "N", hide = true)]
-    pub batched_session: Option<String>,
     #[arg(long = "mixed-prefill-quantum", value_name = "N", hide = true)]
     pub mixed_prefill_quantum: Option<String>,
 }
@@ -96,7 +94,7 @@ impl Ds4Flags {
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 30] = [
+        let checks: [(bool, &str, &str); 29] = [
             (self.metal, "--metal", "the Metal backend is not built; use --backend cpu or --backend cuda"),
             (self.rocm, "--rocm", "the ROCm backend is not built; use --backend cpu or --backend cuda"),
             (set(&self.mtp), "--mtp", "MTP speculative decoding is not built; run without it (decoding is exact without it)"),
@@ -125,8 +123,7 @@ impl Ds4Flags {
             (set(&self.transport), "--transport", "tensor-parallel transports are not built; distributed stages use TCP (--role)"),
             (set(&self.vision), "--vision", "the vision encoder is not built; send text only"),
             (set(&self.expert_profile), "--expert-profile", "expert profiling (Metal) is not built; run without it"),
-            (set(&self.batched_session), "--batched-session", "batched sessions are not built: one live session serves requests in turn (--max-queue bounds the wait)"),
-            (set(&self.mixed_prefill_quantum), "--mixed-prefill-quantum", "batched sessions are not built, so there is no mixed prefill; run without it"),
+            (set(&self.mixed_prefill_quantum), "--mixed-prefill-quantum", "mixed prefill is not built: with --batched-session, whole --prefill-chunk slices alternate with decode steps; run without it"),
         ];
         checks.iter().find(|(on, _, _)| *on).map(|(_, flag, why)| format!("{flag} is not available in this build: {why}"))
     }

@@ -92,6 +92,11 @@ struct Args {
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
     #[arg(long = "debug")]
     debug: bool,
+    /// Decode N streams together (batched decode, CPU): each stream has its own KV state and its own
+    /// text (the prompt rotated), all at the frontier; the CSV gains `streams,aggregate_gen_tps,
+    /// per_stream_gen_tps` (gen_tps stays the single-stream rate of stream 0 measured alone).
+    #[arg(long = "concurrency", value_name = "N", default_value_t = 1)]
+    concurrency: usize,
     /// ds4's flags (backend switches, --quality, --power, --dump-frontier-logits-dir).
     #[command(flatten)]
     ds4: BenchDs4Flags,
@@ -203,6 +208,9 @@ fn run(a: Args) -> Result<(), String> {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
+    if a.concurrency == 0 {
+        return Err(usage("--concurrency must be at least 1"));
+    }
     let backend = a.ds4.backend.resolve(a.backend.as_deref()).map_err(|e| usage(&e.0))?;
     let mut power = power::Power::new(a.ds4.power).map_err(|e| usage(&e))?;
     let mut options = ds4_model::Options::default();
@@ -210,6 +218,12 @@ fn run(a: Args) -> Result<(), String> {
         options.precision = ds4_quant::Precision::Exact;
     }
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
+    if a.concurrency > 1 && backend != ds4_engine::Backend::Cpu {
+        return Err(usage("--concurrency > 1: batched decode is not yet available on the CUDA backend; use --backend cpu"));
+    }
+    if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
+        return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));
+    }
     if let Err(e) = load.validate() {
         eprintln!("ds4-bench: {e}");
         std::process::exit(2);
@@ -237,7 +251,7 @@ fn run(a: Args) -> Result<(), String> {
     if ctx < need {
         return Err(format!("--ctx-alloc {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
     }
-    let opts = LoadOptions { ctx, debug: false, ..load };
+    let opts = LoadOptions { ctx, debug: false, kv_states: a.concurrency, ..load };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if let Some(r) = eng.backend_report() {
         eprintln!("after load: {r}");
@@ -255,7 +269,16 @@ fn run(a: Args) -> Result<(), String> {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
         None => Box::new(std::io::stdout()),
     };
-    writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes").map_err(|e| e.to_string())?;
+    let extra = if a.concurrency > 1 { ",streams,aggregate_gen_tps,per_stream_gen_tps" } else { "" };
+    writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}").map_err(|e| e.to_string())?;
+    // The other streams of --concurrency: the same text rotated, so their routing and attention differ.
+    let mut others: Vec<(Session, Vec<u32>)> = (1..a.concurrency)
+        .map(|j| {
+            let r = (j * base.len() / a.concurrency.max(1)).max(j) % base.len().max(1);
+            let t: Vec<u32> = base[r..].iter().chain(&base[..r]).cycle().take(a.ctx_max).copied().collect();
+            (Session::new(&eng), t)
+        })
+        .collect();
     let mut s = Session::new(&eng);
     s.prefill_chunk = a.prefill_chunk;
     let never = AtomicBool::new(false);
@@ -289,7 +312,15 @@ fn run(a: Args) -> Result<(), String> {
             }
             (s.kv, s.tokens, s.logits) = snap;
         }
-        writeln!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
+        write!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
+        if a.concurrency > 1 {
+            for (o, t) in others.iter_mut() {
+                o.sync(&mut eng, &t[..f], &mut |_, _| {}, &never).map_err(|e| e.to_string())?;
+            }
+            let agg = batched_decode(&mut eng, &s, &others, a.gen_tokens)?;
+            write!(out, ",{},{agg:.2},{:.2}", a.concurrency, agg / a.concurrency as f64).map_err(|e| e.to_string())?;
+        }
+        writeln!(out).map_err(|e| e.to_string())?;
         if a.bandwidth {
             let cfg = eng.cfg().clone();
             let bpt = eng.stage.w.decode_bytes(cfg.n_expert_used, f / 4 > cfg.idx_topk) as f64;
@@ -338,6 +369,24 @@ fn run(a: Args) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Decodes `gen` greedy tokens for stream 0 (`first`) and `others` together, one batched step per token,
+/// on copies of their states; returns the aggregate rate (tokens of all streams per second).
+fn batched_decode(eng: &mut Engine, first: &Session, others: &[(Session, Vec<u32>)], gen: usize) -> Result<f64, String> {
+    let mut kvs: Vec<ds4_model::KvState> = std::iter::once(first).chain(others.iter().map(|o| &o.0)).map(|s| s.kv.clone()).collect();
+    let mut next: Vec<u32> = std::iter::once(first).chain(others.iter().map(|o| &o.0)).map(|s| argmax(&s.logits)).collect();
+    let v = eng.cfg().n_vocab;
+    let t0 = Instant::now();
+    for _ in 0..gen {
+        let mut refs: Vec<&mut ds4_model::KvState> = kvs.iter_mut().collect();
+        let rows = eng.decode_batch(&mut refs, &next).map_err(|e| e.to_string())?;
+        for (j, t) in next.iter_mut().enumerate() {
+            *t = argmax(&rows[j * v..(j + 1) * v]);
+        }
+    }
+    let dt = t0.elapsed().as_secs_f64();
+    Ok(if dt > 0.0 { (gen * kvs.len()) as f64 / dt } else { 0.0 })
 }
 
 /// Resident-set high-water mark of this process (`VmHWM`), in bytes.
