@@ -31,7 +31,9 @@ fn prepare<'x>(ty: GgmlType, x: &'x [f32], n: usize, cols: usize, k: &Kernels) -
         }
     };
     let mut buf = vec![0u8; bytes * n];
-    if n >= 4 {
+    // Parallel only when there is enough to quantize to pay for the dispatch (small decode batches
+    // of a small model would spend more in rayon than in the work).
+    if n >= 4 && n * cols >= 1 << 16 {
         buf.par_chunks_mut(bytes).zip(x.par_chunks(cols)).for_each(|(o, xr)| f(xr, o));
     } else {
         buf.chunks_mut(bytes).zip(x.chunks(cols)).for_each(|(o, xr)| f(xr, o));
