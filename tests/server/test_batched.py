@@ -180,3 +180,30 @@ def test_sessions_over_memory_are_refused_at_start():
     ok.terminate()
     ok.wait(10)
     assert "ready:" in seen, seen
+
+
+def test_idle_session_is_saved_to_disk_before_reuse(make_server, tmp_path):
+    """With two sessions, a third conversation takes the least recently used idle session: that
+    session's conversation is written to the disk KV cache first."""
+    kv = tmp_path / "kv"
+    # No snapshots: a conversation that left memory can only come back from disk.
+    s = make_server("--ctx", "4096", "--batched-session", "2", "--kv-snapshots", "0", "--kv-disk-dir", str(kv), "--kv-disk-min-tokens", "16",
+                    "--kv-cache-cold-max-tokens", "0", "--kv-cache-continued-interval-tokens", "0", name="batchdisk")
+
+    def complete(tag):
+        words = " ".join(f"{tag}{k}" for k in range(80))
+        st, body = s.post_raw("/v1/completions", json.dumps({"prompt": f"conversation {tag}: {words}", "max_tokens": 8,
+                                                              "temperature": 0}).encode())
+        assert st == 200, body
+        return body["choices"][0]["text"]
+
+    a = complete("alpha")
+    complete("beta")
+    assert s.metrics()["ds4_kv_disk_saves_total"] == 0  # two sessions hold both conversations
+    complete("gamma")
+    assert s.metrics()["ds4_kv_disk_saves_total"] == 1  # alpha's session was saved, then reused
+    # alpha again: neither session serves it, so the least recently used one (beta) is saved and reused.
+    # (The saved alpha holds its prompt and its output, so it is no prefix of this prompt: no disk hit.)
+    again = complete("alpha")
+    assert s.metrics()["ds4_kv_disk_saves_total"] == 2
+    assert again == a

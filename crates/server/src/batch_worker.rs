@@ -3,7 +3,7 @@
 //! is in, as one batch (`Engine::decode_batch`: the weights are read once for all of them), and then
 //! prefills one bounded slice (`--prefill-chunk` tokens) of one slot still prefilling, so a long prompt
 //! never freezes the other streams. A slot is never taken from a running request; a new request goes
-//! to the idle slot sharing the longest prefix with it (its live KV is reused), and with `--kv-disk-dir`
+//! to the idle slot whose KV serves the longest prefix of it (live state or snapshot), and with `--kv-disk-dir`
 //! an idle slot holding another conversation is saved to disk before it is reused (`LiveKv::choose`).
 use crate::errors::ApiError;
 use crate::gen::{Gen, Report};
@@ -164,8 +164,8 @@ impl Sched {
         r
     }
 
-    /// Moves queued requests into idle slots: the one sharing the longest prefix with the prompt, else
-    /// the least recently used.
+    /// Moves queued requests into idle slots: the one whose state serves the longest prefix of the
+    /// prompt, else an empty one, else the least recently used.
     fn admit(&mut self, disk: &mut Option<crate::disk::DiskCache>) {
         while let Some(i) = self.best_idle_for_front() {
             let Some(job) = self.queue.pop_front() else { return };
@@ -205,7 +205,7 @@ impl Sched {
             .iter()
             .enumerate()
             .filter(|(_, s)| s.run.is_none())
-            .max_by_key(|(_, s)| (common_prefix(&s.live.session.tokens, &job.prompt), std::cmp::Reverse(s.last_used)))
+            .max_by_key(|(_, s)| (s.live.reusable_prefix(&job.prompt), s.live.is_empty(), std::cmp::Reverse(s.last_used)))
             .map(|(i, _)| i)
     }
 
@@ -345,8 +345,4 @@ impl Sched {
             }
         }
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

@@ -87,6 +87,20 @@ impl LiveKv {
         self.snaps.iter().map(|s| s.kv.bytes() + s.logits.len() * 4 + s.tokens.len() * 4).sum()
     }
 
+    /// Prompt tokens this state could serve without prefilling: the live tokens when the prompt extends
+    /// them, else the longest snapshot that prefixes it (a partly shared live state cannot be cut back).
+    pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
+        let s = &self.session;
+        let live = if !s.tokens.is_empty() && !s.logits.is_empty() && prompt.starts_with(&s.tokens) { s.tokens.len() } else { 0 };
+        let snap = self.snaps.iter().filter(|x| prompt.starts_with(&x.tokens)).map(|x| x.tokens.len()).max().unwrap_or(0);
+        live.max(snap)
+    }
+
+    /// True when the state holds nothing (a fresh session).
+    pub fn is_empty(&self) -> bool {
+        self.session.tokens.is_empty() && self.snaps.is_empty()
+    }
+
     /// Saves the live session to disk (clean shutdown).
     pub fn save_to_disk(&mut self, engine: &mut Engine, tok: &Tokenizer, reason: Reason) {
         if let Some(disk) = self.disk.as_mut() {
