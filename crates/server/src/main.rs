@@ -35,6 +35,10 @@ fn main() -> ExitCode {
     if let Some(b) = args.ds4.backend() {
         args.backend = b.to_string();
     }
+    if args.backend == "auto" {
+        // Resolved once here: the rest of the start-up reads the backend by name.
+        args.backend = ds4_engine::Backend::auto().name().to_string();
+    }
     // Bad flag values are usage errors, as clap's own (exit 2).
     if let Err(e) = args.validate() {
         eprintln!("ds4-server: {e}");
