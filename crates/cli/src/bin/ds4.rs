@@ -36,7 +36,7 @@ mod repl;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, "Flags: from ds4 to DwarfStar"")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
