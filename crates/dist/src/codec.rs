@@ -162,11 +162,11 @@ fn decode_block(b: &[u8], bits: u8, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Encodes `x` (rows of `row` floats) into `out` (cleared first).
+/// Encodes `x` (rows of `row` floats) into `out`, resized to the encoded length; every byte is
+/// overwritten, so a reused buffer is not zeroed first (no pass over a prefill chunk's bytes).
 pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> {
     check_bits(bits)?;
     let blk = fp8_block(row);
-    out.clear();
     out.resize(encoded_len(x.len(), row, bits), 0);
     let bb = block_bytes(blk, bits);
     if x.len() >= PARALLEL_MIN {
@@ -187,7 +187,7 @@ pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> R
     }
     let blk = fp8_block(row);
     let bb = block_bytes(blk, bits);
-    out.clear();
+    // Every float is overwritten below: a reused buffer is only resized.
     out.resize(n, 0.0);
     if n >= PARALLEL_MIN {
         use rayon::prelude::*;

@@ -18,6 +18,7 @@ pub mod protocol;
 pub mod route;
 pub mod spin;
 pub mod telemetry;
+pub mod wire;
 pub mod worker;
 
 pub use args::{DistArgs, Role};

@@ -260,7 +260,7 @@ impl DistSession {
                 pos,
                 prefix_hash: self.hash,
                 tokens: toks,
-                input: input.as_ref(),
+                input: input.as_ref().map(Activations::as_ref),
                 want: if last { want } else { Want::Hidden },
                 bits: self.opts.bits,
             };
@@ -395,6 +395,8 @@ impl DistSession {
                     });
                     match &next_tx {
                         None => {
+                            // The chunk's activations are done with: their buffer goes back to the pool.
+                            crate::wire::give_back(item.req.activations);
                             let _ = final_tx.send((Ok((item.k, res.payload, Vec::new())), timings));
                         }
                         Some(tx) => {
@@ -406,7 +408,7 @@ impl DistSession {
                             let mut req = item.req;
                             req.request = nr.fetch_add(1, Ordering::Relaxed);
                             req.bits = b;
-                            req.activations = data;
+                            crate::wire::give_back(std::mem::replace(&mut req.activations, data));
                             req.want = if i + 2 == nh { item.final_want } else { Want::Hidden };
                             if tx.send((Item { k: item.k, req, final_want: item.final_want }, timings)).is_err() {
                                 break;
