@@ -14,6 +14,7 @@ pub mod error;
 pub mod exec;
 pub mod generate;
 pub mod identity;
+pub mod prefill_plan;
 pub mod protocol;
 pub mod route;
 pub mod spin;
