@@ -150,7 +150,7 @@ impl LocalStage {
         let row = engine.cfg().n_embd;
         let hidden_in = match req.input {
             Some(a) => {
-                codec::decode(&a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
+                codec::decode(a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
                 Some(&scratch[..])
             }
             None => None,

@@ -123,7 +123,7 @@ mod tests {
         // A CPU-like stage (o small against a*c): a 2-stage pipeline wants several chunks.
         let cpu = Fit { a: 1e-3, o: 0.005, b: 1e-5 };
         let c = micro_chunk(4096, 2, 4096, Some(cpu));
-        assert!(c < 4096 && c % STEP == 0, "{c}");
+        assert!(c < 4096 && c.is_multiple_of(STEP), "{c}");
         assert!(modelled(&cpu, 4096, 2, c) < modelled(&cpu, 4096, 2, 4096));
         // Unknown costs, one stage, or a short prompt: the engine's chunk.
         assert_eq!(micro_chunk(4096, 2, 4096, None), 4096);

@@ -425,8 +425,12 @@ impl DistSession {
                     });
                     match &next_tx {
                         None => {
-                            // The chunk's activations are done with: their buffer goes back to the pool.
-                            crate::wire::give_back(item.req.activations);
+                            // The chunk's activations are done with. The local stage's encode buffer goes
+                            // back to the pool; a relayed one is a slice of a received frame, whose buffer
+                            // the connection's reader takes back once it is dropped.
+                            if i == 0 {
+                                crate::wire::give_back(item.req.activations);
+                            }
                             let _ = final_tx.send((Ok((item.k, res.payload, Vec::new())), timings));
                         }
                         Some(tx) => {
@@ -437,7 +441,10 @@ impl DistSession {
                             let mut req = item.req;
                             req.request = nr.fetch_add(1, Ordering::Relaxed);
                             req.bits = b;
-                            crate::wire::give_back(std::mem::replace(&mut req.activations, data));
+                            let sent = std::mem::replace(&mut req.activations, data);
+                            if i == 0 {
+                                crate::wire::give_back(sent);
+                            }
                             req.want = if i + 2 == nh { item.final_want } else { Want::Hidden };
                             if tx.send((Item { k: item.k, req, final_want: item.final_want }, timings)).is_err() {
                                 break;

@@ -131,7 +131,8 @@ pub fn prometheus() -> String {
     if all.is_empty() {
         return s;
     }
-    let metrics: [(&str, &str, fn(&Totals) -> f64); 7] = [
+    type Metric = (&'static str, &'static str, fn(&Totals) -> f64);
+    let metrics: [Metric; 7] = [
         ("ds4_dist_hop_records_total", "Hop records (prefill chunks or decode steps) per stage.", |t| t.records as f64),
         ("ds4_dist_hop_tokens_total", "Tokens through each stage.", |t| t.tokens as f64),
         ("ds4_dist_hop_compute_seconds_total", "Compute time of each stage (eval).", |t| t.eval_s),
