@@ -194,6 +194,16 @@ pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> 
     Ok(())
 }
 
+/// 32-bit activations used where they lie: the bytes already are the little-endian f32 values, so a
+/// 4-byte-aligned slice (the worker's frame buffer places them so) is the stage's input as it is,
+/// without a decode pass. None: another format, a big-endian host or an unaligned slice (decode).
+pub fn as_f32(b: &[u8], n: usize, bits: u8) -> Option<&[f32]> {
+    if bits != 32 || cfg!(target_endian = "big") || b.len() != n * 4 {
+        return None;
+    }
+    bytemuck::try_cast_slice(b).ok()
+}
+
 /// Decodes `n` floats; errors when the byte count does not match (a malformed frame).
 pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> Result<()> {
     check_bits(bits).map_err(|e| DistError::Protocol(e.to_string()))?;
@@ -292,6 +302,22 @@ mod tests {
             }
             assert!(d.iter().zip(&dp).all(|(a, b)| a.to_bits() == b.to_bits()) && d.len() == n, "{bits}-bit decoding");
         }
+    }
+
+    #[test]
+    fn aligned_32_bit_bytes_are_the_floats() {
+        let x: Vec<f32> = (0..100).map(|i| i as f32 * -0.7).collect();
+        let mut e = Vec::new();
+        encode(&x, 10, 32, &mut e).unwrap();
+        // A u32-backed buffer is 4-byte aligned.
+        let words: Vec<u32> = e.chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let aligned: &[u8] = bytemuck::cast_slice(&words);
+        assert_eq!(as_f32(aligned, 100, 32), Some(&x[..]));
+        assert_eq!(as_f32(aligned, 99, 32), None, "length must match");
+        assert_eq!(as_f32(&aligned[..200], 50, 16), None, "not 32-bit");
+        let odd: Vec<u8> = std::iter::once(0).chain(e.iter().copied()).collect();
+        let unaligned = &odd[1..];
+        assert!(as_f32(unaligned, 100, 32).is_none() || unaligned.as_ptr() as usize % 4 == 0);
     }
 
     #[test]

@@ -149,6 +149,8 @@ impl LocalStage {
         let hd = engine.cfg().hc_dim();
         let row = engine.cfg().n_embd;
         let hidden_in = match req.input {
+            // 32-bit input in an aligned frame buffer: used in place (no decode pass).
+            Some(a) if codec::as_f32(a.data, n * hd, a.bits).is_some() => codec::as_f32(a.data, n * hd, a.bits),
             Some(a) => {
                 codec::decode(a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
                 Some(&scratch[..])

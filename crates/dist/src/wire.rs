@@ -249,7 +249,8 @@ pub fn decode_shared(frame: &Bytes) -> Result<Msg> {
 /// Reads length-delimited frames from a blocking socket into one reused buffer. A read that times
 /// out (the socket's read timeout) keeps what it has; the caller looks at its clocks and calls again.
 pub struct FrameReader {
-    buf: Vec<u8>,
+    /// u32 words: 4-byte aligned; the body starts at byte [`BODY_AT`].
+    buf: Vec<u32>,
     hdr: [u8; 4],
     hdr_got: usize,
     body_len: Option<usize>,
@@ -259,6 +260,12 @@ pub struct FrameReader {
     pending_at: usize,
     max_frame: usize,
 }
+
+/// Where a frame body starts in the reader's buffer: a `Forward`'s activations start at body offset
+/// 55 + 4 * tokens (version 2, variant 4, four u64, the tokens' u64 length and u32s, bits 1, the
+/// activations' u64 length), so at byte 1 of a 4-byte aligned buffer they are 4-byte aligned and
+/// 32-bit ones are used as f32 in place ([`crate::codec::as_f32`]).
+pub const BODY_AT: usize = 1;
 
 /// What one [`FrameReader::read`] did.
 pub enum ReadStep {
@@ -276,15 +283,15 @@ impl FrameReader {
     }
 
     /// The frame completed by the last read (valid until the next read).
-    pub fn frame(&self) -> &[u8] { &self.buf[..self.body_len.unwrap_or(0)] }
+    pub fn frame(&self) -> &[u8] { &bytemuck::cast_slice::<u32, u8>(&self.buf)[BODY_AT..BODY_AT + self.body_len.unwrap_or(0)] }
 
-    /// Capacity of the reused buffer (tests: it does not grow per frame).
-    pub fn capacity(&self) -> usize { self.buf.capacity() }
+    /// Capacity of the reused buffer in bytes (tests: it does not grow per frame).
+    pub fn capacity(&self) -> usize { self.buf.capacity() * 4 }
 
     fn dest(&mut self) -> &mut [u8] {
         match self.body_len {
             None => &mut self.hdr[self.hdr_got..],
-            Some(n) => &mut self.buf[self.got..n],
+            Some(n) => &mut bytemuck::cast_slice_mut::<u32, u8>(&mut self.buf)[BODY_AT + self.got..BODY_AT + n],
         }
     }
 
@@ -320,9 +327,10 @@ impl FrameReader {
                     if len > self.max_frame {
                         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {len} bytes exceeds the limit {}", self.max_frame)));
                     }
-                    if self.buf.len() < len {
+                    let words = (BODY_AT + len).div_ceil(4);
+                    if self.buf.len() < words {
                         // Grows to the largest frame seen, once; never shrinks.
-                        self.buf.resize(len, 0);
+                        self.buf.resize(words, 0);
                     }
                     self.body_len = Some(len);
                     if len == 0 {
@@ -477,6 +485,16 @@ mod tests {
             }
         }
         assert_eq!(got, frames);
+        // Each frame's 32-bit-sized activations were 4-byte aligned in the reader's buffer.
+        let mut r2 = FrameReader::new(1 << 20, &[]);
+        let one = protocol::encode(&Msg::Forward(ForwardReq { tokens: vec![1; 3], bits: 32, ..req(vec![7; 400], Want::Hidden) })).unwrap();
+        let mut w2 = (one.len() as u32).to_be_bytes().to_vec();
+        w2.extend_from_slice(&one);
+        let mut src2 = Trickle(&w2);
+        while !matches!(r2.read(&mut src2).unwrap(), ReadStep::Frame) {}
+        let Incoming::Forward(f) = decode_data(r2.frame()).unwrap() else { panic!() };
+        assert_eq!(f.activations.as_ptr() as usize % 4, 0);
+        assert!(crate::codec::as_f32(f.activations, 100, 32).is_some());
         assert_eq!(r.capacity(), cap);
         assert!(cap < 2 * frames[0].len(), "one buffer of the largest frame");
         let mut small = FrameReader::new(100, &[]);

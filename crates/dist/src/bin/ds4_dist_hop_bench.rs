@@ -87,7 +87,14 @@ fn worker_zero_copy(mut s: TcpStream, a: &Args, frames: usize) {
             ReadStep::Partial => {}
             ReadStep::Frame => {
                 let Incoming::Forward(req) = wire::decode_data(reader.frame()).unwrap() else { panic!("expected Forward") };
-                codec::decode(req.activations, req.tokens.len() * a.hc, a.row, req.bits, &mut scratch).unwrap();
+                // As `LocalStage::run`: aligned 32-bit input is used in place, anything else decoded.
+                let n = req.tokens.len() * a.hc;
+                match codec::as_f32(req.activations, n, req.bits) {
+                    Some(x) => {
+                        std::hint::black_box(x);
+                    }
+                    None => codec::decode(req.activations, n, a.row, req.bits, &mut scratch).unwrap(),
+                }
                 let mut data = wire::take_buf();
                 codec::encode(&out_f, a.row, a.bits, &mut data).unwrap();
                 let reply = Msg::Result(ForwardRes { request: req.request, eval_us: 0, hash_after: 0, payload: Payload::Hidden { bits: a.bits, data: Bytes::from(data) } });
