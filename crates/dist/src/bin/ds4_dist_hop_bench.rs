@@ -199,7 +199,7 @@ fn main() {
     let (cm, cb) = stat(&res[0]);
     let (zm, zb) = stat(&res[1]);
     for (name, m, b) in [("copying (before)", cm, cb), ("zero-copy (wire)", zm, zb)] {
-        println!("{name:>17}: round trip median {:.1} ms, best {:.1} ms; {:.2} GiB/s of activations (both directions)", m * 1e3, b * 1e3, 2.0 * mb / 1024.0 / m);
+        println!("{name:>17}: round trip median {:.3} ms, best {:.3} ms; {:.2} GiB/s of activations (both directions)", m * 1e3, b * 1e3, 2.0 * mb / 1024.0 / m);
     }
     println!("speedup (median): {:.2}x", cm / zm);
 }
