@@ -103,7 +103,7 @@ impl WorkerConn {
     }
 
     async fn send_msg(&self, m: &Msg) -> std::result::Result<(), String> {
-        let frame = wire::reply_frame(m, self.max_frame).map_err(|e| e.to_string())?;
+        let frame = wire::msg_frame(m, self.max_frame).map_err(|e| e.to_string())?;
         tokio::select! {
             r = async { frame.write_async(&mut *self.sink.lock().await).await } => r.map_err(|e| format!("send: {e}")),
             _ = self.cancel.cancelled() => Err("connection closed".into()),

@@ -106,8 +106,8 @@ pub fn forward_frame<'a>(req: &ForwardRef<'a>, max_frame: usize) -> Result<Gathe
     split(body, tail_len, req.activations, max_frame)
 }
 
-/// A reply frame (`Result` or `Error`); a `Hidden` payload's bytes are borrowed.
-pub fn reply_frame(m: &Msg, max_frame: usize) -> Result<Gathered<'_>> {
+/// Any message as a frame (replies, heartbeats, resets); a `Result`'s `Hidden` bytes are borrowed.
+pub fn msg_frame(m: &Msg, max_frame: usize) -> Result<Gathered<'_>> {
     if let Msg::Result(ForwardRes { request, eval_us, hash_after, payload: Payload::Hidden { bits, data } }) = m {
         let empty = Msg::Result(ForwardRes { request: *request, eval_us: *eval_us, hash_after: *hash_after, payload: Payload::Hidden { bits: *bits, data: Bytes::new() } });
         let body = protocol::encode_ref(&empty)?.to_vec();
@@ -421,14 +421,14 @@ mod tests {
         }
         let res = Msg::Result(ForwardRes { request: 9, eval_us: 5, hash_after: 1, payload: Payload::Hidden { bits: 32, data: Bytes::from(vec![1u8; 300]) } });
         let body = protocol::encode(&res).unwrap();
-        let g = reply_frame(&res, 1 << 20).unwrap();
+        let g = msg_frame(&res, 1 << 20).unwrap();
         assert_eq!(&g.to_vec()[4..], &body[..]);
         let Msg::Result(r) = decode_shared(&body).unwrap() else { panic!() };
         let Payload::Hidden { data, .. } = &r.payload else { panic!() };
         assert!(body.as_ptr_range().contains(&data.as_ptr()), "hidden bytes are a slice of the frame");
         for m in [Msg::Result(ForwardRes { request: 1, eval_us: 2, hash_after: 3, payload: Payload::Logits(vec![1.0, 2.0]) }), Msg::Heartbeat { seq: 4, busy: None }] {
             let body = protocol::encode(&m).unwrap();
-            assert_eq!(&reply_frame(&m, 1 << 20).unwrap().to_vec()[4..], &body[..]);
+            assert_eq!(&msg_frame(&m, 1 << 20).unwrap().to_vec()[4..], &body[..]);
             assert_eq!(decode_shared(&body).unwrap(), m);
         }
         // Over the limit: refused before anything is written.

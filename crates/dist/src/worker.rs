@@ -242,7 +242,7 @@ struct Writer {
 
 impl Writer {
     fn send(&self, m: &Msg) -> Result<()> {
-        let frame = wire::reply_frame(m, self.max_frame)?;
+        let frame = wire::msg_frame(m, self.max_frame)?;
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
         frame.write_to(&mut *g).map_err(|e| DistError::Io(format!("send {}: {e}", m.name())))
     }
@@ -254,7 +254,7 @@ impl Writer {
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
         let busy = progress.snapshot();
         let m = Msg::Heartbeat { seq, busy };
-        let frame = wire::reply_frame(&m, self.max_frame)?;
+        let frame = wire::msg_frame(&m, self.max_frame)?;
         frame.write_to(&mut *g).map_err(|e| DistError::Io(format!("send Heartbeat: {e}")))?;
         Ok(busy)
     }

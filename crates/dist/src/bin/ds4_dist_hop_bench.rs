@@ -98,7 +98,7 @@ fn worker_zero_copy(mut s: TcpStream, a: &Args, frames: usize) {
                 let mut data = wire::take_buf();
                 codec::encode(&out_f, a.row, a.bits, &mut data).unwrap();
                 let reply = Msg::Result(ForwardRes { request: req.request, eval_us: 0, hash_after: 0, payload: Payload::Hidden { bits: a.bits, data: Bytes::from(data) } });
-                wire::reply_frame(&reply, MAX_FRAME).unwrap().write_to(&mut s).unwrap();
+                wire::msg_frame(&reply, MAX_FRAME).unwrap().write_to(&mut s).unwrap();
                 if let Msg::Result(ForwardRes { payload: Payload::Hidden { data, .. }, .. }) = reply {
                     wire::give_back(data);
                 }
