@@ -354,9 +354,12 @@ impl FrameReader {
     }
 }
 
-/// Encoded-activation buffers kept for reuse (a few: the frames in flight of a pipelined prefill).
+/// Encoded-activation buffers kept for reuse: as many as were in flight at once (a pipelined
+/// prefill's window), at most `POOL_MAX` of them and `POOL_MAX_BYTES` in all, so the memory kept is
+/// what the peak needed anyway (Flash, 4096-token chunks, window 3: 768 MiB).
 static POOL: Mutex<Vec<Vec<u8>>> = Mutex::new(Vec::new());
 const POOL_MAX: usize = 8;
+const POOL_MAX_BYTES: usize = 1 << 30;
 
 /// A vector to be overwritten (its length and contents are a previous frame's when one was given
 /// back: [`crate::codec::encode`] resizes and overwrites every byte, so nothing is zeroed again).
@@ -371,7 +374,8 @@ pub fn give_back(b: Bytes) {
     if let Ok(m) = b.try_into_mut() {
         let v: Vec<u8> = m.into();
         if let Ok(mut p) = POOL.lock() {
-            if p.len() < POOL_MAX {
+            let held: usize = p.iter().map(|b| b.capacity()).sum();
+            if p.len() < POOL_MAX && held + v.capacity() <= POOL_MAX_BYTES {
                 p.push(v);
             }
         }
