@@ -34,6 +34,8 @@ pub struct GenParams {
     pub id_prefix: &'static str,
     /// Test-only scripted output (`--test-script`): these tokens are emitted instead of sampled ones.
     pub script: Option<Vec<u32>>,
+    /// Per-token logprobs with this many alternatives (None: off, no extra work per token).
+    pub logprobs: Option<usize>,
 }
 
 pub struct Job {
@@ -69,6 +71,9 @@ pub enum Event {
     Started { prompt_tokens: usize, cached_tokens: usize },
     Reasoning(String),
     Text(String),
+    /// Logprobs of one visible output token (only when the request asked for them); sent before the
+    /// token's text, which may be held back and arrive with a later `Text`.
+    Logprob(crate::logprobs::TokenLogprob),
     ToolStart { index: usize, id: String, name: String },
     ToolDone { index: usize, id: String, name: String, arguments: String },
     Done { finish: Finish, usage: Usage },
@@ -339,17 +344,27 @@ impl Worker {
         let mut out = Output::new(&job, self.tool_mem.clone(), self.exact_tool_replay);
         let syntax = Cell::new(false);
         let sc = job.params.sampling;
-        let greedy = job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        let lp_top = job.params.logprobs;
+        // Logprobs need every step's logits on the host: such a request does not take the device's
+        // greedy pick (the GPU keeps the logits there), it samples on the host (argmax, same tokens).
+        let greedy = lp_top.is_none() && job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        // The logprobs of the token just sampled, picked up by `on_token`.
+        let pending_lp: Cell<Option<ds4_engine::logprobs::Step>> = Cell::new(None);
         let mut sampler = Sampler::with_capacity(sc, n_vocab);
         let script = job.params.script.clone();
         let mut k = 0usize;
         let mut sample = |l: &[f32]| -> u32 {
-            if let Some(s) = &script {
+            let t = if let Some(s) = &script {
                 let t = s.get(k).copied().unwrap_or(ids.eos);
                 k += 1;
-                return t;
+                t
+            } else {
+                sampler.sample_greedy_if(l, syntax.get())
+            };
+            if let Some(n) = lp_top {
+                pending_lp.set(Some(ds4_engine::logprobs::step(l, t, n)));
             }
-            sampler.sample_greedy_if(l, syntax.get())
+            t
         };
         let mut dec = StreamDecoder::new();
         let mut stopm = StopMatcher::new(&job.params.stops, &[]);
@@ -364,9 +379,16 @@ impl Worker {
                 job.cancel.store(true, SeqCst);
                 return false;
             }
+            let reasoning = in_reasoning;
             if in_reasoning {
                 reasoning_tokens += 1;
                 in_reasoning = t != ids.think_end;
+            }
+            // Only tokens of the visible content get logprobs: not reasoning, not a tool-call block.
+            if let Some(s) = pending_lp.take() {
+                if !reasoning && out.block_start.is_none() {
+                    let _ = job.events.send(Event::Logprob(crate::logprobs::TokenLogprob::new(&tok, &s)));
+                }
             }
             let piece = if tok.is_added(t) {
                 let mut p = dec.finish();
