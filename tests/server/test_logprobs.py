@@ -166,3 +166,15 @@ def test_completions_logprobs_match_the_cli_and_a_recomputation(oai, tmp_path):
     assert [t["id"] for t in lines[0]["top_logprobs"]] == order[:5]
     got = sorted(lp.top_logprobs[0].values(), reverse=True)
     assert all(abs(a - ref[i]) < TOL for a, i in zip(got, order[:5]))
+
+
+def test_chat_logprobs_leave_out_a_tool_call_block(oai):
+    from conftest import WEATHER_SCHEMA
+    # [[weather]] is scripted: reasoning, "</think>\n\n", then a DSML tool-call block.
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER_SCHEMA}}]
+    r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "[[weather]]"}], tools=tools,
+                                    max_tokens=200, logprobs=True)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls"
+    text = joined(c.logprobs.content).decode()
+    assert "DSML" not in text and "get_weather" not in text and "Paris" not in text, text

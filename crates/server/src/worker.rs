@@ -384,10 +384,11 @@ impl Worker {
                 reasoning_tokens += 1;
                 in_reasoning = t != ids.think_end;
             }
-            // Only tokens of the visible content get logprobs: not reasoning, not a tool-call block.
+            // Only tokens of the visible content get logprobs: not reasoning, not a tool-call block
+            // (`Output` sends them with the text that shows them, and drops those of a block).
             if let Some(s) = pending_lp.take() {
-                if !reasoning && out.block_start.is_none() {
-                    let _ = job.events.send(Event::Logprob(crate::logprobs::TokenLogprob::new(&tok, &s)));
+                if !reasoning && !out.in_tool_block() {
+                    out.lp_pending.push(crate::logprobs::TokenLogprob::new(&tok, &s));
                 }
             }
             let piece = if tok.is_added(t) {
@@ -489,6 +490,9 @@ struct Output<'a> {
     block_done: bool,
     tool_mem: Arc<Mutex<ToolMemory>>,
     remember: bool,
+    /// Logprobs of tokens whose text has not been sent yet: sent just before it, dropped when that
+    /// text turns out to open a tool-call block.
+    lp_pending: Vec<crate::logprobs::TokenLogprob>,
 }
 
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -509,7 +513,19 @@ impl<'a> Output<'a> {
             block_done: false,
             tool_mem,
             remember,
+            lp_pending: Vec::new(),
         }
+    }
+
+    fn send_logprobs(&mut self) {
+        for l in self.lp_pending.drain(..) {
+            let _ = self.events.send(Event::Logprob(l));
+        }
+    }
+
+    /// Inside a tool-call block (its opening marker seen, or a call started).
+    fn in_tool_block(&self) -> bool {
+        self.block_start.is_some() || self.parser.as_ref().is_some_and(|p| p.in_tool_block())
     }
 
     fn in_syntax(&self) -> bool {
@@ -522,6 +538,7 @@ impl<'a> Output<'a> {
         }
         self.all_text.push_str(text);
         let Some(parser) = self.parser.as_mut() else {
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(text.to_string()));
             return;
         };
@@ -538,6 +555,7 @@ impl<'a> Output<'a> {
         let mut emit = std::mem::take(&mut self.pending_ws);
         emit.push_str(trimmed);
         self.pending_ws.push_str(&s[trimmed.len()..]);
+        self.send_logprobs();
         let _ = self.events.send(Event::Text(emit));
     }
 
@@ -556,6 +574,7 @@ impl<'a> Output<'a> {
                         let start = self.all_text[..at].trim_end().len();
                         self.block_start = Some(start);
                         self.pending_ws.clear();
+                        self.lp_pending.clear();
                     }
                     let id = new_id(self.id_prefix);
                     let index = self.block_ids.len();
@@ -602,7 +621,12 @@ impl<'a> Output<'a> {
         }
         if !self.pending_ws.is_empty() && !self.block_done {
             let ws = std::mem::take(&mut self.pending_ws);
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(ws));
+        }
+        // Tokens whose text never showed (a stop string cut it) still came from the model.
+        if !self.in_tool_block() {
+            self.send_logprobs();
         }
     }
 }
