@@ -44,6 +44,9 @@ pub fn step(logits: &[f32], chosen: u32, k: usize) -> Step {
         let logit = logits.get(id as usize).map_or(f32::NEG_INFINITY, |&l| key(l));
         Candidate { id, logit, logprob: (logit as f64 - lse) as f32 }
     };
+    if k == 0 {
+        return Step { chosen: cand(chosen), top: Vec::new() };
+    }
     let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
     let order = |a: &u32, b: &u32| key(logits[*b as usize]).total_cmp(&key(logits[*a as usize])).then(a.cmp(b));
     let k = k.min(ids.len());

@@ -71,8 +71,8 @@ pub enum Event {
     Started { prompt_tokens: usize, cached_tokens: usize },
     Reasoning(String),
     Text(String),
-    /// Logprobs of one visible output token (only when the request asked for them); sent before the
-    /// token's text, which may be held back and arrive with a later `Text`.
+    /// Logprobs of one visible output token (only when the request asked for them); sent just before
+    /// the `Text` that shows the token's text (at the end when its text never shows, e.g. a stop string).
     Logprob(crate::logprobs::TokenLogprob),
     ToolStart { index: usize, id: String, name: String },
     ToolDone { index: usize, id: String, name: String, arguments: String },

@@ -5,7 +5,7 @@
 use ds4_tokenizer::Tokenizer;
 use serde_json::{json, Value};
 
-pub use ds4_engine::logprobs::{step, Candidate, Step};
+pub use ds4_engine::logprobs::{step, Step};
 
 /// Largest N for `--logprobs-top-k` (ds4's limit).
 pub const MAX_TOP_K: usize = 128;
