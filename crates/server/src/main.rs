@@ -8,6 +8,7 @@ mod ds4_flags;
 mod errors;
 mod fields;
 mod kv_reuse;
+mod logprobs;
 mod metrics;
 mod models;
 mod openai_chat;
@@ -162,6 +163,8 @@ fn load(
         // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
         opts.options.precision = ds4_quant::Precision::Exact;
     }
+    // Diagnostic only: `--qat off` drops the FP8/FP4 simulation (not the shipped numerics).
+    opts.options.qat = args.ds4.qat != "off";
     app.set_loading("loading model weights");
     let t0 = std::time::Instant::now();
     let (model, tok, coordinator, model_id) = if args.dist.is_coordinator() {

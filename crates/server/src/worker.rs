@@ -34,6 +34,8 @@ pub struct GenParams {
     pub id_prefix: &'static str,
     /// Test-only scripted output (`--test-script`): these tokens are emitted instead of sampled ones.
     pub script: Option<Vec<u32>>,
+    /// Per-token logprobs with this many alternatives (None: off, no extra work per token).
+    pub logprobs: Option<usize>,
 }
 
 pub struct Job {
@@ -69,6 +71,9 @@ pub enum Event {
     Started { prompt_tokens: usize, cached_tokens: usize },
     Reasoning(String),
     Text(String),
+    /// Logprobs of one visible output token (only when the request asked for them); sent just before
+    /// the `Text` that shows the token's text (at the end when its text never shows, e.g. a stop string).
+    Logprob(crate::logprobs::TokenLogprob),
     ToolStart { index: usize, id: String, name: String },
     ToolDone { index: usize, id: String, name: String, arguments: String },
     Done { finish: Finish, usage: Usage },
@@ -339,17 +344,27 @@ impl Worker {
         let mut out = Output::new(&job, self.tool_mem.clone(), self.exact_tool_replay);
         let syntax = Cell::new(false);
         let sc = job.params.sampling;
-        let greedy = job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        let lp_top = job.params.logprobs;
+        // Logprobs need every step's logits on the host: such a request does not take the device's
+        // greedy pick (the GPU keeps the logits there), it samples on the host (argmax, same tokens).
+        let greedy = lp_top.is_none() && job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        // The logprobs of the token just sampled, picked up by `on_token`.
+        let pending_lp: Cell<Option<ds4_engine::logprobs::Step>> = Cell::new(None);
         let mut sampler = Sampler::with_capacity(sc, n_vocab);
         let script = job.params.script.clone();
         let mut k = 0usize;
         let mut sample = |l: &[f32]| -> u32 {
-            if let Some(s) = &script {
+            let t = if let Some(s) = &script {
                 let t = s.get(k).copied().unwrap_or(ids.eos);
                 k += 1;
-                return t;
+                t
+            } else {
+                sampler.sample_greedy_if(l, syntax.get())
+            };
+            if let Some(n) = lp_top {
+                pending_lp.set(Some(ds4_engine::logprobs::step(l, t, n)));
             }
-            sampler.sample_greedy_if(l, syntax.get())
+            t
         };
         let mut dec = StreamDecoder::new();
         let mut stopm = StopMatcher::new(&job.params.stops, &[]);
@@ -364,9 +379,17 @@ impl Worker {
                 job.cancel.store(true, SeqCst);
                 return false;
             }
+            let reasoning = in_reasoning;
             if in_reasoning {
                 reasoning_tokens += 1;
                 in_reasoning = t != ids.think_end;
+            }
+            // Only tokens of the visible content get logprobs: not reasoning, not a tool-call block
+            // (`Output` sends them with the text that shows them, and drops those of a block).
+            if let Some(s) = pending_lp.take() {
+                if !reasoning && !out.in_tool_block() {
+                    out.lp_pending.push(crate::logprobs::TokenLogprob::new(&tok, &s));
+                }
             }
             let piece = if tok.is_added(t) {
                 let mut p = dec.finish();
@@ -467,6 +490,9 @@ struct Output<'a> {
     block_done: bool,
     tool_mem: Arc<Mutex<ToolMemory>>,
     remember: bool,
+    /// Logprobs of tokens whose text has not been sent yet: sent just before it, dropped when that
+    /// text turns out to open a tool-call block.
+    lp_pending: Vec<crate::logprobs::TokenLogprob>,
 }
 
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -487,7 +513,19 @@ impl<'a> Output<'a> {
             block_done: false,
             tool_mem,
             remember,
+            lp_pending: Vec::new(),
         }
+    }
+
+    fn send_logprobs(&mut self) {
+        for l in self.lp_pending.drain(..) {
+            let _ = self.events.send(Event::Logprob(l));
+        }
+    }
+
+    /// Inside a tool-call block (its opening marker seen, or a call started).
+    fn in_tool_block(&self) -> bool {
+        self.block_start.is_some() || self.parser.as_ref().is_some_and(|p| p.in_tool_block())
     }
 
     fn in_syntax(&self) -> bool {
@@ -500,6 +538,7 @@ impl<'a> Output<'a> {
         }
         self.all_text.push_str(text);
         let Some(parser) = self.parser.as_mut() else {
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(text.to_string()));
             return;
         };
@@ -516,6 +555,7 @@ impl<'a> Output<'a> {
         let mut emit = std::mem::take(&mut self.pending_ws);
         emit.push_str(trimmed);
         self.pending_ws.push_str(&s[trimmed.len()..]);
+        self.send_logprobs();
         let _ = self.events.send(Event::Text(emit));
     }
 
@@ -534,6 +574,7 @@ impl<'a> Output<'a> {
                         let start = self.all_text[..at].trim_end().len();
                         self.block_start = Some(start);
                         self.pending_ws.clear();
+                        self.lp_pending.clear();
                     }
                     let id = new_id(self.id_prefix);
                     let index = self.block_ids.len();
@@ -580,7 +621,12 @@ impl<'a> Output<'a> {
         }
         if !self.pending_ws.is_empty() && !self.block_done {
             let ws = std::mem::take(&mut self.pending_ws);
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(ws));
+        }
+        // Tokens whose text never showed (a stop string cut it) still came from the model.
+        if !self.in_tool_block() {
+            self.send_logprobs();
         }
     }
 }

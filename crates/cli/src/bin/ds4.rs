@@ -129,6 +129,10 @@ struct Ds4Flags {
     /// Exact kernels: f32 activations everywhere (no int8 fast path).
     #[arg(long = "quality")]
     quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    qat: String,
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and tokens; same output.
     #[arg(long = "power", default_value_t = 100)]
     power: u32,
@@ -323,6 +327,7 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
     if args.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
+    options.qat = args.ds4.qat == "on";
     LoadOptions {
         ctx: args.ctx,
         threads: args.threads,

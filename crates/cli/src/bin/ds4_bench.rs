@@ -108,6 +108,10 @@ struct BenchDs4Flags {
     /// Exact kernels: f32 activations everywhere (no int8 fast path).
     #[arg(long = "quality")]
     quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    qat: String,
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens.
     #[arg(long = "power", default_value_t = 100)]
     power: u32,
@@ -209,6 +213,7 @@ fn run(a: Args) -> Result<(), String> {
     if a.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
+    options.qat = a.ds4.qat == "on";
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
     if let Err(e) = load.validate() {
         eprintln!("ds4-bench: {e}");
