@@ -6,6 +6,10 @@
 # the default window).
 # Usage (repo root): M=model.gguf SPLIT=K [BACKEND=cpu|cuda] [B=bin dir] [OUT=dir] bench/dist/route_vs_single.sh [bits...]
 # e.g. on the GPU host: B=device-bin M=/dev/shm/flash.gguf SPLIT=21 BACKEND=cuda SPIN=5000 bench/dist/route_vs_single.sh 32 16 8
+# Bits arguments: 32|16|8 set --dist-activation-bits (decode and prefill); pN sets only the prefill's
+# format (--dist-prefill-bits N, decode at 32 bits). Each route run also appends a row to CSV (default
+# bench/results/dist/route_gpu.csv): stages,bits,prompt_tokens,single_prefill_tps,route_prefill_tps,
+# single_decode_tps,route_decode_tps,tokens_identical (RUN=label goes into OUT's name only).
 # (SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us; SPLIT2=L: two
 # workers, SPLIT+1:L and L+1:output, a 3-stage route; PCHUNK_RUNS=0 skips the prefill-chunk runs)
 set -u
@@ -53,7 +57,10 @@ route() { # name, extra coordinator flags
   echo "route $1 rc=$?"; cat $OUT/route_$1.csv
 }
 for bits in ${@:-32 16 8}; do
-  route bits$bits --dist-activation-bits $bits --prefill-chunk $CHUNK
+  case $bits in
+    p*) route bits$bits --dist-prefill-bits ${bits#p} --prefill-chunk $CHUNK ;;
+    *) route bits$bits --dist-activation-bits $bits --prefill-chunk $CHUNK ;;
+  esac
 done
 if [ "${PCHUNK_RUNS:-1}" != 0 ]; then
   route pchunk${PCHUNK}_window1 --dist-prefill-chunk $PCHUNK --dist-prefill-window 1
@@ -87,6 +94,27 @@ for p in sorted(glob.glob(f"{out}/route_*.csv")):
     if "pchunk" in p and sp:
         print(f"{os.path.basename(p)[:-4]}: prefill ratio to the single process at the same chunk {float(r['prefill_tps']) / float(sp['prefill_tps']):.3f}")
     print(f"{os.path.basename(p)[:-4]}: decode ratio route/single {float(r['gen_tps']) / float(s['gen_tps']):.3f}, prefill ratio {float(r['prefill_tps']) / float(s['prefill_tps']):.3f}")
+# The acceptance CSV: one row per route run at the default prefill chunk.
+import re
+def ids(p):
+    m = [l for l in open(p, errors="replace") if "greedy token ids" in l]
+    return m[-1].split("ids", 1)[1].strip() if m else None
+acc = os.environ.get("CSV") or "bench/results/dist/route_gpu.csv"
+stages = 3 if os.environ.get("SPLIT2") else 2
+new = not os.path.exists(acc)
+with open(acc, "a") as f:
+    if new:
+        f.write("stages,bits,prompt_tokens,single_prefill_tps,route_prefill_tps,single_decode_tps,route_decode_tps,tokens_identical\n")
+    for p in sorted(glob.glob(f"{out}/route_bits*.csv")):
+        name = os.path.basename(p)[:-4]
+        m = re.fullmatch(r"route_bits(p?\d+)", name)
+        if not m:
+            continue
+        r = row(p)
+        same = ids(p[:-4] + ".log")
+        same = same is not None and same == ids(f"{out}/single.log")
+        f.write(f"{stages},{m.group(1)},{r['prefill_tokens']},{s['prefill_tps']},{r['prefill_tps']},{s['gen_tps']},{r['gen_tps']},{str(same).lower()}\n")
+print(f"rows appended to {acc}")
 w1 = [p for p in glob.glob(f"{out}/route_pchunk*_window1.csv")]
 pp = [p for p in glob.glob(f"{out}/route_pchunk*_pipelined.csv")]
 if w1 and pp:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 import openai
 import pytest
@@ -116,6 +117,12 @@ def test_route_output_equals_single_process(dist):
                                               max_tokens=12, temperature=1.0, seed=7)
         return r.choices[0].message.content, getattr(r.choices[0].message, "reasoning_content", None)
     assert sampled(dist["coord"]) == sampled(dist["ref"])
+    # /metrics has the route's per-hop totals for prefill chunks and decode steps (compute, send, wait).
+    with urllib.request.urlopen(dist["coord"].base + "/metrics", timeout=10) as r:
+        m = r.read().decode()
+    for phase in ("prefill", "decode"):
+        for name in ("ds4_dist_hop_compute_seconds_total", "ds4_dist_hop_send_seconds_total", "ds4_dist_hop_wait_seconds_total"):
+            assert f'{name}{{phase="{phase}",hop="1",layers="3:output"}}' in m, (name, phase, m[-2000:])
 
 
 def stream_then_break(server, breaker):

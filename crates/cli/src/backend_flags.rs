@@ -53,15 +53,7 @@ impl BackendSwitches {
 }
 
 /// `auto`: CUDA in a CUDA build when the NVIDIA driver lists a device, else the CPU.
-pub fn auto() -> Backend {
-    if cfg!(feature = "cuda") && nvidia_device_present() { Backend::Cuda } else { Backend::Cpu }
-}
-
-/// The NVIDIA kernel driver lists one directory per GPU (checked without loading any CUDA library).
-fn nvidia_device_present() -> bool {
-    std::fs::read_dir("/proc/driver/nvidia/gpus").map(|mut d| d.next().is_some()).unwrap_or(false)
-        || std::path::Path::new("/dev/nvidia0").exists()
-}
+pub fn auto() -> Backend { Backend::auto() }
 
 #[cfg(test)]
 mod tests {

@@ -109,6 +109,8 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
         &["-t", "1"],
         &["--threads", "1"],
         &["--quality"],
+        &["--qat", "off"],
+        &["--qat", "on"],
         &["--power", "90"],
         &["--prefill-chunk", "64"],
         &["--prompt", "Hi"],
@@ -192,6 +194,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         &["--backend", "auto"],
         &["-t", "1"],
         &["--quality"],
+        &["--qat", "off"],
         &["--power", "90"],
         &["--dump-frontier-logits-dir", &dump],
     ];
@@ -244,6 +247,34 @@ fn acceptance_one_shot_with_system_prompt_and_quality() {
     let diff = a.iter().zip(&b).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
     assert!(diff > 0.0, "--quality changes the kernels");
     assert!(diff < 0.2 * max, "both paths compute the same model: max diff {diff} of max |logit| {max}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `--qat off` reaches the engine (the FP8/FP4 simulation moves the logits a little), `--qat on` is the
+/// default, and any other value is a usage error.
+#[test]
+fn qat_switch_reaches_the_engine() {
+    let d = scratch("qat");
+    let dump = |name: &str, extra: &[&str]| -> Vec<f64> {
+        let f = d.join(name);
+        let mut args = vec!["--cpu", "-p", "Hi", "--dump-logits", f.to_str().unwrap()];
+        args.extend(extra);
+        let o = run(ds4(), &args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+        v["logits"].as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let (default, on, off) = (dump("d.json", &[]), dump("on.json", &["--qat", "on"]), dump("off.json", &["--qat", "off"]));
+    assert_eq!(default, on, "--qat on is the default");
+    let max = on.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let diff = on.iter().zip(&off).fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+    assert!(diff > 0.0, "--qat off changes the numerics");
+    assert!(diff < 0.2 * max, "same model either way: max diff {diff} of max |logit| {max}");
+    for (bin, rest) in [(ds4(), ["-p", "Hi"]), (bench(), ["--prompt-file", "p.txt"])] {
+        let o = run(bin, &["--qat", "maybe", rest[0], rest[1]]);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(stderr(&o).contains("--qat"), "{}", stderr(&o));
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -27,7 +27,11 @@ pub struct DistArgs {
     /// Hidden-state wire format: 32 (f32, exact), 16 (f16, power-of-two scale per 64 values) or 8 (FP8 E4M3, f32 scale per 64 values).
     #[arg(long = "dist-activation-bits", env = "DS4_DIST_ACTIVATION_BITS")]
     pub dist_activation_bits: Option<u8>,
-    /// Tokens per pipelined prefill chunk (default: --prefill-chunk).
+    /// Wire format of prefill chunks' hidden states (default: --dist-activation-bits, i.e. 32).
+    #[arg(long = "dist-prefill-bits", env = "DS4_DIST_PREFILL_BITS")]
+    pub dist_prefill_bits: Option<u8>,
+    /// Tokens per pipelined prefill micro-chunk (default: picked per prompt from the measured
+    /// compute and hop costs, at most --prefill-chunk).
     #[arg(long = "dist-prefill-chunk", env = "DS4_DIST_PREFILL_CHUNK")]
     pub dist_prefill_chunk: Option<usize>,
     /// Prefill chunks in flight (default: remote stages + 2, clamped to 2..8; max 64).
@@ -75,6 +79,8 @@ impl DistArgs {
     pub fn active(&self) -> bool { self.is_worker() || self.is_coordinator() }
     pub fn timeout(&self) -> Duration { Duration::from_secs_f64(self.dist_timeout_s) }
     pub fn bits(&self) -> u8 { self.dist_activation_bits.unwrap_or(32) }
+    /// Prefill's wire format: `--dist-prefill-bits`, else `--dist-activation-bits`, else 32.
+    pub fn prefill_bits(&self) -> u8 { self.dist_prefill_bits.unwrap_or_else(|| self.bits()) }
     pub fn listen_addr(&self) -> Result<String> { addr(&self.listen, "--listen") }
     pub fn coordinator_addr(&self) -> Result<String> { addr(&self.coordinator, "--coordinator") }
 
@@ -83,6 +89,7 @@ impl DistArgs {
         let u = |m: &str| Err(DistError::Usage(m.into()));
         let dist_flags = [
             (self.dist_activation_bits.is_some(), "--dist-activation-bits"),
+            (self.dist_prefill_bits.is_some(), "--dist-prefill-bits"),
             (self.dist_prefill_chunk.is_some(), "--dist-prefill-chunk"),
             (self.dist_prefill_window.is_some(), "--dist-prefill-window"),
             (self.dist_replay_check, "--dist-replay-check"),
@@ -124,6 +131,9 @@ impl DistArgs {
             if let Some(b) = self.dist_activation_bits {
                 check_bits(b)?;
             }
+            if let Some(b) = self.dist_prefill_bits {
+                check_bits(b).map_err(|_| DistError::Usage(format!("--dist-prefill-bits {b}: expected 32, 16 or 8")))?;
+            }
             if self.dist_prefill_chunk == Some(0) {
                 return u("--dist-prefill-chunk must be at least 1");
             }
@@ -141,7 +151,7 @@ impl DistArgs {
                 return u("--role worker requires --coordinator HOST PORT");
             }
             self.coordinator_addr()?;
-            for (set, f) in &dist_flags[..4] {
+            for (set, f) in &dist_flags[..5] {
                 if *set {
                     return Err(DistError::Usage(format!("{f} is a coordinator flag; the worker takes the coordinator's settings")));
                 }
@@ -190,6 +200,11 @@ mod tests {
         assert!(e.contains("not a port"), "{e}");
         let e = v(&["--role", "worker", "--layers", "3:5", "--coordinator", "h", "1", "--dist-prefill-chunk", "4"]).unwrap_err().to_string();
         assert!(e.contains("coordinator flag"), "{e}");
+        let e = v(&["--role", "coordinator", "--layers", "0:2", "--listen", "h", "0", "--dist-prefill-bits", "4"]).unwrap_err().to_string();
+        assert!(e.contains("--dist-prefill-bits 4"), "{e}");
+        let e = v(&["--role", "worker", "--layers", "3:5", "--coordinator", "h", "1", "--dist-prefill-bits", "16"]).unwrap_err().to_string();
+        assert!(e.contains("coordinator flag"), "{e}");
+        assert!(v(&["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--dist-prefill-bits", "16"]).is_ok());
         assert!(v(&["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--dist-activation-bits", "8"]).is_ok());
         assert!(v(&["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "9000", "--dist-token", "x"]).is_ok());
         let e = v(&["--role", "worker", "--layers", "3:5", "--coordinator", "h", "1", "--dist-spin-us", "2000000"]).unwrap_err().to_string();

@@ -78,7 +78,15 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait
         max_chunk: chunk,
         debug,
     })?);
-    let opts = RouteOptions { bits: dist.bits(), prefill_chunk: chunk, prefill_window: dist.dist_prefill_window, replay_check: dist.dist_replay_check, debug };
+    let opts = RouteOptions {
+        bits: dist.bits(),
+        prefill_bits: Some(dist.prefill_bits()),
+        prefill_chunk: chunk,
+        auto_chunk: dist.dist_prefill_chunk.is_none(),
+        prefill_window: dist.dist_prefill_window,
+        replay_check: dist.dist_replay_check,
+        debug,
+    };
     let session = DistSession::new(LocalStage::from_engine(eng), Some(coord.clone()), opts);
     if let (Some(wait), Err(_)) = (wait, coord.plan()) {
         eprintln!("ds4: distributed coordinator: waiting up to {:.0}s for workers", wait.as_secs_f64());

@@ -10,6 +10,7 @@
 //! (`bench/results/dist/` has the measured error per format and where the logit error comes from.)
 use crate::error::{DistError, Result};
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 
 pub const FP8_MAX: f32 = 448.0;
 
@@ -118,8 +119,17 @@ fn encode_block(r: &[f32], bits: u8, out: &mut [u8]) {
             let e = f16_exponent(r);
             out[0] = e as u8;
             let inv = 2f32.powi(-(e as i32));
-            for (o, v) in out[1..].chunks_exact_mut(2).zip(r) {
-                o.copy_from_slice(&f16::from_f32(v * inv).to_le_bytes());
+            // Scaled, then converted as a slice (the CPU's f16 conversion instructions where it has
+            // them: several values per instruction instead of one call per value).
+            let m = r.len();
+            let mut t = [0f32; FP8_MAX_BLOCK];
+            for (t, v) in t.iter_mut().zip(r) {
+                *t = v * inv;
+            }
+            let mut h = [f16::ZERO; FP8_MAX_BLOCK];
+            h[..m].convert_from_f32_slice(&t[..m]);
+            for (o, x) in out[1..].chunks_exact_mut(2).zip(&h[..m]) {
+                o.copy_from_slice(&x.to_le_bytes());
             }
         }
         _ => {
@@ -147,8 +157,14 @@ fn decode_block(b: &[u8], bits: u8, out: &mut [f32]) -> Result<()> {
                 return Err(DistError::Protocol(format!("f16 block exponent {e} out of range")));
             }
             let s = 2f32.powi(e as i32);
-            for (o, c) in out.iter_mut().zip(b[1..].chunks_exact(2)) {
-                *o = f16::from_le_bytes([c[0], c[1]]).to_f32() * s;
+            let m = out.len();
+            let mut h = [f16::ZERO; FP8_MAX_BLOCK];
+            for (x, c) in h.iter_mut().zip(b[1..].chunks_exact(2)) {
+                *x = f16::from_le_bytes([c[0], c[1]]);
+            }
+            h[..m].convert_to_f32_slice(out);
+            for o in out.iter_mut() {
+                *o *= s;
             }
         }
         _ => {
@@ -162,11 +178,11 @@ fn decode_block(b: &[u8], bits: u8, out: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Encodes `x` (rows of `row` floats) into `out` (cleared first).
+/// Encodes `x` (rows of `row` floats) into `out`, resized to the encoded length; every byte is
+/// overwritten, so a reused buffer is not zeroed first (no pass over a prefill chunk's bytes).
 pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> {
     check_bits(bits)?;
     let blk = fp8_block(row);
-    out.clear();
     out.resize(encoded_len(x.len(), row, bits), 0);
     let bb = block_bytes(blk, bits);
     if x.len() >= PARALLEL_MIN {
@@ -178,6 +194,16 @@ pub fn encode(x: &[f32], row: usize, bits: u8, out: &mut Vec<u8>) -> Result<()> 
     Ok(())
 }
 
+/// 32-bit activations used where they lie: the bytes already are the little-endian f32 values, so a
+/// 4-byte-aligned slice (the worker's frame buffer places them so) is the stage's input as it is,
+/// without a decode pass. None: another format, a big-endian host or an unaligned slice (decode).
+pub fn as_f32(b: &[u8], n: usize, bits: u8) -> Option<&[f32]> {
+    if bits != 32 || cfg!(target_endian = "big") || b.len() != n * 4 {
+        return None;
+    }
+    bytemuck::try_cast_slice(b).ok()
+}
+
 /// Decodes `n` floats; errors when the byte count does not match (a malformed frame).
 pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> Result<()> {
     check_bits(bits).map_err(|e| DistError::Protocol(e.to_string()))?;
@@ -187,7 +213,7 @@ pub fn decode(b: &[u8], n: usize, row: usize, bits: u8, out: &mut Vec<f32>) -> R
     }
     let blk = fp8_block(row);
     let bb = block_bytes(blk, bits);
-    out.clear();
+    // Every float is overwritten below: a reused buffer is only resized.
     out.resize(n, 0.0);
     if n >= PARALLEL_MIN {
         use rayon::prelude::*;
@@ -276,6 +302,22 @@ mod tests {
             }
             assert!(d.iter().zip(&dp).all(|(a, b)| a.to_bits() == b.to_bits()) && d.len() == n, "{bits}-bit decoding");
         }
+    }
+
+    #[test]
+    fn aligned_32_bit_bytes_are_the_floats() {
+        let x: Vec<f32> = (0..100).map(|i| i as f32 * -0.7).collect();
+        let mut e = Vec::new();
+        encode(&x, 10, 32, &mut e).unwrap();
+        // A u32-backed buffer is 4-byte aligned.
+        let words: Vec<u32> = e.chunks_exact(4).map(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+        let aligned: &[u8] = bytemuck::cast_slice(&words);
+        assert_eq!(as_f32(aligned, 100, 32), Some(&x[..]));
+        assert_eq!(as_f32(aligned, 99, 32), None, "length must match");
+        assert_eq!(as_f32(&aligned[..200], 50, 16), None, "not 32-bit");
+        let odd: Vec<u8> = std::iter::once(0).chain(e.iter().copied()).collect();
+        let unaligned = &odd[1..];
+        assert!(as_f32(unaligned, 100, 32).is_none() || unaligned.as_ptr() as usize % 4 == 0);
     }
 
     #[test]

@@ -6,9 +6,11 @@ use crate::error::{DistError, Result};
 use crate::exec::{payload_bytes, HopTiming, StageExec, StageInfo, StageOutput, StageRequest};
 use crate::identity;
 use crate::protocol::{self, data_max_frame, Busy, Conn, Digest32, ErrorKind, ForwardRef, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
-use bytes::Bytes;
-use futures_util::stream::{SplitSink, SplitStream};
-use futures_util::{SinkExt, StreamExt};
+use crate::wire;
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio_util::codec::{FramedRead, LengthDelimitedCodec};
 use ds4_gguf::GgufFile;
 use ds4_model::{Config, LayerRange};
 use std::collections::HashMap;
@@ -45,7 +47,9 @@ pub struct WorkerConn {
     pub peer: SocketAddr,
     pub range: LayerRange,
     pub reg: Registration,
-    sink: tokio::sync::Mutex<SplitSink<Conn, Bytes>>,
+    /// Frames are written gathered straight to the socket (no frame assembled in memory).
+    sink: tokio::sync::Mutex<OwnedWriteHalf>,
+    max_frame: usize,
     pending: Mutex<Pending>,
     cancel: CancellationToken,
     handle: tokio::runtime::Handle,
@@ -85,10 +89,10 @@ impl WorkerConn {
             }
             p.waiting.insert(req.request, tx);
         }
-        let frame = protocol::encode_forward(req).map_err(|e| e.to_string())?;
+        let frame = wire::forward_frame(req, self.max_frame).map_err(|e| e.to_string())?;
         let t0 = Instant::now();
         let r = tokio::select! {
-            r = async { self.sink.lock().await.send(frame).await } => r.map_err(|e| format!("send: {e}")),
+            r = async { frame.write_async(&mut *self.sink.lock().await).await } => r.map_err(|e| format!("send: {e}")),
             _ = self.cancel.cancelled() => Err(self.dead_reason().unwrap_or_else(|| "connection closed".into())),
         };
         if let Err(e) = r {
@@ -99,9 +103,9 @@ impl WorkerConn {
     }
 
     async fn send_msg(&self, m: &Msg) -> std::result::Result<(), String> {
-        let frame = protocol::encode_ref(m).map_err(|e| e.to_string())?;
+        let frame = wire::msg_frame(m, self.max_frame).map_err(|e| e.to_string())?;
         tokio::select! {
-            r = async { self.sink.lock().await.send(frame).await } => r.map_err(|e| format!("send: {e}")),
+            r = async { frame.write_async(&mut *self.sink.lock().await).await } => r.map_err(|e| format!("send: {e}")),
             _ = self.cancel.cancelled() => Err("connection closed".into()),
         }
     }
@@ -152,7 +156,7 @@ impl StageExec for RemoteStage {
 
     fn forward(&mut self, req: &StageRequest) -> Result<StageOutput> {
         let (bits, activations): (u8, &[u8]) = match req.input {
-            Some(a) => (a.bits, &a.data),
+            Some(a) => (a.bits, a.data),
             None => (req.bits, &[]),
         };
         let input_bytes = activations.len();
@@ -429,13 +433,19 @@ impl Inner {
         let max_frame = data_max_frame(c.cfg.hc_dim(), c.cfg.n_vocab, c.max_chunk.max(1));
         conn.codec_mut().set_max_frame_length(max_frame);
         protocol::send(&mut conn, &Msg::Accept { mac: coord_mac, max_frame: max_frame as u64 }).await?;
-        let (sink, stream) = conn.split();
+        // Split into a gathered writer and a frame reader (bytes already read stay first).
+        let parts = conn.into_parts();
+        let (rh, wh) = parts.io.into_split();
+        let mut stream = FramedRead::new(rh, parts.codec);
+        stream.read_buffer_mut().extend_from_slice(&parts.read_buf);
+        let sink = wh;
         let w = Arc::new(WorkerConn {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             peer,
             range,
             reg: reg.clone(),
             sink: tokio::sync::Mutex::new(sink),
+            max_frame,
             pending: Mutex::new(Pending { dead: None, waiting: HashMap::new() }),
             cancel: CancellationToken::new(),
             handle: tokio::runtime::Handle::current(),
@@ -488,7 +498,7 @@ impl Inner {
         let reason = self.read_loop(&w, stream).await;
         w.kill(reason.clone());
         // Close our side, so a worker that wakes up later sees the session ended.
-        let _ = tokio::time::timeout(Duration::from_secs(1), async { w.sink.lock().await.close().await }).await;
+        let _ = tokio::time::timeout(Duration::from_secs(1), async { w.sink.lock().await.shutdown().await }).await;
         {
             let mut r = self.reg.lock().unwrap();
             let before = r.workers.len();
@@ -507,7 +517,7 @@ impl Inner {
     /// Reads the worker's frames until it fails: closed, silent for the timeout (no frame at all), or
     /// hung (its heartbeats say it is computing a request, and no layer of it completed for the
     /// timeout: the deadline is the worker's last progress + timeout, whatever the heartbeat period).
-    async fn read_loop(&self, w: &WorkerConn, mut stream: SplitStream<Conn>) -> String {
+    async fn read_loop(&self, w: &WorkerConn, mut stream: FramedRead<OwnedReadHalf, LengthDelimitedCodec>) -> String {
         use tokio::time::Instant;
         let timeout = self.cfg.timeout;
         let mut silent_at = Instant::now() + timeout;
@@ -539,7 +549,8 @@ impl Inner {
             };
             let now = Instant::now();
             silent_at = now + timeout;
-            let msg = match protocol::decode(&frame) {
+            // A hidden result's bytes stay a slice of the frame (relayed to the next hop as they are).
+            let msg = match wire::decode_shared(&frame.freeze()) {
                 Ok(m) => m,
                 Err(e) => return e.to_string(),
             };

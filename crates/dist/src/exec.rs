@@ -1,6 +1,7 @@
 //! The stage executor trait: one forward over a stage's layers, local or remote. A route is a list of
 //! `StageExec`s run in order; the local one (coordinator's own layers, or a worker serving requests)
 //! is [`LocalStage`], the remote one is [`crate::coordinator::RemoteStage`].
+use bytes::Bytes;
 use crate::codec;
 use crate::error::{DistError, Result};
 use crate::protocol::{fnv1a_tokens, ErrorKind, Payload, Want, FNV_OFFSET};
@@ -9,11 +10,23 @@ use ds4_model::{KvState, LayerRange, Logits, Stage};
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-/// Hidden states as they travel between stages: already in the wire format.
+/// Hidden states as they travel between stages: already in the wire format (a `Bytes` that is a
+/// slice of the frame they came in, or a pooled buffer they were encoded into).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Activations {
     pub bits: u8,
-    pub data: Vec<u8>,
+    pub data: Bytes,
+}
+
+/// Borrowed activations (a worker's are a slice of its reused frame buffer).
+#[derive(Debug, Clone, Copy)]
+pub struct ActRef<'a> {
+    pub bits: u8,
+    pub data: &'a [u8],
+}
+
+impl Activations {
+    pub fn as_ref(&self) -> ActRef<'_> { ActRef { bits: self.bits, data: &self.data } }
 }
 
 pub struct StageRequest<'a> {
@@ -22,7 +35,7 @@ pub struct StageRequest<'a> {
     /// FNV-1a of the tokens before `pos`.
     pub prefix_hash: u64,
     pub tokens: &'a [u32],
-    pub input: Option<&'a Activations>,
+    pub input: Option<ActRef<'a>>,
     pub want: Want,
     /// Format of the hidden output of an intermediate stage.
     pub bits: u8,
@@ -136,8 +149,10 @@ impl LocalStage {
         let hd = engine.cfg().hc_dim();
         let row = engine.cfg().n_embd;
         let hidden_in = match req.input {
+            // 32-bit input in an aligned frame buffer: used in place (no decode pass).
+            Some(a) if codec::as_f32(a.data, n * hd, a.bits).is_some() => codec::as_f32(a.data, n * hd, a.bits),
             Some(a) => {
-                codec::decode(&a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
+                codec::decode(a.data, n * hd, row, a.bits, scratch).map_err(|e| fail(e.to_string()))?;
                 Some(&scratch[..])
             }
             None => None,
@@ -225,9 +240,10 @@ fn payload(want: Want, logits: &[f32], hidden: &[f32], row: usize, bits: u8) -> 
         Want::LastLogits | Want::AllLogits => Payload::Logits(logits.to_vec()),
         Want::Greedy { top_logprobs } => greedy(logits, top_logprobs as usize),
         Want::Hidden => {
-            let mut data = Vec::new();
+            // A pooled buffer: the frame's bytes come back to the pool once sent (no allocation per hop).
+            let mut data = crate::wire::take_buf();
             codec::encode(hidden, row, bits, &mut data).map_err(|e| e.to_string())?;
-            Payload::Hidden { bits, data }
+            Payload::Hidden { bits, data: Bytes::from(data) }
         }
     })
 }

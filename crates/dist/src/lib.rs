@@ -4,7 +4,8 @@
 //! stage behind the same [`exec::StageExec`] trait, so a route of remote stages runs the same code
 //! as a single local stage. See `protocol` for the wire format, `coordinator` for registration and
 //! route planning, `route` for execution (pipelined prefill, per-token hop chains, replay), and
-//! `worker` for the worker loop.
+//! `worker` for the worker loop, `wire` for the data path without copies (gathered frame writes,
+//! borrowed decode, reused buffers) and `prefill_plan` for the micro-chunk picked from measured costs.
 pub mod args;
 pub mod auth;
 pub mod cli;
@@ -14,10 +15,12 @@ pub mod error;
 pub mod exec;
 pub mod generate;
 pub mod identity;
+pub mod prefill_plan;
 pub mod protocol;
 pub mod route;
 pub mod spin;
 pub mod telemetry;
+pub mod wire;
 pub mod worker;
 
 pub use args::{DistArgs, Role};

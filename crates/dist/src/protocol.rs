@@ -78,8 +78,8 @@ pub struct ForwardReq {
     pub prefix_hash: u64,
     pub tokens: Vec<u32>,
     pub bits: u8,
-    #[serde(with = "serde_bytes")]
-    pub activations: Vec<u8>,
+    #[serde(with = "crate::wire::bytes_serde")]
+    pub activations: Bytes,
     pub want: Want,
 }
 
@@ -118,8 +118,8 @@ pub enum Payload {
     Ack,
     Hidden {
         bits: u8,
-        #[serde(with = "serde_bytes")]
-        data: Vec<u8>,
+        #[serde(with = "crate::wire::bytes_serde")]
+        data: Bytes,
     },
     Logits(Vec<f32>),
     Token { id: u32, logprob: f32, top: Vec<(u32, f32)> },
@@ -317,7 +317,7 @@ mod tests {
             prefix_hash: 9,
             tokens: vec![1, 2, 3],
             bits: 16,
-            activations: vec![1, 2, 3, 4],
+            activations: Bytes::from_static(&[1, 2, 3, 4]),
             want: Want::Greedy { top_logprobs: 2 },
         });
         let b = encode(&m).unwrap();

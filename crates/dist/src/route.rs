@@ -7,6 +7,7 @@ use crate::coordinator::{stage_error, Coordinator, RemoteStage};
 use crate::error::{DistError, Result};
 use crate::exec::{is_kv_mismatch, Activations, HopTiming, LocalStage, StageExec, StageRequest};
 use crate::protocol::{fnv1a_tokens, ErrorKind, ForwardReq, Payload, Want, FNV_OFFSET};
+use crate::prefill_plan::{micro_chunk, CostModel};
 use crate::telemetry::{HopRecord, Telemetry};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,8 +15,15 @@ use std::time::{Duration, Instant};
 
 #[derive(Debug, Clone)]
 pub struct RouteOptions {
+    /// Wire format of decode steps (and of prefill unless `prefill_bits` says otherwise).
     pub bits: u8,
+    /// Wire format of prefill chunks (None: `bits`).
+    pub prefill_bits: Option<u8>,
+    /// Largest prefill chunk (the local engine's batch); the micro-chunk when `auto_chunk` is off.
     pub prefill_chunk: usize,
+    /// Pick the pipelined prefill's micro-chunk from measured costs (`prefill_plan`), at most
+    /// `prefill_chunk` (on when `--dist-prefill-chunk` is not given).
+    pub auto_chunk: bool,
     /// Chunks in flight; None = remote stages + 2 clamped to 2..8 (as the C engine).
     pub prefill_window: Option<usize>,
     pub replay_check: bool,
@@ -23,7 +31,7 @@ pub struct RouteOptions {
 }
 
 impl Default for RouteOptions {
-    fn default() -> Self { Self { bits: 32, prefill_chunk: 256, prefill_window: None, replay_check: false, debug: false } }
+    fn default() -> Self { Self { bits: 32, prefill_bits: None, prefill_chunk: 256, auto_chunk: false, prefill_window: None, replay_check: false, debug: false } }
 }
 
 /// The greedy result of a step when the last stage samples.
@@ -55,6 +63,8 @@ pub struct DistSession {
     dirty: bool,
     pub opts: RouteOptions,
     pub telemetry: Telemetry,
+    /// Measured prefill costs (for the micro-chunk).
+    pub costs: CostModel,
     next_request: Arc<AtomicU64>,
 }
 
@@ -73,6 +83,7 @@ impl DistSession {
             hash: FNV_OFFSET,
             dirty: false,
             telemetry: Telemetry::new(opts.debug),
+            costs: CostModel::default(),
             opts,
             next_request,
         }
@@ -121,9 +132,18 @@ impl DistSession {
         self.dirty = false;
     }
 
-    fn record(&mut self, request: u64, hop: Option<usize>, layers: String, location: String, pos: usize, tokens: usize, timing: HopTiming) {
-        self.telemetry.push(HopRecord { request, hop, layers, location, pos, tokens, timing });
+    #[allow(clippy::too_many_arguments)]
+    fn record(&mut self, request: u64, hop: Option<usize>, layers: String, location: String, pos: usize, tokens: usize, chunk: Option<(usize, usize)>, timing: HopTiming) {
+        if chunk.is_some() {
+            match hop {
+                None => self.costs.add_local(tokens, timing.eval.as_secs_f64()),
+                Some(_) => self.costs.add_hop(tokens, timing.forward_send.as_secs_f64()),
+            }
+        }
+        self.telemetry.push(HopRecord { request, hop, layers, location, pos, tokens, chunk, timing });
     }
+
+    fn prefill_bits(&self) -> u8 { self.opts.prefill_bits.unwrap_or(self.opts.bits) }
 
     /// Rebuilds every stage's KV from the token history (after a failure, a route change or a KV
     /// mismatch). With `--dist-replay-check` the replayed logits must equal the ones held.
@@ -144,7 +164,9 @@ impl DistSession {
         }
         let want = if held.is_empty() { Want::Ack } else { Want::LastLogits };
         let r = self.prefill_span(&history, want, &AtomicBool::new(false)).and_then(|()| {
-            if self.opts.replay_check && !held.is_empty() {
+            // With prefill and decode in different wire formats the replay (all prefill) cannot equal
+            // a history that was partly decoded: nothing to check then.
+            if self.opts.replay_check && !held.is_empty() && self.prefill_bits() == self.opts.bits {
                 if self.logits != held {
                     let d = self.logits.iter().zip(&held).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
                     return Err(DistError::Stage(format!("distributed replay check failed: logits differ after replay (max |d| {d:e})")));
@@ -214,7 +236,7 @@ impl DistSession {
 
     /// Feeds one token; returns the full logits (from the last stage).
     pub fn step(&mut self, token: u32) -> Result<&[f32]> {
-        self.with_repair(|s| match s.chain(&[token], Want::LastLogits)? {
+        self.with_repair(|s| match s.chain(&[token], Want::LastLogits, s.opts.bits, None)? {
             Payload::Logits(l) => {
                 s.logits = l;
                 s.commit(&[token]);
@@ -227,7 +249,7 @@ impl DistSession {
 
     /// Feeds one token; the last stage picks the greedy next token and sends only its id.
     pub fn step_greedy(&mut self, token: u32, top_logprobs: u8) -> Result<TokenOut> {
-        self.with_repair(|s| match s.chain(&[token], Want::Greedy { top_logprobs })? {
+        self.with_repair(|s| match s.chain(&[token], Want::Greedy { top_logprobs }, s.opts.bits, None)? {
             Payload::Token { id, logprob, top } => {
                 s.logits.clear();
                 s.commit(&[token]);
@@ -245,7 +267,7 @@ impl DistSession {
     fn request_id(&self) -> u64 { self.next_request.fetch_add(1, Ordering::Relaxed) }
 
     /// One pass of `toks` through every stage in order (decode, and prefill without pipelining).
-    fn chain(&mut self, toks: &[u32], want: Want) -> Result<Payload> {
+    fn chain(&mut self, toks: &[u32], want: Want, bits: u8, chunk: Option<(usize, usize)>) -> Result<Payload> {
         if self.tokens.len() + toks.len() > self.ctx() {
             return Err(DistError::Other(format!("context full: {} + {} tokens exceeds ctx {}", self.tokens.len(), toks.len(), self.ctx())));
         }
@@ -260,14 +282,14 @@ impl DistSession {
                 pos,
                 prefix_hash: self.hash,
                 tokens: toks,
-                input: input.as_ref(),
+                input: input.as_ref().map(Activations::as_ref),
                 want: if last { want } else { Want::Hidden },
-                bits: self.opts.bits,
+                bits,
             };
             let stage: &mut dyn StageExec = if i == 0 { &mut self.local } else { self.hops[i - 1].as_mut() };
             let info = stage.info();
             let out = stage.forward(&req)?;
-            self.record(rid, (i > 0).then_some(i), info.range.label(), info.location, pos, toks.len(), out.timing);
+            self.record(rid, (i > 0).then_some(i), info.range.label(), info.location, pos, toks.len(), chunk, out.timing);
             if last {
                 return Ok(out.payload);
             }
@@ -287,8 +309,20 @@ impl DistSession {
         if self.tokens.len() + toks.len() > self.ctx() {
             return Err(DistError::Other(format!("context full: {} + {} tokens exceeds ctx {}", self.tokens.len(), toks.len(), self.ctx())));
         }
-        let chunk = self.opts.prefill_chunk.max(1);
+        let bits = self.prefill_bits();
+        for h in &self.hops {
+            if let Some(w) = h.remote() {
+                if !w.reg.activation_bits.contains(&bits) {
+                    return Err(DistError::Stage(format!("worker {} does not accept {bits}-bit activations (accepts {:?})", w.label(), w.reg.activation_bits)));
+                }
+            }
+        }
+        let max_chunk = self.opts.prefill_chunk.max(1);
+        let chunk = if self.opts.auto_chunk { micro_chunk(toks.len(), 1 + self.hops.len(), max_chunk, self.costs.fit()) } else { max_chunk };
         let pipelined = self.hops.iter().all(|h| h.remote().is_some()) && !self.hops.is_empty() && toks.len() > chunk;
+        if self.opts.debug && self.opts.auto_chunk {
+            eprintln!("ds4: distributed coordinator: prefill micro-chunk {chunk} of at most {max_chunk} for {} tokens (measured costs: {:?})", toks.len(), self.costs.fit());
+        }
         if !pipelined {
             let n = toks.len().div_ceil(chunk);
             for (k, c) in toks.chunks(chunk).enumerate() {
@@ -296,7 +330,7 @@ impl DistSession {
                     return Err(DistError::Other(CANCELLED.into()));
                 }
                 let w = if k + 1 == n { want } else { Want::Ack };
-                match self.chain(c, w)? {
+                match self.chain(c, w, bits, Some((k, n)))? {
                     Payload::Logits(l) => self.logits = l,
                     // The logits held no longer belong to the history once this chunk is in it
                     // (a later chunk may fail or be cancelled; a replay must not check them).
@@ -307,16 +341,15 @@ impl DistSession {
             }
             return Ok(());
         }
-        self.pipelined(toks, want, cancel)
+        self.pipelined(toks, want, cancel, chunk, bits)
     }
 
     /// Pipelined prefill: the local stage computes chunk k+1 while the remote hops run chunk k.
     /// Each hop has an ordered sender and an ordered collector, so chunks reach every worker in
     /// position order; at most `window` chunks are between the local stage and the final result.
-    fn pipelined(&mut self, toks: &[u32], want: Want, cancel: &AtomicBool) -> Result<()> {
+    fn pipelined(&mut self, toks: &[u32], want: Want, cancel: &AtomicBool, chunk: usize, bits: u8) -> Result<()> {
         let coord = self.coord.clone().expect("remote hops come from a coordinator");
         let rt = coord.handle();
-        let chunk = self.opts.prefill_chunk.max(1);
         let chunks: Vec<&[u32]> = toks.chunks(chunk).collect();
         let n = chunks.len();
         let window = self.window(n);
@@ -370,7 +403,6 @@ impl DistSession {
                 }
             }));
             let info = conns[i].1.clone();
-            let bits = self.opts.bits;
             let nr = next_request.clone();
             senders.push(rt.spawn(async move {
                 while let Some((item, mut timings, reply, send, t_sent)) = fifo_rx.recv().await {
@@ -395,6 +427,12 @@ impl DistSession {
                     });
                     match &next_tx {
                         None => {
+                            // The chunk's activations are done with. The local stage's encode buffer goes
+                            // back to the pool; a relayed one is a slice of a received frame, whose buffer
+                            // the connection's reader takes back once it is dropped.
+                            if i == 0 {
+                                crate::wire::give_back(item.req.activations);
+                            }
                             let _ = final_tx.send((Ok((item.k, res.payload, Vec::new())), timings));
                         }
                         Some(tx) => {
@@ -402,11 +440,13 @@ impl DistSession {
                                 let _ = final_tx.send((Err(stage_error(&info, i + 1, ErrorKind::Failed, "returned no hidden states")), timings));
                                 break;
                             };
-                            let _ = bits;
                             let mut req = item.req;
                             req.request = nr.fetch_add(1, Ordering::Relaxed);
                             req.bits = b;
-                            req.activations = data;
+                            let sent = std::mem::replace(&mut req.activations, data);
+                            if i == 0 {
+                                crate::wire::give_back(sent);
+                            }
                             req.want = if i + 2 == nh { item.final_want } else { Want::Hidden };
                             if tx.send((Item { k: item.k, req, final_want: item.final_want }, timings)).is_err() {
                                 break;
@@ -430,7 +470,7 @@ impl DistSession {
             let (k, payload, _) = r?;
             for (h, t) in timings.iter().enumerate() {
                 let info = &conns[h].1;
-                s.record(rid_base, Some(h + 1), info.range.label(), info.location.clone(), chunk_pos[k], chunks[k].len(), *t);
+                s.record(rid_base, Some(h + 1), info.range.label(), info.location.clone(), chunk_pos[k], chunks[k].len(), Some((k, n)), *t);
             }
             if k + 1 == n {
                 if let Payload::Logits(l) = payload {
@@ -464,7 +504,7 @@ impl DistSession {
                 break;
             }
             let pos = chunk_pos[k];
-            let req = StageRequest { session: self.session, pos, prefix_hash: hash, tokens: c, input: None, want: Want::Hidden, bits: self.opts.bits };
+            let req = StageRequest { session: self.session, pos, prefix_hash: hash, tokens: c, input: None, want: Want::Hidden, bits };
             let t0 = Instant::now();
             let out = match self.local.forward(&req) {
                 Ok(o) => o,
@@ -475,8 +515,8 @@ impl DistSession {
             };
             local_time += t0.elapsed();
             let info = self.local.info();
-            self.record(rid_base, None, info.range.label(), info.location, pos, c.len(), out.timing);
-            let Payload::Hidden { bits, data } = out.payload else { unreachable!("local stage asked for hidden states") };
+            self.record(rid_base, None, info.range.label(), info.location, pos, c.len(), Some((k, n)), out.timing);
+            let Payload::Hidden { bits: b, data } = out.payload else { unreachable!("local stage asked for hidden states") };
             let last = k + 1 == n;
             let final_want = if last { want } else { Want::Ack };
             let fr = ForwardReq {
@@ -485,7 +525,7 @@ impl DistSession {
                 pos: pos as u64,
                 prefix_hash: hash,
                 tokens: c.to_vec(),
-                bits,
+                bits: b,
                 activations: data,
                 // Every hop but the last returns hidden states; the last acks non-final chunks.
                 want: if nh == 1 { final_want } else { Want::Hidden },

@@ -4,19 +4,17 @@
 //! malformed frame) it drops every session and reconnects with backoff.
 use crate::auth;
 use crate::error::{DistError, Result};
-use crate::exec::{Activations, LocalStage, StageRequest};
+use crate::exec::{ActRef, LocalStage, StageRequest};
 use crate::identity;
-use crate::protocol::{self, fnv1a_tokens, Busy, Conn, ForwardReq, ForwardRes, Msg, Registration, HANDSHAKE_MAX_FRAME};
-use bytes::BytesMut;
+use crate::protocol::{self, fnv1a_tokens, Busy, Conn, ForwardRes, Msg, Payload, Registration, HANDSHAKE_MAX_FRAME};
+use crate::wire::{self, FrameReader, ForwardView, Incoming, ReadStep};
 use ds4_gguf::GgufFile;
 use ds4_engine::{Engine, LoadOptions};
 use ds4_model::{Config, LayerRange};
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 #[derive(Clone)]
 pub struct WorkerOptions {
@@ -235,16 +233,18 @@ impl Progress {
 }
 
 /// The writing half of a session: frames go out whole under the lock (replies from the computing
-/// thread, heartbeats from the helper), through the same length-delimited codec.
+/// thread, heartbeats from the helper), written gathered from where their bytes lie
+/// ([`wire::Gathered`]: a reply's activations are not copied into a frame first).
 struct Writer {
-    inner: Mutex<(std::net::TcpStream, LengthDelimitedCodec, BytesMut)>,
+    inner: Mutex<std::net::TcpStream>,
+    max_frame: usize,
 }
 
 impl Writer {
     fn send(&self, m: &Msg) -> Result<()> {
-        let body = protocol::encode_ref(m)?;
+        let frame = wire::msg_frame(m, self.max_frame)?;
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
-        Self::write(&mut g, body, m.name())
+        frame.write_to(&mut *g).map_err(|e| DistError::Io(format!("send {}: {e}", m.name())))
     }
 
     /// A heartbeat with the progress read under the lock: it is never older than a reply already
@@ -253,15 +253,10 @@ impl Writer {
     fn heartbeat(&self, seq: u64, progress: &Progress) -> Result<Option<Busy>> {
         let mut g = self.inner.lock().map_err(|_| DistError::Io("writer lock poisoned".into()))?;
         let busy = progress.snapshot();
-        let body = protocol::encode_ref(&Msg::Heartbeat { seq, busy })?;
-        Self::write(&mut g, body, "Heartbeat").map(|_| busy)
-    }
-
-    fn write(g: &mut (std::net::TcpStream, LengthDelimitedCodec, BytesMut), body: bytes::Bytes, name: &str) -> Result<()> {
-        let (sock, codec, buf) = g;
-        buf.clear();
-        codec.encode(body, buf).map_err(|e| DistError::Protocol(format!("send {name}: {e}")))?;
-        sock.write_all(buf).map_err(|e| DistError::Io(format!("send {name}: {e}")))
+        let m = Msg::Heartbeat { seq, busy };
+        let frame = wire::msg_frame(&m, self.max_frame)?;
+        frame.write_to(&mut *g).map_err(|e| DistError::Io(format!("send Heartbeat: {e}")))?;
+        Ok(busy)
     }
 }
 
@@ -272,14 +267,15 @@ const TICK: Duration = Duration::from_millis(50);
 /// without a fatal error (closed, silent for the timeout, malformed frame, stop).
 fn session(stage: &mut LocalStage, conn: Conn, progress: &Arc<Progress>, opts: &WorkerOptions) -> Result<String> {
     let parts = conn.into_parts();
-    let mut codec = parts.codec;
-    let mut rbuf = parts.read_buf;
+    let max_frame = parts.codec.max_frame_length();
+    // Bytes the handshake's codec read past the Accept frame are the first of the data frames.
+    let mut reader = FrameReader::new(max_frame, &parts.read_buf);
     let sock = parts.io.into_std().map_err(|e| DistError::Io(e.to_string()))?;
     sock.set_nonblocking(false)?;
     sock.set_read_timeout(Some(TICK))?;
     let wsock = sock.try_clone()?;
     wsock.set_write_timeout(Some(opts.timeout))?;
-    let writer = Arc::new(Writer { inner: Mutex::new((wsock, codec.clone(), BytesMut::new())) });
+    let writer = Arc::new(Writer { inner: Mutex::new(wsock), max_frame });
     let alive = Arc::new(AtomicBool::new(true));
     let hb = {
         let (w, alive, progress) = (writer.clone(), alive.clone(), progress.clone());
@@ -315,41 +311,16 @@ fn session(stage: &mut LocalStage, conn: Conn, progress: &Arc<Progress>, opts: &
             })
             .map_err(|e| DistError::Io(format!("cannot start the heartbeat thread: {e}")))?
     };
-    let r = serve_frames(stage, &sock, &mut codec, &mut rbuf, &writer, progress, opts);
+    let r = serve_frames(stage, &sock, &mut reader, &writer, progress, opts);
     alive.store(false, Ordering::SeqCst);
     let _ = sock.shutdown(std::net::Shutdown::Both);
     let _ = hb.join();
     r
 }
 
-fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &mut LengthDelimitedCodec, rbuf: &mut BytesMut, out: &Writer, progress: &Progress, opts: &WorkerOptions) -> Result<String> {
-    let mut chunk = vec![0u8; 64 * 1024];
+fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, reader: &mut FrameReader, out: &Writer, progress: &Progress, opts: &WorkerOptions) -> Result<String> {
     let mut last = Instant::now();
     loop {
-        // Every complete frame already received, then more bytes.
-        loop {
-            let frame = match codec.decode(rbuf) {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => return Ok(format!("receive: {e}")),
-            };
-            match protocol::decode(&frame) {
-                Err(e) => return Ok(e.to_string()),
-                Ok(Msg::Forward(req)) => {
-                    progress.begin(req.request);
-                    let reply = forward(stage, req, opts.debug);
-                    progress.end();
-                    // A dead connection just drops the reply; the coordinator replays.
-                    if let Err(e) = out.send(&reply) {
-                        return Ok(e.to_string());
-                    }
-                }
-                Ok(Msg::Reset { session }) => stage.drop_sessions(session),
-                // Liveness both ways: the helper thread sends ours.
-                Ok(Msg::Heartbeat { .. }) => {}
-                Ok(m) => return Ok(format!("unexpected {} from the coordinator", m.name())),
-            }
-        }
         if opts.stop.load(Ordering::SeqCst) {
             return Ok("stopped".into());
         }
@@ -358,18 +329,39 @@ fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &
             None
         } else {
             sock.set_nonblocking(true)?;
-            let r = crate::spin::poll(|| match sock.read(&mut chunk) {
+            let r = crate::spin::poll(|| match reader.read(&mut sock) {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                 r => Some(r),
             });
             sock.set_nonblocking(false)?;
             r
         };
-        match spun.unwrap_or_else(|| sock.read(&mut chunk)) {
-            Ok(0) => return Ok("connection closed by the coordinator".into()),
-            Ok(n) => {
-                rbuf.extend_from_slice(&chunk[..n]);
+        match spun.unwrap_or_else(|| reader.read(&mut sock)) {
+            Ok(ReadStep::Closed) => return Ok("connection closed by the coordinator".into()),
+            Ok(ReadStep::Partial) => last = Instant::now(),
+            Ok(ReadStep::Frame) => {
                 last = Instant::now();
+                match wire::decode_data(reader.frame()) {
+                    Err(e) => return Ok(e.to_string()),
+                    Ok(Incoming::Forward(req)) => {
+                        progress.begin(req.request);
+                        let reply = forward(stage, req, opts.debug);
+                        progress.end();
+                        // A dead connection just drops the reply; the coordinator replays.
+                        let sent = out.send(&reply);
+                        if let Msg::Result(ForwardRes { payload: Payload::Hidden { data, .. }, .. }) = reply {
+                            wire::give_back(data);
+                        }
+                        if let Err(e) = sent {
+                            return Ok(e.to_string());
+                        }
+                    }
+                    Ok(Incoming::Other(Msg::Reset { session })) => stage.drop_sessions(session),
+                    // Liveness both ways: the helper thread sends ours.
+                    Ok(Incoming::Other(Msg::Heartbeat { .. })) => {}
+                    Ok(Incoming::Other(m)) => return Ok(format!("unexpected {} from the coordinator", m.name())),
+                    Ok(Incoming::Result(_)) => return Ok("unexpected Result from the coordinator".into()),
+                }
             }
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut | std::io::ErrorKind::Interrupted) => {
                 if last.elapsed() > opts.timeout {
@@ -382,14 +374,14 @@ fn serve_frames(stage: &mut LocalStage, mut sock: &std::net::TcpStream, codec: &
 }
 
 /// Runs one forward request on the stage; the reply (result or error) to send back.
-fn forward(stage: &mut LocalStage, req: ForwardReq, debug: bool) -> Msg {
-    let input = (!req.activations.is_empty()).then_some(Activations { bits: req.bits, data: req.activations });
+fn forward(stage: &mut LocalStage, req: ForwardView, debug: bool) -> Msg {
+    let input = (!req.activations.is_empty()).then_some(ActRef { bits: req.bits, data: req.activations });
     let sreq = StageRequest {
         session: req.session,
         pos: req.pos as usize,
         prefix_hash: req.prefix_hash,
         tokens: &req.tokens,
-        input: input.as_ref(),
+        input,
         want: req.want,
         bits: req.bits,
     };

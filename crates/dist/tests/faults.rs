@@ -276,3 +276,34 @@ fn slow_compute_that_makes_progress_is_not_killed() {
     let dt = t0.elapsed();
     assert!(dt > timeout + timeout / 2, "the request took {dt:?}, not clearly longer than the timeout");
 }
+
+/// A middle worker of a 3-stage route killed during a pipelined prefill (its 3rd chunk blocked by
+/// the test hook, more chunks in flight behind it and its results relayed to the last worker): the
+/// prefill fails at the kill, naming the stage, long before the hang timeout; after a restart the
+/// next request replays and matches the single process.
+#[test]
+fn killed_middle_worker_mid_pipelined_prefill_fails_at_once_and_restart_recovers() {
+    let (c, local) = coordinator("0:1", 32, None, TIMEOUT, CHUNK);
+    let w = proc_worker_env(model(), "2:3", &c.addr, &[], &[("DS4_DIST_TEST_HANG", "3")]);
+    let _last = thread_worker(model(), "4:output", &c.addr, None, TIMEOUT);
+    wait_route(&c);
+    let mut s = session(&c, local, 32, CHUNK);
+    let p = prompt(150, 6);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(400));
+        w.signal("KILL");
+        (w, Instant::now())
+    });
+    let e = s.sync(&p).unwrap_err().to_string();
+    let (w, killed) = killer.join().unwrap();
+    let after = killed.elapsed();
+    drop(w);
+    eprintln!("pipelined prefill error {:.2}s after the kill: {e}", after.as_secs_f64());
+    assert!(e.contains("stage 1") && e.contains("2:3"), "{e}");
+    assert!(!e.contains("compute hung") && after < TIMEOUT, "the kill is noticed at once, not by the hang timeout: {after:?} {e}");
+    let _w2 = proc_worker(model(), "2:3", &c.addr, &[]);
+    wait_route(&c);
+    let (rt, rl) = reference(&p, CHUNK, 1);
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
+    assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
+}

@@ -8,7 +8,7 @@ use ds4_dist::protocol::{fnv1a_tokens, Payload, Want, FNV_OFFSET};
 use ds4_model::Logits;
 
 fn req<'a>(tokens: &'a [u32], input: Option<&'a Activations>, want: Want) -> StageRequest<'a> {
-    StageRequest { session: 1, pos: 0, prefix_hash: FNV_OFFSET, tokens, input, want, bits: 32 }
+    StageRequest { session: 1, pos: 0, prefix_hash: FNV_OFFSET, tokens, input: input.map(Activations::as_ref), want, bits: 32 }
 }
 
 #[test]

@@ -185,3 +185,64 @@ fn cancelled_prefill_stops_and_the_session_recovers() {
         assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
     }
 }
+
+/// Pipelined prefill (micro-chunks in flight through 2 and 3 stages) gives bit-identical logits to
+/// the unpipelined single process at the same chunking, and to the same route with one chunk in
+/// flight: prompts that end mid-chunk and cross the compressor's 128-token blocks (chunks of 48
+/// and 80 put the block edges 128, 256 inside chunks).
+#[test]
+fn pipelined_prefill_is_bit_identical_for_ragged_prompts_across_compressor_blocks() {
+    let to = Duration::from_secs(5);
+    for (stages, len, chunk) in [(&["0:2", "3:output"][..], 301usize, 48usize), (&["0:1", "2:3", "4:output"][..], 263, 80)] {
+        let p = prompt(len, 9);
+        assert!(len % chunk != 0 && len > 256);
+        let (rt, rl) = reference(&p, chunk, 2);
+        let (c, local) = coordinator(stages[0], 32, None, to, chunk);
+        let _w: Vec<_> = stages[1..].iter().map(|l| thread_worker(model(), l, &c.addr, None, to)).collect();
+        c.coord.wait_complete(Duration::from_secs(20)).unwrap();
+        let mut s = session(&c, local, 32, chunk);
+        for window in [None, Some(1)] {
+            s.reset();
+            s.opts.prefill_window = window;
+            s.telemetry.clear();
+            let l = s.sync(&p).unwrap().to_vec();
+            assert!(l.iter().zip(&rl[0]).all(|(a, b)| a.to_bits() == b.to_bits()), "prefill logits of {stages:?}, window {window:?}");
+            // Prefill telemetry: every stage's every chunk, with its index.
+            let n = len.div_ceil(chunk);
+            let recs: Vec<_> = s.telemetry.records().filter(|r| r.chunk.is_some()).collect();
+            assert_eq!(recs.len(), n * stages.len(), "one record per chunk per stage");
+            assert!(recs.iter().any(|r| r.chunk == Some((n - 1, n)) && r.tokens == len % chunk && r.hop == Some(stages.len() - 1)));
+            assert!(recs[0].line().contains(&format!("prefill chunk=1/{n}")), "{}", recs[0].line());
+            assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..], "decode after the pipelined prefill");
+        }
+    }
+    // The totals for /metrics saw prefill chunks on remote hops.
+    let m = ds4_dist::telemetry::prometheus();
+    assert!(m.contains("ds4_dist_hop_send_seconds_total{phase=\"prefill\",hop=\"1\""), "{m}");
+}
+
+/// The micro-chunk picked from measured costs (no --dist-prefill-chunk): after a first prefill in the
+/// engine's chunk, the cost model has samples; the route stays bit-identical to the single process
+/// at whatever chunking it picked (printed), and a 16-bit prefill with 32-bit decode is accepted.
+#[test]
+fn auto_micro_chunk_and_prefill_bits() {
+    let to = Duration::from_secs(5);
+    let (c, local) = coordinator("0:2", 32, None, to, 256);
+    let _w = thread_worker(model(), "3:output", &c.addr, None, to);
+    c.coord.wait_complete(Duration::from_secs(20)).unwrap();
+    let mut s = session(&c, local, 32, 256);
+    s.opts.auto_chunk = true;
+    let p = prompt(400, 11);
+    s.sync(&p).unwrap();
+    let fit = s.costs.fit().expect("two chunk sizes measured (256 and 144)");
+    let picked = ds4_dist::prefill_plan::micro_chunk(p.len(), 2, 256, Some(fit));
+    let (_, rl) = reference(&p, picked, 0);
+    s.reset();
+    assert_eq!(s.sync(&p).unwrap(), &rl[0][..], "auto micro-chunk {picked}");
+    eprintln!("auto micro-chunk {picked} (fit {fit:?})");
+    s.reset();
+    s.opts.prefill_bits = Some(16);
+    let l16 = s.sync(&p).unwrap().to_vec();
+    let e = l16.iter().zip(&rl[0]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+    assert!(e > 0.0, "the 16-bit prefill went over the wire in 16 bits");
+}

@@ -37,11 +37,17 @@ fn a_trained_model_keeps_its_greedy_tokens_at_32_16_and_8_bits() {
     }
     let to = Duration::from_secs(5);
     for stages in [&["0:1", "2:output"][..], &["0:1", "2:2", "3:output"][..]] {
-        for bits in [32u8, 16, 8] {
+        // (decode bits, prefill bits): every width, and 16-bit prefill with exact decode (--dist-prefill-bits 16).
+        for (bits, prefill_bits) in [(32u8, None), (16, None), (8, None), (32, Some(16u8))] {
             let (c, local) = coordinator_on(&model, stages[0], bits, None, to, CHUNK);
             let _w: Vec<_> = stages[1..].iter().map(|l| thread_worker(&model, l, &c.addr, None, to)).collect();
             c.coord.wait_complete(Duration::from_secs(20)).expect("route completes");
             let mut s = session(&c, local, bits, CHUNK);
+            s.opts.prefill_bits = prefill_bits;
+            let label = match prefill_bits {
+                Some(p) => format!("{p}-bit prefill, {bits}-bit decode"),
+                None => format!("{bits} bits"),
+            };
             let (mut worst, mut top) = (0f32, 0f32);
             for ((p, _), (rt, rl)) in prompts.iter().zip(&refs) {
                 let mut logits = s.sync(p).unwrap().to_vec();
@@ -53,15 +59,15 @@ fn a_trained_model_keeps_its_greedy_tokens_at_32_16_and_8_bits() {
                     toks.push(t);
                     logits = s.step(t).unwrap().to_vec();
                 }
-                assert_eq!(&toks, rt, "greedy tokens of route {stages:?} at {bits} bits, prompt {p:?}");
+                assert_eq!(&toks, rt, "greedy tokens of route {stages:?} at {label}, prompt {p:?}");
             }
             // Fixed bounds from measurement (16-bit 8.5e-3, 8-bit 1.6e-2..1.9e-2 of max |logit|), not from the run.
-            match bits {
+            match prefill_bits.unwrap_or(bits).min(bits) {
                 32 => assert_eq!(worst, 0.0, "32-bit route {stages:?} is bit-identical"),
                 16 => assert!(worst <= 1.5e-2 * top, "16-bit route {stages:?}: {worst:.3e} exceeds 1.5e-2 of max |logit| {top:.2}"),
                 _ => assert!(worst <= 3e-2 * top, "8-bit route {stages:?}: {worst:.3e} exceeds 3e-2 of max |logit| {top:.2}"),
             }
-            eprintln!("route {stages:?} at {bits} bits: greedy tokens identical on {} prompts; max |logit error| {worst:.3e} = {:.2e} of max |logit|", prompts.len(), worst / top);
+            eprintln!("route {stages:?} at {label}: greedy tokens identical on {} prompts; max |logit error| {worst:.3e} = {:.2e} of max |logit|", prompts.len(), worst / top);
         }
     }
 }

@@ -20,11 +20,28 @@ pub enum Backend {
 }
 
 impl Backend {
+    /// `auto`, `cpu` or `cuda`.
     pub fn parse(s: &str) -> Result<Self, EngineError> {
         match s {
+            "auto" => Ok(Self::auto()),
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda),
-            o => Err(EngineError::Invalid(format!("unknown backend `{o}` (expected cpu or cuda)"))),
+            o => Err(EngineError::Invalid(format!("unknown backend `{o}` (expected auto, cpu or cuda)"))),
+        }
+    }
+
+    /// The best backend built in and present: CUDA in a CUDA build when the NVIDIA driver lists a
+    /// device (checked without loading any CUDA library), else the CPU.
+    pub fn auto() -> Self {
+        let nvidia = std::fs::read_dir("/proc/driver/nvidia/gpus").map(|mut d| d.next().is_some()).unwrap_or(false)
+            || std::path::Path::new("/dev/nvidia0").exists();
+        if cfg!(feature = "cuda") && nvidia { Self::Cuda } else { Self::Cpu }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpu => "cpu",
+            Self::Cuda => "cuda",
         }
     }
 }

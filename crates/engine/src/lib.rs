@@ -5,6 +5,7 @@ mod default_model;
 mod device_budget;
 mod engine;
 mod error;
+pub mod logprobs;
 pub mod membw;
 mod progress;
 mod session;

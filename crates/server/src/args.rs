@@ -68,8 +68,8 @@ pub struct Args {
     /// first-use stalls; --weights copy reads them all anyway.
     #[arg(long = "warm-weights")]
     pub warm_weights: bool,
-    /// Compute backend: cpu, or cuda (NVIDIA GPU; binary built with --features cuda).
-    #[arg(long = "backend", default_value = "cpu")]
+    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    #[arg(long = "backend", default_value = "auto")]
     pub backend: String,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
     #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]

@@ -21,6 +21,10 @@ pub struct Ds4Flags {
     /// Exact kernels (f32 activations) instead of the fast int8-activation mat-vecs.
     #[arg(long = "quality")]
     pub quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub qat: String,
 
     // Features not built yet (refused by `not_built`).
     #[arg(long = "mtp", value_name = "FILE", hide = true)]

@@ -33,6 +33,9 @@ pub struct Gen {
     pub stats: GenStats,
     /// Time from queueing to the first token, once there is one.
     ttft: Option<Duration>,
+    /// Alternatives per token when the request asked for logprobs, and those of the token just sampled.
+    lp_top: Option<usize>,
+    pending_lp: Option<ds4_engine::logprobs::Step>,
 }
 
 /// Where a finished request is reported.
@@ -46,7 +49,10 @@ impl Gen {
     #[allow(clippy::too_many_arguments)]
     pub fn new(job: Job, seq: u64, tok: Arc<Tokenizer>, ids: ChatTokenIds, tool_mem: Arc<Mutex<ToolMemory>>, exact_tool_replay: bool, n_vocab: usize) -> Self {
         let sc = job.params.sampling;
-        let greedy = job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
+        let lp_top = job.params.logprobs;
+        // Logprobs need every step's logits on the host: such a request does not take the device's
+        // greedy pick (the GPU keeps the logits there), it samples on the host (argmax, same tokens).
+        let greedy = lp_top.is_none() && job.params.script.is_none() && (sc.temperature.is_nan() || sc.temperature <= 0.0 || sc.top_k == 1);
         let out = Output::new(&job, tool_mem, exact_tool_replay);
         let stopm = StopMatcher::new(&job.params.stops, &[]);
         let in_reasoning = job.params.thinking;
@@ -66,18 +72,25 @@ impl Gen {
             greedy,
             stats: GenStats::default(),
             ttft: None,
+            lp_top,
+            pending_lp: None,
             job,
         }
     }
 
     /// The next token from the logits after the last one (the script's token in test mode).
     pub fn sample(&mut self, l: &[f32]) -> u32 {
-        if let Some(s) = &self.job.params.script {
+        let t = if let Some(s) = &self.job.params.script {
             let t = s.get(self.script_at).copied().unwrap_or(self.ids.eos);
             self.script_at += 1;
-            return t;
+            t
+        } else {
+            self.sampler.sample_greedy_if(l, self.out.in_syntax())
+        };
+        if let Some(n) = self.lp_top {
+            self.pending_lp = Some(ds4_engine::logprobs::step(l, t, n));
         }
-        self.sampler.sample_greedy_if(l, self.out.in_syntax())
+        t
     }
 
     /// Emits token `t`; false to stop (client gone, stop string, tool-call block complete).
@@ -90,9 +103,17 @@ impl Gen {
         if self.ttft.is_none() {
             self.ttft = Some(self.job.queued.elapsed());
         }
+        let reasoning = self.in_reasoning;
         if self.in_reasoning {
             self.reasoning_tokens += 1;
             self.in_reasoning = t != self.ids.think_end;
+        }
+        // Only tokens of the visible content get logprobs: not reasoning, not a tool-call block
+        // (`Output` sends them with the text that shows them, and drops those of a block).
+        if let Some(s) = self.pending_lp.take() {
+            if !reasoning && !self.out.in_tool_block() {
+                self.out.lp_pending.push(crate::logprobs::TokenLogprob::new(&self.tok, &s));
+            }
         }
         let piece = if self.tok.is_added(t) {
             let mut p = self.dec.finish();

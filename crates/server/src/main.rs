@@ -10,6 +10,7 @@ mod errors;
 mod fields;
 mod gen;
 mod kv_reuse;
+mod logprobs;
 mod metrics;
 mod models;
 mod openai_chat;
@@ -36,6 +37,10 @@ fn main() -> ExitCode {
     let mut args = args::Args::parse();
     if let Some(b) = args.ds4.backend() {
         args.backend = b.to_string();
+    }
+    if args.backend == "auto" {
+        // Resolved once here: the rest of the start-up reads the backend by name.
+        args.backend = ds4_engine::Backend::auto().name().to_string();
     }
     // Bad flag values are usage errors, as clap's own (exit 2).
     if let Err(e) = args.validate() {
@@ -160,6 +165,8 @@ fn load(
         // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
         opts.options.precision = ds4_quant::Precision::Exact;
     }
+    // Diagnostic only: `--qat off` drops the FP8/FP4 simulation (not the shipped numerics).
+    opts.options.qat = args.ds4.qat != "off";
     app.set_loading("loading model weights");
     let t0 = std::time::Instant::now();
     let (model, tok, coordinator, model_id) = if args.dist.is_coordinator() {

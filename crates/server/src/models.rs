@@ -82,7 +82,12 @@ pub async fn health(State(app): State<Arc<App>>) -> Response {
 }
 
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], app.metrics.render()).into_response()
+    let mut body = app.metrics.render();
+    // A coordinator adds the distributed route's per-hop totals (prefill chunks and decode steps).
+    if app.ready.get().is_some_and(|r| r.coordinator.is_some()) {
+        body.push_str(&ds4_dist::telemetry::prometheus());
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 use crate::app::App;
 use crate::errors::{ApiError, Flavor};
 use crate::fields::{self, Obj};
+use crate::logprobs::{self, TokenLogprob};
 use crate::request::{self, openai_finish, openai_usage};
 use crate::sse::{self, SseOut};
 use crate::tools::{chat_tool_schemas, new_id, tool_choice_none};
@@ -86,6 +87,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_completion_tokens", "max_tokens"])?;
     let stops = fields::opt_stops(&o, "stop")?;
+    let logprobs = logprobs::chat_request(&o)?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match fields::opt_obj(&o, "stream_options")? {
         Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
@@ -96,11 +98,13 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     drop(o);
     drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
-    let params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
+    let mut params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
+    params.logprobs = logprobs;
     let (rx, guard) = app.ready()?.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("chatcmpl-"), created: request::now_secs(), model, include_usage };
     if stream {
-        return Ok(sse::spawn(app.keepalive, move |out| stream_chat(rx, guard, out, meta)));
+        let lp = logprobs.is_some();
+        return Ok(sse::spawn(app.keepalive, move |out| stream_chat(rx, guard, out, meta, lp)));
     }
     let c = request::collect(rx, guard).await?;
     let finish = c.finish.map(openai_finish).unwrap_or("stop");
@@ -118,7 +122,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [{ "index": 0, "message": message, "finish_reason": finish, "logprobs": null }],
+        "choices": [{ "index": 0, "message": message, "finish_reason": finish, "logprobs": if logprobs.is_some() { logprobs::chat_json(&c.logprobs) } else { Value::Null } }],
         "usage": openai_usage(&c.usage),
     }))
     .into_response())
@@ -134,15 +138,41 @@ fn chunk(meta: &Meta, delta: Value, finish: Option<&str>) -> Value {
     })
 }
 
-async fn stream_chat(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
+/// A content chunk carrying the logprobs of the tokens seen since the last one.
+fn text_chunk(meta: &Meta, s: String, lp: &mut Option<Vec<TokenLogprob>>) -> Value {
+    let mut c = chunk(meta, json!({ "content": s }), None);
+    if let Some(l) = lp.as_mut() {
+        c["choices"][0]["logprobs"] = logprobs::chat_json(&std::mem::take(l));
+    }
+    c
+}
+
+/// Logprobs whose text is still held back go out in an empty content chunk before `ev` is sent.
+async fn flush_logprobs(out: &SseOut, meta: &Meta, lp: &mut Option<Vec<TokenLogprob>>) -> bool {
+    match lp {
+        Some(l) if !l.is_empty() => out.data(&text_chunk(meta, String::new(), lp)).await,
+        _ => true,
+    }
+}
+
+async fn stream_chat(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta, with_logprobs: bool) {
     if !out.data(&chunk(&meta, json!({ "role": "assistant", "content": "" }), None)).await {
         return;
     }
+    // Token logprobs not sent yet (Some when the request asked for them).
+    let mut lp: Option<Vec<TokenLogprob>> = with_logprobs.then(Vec::new);
     while let Some(ev) = rx.recv().await {
         let ok = match ev {
             Event::Started { .. } => true,
+            Event::Logprob(l) => {
+                if let Some(v) = lp.as_mut() {
+                    v.push(l);
+                }
+                true
+            }
+            Event::Text(s) => out.data(&text_chunk(&meta, s, &mut lp)).await,
+            Event::Reasoning(_) | Event::ToolStart { .. } | Event::Done { .. } if !flush_logprobs(&out, &meta, &mut lp).await => false,
             Event::Reasoning(s) => out.data(&chunk(&meta, json!({ "reasoning_content": s }), None)).await,
-            Event::Text(s) => out.data(&chunk(&meta, json!({ "content": s }), None)).await,
             Event::ToolStart { index, id, name } => {
                 let d = json!({ "tool_calls": [{ "index": index, "id": id, "type": "function", "function": { "name": name, "arguments": "" } }] });
                 out.data(&chunk(&meta, d, None)).await

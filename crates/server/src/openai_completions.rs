@@ -2,6 +2,7 @@
 use crate::app::App;
 use crate::errors::{ApiError, Flavor};
 use crate::fields::{self, Obj};
+use crate::logprobs::{self, TokenLogprob};
 use crate::request::{self, openai_finish, openai_usage, RawPrompt};
 use crate::sse::{self, SseOut};
 use crate::tools::new_id;
@@ -55,6 +56,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_tokens"])?.or(Some(16));
     let stops = fields::opt_stops(&o, "stop")?;
+    let logprobs = logprobs::completions_request(&o)?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let include_usage = match fields::opt_obj(&o, "stream_options")? {
         Some(so) => fields::opt_bool(so, "include_usage")?.unwrap_or(false),
@@ -64,19 +66,22 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     drop(o);
     drop(body);
     let prompt = request::raw_prompt(&app, raw).await?;
-    let params = request::params(&app, &prompt, sampling, max, stops, false, "call_", &last);
+    let mut params = request::params(&app, &prompt, sampling, max, stops, false, "call_", &last);
+    params.logprobs = logprobs;
     let (rx, guard) = app.ready()?.submitter.submit("completion", prompt.tokens, None, params)?;
     let meta = Meta { id: new_id("cmpl-"), created: request::now_secs(), model, include_usage };
     if stream {
-        return Ok(sse::spawn(app.keepalive, move |out| stream_completion(rx, guard, out, meta)));
+        let lp = logprobs.is_some();
+        return Ok(sse::spawn(app.keepalive, move |out| stream_completion(rx, guard, out, meta, lp)));
     }
     let c = request::collect(rx, guard).await?;
+    let lp = if logprobs.is_some() { logprobs::completions_json(&c.logprobs, &mut 0) } else { Value::Null };
     Ok(Json(json!({
         "id": meta.id,
         "object": "text_completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [{ "index": 0, "text": c.text, "finish_reason": c.finish.map(openai_finish).unwrap_or("stop"), "logprobs": null }],
+        "choices": [{ "index": 0, "text": c.text, "finish_reason": c.finish.map(openai_finish).unwrap_or("stop"), "logprobs": lp }],
         "usage": openai_usage(&c.usage),
     }))
     .into_response())
@@ -92,12 +97,34 @@ fn chunk(meta: &Meta, text: &str, finish: Option<&str>) -> Value {
     })
 }
 
-async fn stream_completion(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
+/// Token logprobs not sent yet, and the text offset of the first of them.
+struct Pending {
+    entries: Vec<TokenLogprob>,
+    offset: usize,
+}
+
+/// A text chunk carrying the logprobs of the tokens seen since the last one (when asked for).
+fn text_chunk(meta: &Meta, text: &str, finish: Option<&str>, lp: &mut Option<Pending>) -> Value {
+    let mut c = chunk(meta, text, finish);
+    if let Some(p) = lp.as_mut() {
+        c["choices"][0]["logprobs"] = logprobs::completions_json(&std::mem::take(&mut p.entries), &mut p.offset);
+    }
+    c
+}
+
+async fn stream_completion(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta, with_logprobs: bool) {
+    let mut lp = with_logprobs.then(|| Pending { entries: Vec::new(), offset: 0 });
     while let Some(ev) = rx.recv().await {
         let ok = match ev {
-            Event::Text(s) | Event::Reasoning(s) => out.data(&chunk(&meta, &s, None)).await,
+            Event::Logprob(l) => {
+                if let Some(p) = lp.as_mut() {
+                    p.entries.push(l);
+                }
+                true
+            }
+            Event::Text(s) | Event::Reasoning(s) => out.data(&text_chunk(&meta, &s, None, &mut lp)).await,
             Event::Done { finish, usage } => {
-                meta.finish(&out, "text_completion", &chunk(&meta, "", Some(openai_finish(finish))), openai_usage(&usage)).await;
+                meta.finish(&out, "text_completion", &text_chunk(&meta, "", Some(openai_finish(finish)), &mut lp), openai_usage(&usage)).await;
                 return;
             }
             Event::Error(e) => {

@@ -5,6 +5,7 @@
 use crate::app::App;
 use crate::errors::{ApiError, Flavor};
 use crate::fields::{self, Obj};
+use crate::logprobs::{self, TokenLogprob};
 use crate::request;
 use crate::sse::{self, SseOut};
 use crate::tools::{new_id, responses_tool_schemas, tool_choice_none};
@@ -113,6 +114,8 @@ struct Meta {
     created: u64,
     model: String,
     summary: bool,
+    /// Output-text logprobs were asked for.
+    logprobs: bool,
 }
 
 fn usage(u: &Usage) -> Value {
@@ -151,8 +154,17 @@ fn reasoning_item(id: &str, text: &str, summary: bool) -> Value {
     json!({ "type": "reasoning", "id": id, "summary": s, "content": [{ "type": "reasoning_text", "text": text }], "status": "completed" })
 }
 
-fn message_item(id: &str, text: &str, status: &str) -> Value {
-    json!({ "type": "message", "id": id, "role": "assistant", "status": status, "content": [{ "type": "output_text", "text": text, "annotations": [] }] })
+/// The `output_text` part; `logprobs` only when they were asked for.
+fn text_part(text: &str, logprobs: Option<&[Value]>) -> Value {
+    let mut p = json!({ "type": "output_text", "text": text, "annotations": [] });
+    if let Some(l) = logprobs {
+        p["logprobs"] = Value::Array(l.to_vec());
+    }
+    p
+}
+
+fn message_item(id: &str, text: &str, status: &str, logprobs: Option<&[Value]>) -> Value {
+    json!({ "type": "message", "id": id, "role": "assistant", "status": status, "content": [text_part(text, logprobs)] })
 }
 
 fn call_item(id: &str, call_id: &str, name: &str, arguments: &str, status: &str) -> Value {
@@ -183,15 +195,17 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     };
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_output_tokens", "max_tokens"])?;
+    let lp_top = logprobs::responses_request(&o)?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
-    let params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
+    let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
+    params.logprobs = lp_top;
     let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;
-    let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary };
+    let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary, logprobs: lp_top.is_some() };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_responses(rx, guard, out, meta)));
     }
@@ -201,7 +215,8 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         output.push(reasoning_item(&new_id("rs_"), &c.reasoning, meta.summary));
     }
     if !c.text.is_empty() {
-        output.push(message_item(&new_id("msg_"), &c.text, "completed"));
+        let lp: Vec<Value> = c.logprobs.iter().map(TokenLogprob::json).collect();
+        output.push(message_item(&new_id("msg_"), &c.text, "completed", meta.logprobs.then_some(&lp[..])));
     }
     for (id, name, args) in &c.calls {
         output.push(call_item(&new_id("fc_"), id, name, args, "completed"));
@@ -227,9 +242,20 @@ struct Stream<'a> {
     text: String,
     /// Output index of each started tool call, by call index.
     calls: Vec<(usize, String, String)>,
+    /// Logprobs of tokens whose text has not been sent yet.
+    lp_pending: Vec<TokenLogprob>,
+    /// Logprobs of the open message's text so far.
+    lp_text: Vec<Value>,
 }
 
 impl Stream<'_> {
+    /// The pending logprobs as JSON, also kept for the message's final content.
+    fn take_logprobs(&mut self) -> Vec<Value> {
+        let v: Vec<Value> = self.lp_pending.drain(..).map(|l| l.json()).collect();
+        self.lp_text.extend(v.iter().cloned());
+        v
+    }
+
     async fn send(&mut self, ty: &str, mut v: Value) -> bool {
         v["type"] = json!(ty);
         v["sequence_number"] = json!(self.seq);
@@ -254,9 +280,18 @@ impl Stream<'_> {
                 ok
             }
             Open::Message => {
-                let item = message_item(&id, &text, "completed");
-                let part = json!({ "type": "output_text", "text": text, "annotations": [] });
-                let ok = self.send("response.output_text.done", json!({ "item_id": id, "output_index": idx, "content_index": 0, "text": text, "logprobs": [] })).await
+                // Logprobs of text that never came (a stop, held-back whitespace) close the message.
+                if !self.lp_pending.is_empty() {
+                    let lp = self.take_logprobs();
+                    if !self.send("response.output_text.delta", json!({ "item_id": id, "output_index": idx, "content_index": 0, "delta": "", "logprobs": lp })).await {
+                        return false;
+                    }
+                }
+                let lp = std::mem::take(&mut self.lp_text);
+                let shown = self.meta.logprobs.then_some(&lp[..]);
+                let item = message_item(&id, &text, "completed", shown);
+                let part = text_part(&text, shown);
+                let ok = self.send("response.output_text.done", json!({ "item_id": id, "output_index": idx, "content_index": 0, "text": text, "logprobs": lp })).await
                     && self.send("response.content_part.done", json!({ "item_id": id, "output_index": idx, "content_index": 0, "part": part })).await
                     && self.send("response.output_item.done", json!({ "output_index": idx, "item": item })).await;
                 self.items.push(item);
@@ -297,13 +332,14 @@ impl Stream<'_> {
         if kind == Open::Reasoning {
             self.send("response.reasoning_text.delta", json!({ "item_id": id, "output_index": idx, "content_index": 0, "delta": s })).await
         } else {
-            self.send("response.output_text.delta", json!({ "item_id": id, "output_index": idx, "content_index": 0, "delta": s, "logprobs": [] })).await
+            let lp = self.take_logprobs();
+            self.send("response.output_text.delta", json!({ "item_id": id, "output_index": idx, "content_index": 0, "delta": s, "logprobs": lp })).await
         }
     }
 }
 
 async fn stream_responses(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
-    let mut st = Stream { out: &out, meta: &meta, seq: 0, items: Vec::new(), open: Open::None, item_id: String::new(), text: String::new(), calls: Vec::new() };
+    let mut st = Stream { out: &out, meta: &meta, seq: 0, items: Vec::new(), open: Open::None, item_id: String::new(), text: String::new(), calls: Vec::new(), lp_pending: Vec::new(), lp_text: Vec::new() };
     let skeleton = response(&meta, "in_progress", &[], Value::Null, None, Value::Null);
     if !(st.send("response.created", json!({ "response": skeleton.clone() })).await && st.send("response.in_progress", json!({ "response": skeleton })).await) {
         return;
@@ -313,6 +349,10 @@ async fn stream_responses(mut rx: mpsc::UnboundedReceiver<Event>, _guard: Cancel
             Event::Started { .. } => true,
             Event::Reasoning(s) => st.delta(Open::Reasoning, s).await,
             Event::Text(s) => st.delta(Open::Message, s).await,
+            Event::Logprob(l) => {
+                st.lp_pending.push(l);
+                true
+            }
             Event::ToolStart { id, name, .. } => {
                 if !st.close().await {
                     return;

@@ -231,6 +231,7 @@ pub fn params(
         parse_tools,
         id_prefix,
         script,
+        logprobs: None,
     }
 }
 
@@ -243,6 +244,8 @@ pub struct Collected {
     pub calls: Vec<(String, String, String)>,
     pub finish: Option<Finish>,
     pub usage: Usage,
+    /// Per-token logprobs of the visible text (when asked for).
+    pub logprobs: Vec<crate::logprobs::TokenLogprob>,
 }
 
 /// Waits for the whole generation. A generation that ends without its final event is an error, never
@@ -254,6 +257,7 @@ pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDro
             Event::Started { .. } => {}
             Event::Reasoning(s) => c.reasoning.push_str(&s),
             Event::Text(s) => c.text.push_str(&s),
+            Event::Logprob(l) => c.logprobs.push(l),
             Event::ToolStart { .. } => {}
             Event::ToolDone { id, name, arguments, .. } => c.calls.push((id, name, arguments)),
             Event::Done { finish, usage } => {

@@ -35,6 +35,8 @@ pub struct GenParams {
     pub id_prefix: &'static str,
     /// Test-only scripted output (`--test-script`): these tokens are emitted instead of sampled ones.
     pub script: Option<Vec<u32>>,
+    /// Per-token logprobs with this many alternatives (None: off, no extra work per token).
+    pub logprobs: Option<usize>,
 }
 
 pub struct Job {
@@ -72,6 +74,9 @@ pub enum Event {
     Started { prompt_tokens: usize, cached_tokens: usize },
     Reasoning(String),
     Text(String),
+    /// Logprobs of one visible output token (only when the request asked for them); sent just before
+    /// the `Text` that shows the token's text (at the end when its text never shows, e.g. a stop string).
+    Logprob(crate::logprobs::TokenLogprob),
     ToolStart { index: usize, id: String, name: String },
     ToolDone { index: usize, id: String, name: String, arguments: String },
     Done { finish: Finish, usage: Usage },
@@ -398,6 +403,9 @@ pub(crate) struct Output {
     pub(crate) block_done: bool,
     tool_mem: Arc<Mutex<ToolMemory>>,
     remember: bool,
+    /// Logprobs of tokens whose text has not been sent yet: sent just before it, dropped when that
+    /// text turns out to open a tool-call block.
+    pub(crate) lp_pending: Vec<crate::logprobs::TokenLogprob>,
 }
 
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -418,7 +426,19 @@ impl Output {
             block_done: false,
             tool_mem,
             remember,
+            lp_pending: Vec::new(),
         }
+    }
+
+    fn send_logprobs(&mut self) {
+        for l in self.lp_pending.drain(..) {
+            let _ = self.events.send(Event::Logprob(l));
+        }
+    }
+
+    /// Inside a tool-call block (its opening marker seen, or a call started).
+    pub(crate) fn in_tool_block(&self) -> bool {
+        self.block_start.is_some() || self.parser.as_ref().is_some_and(|p| p.in_tool_block())
     }
 
     pub(crate) fn in_syntax(&self) -> bool {
@@ -431,6 +451,7 @@ impl Output {
         }
         self.all_text.push_str(text);
         let Some(parser) = self.parser.as_mut() else {
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(text.to_string()));
             return;
         };
@@ -447,6 +468,7 @@ impl Output {
         let mut emit = std::mem::take(&mut self.pending_ws);
         emit.push_str(trimmed);
         self.pending_ws.push_str(&s[trimmed.len()..]);
+        self.send_logprobs();
         let _ = self.events.send(Event::Text(emit));
     }
 
@@ -465,6 +487,7 @@ impl Output {
                         let start = self.all_text[..at].trim_end().len();
                         self.block_start = Some(start);
                         self.pending_ws.clear();
+                        self.lp_pending.clear();
                     }
                     let id = new_id(self.id_prefix);
                     let index = self.block_ids.len();
@@ -511,7 +534,12 @@ impl Output {
         }
         if !self.pending_ws.is_empty() && !self.block_done {
             let ws = std::mem::take(&mut self.pending_ws);
+            self.send_logprobs();
             let _ = self.events.send(Event::Text(ws));
+        }
+        // Tokens whose text never showed (a stop string cut it) still came from the model.
+        if !self.in_tool_block() {
+            self.send_logprobs();
         }
     }
 }

@@ -41,6 +41,7 @@ const DS4_SERVER_FLAGS: &[(&str, &str)] = &[
     ("-t", "1"),
     ("--threads", "1"),
     ("--quality", ""),
+    ("--qat", "off"),
     ("--mtp", "mtp.gguf"),
     ("--mtp-draft", "2"),
     ("--mtp-margin", "3.0"),

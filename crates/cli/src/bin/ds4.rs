@@ -36,7 +36,7 @@ mod repl;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
@@ -129,6 +129,10 @@ struct Ds4Flags {
     /// Exact kernels: f32 activations everywhere (no int8 fast path).
     #[arg(long = "quality")]
     quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    qat: String,
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and tokens; same output.
     #[arg(long = "power", default_value_t = 100)]
     power: u32,
@@ -323,6 +327,7 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
     if args.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
+    options.qat = args.ds4.qat == "on";
     LoadOptions {
         ctx: args.ctx,
         threads: args.threads,

@@ -22,7 +22,7 @@ mod power;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: docs/ds4-flags.md")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt_file", "chat_prompt_file"]))]
 struct Args {
     #[arg(short = 'm', long = "model")]
@@ -113,6 +113,10 @@ struct BenchDs4Flags {
     /// Exact kernels: f32 activations everywhere (no int8 fast path).
     #[arg(long = "quality")]
     quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    qat: String,
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens.
     #[arg(long = "power", default_value_t = 100)]
     power: u32,
@@ -217,6 +221,7 @@ fn run(a: Args) -> Result<(), String> {
     if a.ds4.quality {
         options.precision = ds4_quant::Precision::Exact;
     }
+    options.qat = a.ds4.qat == "on";
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
     if a.concurrency > 1 && backend != ds4_engine::Backend::Cpu {
         return Err(usage("--concurrency > 1: batched decode is not yet available on the CUDA backend; use --backend cpu"));

@@ -129,7 +129,7 @@ pub fn coordinator_on(path: &Path, local: &str, bits: u8, token: Option<&str>, t
 }
 
 pub fn session(c: &Coord, stage: LocalStage, bits: u8, chunk: usize) -> DistSession {
-    let opts = RouteOptions { bits, prefill_chunk: chunk, prefill_window: None, replay_check: true, debug: std::env::var_os("DS4_TEST_DEBUG").is_some() };
+    let opts = RouteOptions { bits, prefill_bits: None, prefill_chunk: chunk, auto_chunk: false, prefill_window: None, replay_check: true, debug: std::env::var_os("DS4_TEST_DEBUG").is_some() };
     DistSession::new(stage, Some(c.coord.clone()), opts)
 }
 
