@@ -170,15 +170,17 @@ pub(crate) fn q8k_to_row_major_groups(a: &mut [u8]) {
 /// they hint the lines `PF` bytes past it. Rows are contiguous in a matrix, so near a row's
 /// end this pulls in the next rows. 2 KiB measured best on the 2-core dev VM (see
 /// bench/results/README.md); `DS4_QUANT_PF=<bytes>` overrides it, 0 turns it off.
+#[cfg(target_arch = "x86_64")]
 pub(crate) fn kpf() -> usize {
     static D: OnceLock<usize> = OnceLock::new();
     *D.get_or_init(|| std::env::var("DS4_QUANT_PF").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
 }
 
 /// Prefetch hint for the line at `p + off` (may lie past the slice: a hint never faults).
+/// Only the x86-64 SIMD kernels use it.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn pf_at(p: &[u8], off: usize) {
-    #[cfg(target_arch = "x86_64")]
     // SAFETY: prefetch is only a hint; it never faults, whatever the address.
     unsafe {
         core::arch::x86_64::_mm_prefetch::<{ core::arch::x86_64::_MM_HINT_T0 }>(p.as_ptr().wrapping_add(off).cast())
