@@ -20,6 +20,35 @@ pub struct BackendSwitches {
     pub rocm: bool,
 }
 
+/// The engine switches ds4 and ds4-bench share: backend, precision, FP8/FP4 simulation, duty cycle.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct EngineSwitches {
+    #[command(flatten)]
+    pub backend: BackendSwitches,
+    /// Exact kernels: f32 activations everywhere (no int8 fast path).
+    #[arg(long = "quality")]
+    pub quality: bool,
+    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
+    /// departs from the shipped numerics.
+    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub qat: String,
+    /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens; same output.
+    #[arg(long = "power", default_value_t = 100)]
+    pub power: u32,
+}
+
+impl EngineSwitches {
+    /// The forward pass's options these switches ask for.
+    pub fn model_options(&self) -> ds4_model::Options {
+        let mut options = ds4_model::Options::default();
+        if self.quality {
+            options.precision = ds4_quant::Precision::Exact;
+        }
+        options.qat = self.qat == "on";
+        options
+    }
+}
+
 /// Why no backend could be picked: a usage error (exit 2).
 #[derive(Debug)]
 pub struct BackendUsage(pub String);

@@ -125,17 +125,7 @@ struct Args {
 #[derive(clap::Args, Debug)]
 struct Ds4Flags {
     #[command(flatten)]
-    backend: backend_flags::BackendSwitches,
-    /// Exact kernels: f32 activations everywhere (no int8 fast path).
-    #[arg(long = "quality")]
-    quality: bool,
-    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
-    /// departs from the shipped numerics.
-    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
-    qat: String,
-    /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and tokens; same output.
-    #[arg(long = "power", default_value_t = 100)]
-    power: u32,
+    sw: backend_flags::EngineSwitches,
     /// Start the conversation from earlier turns: `USER:` / `ASSISTANT:` blocks (complete pairs).
     #[arg(long = "prefix-file", conflicts_with = "raw_prompt")]
     prefix_file: Option<PathBuf>,
@@ -182,13 +172,13 @@ fn usage(msg: &str) -> ! {
 
 /// Flag values and combinations that can be checked before loading anything (exit 2 when wrong).
 fn check_usage(args: &Args) -> ds4_engine::Backend {
-    let backend = args.ds4.backend.resolve(args.backend.as_deref()).unwrap_or_else(|e| usage(&e.0));
+    let backend = args.ds4.sw.backend.resolve(args.backend.as_deref()).unwrap_or_else(|e| usage(&e.0));
     if let Some(k) = args.ds4.logprobs_top_k {
         if k == 0 || k > logprobs::MAX_TOP_K {
             usage(&format!("--logprobs-top-k {k}: expected 1 to {}", logprobs::MAX_TOP_K));
         }
     }
-    if let Err(e) = power::Power::new(args.ds4.power) {
+    if let Err(e) = power::Power::new(args.ds4.sw.power) {
         usage(&e);
     }
     let d = &args.ds4;
@@ -323,11 +313,7 @@ fn dump_logits(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::M
 
 /// How the model (or this process's layers of it) is loaded.
 fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
-    let mut options = ds4_model::Options::default();
-    if args.ds4.quality {
-        options.precision = ds4_quant::Precision::Exact;
-    }
-    options.qat = args.ds4.qat == "on";
+    let options = args.ds4.sw.model_options();
     LoadOptions {
         ctx: args.ctx,
         threads: args.threads,
@@ -415,7 +401,7 @@ fn chat_config(a: &Args, prefix: Vec<ds4_tokenizer::chat::Message>) -> ChatConfi
             _ => Display::Text,
         },
         record_top_k: dump.then(|| a.ds4.logprobs_top_k.unwrap_or(logprobs::DEFAULT_TOP_K)),
-        power: a.ds4.power,
+        power: a.ds4.sw.power,
         debug: a.debug,
     }
 }

@@ -109,17 +109,7 @@ struct Args {
 #[derive(clap::Args, Debug)]
 struct BenchDs4Flags {
     #[command(flatten)]
-    backend: backend_flags::BackendSwitches,
-    /// Exact kernels: f32 activations everywhere (no int8 fast path).
-    #[arg(long = "quality")]
-    quality: bool,
-    /// Diagnostic: the FP8/FP4 simulation of the official model (KV rows, indexer) on or off. `off`
-    /// departs from the shipped numerics.
-    #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
-    qat: String,
-    /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens.
-    #[arg(long = "power", default_value_t = 100)]
-    power: u32,
+    sw: backend_flags::EngineSwitches,
     /// Write the last position's logits at each frontier: DIR/ctx-N.logits.f32 (little-endian f32 ×
     /// vocab) and DIR/ctx-N.tokens.u32 (the frontier's token ids, little-endian u32).
     #[arg(long = "dump-frontier-logits-dir")]
@@ -215,13 +205,9 @@ fn run(a: Args) -> Result<(), String> {
     if a.concurrency == 0 {
         return Err(usage("--concurrency must be at least 1"));
     }
-    let backend = a.ds4.backend.resolve(a.backend.as_deref()).map_err(|e| usage(&e.0))?;
-    let mut power = power::Power::new(a.ds4.power).map_err(|e| usage(&e))?;
-    let mut options = ds4_model::Options::default();
-    if a.ds4.quality {
-        options.precision = ds4_quant::Precision::Exact;
-    }
-    options.qat = a.ds4.qat == "on";
+    let backend = a.ds4.sw.backend.resolve(a.backend.as_deref()).map_err(|e| usage(&e.0))?;
+    let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
+    let options = a.ds4.sw.model_options();
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
     if a.concurrency > 1 && backend != ds4_engine::Backend::Cpu {
         return Err(usage("--concurrency > 1: batched decode is not yet available on the CUDA backend; use --backend cpu"));
@@ -234,7 +220,7 @@ fn run(a: Args) -> Result<(), String> {
         std::process::exit(2);
     }
     if a.dist.active() || a.dist.validate().is_err() {
-        let prompt_file = match (&a.prompt_file, a.ds4.dump_frontier_logits_dir.is_some(), a.ds4.power) {
+        let prompt_file = match (&a.prompt_file, a.ds4.dump_frontier_logits_dir.is_some(), a.ds4.sw.power) {
             (Some(p), false, 100) => p.clone(),
             _ => return Err(usage("with --role coordinator: only --prompt-file (no --chat-prompt-file, --dump-frontier-logits-dir or --power) yet")),
         };
