@@ -35,9 +35,30 @@ pub struct EngineSwitches {
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens; same output.
     #[arg(long = "power", default_value_t = 100)]
     pub power: u32,
+    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    #[arg(id = "backend", long = "backend")]
+    pub backend_name: Option<String>,
+    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
+    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
+    pub cuda_devices: Vec<usize>,
+    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
+    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
+    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
+    pub cuda_weights: String,
+    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
+    /// (map the file; a GPU backend's default).
+    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
+    pub weights: Option<ds4_engine::WeightMemory>,
+    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
+    /// first-use stalls; --weights copy reads them all anyway.
+    #[arg(long = "warm-weights")]
+    pub warm_weights: bool,
 }
 
 impl EngineSwitches {
+    /// The backend `--backend` or a switch asks for, resolved for this binary.
+    pub fn resolve_backend(&self) -> Result<Backend, BackendUsage> { self.backend.resolve(self.backend_name.as_deref()) }
+
     /// The forward pass's options these switches ask for.
     pub fn model_options(&self) -> ds4_model::Options {
         let mut options = ds4_model::Options::default();
@@ -46,6 +67,21 @@ impl EngineSwitches {
         }
         options.qat = self.qat == "on";
         options
+    }
+
+    /// Load options for `backend` with these switches' devices, weight placement and model options
+    /// (context, threads and chunk sizes are the caller's).
+    pub fn load_options(&self, backend: Backend) -> ds4_engine::LoadOptions {
+        ds4_engine::LoadOptions {
+            backend,
+            cuda_devices: self.cuda_devices.clone(),
+            // clap's value_parser admits only valid names.
+            cuda_weights: ds4_engine::CudaWeights::parse(&self.cuda_weights).unwrap_or_default(),
+            weights: self.weights,
+            warm_weights: self.warm_weights,
+            options: self.model_options(),
+            ..ds4_engine::LoadOptions::default()
+        }
     }
 }
 

@@ -4,7 +4,7 @@ use ds4_gguf::GgufFile;
 use crate::progress::Progress;
 use ds4_model::hostload::{HostLoad, WeightMemory};
 use ds4_model::mapplan::MapPlan;
-use ds4_model::memplan::{admit, admit_device, available_ram, MemoryPlan, PlanInput, Placement};
+use ds4_model::memplan::{admit, available_ram, MemoryPlan, PlanInput, Placement};
 use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -247,9 +247,6 @@ impl Engine {
         let mut memory = admit(&input, budget).map_err(EngineError::Budget)?;
         if host_weights {
             memory = host_weights_plan(memory);
-        }
-        if let Some(free) = crate::device_budget::device_free(opts.backend, &opts.cuda_devices) {
-            admit_device(&memory, free).map_err(EngineError::Budget)?;
         }
         // The vocabulary is metadata: building the tokenizer reads no tensor data.
         let tokenizer = if file.get("tokenizer.ggml.tokens").is_some() { Some(Arc::new(Tokenizer::from_gguf(&file)?)) } else { None };

@@ -2,7 +2,6 @@
 #[cfg(feature = "cuda")]
 mod cuda_pipeline;
 mod default_model;
-mod device_budget;
 mod engine;
 mod error;
 pub mod logprobs;

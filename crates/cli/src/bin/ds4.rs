@@ -86,24 +86,6 @@ struct Args {
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
-    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
-    /// (map the file; a GPU backend's default).
-    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
-    weights: Option<ds4_engine::WeightMemory>,
-    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
-    /// first-use stalls; --weights copy reads them all anyway.
-    #[arg(long = "warm-weights")]
-    warm_weights: bool,
-    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
-    #[arg(long = "backend")]
-    backend: Option<String>,
-    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
-    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
-    cuda_devices: Vec<usize>,
-    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
-    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
-    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
-    cuda_weights: String,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
     kv_load: Option<std::path::PathBuf>,
@@ -172,7 +154,7 @@ fn usage(msg: &str) -> ! {
 
 /// Flag values and combinations that can be checked before loading anything (exit 2 when wrong).
 fn check_usage(args: &Args) -> ds4_engine::Backend {
-    let backend = args.ds4.sw.backend.resolve(args.backend.as_deref()).unwrap_or_else(|e| usage(&e.0));
+    let backend = args.ds4.sw.resolve_backend().unwrap_or_else(|e| usage(&e.0));
     if let Some(k) = args.ds4.logprobs_top_k {
         if k == 0 || k > logprobs::MAX_TOP_K {
             usage(&format!("--logprobs-top-k {k}: expected 1 to {}", logprobs::MAX_TOP_K));
@@ -313,20 +295,13 @@ fn dump_logits(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::M
 
 /// How the model (or this process's layers of it) is loaded.
 fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
-    let options = args.ds4.sw.model_options();
     LoadOptions {
         ctx: args.ctx,
         threads: args.threads,
         prefill_chunk: args.prefill_chunk,
         mem_limit_gb: args.mem_limit_gb,
         debug: args.debug,
-        backend,
-        cuda_devices: args.cuda_devices.clone(),
-        options,
-        cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).unwrap_or_default(),
-        weights: args.weights,
-        warm_weights: args.warm_weights,
-        ..LoadOptions::default()
+        ..args.ds4.sw.load_options(backend)
     }
 }
 

@@ -68,24 +68,6 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
-    /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
-    /// (map the file; a GPU backend's default).
-    #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
-    weights: Option<ds4_engine::WeightMemory>,
-    /// Read every weight page at startup (parallel pre-fault of the mapping, with progress), for no
-    /// first-use stalls; --weights copy reads them all anyway.
-    #[arg(long = "warm-weights")]
-    warm_weights: bool,
-    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
-    #[arg(long = "backend")]
-    backend: Option<String>,
-    /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
-    #[arg(long = "cuda-devices", visible_alias = "gpu-devices", value_delimiter = ',', default_value = "0")]
-    cuda_devices: Vec<usize>,
-    /// With --backend cuda: where the weights live: device (copied to GPU memory), host (read in place
-    /// from the mapped file over the bus; no GPU copy), auto (host on an integrated GPU, else device).
-    #[arg(long = "cuda-weights", default_value = "auto", value_parser = ["auto", "device", "host"])]
-    cuda_weights: String,
     /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
     gpu_bw_gbps: f64,
@@ -205,10 +187,9 @@ fn run(a: Args) -> Result<(), String> {
     if a.concurrency == 0 {
         return Err(usage("--concurrency must be at least 1"));
     }
-    let backend = a.ds4.sw.backend.resolve(a.backend.as_deref()).map_err(|e| usage(&e.0))?;
+    let backend = a.ds4.sw.resolve_backend().map_err(|e| usage(&e.0))?;
     let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
-    let options = a.ds4.sw.model_options();
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, backend, cuda_devices: a.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&a.cuda_weights).unwrap_or_default(), debug: a.debug, options, weights: a.weights, warm_weights: a.warm_weights, ..LoadOptions::default() };
+    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) };
     if a.concurrency > 1 && backend != ds4_engine::Backend::Cpu {
         return Err(usage("--concurrency > 1: batched decode is not yet available on the CUDA backend; use --backend cpu"));
     }
