@@ -212,7 +212,7 @@ fn load(
         args.kv_snapshots
     };
     let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session };
-    let max_token_bytes = prompt_bound::max_token_bytes(&tok);
+    let max_token_bytes = tok.max_token_bytes();
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };
     if app.ready.set(ready).is_err() {

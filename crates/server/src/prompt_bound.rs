@@ -8,11 +8,6 @@ use ds4_tokenizer::Tokenizer;
 /// Target piece size in bytes.
 const PIECE: usize = 64 << 10;
 
-/// Bytes of the longest token of the vocabulary (at least 1).
-pub fn max_token_bytes(tok: &Tokenizer) -> usize {
-    (0..tok.n_vocab() as u32).map(|id| tok.token_bytes(id).len()).max().unwrap_or(1).max(1)
-}
-
 /// The fewest tokens a text of `bytes` bytes can have.
 pub fn min_tokens(bytes: usize, max_token_bytes: usize) -> usize {
     bytes.div_ceil(max_token_bytes.max(1))
@@ -122,7 +117,7 @@ mod tests {
     #[test]
     fn longest_token_bounds_the_count() {
         let tok = embedded_tokenizer();
-        let m = max_token_bytes(&tok);
+        let m = tok.max_token_bytes();
         assert!(m >= 2);
         let text = mixed_text(20_000);
         assert!(tok.encode(&text).len() >= min_tokens(text.len(), m));

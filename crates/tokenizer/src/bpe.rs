@@ -243,6 +243,12 @@ impl Tokenizer {
         self.tokens.get(id as usize).map(String::as_str)
     }
 
+    /// Bytes of the longest token of the vocabulary (at least 1): a text of B bytes has at least
+    /// B / this many tokens, a bound known before tokenizing it.
+    pub fn max_token_bytes(&self) -> usize {
+        (0..self.n_vocab() as u32).map(|id| self.token_bytes(id).len()).max().unwrap_or(1).max(1)
+    }
+
     /// The bytes a token stands for (empty for unknown ids).
     pub fn token_bytes(&self, id: u32) -> &[u8] {
         let i = id as usize;

@@ -311,7 +311,7 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
 fn prompt_fits(args: &Args, planned: &ds4_engine::LoadPlan, prefix: &[ds4_tokenizer::chat::Message], prompt: &str) -> Result<(), String> {
     let ctx = planned.memory.ctx;
     let tok = planned.tokenizer.clone().ok_or("the model file carries no tokenizer")?;
-    let longest = (0..tok.n_vocab() as u32).map(|i| tok.token_bytes(i).len()).max().unwrap_or(1).max(1);
+    let longest = tok.max_token_bytes();
     if prompt.len() / longest >= ctx {
         return Err(format!("the prompt has {} bytes, at least {} tokens, which does not fit --ctx {ctx}", prompt.len(), prompt.len() / longest));
     }
