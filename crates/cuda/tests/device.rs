@@ -68,10 +68,10 @@ fn load_p(shape: &str, mix: Mix, seed: u64, qat: bool, precision: Precision) -> 
 /// (cpu tokens, gpu tokens, worst relative logits error, first-step top-2 margin at divergence).
 fn compare(m: &mut Model, prompt: &[u32], chunk: usize, steps: usize, ctx: usize, fast_gpu: bool, place: WeightPlace) -> (Vec<u32>, Vec<u32>, f64) {
     let mut gpu = ds4_cuda::CudaStage::new_placed(&m.stage, ctx, chunk, place).unwrap();
-    gpu.fast_experts = fast_gpu;
-    gpu.fast_q8 = fast_gpu;
+    gpu.ops.fast_experts = fast_gpu;
+    gpu.ops.fast_q8 = fast_gpu;
     // Token-identity runs keep every product in f32 (the f16 GEMM prefill path is checked op by op).
-    gpu.gemm_min = usize::MAX;
+    gpu.ops.gemm_min = usize::MAX;
     let mut kc = m.stage.new_kv(ctx);
     let mut kg = m.stage.new_kv(ctx);
     let mut worst = 0f64;
@@ -222,7 +222,7 @@ fn host_equals_device_copy(shape: &str, mix: Mix, prompt_len: usize, chunk: usiz
             tok = Some(gpu.forward_argmax(&mut kv, &[t], None).unwrap().0);
         }
         let secs = t0.elapsed().as_secs_f64();
-        (toks, steps as f64 / secs, free0.saturating_sub(free1), gpu.gpu_plan, gpu.weight_bytes as f64)
+        (toks, steps as f64 / secs, free0.saturating_sub(free1), gpu.ops.gpu_plan, gpu.ops.weight_bytes as f64)
     };
     let (td, dtps, dused, dplan, wbytes) = run(WeightPlace::Device);
     let (th, htps, hused, hplan, _) = run(WeightPlace::Host);
@@ -412,8 +412,8 @@ fn tiny_q2_fast_decode_error_within_cpu_fast_error() {
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
     let ctx = 80;
     let mut gpu = ds4_cuda::CudaStage::new(&exact.stage, ctx, 1).unwrap();
-    gpu.fast_experts = true;
-    gpu.fast_q8 = true;
+    gpu.ops.fast_experts = true;
+    gpu.ops.fast_q8 = true;
     let (mut ke, mut kf, mut kg) = (exact.stage.new_kv(ctx), fast.stage.new_kv(ctx), exact.stage.new_kv(ctx));
     let argmax = |l: &[f32]| l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32;
     let (mut ec, mut eg) = (0f64, 0f64);
@@ -506,7 +506,7 @@ fn prefill_f16_paths_match_cpu() {
     let mut outs = Vec::new();
     for grouped in [true, false] {
         let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, n).unwrap();
-        gpu.grouped_gemm = grouped;
+        gpu.ops.grouped_gemm = grouped;
         let mut kg = m.stage.new_kv(ctx);
         let got = gpu.forward(&mut kg, &prompt, None, Logits::Last).unwrap().to_vec();
         println!("prefill {n} tokens on the f16 GEMM path (grouped expert kernel {grouped}): logits rel err vs CPU {:.2e}", rel_err(&got, &want));

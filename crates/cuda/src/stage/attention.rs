@@ -1,190 +1,199 @@
-//! Attention sub-layer on the device: Q/KV projections, compressors, indexer selection, attention over
-//! the window and the compressed rows (split over candidates for one token), output projections.
+//! The attention ops on CUDA: Q/KV projections, compressors, indexer selection, attention over the
+//! window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
 use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, xpro, XPro};
 use crate::dec_attn::DecAttn;
+use ds4_gpu::Compressor;
 use ds4_model::kv::compressed_capacity;
 
-impl CudaStage {
-    pub(super) fn attention(&mut self, li: usize, n: usize, pos0: usize) -> Result<()> {
+impl CudaOps {
+    /// The sub-layer entry of attention (xn and its Q8_0 copy for the projections after it).
+    pub(super) fn attn_entry(&mut self, li: usize, n: usize) -> Result<()> {
+        let l = &self.layers[li];
+        let (hc_fn, hsc, hba, an) = (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base, l.attn_norm);
+        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false, routed: false })?;
+        self.ls = LayerStep { xc, ..LayerStep::default() };
+        Ok(())
+    }
+
+    /// The Q8_0 copy of xn the entry wrote, if any.
+    fn pre_xn(&self) -> Option<(u64, u64)> { self.ls.xc.q80.then(|| self.wk.q8_xn.pair()) }
+
+    fn qat_code(&self, indexer: bool) -> i32 {
+        match (self.opts.qat, indexer) {
+            (false, _) => 0,
+            (true, false) => 1,
+            (true, true) => 2,
+        }
+    }
+
+    /// The shared KV row: projection, norm, rope, FP8 simulation.
+    pub(super) fn kv_row(&mut self, li: usize, s: Step) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let (kvm, kv_norm, freqs) = (self.layers[li].kv, self.layers[li].kv_norm, self.layers[li].freqs);
+        let (xn, kvb) = (self.wk.xn.ptr, self.wk.kvb.ptr);
+        let pre = self.pre_xn();
+        self.mm_q(&kvm, xn, s.n, kvb, pre)?;
+        let qat = self.qat_code(false);
+        self.nrq(kvb, d, kvb, d, s.n, d, true, kv_norm, freqs, s.pos0 as i64, 1, 1, qat)
+    }
+
+    /// A compressor's update: its two projections, then decode walks its one position (`comp_seq`,
+    /// writing the window closing at the device position, if any); a prefill chunk pools its closing
+    /// windows in parallel, then updates the state. The pooled rows are normed and roped into place.
+    pub(super) fn compress_layer(&mut self, li: usize, which: Compressor, s: Step) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (n, pos0, dec) = (s.n, s.pos0, s.decode);
+        let il = self.range.first + li;
+        let l = &self.layers[li];
+        let (ratio, freqs) = (l.ratio, l.freqs);
+        let (c, dim) = match which {
+            Compressor::Kv => (l.comp.as_ref().ok_or("layer without a compressor")?, cfg.head_dim),
+            Compressor::Indexer => (&l.indexer.as_ref().ok_or("layer without an indexer")?.comp, cfg.idx_dim),
+        };
+        let (ape, ckm, cgm, cnorm) = (c.ape, c.kv, c.gate, c.norm);
+        let k = &self.kv[li];
+        let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
+        let (rows, st_kv, st_sc) = match which {
+            Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
+            Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
+        };
+        // Decode: the indexer's compressor has its own scratch (it runs on its own side stream).
+        let (ck, cg, pooled) = match (which, dec) {
+            (Compressor::Indexer, true) => (self.wk.ick.ptr, self.wk.icg.ptr, self.wk.ipool.ptr),
+            _ => (self.wk.ck.ptr, self.wk.cg.ptr, self.wk.pooled.ptr),
+        };
+        let w = cfg.compress_coff(il) * dim;
+        let row0 = pos0 / ratio;
+        let (nwin, cr, out0) = if dec { (1, ratio, 0) } else { ((pos0 + n) / ratio - row0, 0, row0) };
+        let dp = self.dpos_arg();
+        let xn = self.wk.xn.ptr;
+        self.mm(&ckm, xn, n, ck)?;
+        self.mm(&cgm, xn, n, cg)?;
+        let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp)];
+        self.compress(&args, dec, nwin, w, dim)?;
+        let qat = self.qat_code(which == Compressor::Indexer);
+        self.nrq_at(pooled, dim, rows + (out0 * dim * 4) as u64, dim, nwin, dim, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, qat, cr)
+    }
+
+    /// The indexer's per-head weights: projection of xn, scaled by 1/sqrt(dim·heads).
+    pub(super) fn indexer_weights(&mut self, li: usize, s: Step) -> Result<()> {
+        let (ih, iw, xn) = (self.cfg.idx_heads, self.wk.iw.ptr, self.wk.xn.ptr);
+        let ws = 1.0 / ((self.cfg.idx_dim * self.cfg.idx_heads) as f32).sqrt();
+        let iproj = self.layers[li].indexer.as_ref().ok_or("layer without an indexer")?.proj;
+        self.mm(&iproj, xn, s.n, iw)?;
+        self.g.launch("scale_inplace", (cdiv(s.n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((s.n * ih) as u64), A::F(ws)])
+    }
+
+    /// The low-rank query: q_a, then (unless q_b normalises it itself, one token) its norm in place
+    /// with the Q8_0 copy q_b takes.
+    pub(super) fn q_lora(&mut self, li: usize, s: Step) -> Result<()> {
+        let cfg = &self.cfg;
+        let (q_a, q_a_norm, q_b) = (self.layers[li].q_a, self.layers[li].q_a_norm, self.layers[li].q_b);
+        let (xn, qr) = (self.wk.xn.ptr, self.wk.qr.ptr);
+        let q_b_norms = s.decode && self.takes_q80(&q_b, s.n) && x_ok(&self.g, &q_b) && xpro(2) && cfg.q_lora % 256 == 0 && q_a_norm % 16 == 0 && qr % 16 == 0;
+        let pre_qr = (!q_b_norms && self.takes_q80(&q_b, s.n)).then(|| self.wk.q8_qr.pair());
+        self.ls.q_b_norms = q_b_norms;
+        self.ls.pre_qr = pre_qr;
+        let pre = self.pre_xn();
+        self.mm_q(&q_a, xn, s.n, qr, pre)?;
+        if !q_b_norms {
+            let ql = self.cfg.q_lora;
+            self.rms_q(qr, ql, qr, ql, ql, q_a_norm, s.n, pre_qr)?;
+        }
+        Ok(())
+    }
+
+    /// The indexer's queries from the normalised low-rank query (normalised here into its own copy
+    /// when q_b normalises qr itself), roped.
+    pub(super) fn indexer_query(&mut self, li: usize, s: Step) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (ih, id, ql) = (cfg.idx_heads, cfg.idx_dim, cfg.q_lora);
+        let l = &self.layers[li];
+        let (iqb, freqs, q_a_norm) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs, l.q_a_norm);
+        let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
+        let qn = if self.ls.q_b_norms { self.wk.qrn.ptr } else { qr };
+        if self.ls.q_b_norms {
+            self.rms(qr, ql, qn, ql, ql, q_a_norm, s.n)?;
+        }
+        self.mm(&iqb, qn, s.n, iq)?;
+        let qat = self.qat_code(true);
+        self.nrq(iq, id, iq, id, s.n * ih, id, false, 0, freqs, s.pos0 as i64, ih, 1, qat)
+    }
+
+    /// The attention queries: q_b (one token: normalising qr itself where it can), then per-head norm
+    /// and rope (decode folds those into attn_dec: q is read nowhere else).
+    pub(super) fn q_heads(&mut self, li: usize, s: Step) -> Result<()> {
         let cfg = self.cfg.clone();
         let (d, nh) = (cfg.head_dim, cfg.n_head);
-        let qat = self.opts.qat;
-        let dec = self.decode_mode;
-        let il = self.range.first + li;
-        let (hc_fn, hsc, hba) = {
-            let l = &self.layers[li];
-            (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base)
-        };
-        let an = self.layers[li].attn_norm;
-        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false, routed: false })?;
-        let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
         let l = &self.layers[li];
-        let (_, q_a, q_a_norm, q_b, kvm, kv_norm, freqs, sinks, ratio) =
-            (l.attn_norm, l.q_a, l.q_a_norm, l.q_b, l.kv, l.kv_norm, l.freqs, l.sinks, l.ratio);
-        let comp = l.comp.as_ref().map(|c| (c.ape, c.kv, c.gate, c.norm));
-        let idx = l.indexer.as_ref().map(|i| (i.q_b, i.proj, i.comp.ape, i.comp.kv, i.comp.gate, i.comp.norm));
-        let wk = &self.wk;
-        let (_, xn, qr, q, kvb, ck, cg, pooled, o) = (wk.cur.ptr, wk.xn.ptr, wk.qr.ptr, wk.q.ptr, wk.kvb.ptr, wk.ck.ptr, wk.cg.ptr, wk.pooled.ptr, wk.o.ptr);
-        // Decode runs three independent chains concurrently (side streams 1 and 2, joined before the
-        // indexer): the shared KV row, the compressors, and the Q path; each is latency-bound alone.
-        if dec {
-            self.g.fork(1)?;
-        }
-        self.mm_q(&kvm, xn, n, kvb, pre_xn)?;
-        self.nrq(kvb, d, kvb, d, n, d, true, kv_norm, freqs, pos0 as i64, 1, 1, if qat { 1 } else { 0 })?;
-        if dec {
-            self.g.to_main();
-            self.g.fork(2)?;
-        }
-        // Compressors.
-        let (ring, comp_rows, st_kv, st_sc, idx_rows, ist_kv, ist_sc) = {
-            let k = &self.kv[li];
-            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
-            (k.ring.ptr, p(&k.comp), p(&k.st_kv), p(&k.st_sc), p(&k.idx), p(&k.ist_kv), p(&k.ist_sc))
-        };
-        let nc_last = if ratio != 0 { (pos0 + n) / ratio } else { 0 };
-        let mut idx_comp = false;
-        if let Some((ape, ckm, cgm, cnorm)) = comp {
-            let coff = cfg.compress_coff(il);
-            let wd = coff * d;
-            let row0 = pos0 / ratio;
-            // Decode: one launch that writes the window closing at the device position, if any.
-            let (nwin, cr, out0) = if dec { (1, ratio, 0) } else { ((pos0 + n) / ratio - row0, 0, row0) };
-            let dp = self.dpos_arg();
-            self.mm(&ckm, xn, n, ck)?;
-            self.mm(&cgm, xn, n, cg)?;
-            let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(wd as i32), A::I(d as i32), A::P(dp)];
-            self.compress(&args, dec, nwin, wd, d)?;
-            self.nrq_at(pooled, d, comp_rows + (out0 * d * 4) as u64, d, nwin, d, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 1 } else { 0 }, cr)?;
-            if let Some((_, _, iape, ikm, igm, inorm)) = idx {
-                let id = cfg.idx_dim;
-                let iwd = coff * id;
-                // Decode: the indexer's compressor on side stream 5 with its own scratch (the two
-                // chains, ~14 us each, ran one after the other beside the Q path and outlasted it).
-                let (ck, cg, pooled) = if dec { (self.wk.ick.ptr, self.wk.icg.ptr, self.wk.ipool.ptr) } else { (ck, cg, pooled) };
-                if dec {
-                    self.g.to_main();
-                    self.g.fork(5)?;
-                }
-                self.mm(&ikm, xn, n, ck)?;
-                self.mm(&igm, xn, n, cg)?;
-                let args = [A::P(ck), A::P(cg), A::P(iape), A::P(ist_kv), A::P(ist_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(iwd as i32), A::I(id as i32), A::P(dp)];
-                self.compress(&args, dec, nwin, iwd, id)?;
-                self.nrq_at(pooled, id, idx_rows + (out0 * id * 4) as u64, id, nwin, id, true, inorm, freqs, (row0 * ratio) as i64, 1, ratio, if qat { 2 } else { 0 }, cr)?;
-                idx_comp = dec;
-            }
-        }
-        if dec {
-            self.g.to_main();
-        }
-        // Q path; the indexer's query (from the same normalised qr) and weights run beside q_b in decode.
-        let topk = cfg.idx_topk;
-        let idx_active = idx.is_some() && (nc_last > topk || dec);
-        let ws = 1.0 / ((cfg.idx_dim * cfg.idx_heads) as f32).sqrt();
-        let idx_weights = |s: &mut Self, iproj: &DM| -> Result<()> {
-            let (ih, iw) = (s.cfg.idx_heads, s.wk.iw.ptr);
-            s.mm(iproj, xn, n, iw)?;
-            s.g.launch("scale_inplace", (cdiv(n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((n * ih) as u64), A::F(ws)])
-        };
-        if let (true, true, Some((_, iproj, ..))) = (dec, idx_active, idx) {
-            // The indexer's head weights need only xn: side stream 3, beside q_a.
-            self.g.fork(3)?;
-            idx_weights(self, &iproj)?;
-            self.g.to_main();
-        }
-        self.mm_q(&q_a, xn, n, qr, pre_xn)?;
-        // One token: q_b normalises and quantizes qr itself (mvq8_q8p_r*f), and the indexer's copy of
-        // the normalised qr is made on its side stream; else the norm writes qr in place (and its Q8_0).
-        let q_b_norms = dec && self.takes_q80(&q_b, n) && x_ok(&self.g, &q_b) && xpro(2) && cfg.q_lora % 256 == 0 && q_a_norm % 16 == 0 && qr % 16 == 0;
-        let qn = if q_b_norms { self.wk.qrn.ptr } else { qr };
-        let pre_qr = (!q_b_norms && self.takes_q80(&q_b, n)).then(|| self.wk.q8_qr.pair());
-        if !q_b_norms {
-            self.rms_q(qr, cfg.q_lora, qr, cfg.q_lora, cfg.q_lora, q_a_norm, n, pre_qr)?;
-        }
-        if let (true, Some((iqb, iproj, ..))) = (idx_active, idx) {
-            let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
-            let iq = self.wk.iq.ptr;
-            if dec {
-                self.g.fork(1)?;
-            }
-            if q_b_norms {
-                self.rms(qr, cfg.q_lora, qn, cfg.q_lora, cfg.q_lora, q_a_norm, n)?;
-            }
-            self.mm(&iqb, qn, n, iq)?;
-            self.nrq(iq, id, iq, id, n * ih, id, false, 0, freqs, pos0 as i64, ih, 1, if qat { 2 } else { 0 })?;
-            if !dec {
-                idx_weights(self, &iproj)?;
-            }
-            if dec {
-                self.g.to_main();
-            }
-        }
-        if q_b_norms {
+        let (q_b, q_a_norm, freqs) = (l.q_b, l.q_a_norm, l.freqs);
+        let (qr, q) = (self.wk.qr.ptr, self.wk.q.ptr);
+        if self.ls.q_b_norms {
             if !launch_mvq8_x(&mut self.g, &q_b, q_b.ptr, qr, XPro::Rms { w: q_a_norm, eps: cfg.rms_eps }, q)? {
                 return Err("q_b product with the q_a norm: not launched".into());
             }
         } else {
-            self.mm_q(&q_b, qr, n, q, pre_qr)?;
+            let pre = self.ls.pre_qr;
+            self.mm_q(&q_b, qr, s.n, q, pre)?;
         }
-        // The query's per-head norm and rope; decode folds them into attn_dec (q is read nowhere else).
-        if !dec {
-            self.nrq(q, d, q, d, n * nh, d, true, 0, freqs, pos0 as i64, nh, 1, 0)?;
+        if !s.decode {
+            self.nrq(q, d, q, d, s.n * nh, d, true, 0, freqs, s.pos0 as i64, nh, 1, 0)?;
         }
-        if dec {
-            self.g.join(1)?;
-            self.g.join(2)?;
-            if idx_active {
-                self.g.join(3)?;
-            }
-            if idx_comp {
-                self.g.join(5)?;
-            }
+        Ok(())
+    }
+
+    /// Indexer scores of each token over the compressed rows, then its top-k selection.
+    pub(super) fn indexer_select(&mut self, li: usize, s: Step) -> Result<()> {
+        let cfg = &self.cfg;
+        let (n, pos0, dec) = (s.n, s.pos0, s.decode);
+        let (ih, id, topk) = (cfg.idx_heads, cfg.idx_dim, cfg.idx_topk);
+        let ratio = self.layers[li].ratio;
+        let idx_rows = self.kv[li].idx.as_ref().map_or(0, |b| b.ptr);
+        let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
+        let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
+        if ih > 256 {
+            return Err("indexer with more than 256 heads".into());
         }
-        // Indexer selection for tokens that see more compressed rows than top_k.
-        let mut sel = 0u64;
-        if idx.is_some() {
-            if idx_active {
-                let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
-                let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
-                let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
-                if ih > 256 {
-                    return Err("indexer with more than 256 heads".into());
-                }
-                let dp = self.dpos_arg();
-                // Decode: the grid covers the largest row count this context can reach (blocks past the
-                // position's rows return at once), so the launch does not depend on the position.
-                let rows_grid = if dec { compressed_capacity(self.ctx, ratio) } else { nc_last };
-                let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
-                if !dec && n >= self.gemm_min && ih == 64 && id == 128 {
-                    // Prefill on the f16 path: tensor cores.
-                    let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
-                    self.g.launch("idx_scores_tc", (cdiv(rows_grid, 64), n as u32, 1), 128, 0, &args)?;
-                } else {
-                    self.g.launch("idx_scores", (cdiv(rows_grid, 8), n as u32, 1), 256, smem, &args)?;
-                }
-                let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
-                self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
-                sel = selp;
-            }
+        let dp = self.dpos_arg();
+        // Decode: the grid covers the largest row count this context can reach (blocks past the
+        // position's rows return at once), so the launch does not depend on the position.
+        let rows_grid = if dec { compressed_capacity(self.ctx, ratio) } else { (pos0 + n) / ratio };
+        let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
+        if !dec && n >= self.gemm_min && ih == 64 && id == 128 {
+            // Prefill on the f16 path: tensor cores.
+            let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32)];
+            self.g.launch("idx_scores_tc", (cdiv(rows_grid, 64), n as u32, 1), 128, 0, &args)?;
+        } else {
+            self.g.launch("idx_scores", (cdiv(rows_grid, 8), n as u32, 1), 256, smem, &args)?;
         }
-        // Attention.
-        let ncomp_max = if sel != 0 { nc_last.min(topk) } else { nc_last };
-        let ncand = cfg.swa.min(pos0 + n) + ncomp_max;
-        let mut hg = 1usize;
-        if n > 1 {
-            for c in [16usize, 4] {
-                if nh % c == 0 && (c * (d + ncand) * 4) <= 200 * 1024 {
-                    hg = c;
-                    break;
-                }
-            }
-        }
-        if dec {
+        let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos0 as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
+        self.g.launch("idx_topk", (n as u32, 1, 1), 1024, 0, &args)?;
+        self.ls.sel = selp;
+        Ok(())
+    }
+
+    /// Attention over the window and the compressed rows (the indexer's selection when `selected`):
+    /// decode splits the candidates over blocks (`attention_decode`); a batch takes the tensor-core
+    /// kernel on the f16 path (512-dim heads) or the f32 kernels over groups of heads.
+    pub(super) fn attend(&mut self, li: usize, s: Step, selected: bool) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let (d, nh, topk) = (cfg.head_dim, cfg.n_head, cfg.idx_topk);
+        let (n, pos0) = (s.n, s.pos0);
+        let sel = if selected { self.ls.sel } else { 0 };
+        if s.decode {
             return self.attention_decode(li, pos0, sel);
         }
+        let l = &self.layers[li];
+        let (ratio, sinks, freqs) = (l.ratio, l.sinks, l.freqs);
+        let ring = self.kv[li].ring.ptr;
+        let comp_rows = self.kv[li].comp.as_ref().map_or(0, |b| b.ptr);
+        let (q, kvb, o) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr);
+        let nc_last = if ratio != 0 { (pos0 + n) / ratio } else { 0 };
+        let ncomp_max = if sel != 0 { nc_last.min(topk) } else { nc_last };
+        let ncand = cfg.swa.min(pos0 + n) + ncomp_max;
         // Batches on the f16 path (as the GEMMs) with 512-dim heads: tensor-core attention.
-        let tc = if n >= self.gemm_min && d == 512 { [64usize, 32].into_iter().find(|&h| h <= self.attn_tc_heads && nh % h == 0) } else { None };
+        let tc = if n >= self.gemm_min && d == 512 { [64usize, 32].into_iter().find(|&h| nh % h == 0) } else { None };
         if let Some(hb) = tc {
             let smem = ((hb + 32) * 520 * 2 + hb * 36 * 4) as u32;
             let args = [
@@ -204,7 +213,16 @@ impl CudaStage {
                 A::I((cfg.rope_dim / 2) as i32),
             ];
             self.g.launch(if hb == 64 { "attn_tc64" } else { "attn_tc32" }, (n as u32, (nh / hb) as u32, 1), 256, smem, &args)?;
-            return self.attention_out(li, n, pos0, true, None);
+            return self.ring_store(li, s);
+        }
+        let mut hg = 1usize;
+        if n > 1 {
+            for c in [16usize, 4] {
+                if nh % c == 0 && (c * (d + ncand) * 4) <= 200 * 1024 {
+                    hg = c;
+                    break;
+                }
+            }
         }
         let smem = ((hg * (d + ncand) + if hg == 1 { 8 * d + 4 } else { 0 }) * 4) as u32;
         if smem > 220 * 1024 {
@@ -233,7 +251,14 @@ impl CudaStage {
             A::I((cfg.rope_dim / 2) as i32),
         ];
         self.g.launch(name, (n as u32, (nh / hg) as u32, 1), 256, smem, &args)?;
-        self.attention_out(li, n, pos0, true, None)
+        self.ring_store(li, s)
+    }
+
+    /// The step's KV rows into the window ring (decode: the merge of attn_dec stores its row).
+    fn ring_store(&mut self, li: usize, s: Step) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let (kvb, ring, dp) = (self.wk.kvb.ptr, self.kv[li].ring.ptr, self.dpos_arg());
+        self.g.launch("ring_store", (s.n as u32, 1, 1), 128, 0, &[A::P(kvb), A::P(ring), A::I(s.n as i32), A::I(d as i32), A::L(s.pos0 as i64), A::I(self.cfg.swa as i32), A::P(dp)])
     }
 
     /// Decode attention for one token: the raw query normalised and roped inside attn_dec, candidates
@@ -276,25 +301,21 @@ impl CudaStage {
             eps: cfg.rms_eps,
         };
         a.launch(&mut self.g)?;
-        self.attention_out(li, 1, pos0, false, (q80 != 0).then_some((q80, d80)))
+        self.ls.pre_o = (q80 != 0).then_some((q80, d80));
+        Ok(())
     }
 
-    /// Ring update, grouped low-rank output projection, second projection, HC post.
-    /// `pre_o`: the Q8_0 copy of the attention output (one token), taken by the grouped projection.
-    pub(super) fn attention_out(&mut self, li: usize, n: usize, pos0: usize, ring_store: bool, pre_o: Option<(u64, u64)>) -> Result<()> {
+    /// Grouped low-rank output projection (one token: from the Q8_0 copy attn_dec's merge wrote), the
+    /// second projection, then the sub-layer exit.
+    pub(super) fn attn_out(&mut self, li: usize, s: Step) -> Result<()> {
         let cfg = self.cfg.clone();
-        let (d, qd) = (cfg.head_dim, cfg.q_dim());
+        let n = s.n;
+        let qd = cfg.q_dim();
         let (out_a, out_b) = (self.layers[li].out_a, self.layers[li].out_b);
-        let ring = self.kv[li].ring.ptr;
-        let (kvb, o, low, y) = (self.wk.kvb.ptr, self.wk.o.ptr, self.wk.low.ptr, self.wk.y.ptr);
-        let dp = self.dpos_arg();
-        if ring_store {
-            self.g.launch("ring_store", (n as u32, 1, 1), 128, 0, &[A::P(kvb), A::P(ring), A::I(n as i32), A::I(d as i32), A::L(pos0 as i64), A::I(cfg.swa as i32), A::P(dp)])?;
-        }
-        // Grouped low-rank output projection, then the second projection.
+        let (o, low, y) = (self.wk.o.ptr, self.wk.low.ptr, self.wk.y.ptr);
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
-        let gin = hpg * d;
-        if let Some((q, qdd)) = pre_o {
+        let gin = hpg * cfg.head_dim;
+        if let Some((q, qdd)) = self.ls.pre_o.take() {
             launch_mvq8(&mut self.g, &out_a, out_a.ptr, ol * out_a.row_bytes, 0, q, qdd, gin, low, ol, ol, g)?;
         } else if n < self.gemm_min || !self.gemm_ok(&out_a) {
             self.mv(out_a.ptr, &out_a, ol * out_a.row_bytes, 0, o, qd, gin, low, g * ol, ol, ol, n, g)?;
@@ -308,7 +329,6 @@ impl CudaStage {
         self.mm(&out_b, low, n, y)?;
         self.exit_attn(n)
     }
-
 
     /// Compressor update for a batch (`args` as comp_seq takes them): decode walks its one position
     /// (comp_seq); a prefill chunk pools its `nwin` closing windows in parallel, then updates the state.

@@ -3,7 +3,7 @@
 use super::*;
 use crate::matvec::{launch_dq, launch_mv, launch_mvq8, launch_mvq8_x, launch_q80, q80_ok, xpro, XPro};
 
-impl CudaStage {
+impl CudaOps {
 
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in kernels.cu).
     #[allow(clippy::too_many_arguments)]
@@ -67,7 +67,7 @@ impl CudaStage {
         // Up to 512 rows: cuBLAS measured 27 us for 512 x 4096 tokens x 4096 alone but ~5 ms inside
         // the prefill (256 rows: 450 us); the tensor-core tile kernel of the grouped expert GEMM
         // runs the product as one dense group.
-        if self.dense_tc && m.rows <= 512 && m.rows % 128 == 0 && m.cols % 32 == 0 && ldy == m.rows {
+        if m.rows <= 512 && m.rows % 128 == 0 && m.cols % 32 == 0 && ldy == m.rows {
             let args = [A::P(wh), A::P(0), A::P(0), A::P(xh), A::P(y), A::I(m.cols as i32), A::I(m.rows as i32), A::I(n as i32)];
             return self.g.launch("moe_gemm", (cdiv(n, 64), (m.rows / 128) as u32, 1), 256, 0, &args);
         }
@@ -145,7 +145,7 @@ impl CudaStage {
         }
         let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
         let hd = nh * e;
-        if self.decode_mode && self.hc_dec && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192 {
+        if self.decode_mode && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192 {
             return self.hc_pre_dec(hc_fn, scale, base, norm, want);
         }
         self.flush_exit()?;
@@ -178,41 +178,33 @@ impl CudaStage {
         Ok(XnCopies::default())
     }
 
-    /// One-token sub-layer entry in one launch, then the Sinkhorn matrix on side stream 1. With
-    /// `hc_fold`, `hc_entry_dec` (the pending exit first, every block finishing its own columns behind
-    /// two grid barriers); else `hc_pre_dec` (mix projection over 256-column slices, the last slice's
-    /// block finishing the entry).
+    /// One-token sub-layer entry in one launch (`hc_entry_dec`: the pending exit first, every block
+    /// finishing its own columns behind two grid barriers; with `entry_route` also the gate logits and
+    /// the routing), then the Sinkhorn matrix on side stream 1.
     fn hc_pre_dec(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, want: XnCopies) -> Result<XnCopies> {
-        let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
-        let hd = nh * e;
+        let e = self.cfg.n_embd;
         let mut made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts, routed: false };
         let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
-        if self.hc_fold {
-            let route = self.entry_route.take();
-            made.routed = route.is_some();
-            let route = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
-            let (xmode, ey, ek, eadd) = match self.pend.take() {
-                None => (0, 0, 0, 0),
-                Some(PendingExit::Attn) => (1, self.wk.y.ptr, 0, 0),
-                Some(PendingExit::Ffn { rows, k, add }) => (2, rows, k, add),
-            };
-            let head = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr + 8);
-            let exit = [A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)];
-            let mut all = [A::P(0); 35];
-            all[..19].copy_from_slice(&head);
-            all[19..23].copy_from_slice(&exit);
-            all[23..].copy_from_slice(&route);
-            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
-            return self.hc_comb_side(scale, base, made);
-        }
-        self.flush_exit()?;
-        let args = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr);
-        self.g.launch("hc_pre_dec", ((hd / 256) as u32, 1, 1), 512, (e * 4) as u32, &args)?;
+        let route = self.entry_route.take();
+        made.routed = route.is_some();
+        let route = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
+        let (xmode, ey, ek, eadd) = match self.pend.take() {
+            None => (0, 0, 0, 0),
+            Some(PendingExit::Attn) => (1, self.wk.y.ptr, 0, 0),
+            Some(PendingExit::Ffn { rows, k, add }) => (2, rows, k, add),
+        };
+        let head = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr + 8);
+        let exit = [A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)];
+        let mut all = [A::P(0); 35];
+        all[..19].copy_from_slice(&head);
+        all[19..23].copy_from_slice(&exit);
+        all[23..].copy_from_slice(&route);
+        self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
         self.hc_comb_side(scale, base, made)
     }
 
-    /// The arguments `hc_pre_dec` and `hc_entry_dec` share: mix weights, streams, slice records and
+    /// The arguments of `hc_entry_dec`'s entry part: mix weights, streams, slice records and
     /// ticket / barrier, HC scale and base, raw mix, mixes, norm weight, xn and its int8 copies.
     fn entry_args(&self, hc_fn: DM, scale: u64, base: u64, norm: u64, copies: [u64; 4], ticket: u64) -> [A; 19] {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
@@ -252,8 +244,8 @@ impl CudaStage {
         Ok(made)
     }
 
-    /// Whether a sub-layer exit of `n` tokens is left to the next entry kernel (see `hc_fold`).
-    fn folds_exit(&self, n: usize) -> bool { self.decode_mode && self.hc_dec && self.hc_fold && n == 1 }
+    /// Whether a sub-layer exit of `n` tokens is left to the next entry kernel (decode).
+    fn folds_exit(&self, n: usize) -> bool { self.decode_mode && n == 1 }
 
     /// The attention sub-layer's exit (HC post with the attention output `wk.y`), or its deferral.
     pub(super) fn exit_attn(&mut self, n: usize) -> Result<()> {
@@ -296,18 +288,25 @@ impl CudaStage {
     }
 
 
-    pub(super) fn head_fwd(&mut self, r0: usize, m: usize) -> Result<()> {
+    /// The head's collapse of rows `r0..r0 + m` of the streams into `cur`, normalised.
+    pub(super) fn head_norm(&mut self, r0: usize, m: usize) -> Result<()> {
         let cfg = self.cfg.clone();
         let (hd, e, nh) = (cfg.hc_dim(), cfg.n_embd, cfg.n_hc);
-        let h = self.head.as_ref().unwrap();
-        let (hc_fn, sc, base, norm, output) = (h.hc_fn, h.hc_scale, h.hc_base, h.norm, h.output);
+        let h = self.head.as_ref().ok_or("the stage has no output head")?;
+        let (hc_fn, sc, base, norm) = (h.hc_fn, h.hc_scale, h.hc_base, h.norm);
         let x = self.wk.x.ptr + (r0 * hd * 4) as u64;
-        let (flat, mix, cur, logits) = (self.wk.flat.ptr, self.wk.mix.ptr, self.wk.cur.ptr, self.wk.logits.ptr);
+        let (flat, mix, cur) = (self.wk.flat.ptr, self.wk.mix.ptr, self.wk.cur.ptr);
         self.rms(x, hd, flat, hd, hd, 0, m)?;
         self.mm(&hc_fn, flat, m, mix)?;
         let args = [A::P(mix), A::P(sc), A::P(base), A::F(cfg.hc_eps), A::P(x), A::I(nh as i32), A::I(e as i32), A::P(cur)];
         self.g.launch("head_collapse", (m as u32, cdiv(e, 256), 1), 256, 0, &args)?;
-        self.rms(cur, e, cur, e, e, norm, m)?;
+        self.rms(cur, e, cur, e, e, norm, m)
+    }
+
+    /// Logits of the `m` rows `head_norm` left in `cur`.
+    pub(super) fn head_logits(&mut self, m: usize) -> Result<()> {
+        let output = self.head.as_ref().ok_or("the stage has no output head")?.output;
+        let (cur, logits) = (self.wk.cur.ptr, self.wk.logits.ptr);
         self.mm(&output, cur, m, logits)
     }
 }

@@ -1,4 +1,4 @@
-//! Construction of a `CudaStage`: weight upload (one pass of large copies), the split row layout, KV
+//! Construction of the CUDA backend (`CudaOps`): weight upload (one pass of large copies), the split row layout, KV
 //! state and work buffers sized from the context and the prefill chunk.
 use super::*;
 use crate::dec_attn::DecAttn;
@@ -124,7 +124,7 @@ fn place(m: &mut DM, ptrs: &[u64]) {
     }
 }
 
-impl CudaStage {
+impl CudaOps {
     /// Uploads the part `part` (a sub-range of the stage's layers; the embedding and head only when it
     /// starts / ends the stage's range) to CUDA device `device`.
     pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, wplace: WeightPlace) -> Result<Self> {
@@ -467,7 +467,7 @@ impl CudaStage {
         let total = mat_bytes;
         let free2 = free_mem()?;
         eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax})", plan.describe(wplace), free2 as f64 / GIB);
-        let mut s = Self {
+        Ok(Self {
             cfg,
             g,
             opts: stage.opts,
@@ -477,12 +477,7 @@ impl CudaStage {
             head,
             kv,
             wk,
-            nmax,
             ctx,
-            dev_pos: 0,
-            snap_pos: None,
-            logits_host: Vec::with_capacity(logit_rows * stage.cfg.n_vocab),
-            hidden_host: Vec::new(),
             counts_host: vec![0; stage.cfg.n_expert],
             _weights: weights,
             _pinned: pinned,
@@ -490,28 +485,19 @@ impl CudaStage {
             gpu_plan: plan,
             weight_bytes: total,
             upload_secs,
-            trace: None,
-            gemm_min: std::env::var("DS4_CUDA_GEMM_MIN").ok().and_then(|v| v.parse().ok()).unwrap_or(GEMM_MIN),
-            attn_tc_heads: std::env::var("DS4_CUDA_ATTN_TC").ok().and_then(|v| v.parse().ok()).unwrap_or(64),
-            grouped_gemm: std::env::var("DS4_CUDA_GROUPED").map_or(true, |v| v != "0"),
-            dense_tc: std::env::var("DS4_CUDA_DENSE_TC").map_or(true, |v| v != "0"),
-            grouped_quant: std::env::var("DS4_CUDA_GROUPED_QUANT").map_or(true, |v| v != "0"),
-            fast_q8: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
-            fast_experts: stage.opts.precision == ds4_quant::Precision::Fast && std::env::var("DS4_CUDA_FAST").map_or(true, |v| v != "0"),
-            hc_dec: std::env::var("DS4_CUDA_HC_DEC").map_or(true, |v| v != "0"),
-            hc_fold: std::env::var("DS4_CUDA_HC_FOLD").map_or(true, |v| v != "0"),
+            gemm_min: GEMM_MIN,
+            grouped_gemm: true,
+            fast_q8: stage.opts.precision == ds4_quant::Precision::Fast,
+            fast_experts: stage.opts.precision == ds4_quant::Precision::Fast,
             pend: None,
             entry_route: None,
-            route_fold: std::env::var("DS4_CUDA_ROUTE_FOLD").map_or(true, |v| v != "0"),
+            ls: LayerStep::default(),
             decode_mode: false,
             dpos: dpos_buf,
             graphs: [None, None, None, None, None, None],
-            want_top1: false,
+            capturing: false,
             host_time: host_time::HostTime::from_env(),
-            use_graphs: std::env::var("DS4_CUDA_GRAPH").map_or(true, |v| v != "0"),
-        };
-        s.reset_state()?;
-        Ok(s)
+        })
     }
 
 }

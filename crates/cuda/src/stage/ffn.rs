@@ -1,128 +1,139 @@
-//! MoE feed-forward sub-layer on the device: router, routed experts (read by id for one token, grouped
-//! by expert for a batch), shared expert, combination.
+//! The MoE feed-forward ops on CUDA: router, routed experts (read by id for one token, grouped by
+//! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
 use crate::matvec::{grouped_direct, launch_down_swiglu, launch_dq, launch_mvq8, launch_mvq8_x, launch_q8k, q8_ok, xpro, XPro};
 
-impl CudaStage {
-    pub(super) fn ffn(&mut self, li: usize, n: usize) -> Result<()> {
-        let cfg = self.cfg.clone();
-        let (e, ne, k, ff) = (cfg.n_embd, cfg.n_expert, cfg.n_expert_used, cfg.ff_exp);
-        let (hc_fn, hsc, hba) = {
-            let l = &self.layers[li];
-            (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base)
-        };
-        let fnw = self.layers[li].ffn_norm;
-        let (q8k_exp, has_shared) = {
-            let l = &self.layers[li];
-            ([&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m)), l.shared.is_some())
-        };
-        // Decode: the entry kernel can also take the gate logits and the routing (hc_entry_dec).
-        let gi = self.layers[li].gate_inp;
-        if self.decode_mode && self.hc_dec && self.hc_fold && self.route_fold && n == 1 && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
+impl CudaOps {
+    /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
+    /// kernel can also take the gate logits and route the token (`hc_entry_dec`).
+    pub(super) fn ffn_entry(&mut self, li: usize, n: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        let k = cfg.n_expert_used;
+        let l = &self.layers[li];
+        let (hc_fn, hsc, hba, fnw) = (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base, l.ffn_norm);
+        let q8k_exp = [&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m));
+        let has_shared = l.shared.is_some();
+        let gi = l.gate_inp;
+        if self.decode_mode && n == 1 && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
             let r = self.route_args(li);
             self.entry_route = Some([A::P(gi.ptr), r[1], r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]]);
         }
-        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp, routed: false })?;
+        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp, routed: false });
         self.entry_route = None;
-        let pre_xn = xc.q80.then(|| self.wk.q8_xn.pair());
+        self.ls = LayerStep { xc: xc?, ..LayerStep::default() };
+        Ok(())
+    }
+
+    /// The shared expert: gate and up products, SwiGLU, down (one token: the down product takes the
+    /// SwiGLU of its inputs itself where it can).
+    pub(super) fn shared_expert(&mut self, li: usize, s: Step) -> Result<()> {
+        let n = s.n;
+        let ff = self.cfg.ff_exp;
         let l = &self.layers[li];
-        let (gate_inp, gate, up, down, shared, clamp) = (l.gate_inp, l.gate_exps, l.up_exps, l.down_exps, l.shared, l.clamp);
-        let wk = &self.wk;
-        let (xn, eids, ew, ex_a, ex_b, ex_out) = (wk.xn.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
-        let (sh_a, sh_b, sh_out) = (wk.sh_a.ptr, wk.sh_b.ptr, wk.sh_out.ptr);
-        // Decode: the shared expert runs on side stream 1 while the router and routed experts run here.
-        let dec = self.decode_mode;
-        let mut add = 0u64;
-        if let Some([sg, su, sd]) = shared {
-            if dec {
-                self.g.fork(1)?;
-            }
-            self.mm_q(&sg, xn, n, sh_a, pre_xn)?;
-            self.mm_q(&su, xn, n, sh_b, pre_xn)?;
-            // One token: the down product takes the SwiGLU of its inputs itself.
-            let fused = self.takes_q80(&sd, n) && ff % 256 == 0 && xpro(4) && launch_mvq8_x(&mut self.g, &sd, sd.ptr, sh_a, XPro::Swiglu { b: sh_b, c: clamp }, sh_out)?;
-            if !fused {
-                // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
-                let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
-                let (q, qd) = pre_sh.unwrap_or((0, 0));
-                self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
-                self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
-            }
-            add = sh_out;
-            if dec {
-                self.g.to_main();
-            }
+        let ([sg, su, sd], clamp) = (l.shared.ok_or("layer without a shared expert")?, l.clamp);
+        let (xn, sh_a, sh_b, sh_out) = (self.wk.xn.ptr, self.wk.sh_a.ptr, self.wk.sh_b.ptr, self.wk.sh_out.ptr);
+        let pre_xn = self.ls.xc.q80.then(|| self.wk.q8_xn.pair());
+        self.mm_q(&sg, xn, n, sh_a, pre_xn)?;
+        self.mm_q(&su, xn, n, sh_b, pre_xn)?;
+        let fused = self.takes_q80(&sd, n) && ff % 256 == 0 && xpro(4) && launch_mvq8_x(&mut self.g, &sd, sd.ptr, sh_a, XPro::Swiglu { b: sh_b, c: clamp }, sh_out)?;
+        if !fused {
+            // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
+            let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
+            let (q, qd) = pre_sh.unwrap_or((0, 0));
+            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
+            self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
         }
+        self.ls.shared_out = sh_out;
+        Ok(())
+    }
+
+    /// Gate logits and routing, unless the entry kernel routed the token: decode in one launch where
+    /// the shapes allow (`gate_route_dec`, the last block routes), else the products then `route`.
+    pub(super) fn route(&mut self, li: usize, s: Step) -> Result<()> {
+        let (e, ne, k) = (self.cfg.n_embd, self.cfg.n_expert, self.cfg.n_expert_used);
         if ne > 1024 || k > 16 {
             return Err("router supports up to 1024 experts and 16 per token".into());
         }
-        if xc.routed {
-            // Done by the entry kernel.
-        } else if self.decode_mode && self.hc_dec && n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
-            // Gate logits and routing in one launch (the last block routes): the weights, input, width and
-            // ticket, then the router's arguments after its logits pointer.
-            let r = self.route_args(li);
-            let args = [A::P(gate_inp.ptr), A::P(xn), A::I(e as i32), r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]];
-            self.g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &args)?;
-        } else {
-            self.router(li, n)?;
+        if self.ls.xc.routed {
+            return Ok(());
         }
-        let mut slot_pos = 0u64;
-        if n == 1 {
-            // Decode: the chosen experts' matrices are read straight from the stacks (ids stay on the device).
-            let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
-            let (xq, xd) = (self.wk.xq.ptr, self.wk.xqd.ptr);
-            // The Q8_K copy of xn: written by the fused sub-layer entry, or quantized here.
-            let (xnq, xnd) = if xc.q8k { self.wk.q8k_xn.pair() } else { (xq, xd) };
-            if q8 && !xc.q8k {
-                launch_q8k(&mut self.g, xn, e, e, 1, xq, xd)?;
-            }
-            if dec {
-                self.g.fork(2)?;
-            }
-            if q8 {
-                launch_mvq8(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xnq, xnd, 0, ex_b, ff, ff, k)?;
-            } else {
-                self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
-            }
-            if dec {
-                self.g.to_main();
-            }
-            if q8 {
-                launch_mvq8(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xnq, xnd, 0, ex_a, ff, ff, k)?;
-            } else {
-                self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
-            }
-            if dec {
-                self.g.join(2)?;
-            }
-            // The down product takes the SwiGLU itself (Q2_K down: mvq8_q2_k_n1x); else, with int8
-            // activations, the SwiGLU also writes the Q8_K copy the down product takes (the up product
-            // on the side stream has been joined: the buffer is free again).
-            let fused = q8 && ff % 256 == 0 && xpro(8) && launch_down_swiglu(&mut self.g, &down, eids, ex_a, ex_b, ew, clamp, ex_out, k)?;
-            if !fused {
-                let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
-                self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
-                if q8 {
-                    if sq == 0 {
-                        launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
-                    }
-                    launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
-                } else {
-                    self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
-                }
-            }
-        } else {
+        let gate_inp = self.layers[li].gate_inp;
+        if self.decode_mode && s.n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
+            // The weights, input, width and ticket, then the router's arguments after its logits pointer.
+            let r = self.route_args(li);
+            let args = [A::P(gate_inp.ptr), A::P(self.wk.xn.ptr), A::I(e as i32), r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]];
+            return self.g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &args);
+        }
+        self.router(li, s.n)
+    }
+
+    /// The routed experts: one token reads the chosen experts' matrices straight from the stacks (ids
+    /// stay on the device; int8 activations under `fast_experts`); a batch groups tokens by expert.
+    pub(super) fn experts(&mut self, li: usize, s: Step) -> Result<()> {
+        let n = s.n;
+        let (e, k, ff) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.ff_exp);
+        let l = &self.layers[li];
+        let (gate, up, down, clamp) = (l.gate_exps, l.up_exps, l.down_exps, l.clamp);
+        if n > 1 {
             self.experts_grouped(n, gate, up, down, clamp)?;
-            slot_pos = self.wk.slot_pos.ptr;
+            self.ls.slot_pos = self.wk.slot_pos.ptr;
+            return Ok(());
+        }
+        let dec = self.decode_mode;
+        let wk = &self.wk;
+        let (xn, eids, ew, ex_a, ex_b, ex_out) = (wk.xn.ptr, wk.eids.ptr, wk.ew.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr);
+        let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
+        let (xq, xd) = (self.wk.xq.ptr, self.wk.xqd.ptr);
+        // The Q8_K copy of xn: written by the fused sub-layer entry, or quantized here.
+        let (xnq, xnd) = if self.ls.xc.q8k { self.wk.q8k_xn.pair() } else { (xq, xd) };
+        if q8 && !self.ls.xc.q8k {
+            launch_q8k(&mut self.g, xn, e, e, 1, xq, xd)?;
         }
         if dec {
-            // Shared expert and the Sinkhorn matrix (side stream 1).
-            self.g.join(1)?;
+            self.g.fork(2)?;
         }
-        // Combination and the sub-layer exit in one launch (or in the next entry's).
-        self.exit_ffn(n, ex_out, slot_pos, k, add)
+        if q8 {
+            launch_mvq8(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xnq, xnd, 0, ex_b, ff, ff, k)?;
+        } else {
+            self.mv(up.ptr, &up, up.mat_bytes(), eids, xn, e, 0, ex_b, ff, ff, ff, 1, k)?;
+        }
+        if dec {
+            self.g.to_main();
+        }
+        if q8 {
+            launch_mvq8(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xnq, xnd, 0, ex_a, ff, ff, k)?;
+        } else {
+            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, xn, e, 0, ex_a, ff, ff, ff, 1, k)?;
+        }
+        if dec {
+            self.g.join(2)?;
+        }
+        // The down product takes the SwiGLU itself (Q2_K down: mvq8_q2_k_n1x); else, with int8
+        // activations, the SwiGLU also writes the Q8_K copy the down product takes (the up product
+        // on the side stream has been joined: the buffer is free again).
+        let fused = q8 && ff % 256 == 0 && xpro(8) && launch_down_swiglu(&mut self.g, &down, eids, ex_a, ex_b, ew, clamp, ex_out, k)?;
+        if !fused {
+            let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
+            self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
+            if q8 {
+                if sq == 0 {
+                    launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
+                }
+                launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
+            } else {
+                self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Combination of the weighted expert rows plus the shared expert, and the sub-layer exit (in one
+    /// launch, or in the next entry's).
+    pub(super) fn ffn_exit(&mut self, s: Step) -> Result<()> {
+        let (k, ex_out) = (self.cfg.n_expert_used, self.wk.ex_out.ptr);
+        let (slot_pos, add) = (self.ls.slot_pos, self.ls.shared_out);
+        self.exit_ffn(s.n, ex_out, slot_pos, k, add)
     }
 
     /// Arguments of the `route` kernel for layer `li` (gate logits in `rlog`).
@@ -202,7 +213,7 @@ impl CudaStage {
             let g1 = (g0 + group).min(ne);
             let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= self.gemm_min).collect();
             let tiles = if self.grouped_gemm && big.len() > 1 { self.grouped_tiles(mats, &big, g0, offs, ch) } else { None };
-            let direct = |m: &DM| tiles.is_some() && self.grouped_quant && grouped_direct(m).is_some();
+            let direct = |m: &DM| tiles.is_some() && grouped_direct(m).is_some();
             // One dequantization launch per matrix for the experts of the group that take a GEMM on
             // f16 slots.
             if let (Some(&lo), Some(&hi)) = (big.first(), big.last()) {
@@ -221,7 +232,7 @@ impl CudaStage {
                 self.g.htod(self.wk.gptrs.ptr, &tiles)?;
                 for (j, (mat, out)) in mats.iter().enumerate() {
                     let (name, w, ws) = match grouped_direct(mat) {
-                        Some(name) if self.grouped_quant => (name, mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
+                        Some(name) => (name, mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
                         _ if mat.ty == GgmlType::F16 => ("moe_gemm", mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
                         _ => ("moe_gemm", self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot * 2),
                     };

@@ -1,10 +1,10 @@
 //! The stage's device KV state to and from the host `KvState` (disk KV cache, session files): the
-//! layout conversion is `kv_layout`'s; this file only names the device buffers and keeps the stage's
-//! position bookkeeping (device position, snapshot) consistent with what was copied.
+//! layout conversion is `kv_layout`'s; this file only names the device buffers (the stage keeps the
+//! position bookkeeping).
 use super::*;
 use crate::kv_layout::{self, KvDevice, Part};
 
-impl CudaStage {
+impl CudaOps {
     fn part_buf(&self, li: usize, part: Part) -> Option<(u64, usize)> {
         let k = self.kv.get(li)?;
         let b = match part {
@@ -27,48 +27,25 @@ impl CudaStage {
         Some((b.ptr, floats))
     }
 
-    /// Copies the device KV state of this stage's layers into `kv` (which must be at the position the
-    /// device holds, or at its snapshot's): what a session file or the disk KV cache saves.
-    pub fn download_kv(&mut self, kv: &mut KvState) -> ds4_model::Result<()> {
-        self.g.bind().map_err(me)?;
-        self.sync_state(kv.pos).map_err(me)?;
-        self.g.sync().map_err(me)?;
+    /// Copies the device KV state of the resident layers into `kv`.
+    pub(super) fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {
         let r = self.range;
-        kv_layout::download(&mut Dev(self), kv, r.first..=r.last).map_err(me)
+        kv_layout::download(&mut Dev(self), kv, r.first..=r.last)
     }
 
-    /// Makes `kv` (restored from a file, or from another backend) the device state; the next forward
-    /// call continues from `kv.pos`. Nothing is written when `kv` does not match the stage's layers.
-    pub fn upload_kv(&mut self, kv: &KvState) -> ds4_model::Result<()> {
-        self.g.bind().map_err(me)?;
-        if kv.pos > self.ctx {
-            return Err(me(format!("the KV state is at position {}, beyond the context {} the stage was sized for", kv.pos, self.ctx)));
-        }
+    /// Makes `kv` the device state of the resident layers (a pending exit is dropped: the streams are
+    /// rewritten by the next step).
+    pub(super) fn upload_kv(&mut self, kv: &KvState) -> Result<()> {
         let r = self.range;
-        // A failed copy part-way leaves a mixed state: the device is then fresh state only.
-        let res = kv_layout::upload(&mut Dev(self), kv, r.first..=r.last);
         self.pend = None;
-        match res {
-            Ok(()) => {
-                self.dev_pos = kv.pos;
-                // As after a prefill: a later rewind to this position finds it.
-                self.snapshot(false).map_err(me)?;
-                self.snap_pos = Some(kv.pos);
-                self.g.sync().map_err(me)
-            }
-            Err(e) => {
-                self.snap_pos = None;
-                self.dev_pos = usize::MAX;
-                Err(me(e))
-            }
-        }
+        kv_layout::upload(&mut Dev(self), kv, r.first..=r.last)
     }
 }
 
 fn kv_rows(ctx: usize, ratio: usize) -> usize { ds4_model::kv::compressed_capacity(ctx, ratio) }
 
 /// The stage's buffers as a [`KvDevice`].
-struct Dev<'a>(&'a mut CudaStage);
+struct Dev<'a>(&'a mut CudaOps);
 
 impl KvDevice for Dev<'_> {
     fn floats(&self, li: usize, part: Part) -> Option<usize> { self.0.part_buf(li, part).map(|b| b.1) }

@@ -1,0 +1,35 @@
+//! Errors of the GPU stage: the checks it makes itself, and a backend's failures (named by the backend).
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum GpuError {
+    #[error("batch of {n} tokens exceeds the prefill chunk {nmax} the buffers were sized for")]
+    BatchTooLarge { n: usize, nmax: usize },
+    #[error("context full: {pos} + {n} tokens exceeds ctx {ctx}")]
+    ContextFull { pos: usize, n: usize, ctx: usize },
+    #[error("token id {token} is outside the vocabulary ({vocab})")]
+    TokenOutOfRange { token: u32, vocab: usize },
+    #[error("hidden input has {got} floats, expected {want}")]
+    HiddenSize { got: usize, want: usize },
+    #[error("stage without embedding needs a hidden-state input")]
+    NoEmbedding,
+    #[error("the stage has no output head")]
+    NoHead,
+    #[error("the KV state at position {pos} is not on the device (device at {dev}, snapshot at {snap:?})")]
+    StateNotOnDevice { pos: usize, dev: usize, snap: Option<usize> },
+    #[error("the KV state is at position {pos}, beyond the context {ctx} the stage was sized for")]
+    KvBeyondContext { pos: usize, ctx: usize },
+    /// A failure inside the backend (a launch, a copy, an unsupported shape), in its words.
+    #[error("{0}")]
+    Device(String),
+}
+
+impl From<String> for GpuError {
+    fn from(s: String) -> Self { GpuError::Device(s) }
+}
+
+impl From<&str> for GpuError {
+    fn from(s: &str) -> Self { GpuError::Device(s.to_string()) }
+}
+
+pub type Result<T> = std::result::Result<T, GpuError>;

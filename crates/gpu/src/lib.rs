@@ -1,0 +1,11 @@
+//! The GPU stage of DwarfStar: the forward pass of a stage written once, over the device-op trait
+//! [`DeviceOps`] that every GPU backend (CUDA, wgpu) implements with its kernels.
+mod attention;
+mod error;
+mod ffn;
+mod ops;
+mod stage;
+
+pub use error::{GpuError, Result};
+pub use ops::{Compressor, DeviceOps, Lane, LayerInfo, Step, Sub};
+pub use stage::GpuStage;

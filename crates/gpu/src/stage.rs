@@ -1,0 +1,242 @@
+//! `GpuStage`: the forward pass of a stage on a GPU, with the CPU `Stage::forward` contract, over any
+//! backend implementing [`DeviceOps`]. It checks the inputs, keeps the position bookkeeping (device
+//! position, the snapshot a session rewinds to), runs the layers, and records a decode step once to
+//! replay it where the backend can.
+use crate::error::{GpuError, Result};
+use crate::ops::{DeviceOps, Step};
+use ds4_model::{Config, KvState, LayerRange, Logits};
+
+pub struct GpuStage<D: DeviceOps> {
+    pub cfg: Config,
+    /// The backend: its weights, KV state and work buffers, and its own switches.
+    pub ops: D,
+    range: LayerRange,
+    nmax: usize,
+    ctx: usize,
+    dev_pos: usize,
+    snap_pos: Option<usize>,
+    logits_host: Vec<f32>,
+    hidden_host: Vec<f32>,
+    /// When set, the HC streams after every layer of each forward call are appended here (as the CPU
+    /// `Stage::trace`), for layer-by-layer comparison.
+    pub trace: Option<Vec<Vec<f32>>>,
+    /// Replay recorded decode steps (where the backend can); off, every step issues its ops.
+    pub use_replay: bool,
+}
+
+impl<D: DeviceOps> GpuStage<D> {
+    /// A stage over `ops`, whose resident layers are `range`, sized for batches of up to `nmax` tokens
+    /// and a context of `ctx`. The backend's KV state is reset.
+    pub fn new(cfg: Config, mut ops: D, range: LayerRange, nmax: usize, ctx: usize) -> Result<Self> {
+        ops.bind()?;
+        ops.reset_state()?;
+        let rows = if ops.has_head() { nmax } else { 1 };
+        Ok(Self {
+            logits_host: Vec::with_capacity(rows * cfg.n_vocab),
+            cfg,
+            ops,
+            range,
+            nmax,
+            ctx,
+            dev_pos: 0,
+            snap_pos: None,
+            hidden_host: Vec::new(),
+            trace: None,
+            use_replay: true,
+        })
+    }
+
+    /// The layers this stage runs.
+    pub fn layers(&self) -> LayerRange { self.range }
+
+    /// Same contract as `Stage::forward`.
+    pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        self.ops.bind()?;
+        self.ops.note_call(tokens.len() == 1);
+        let rows = self.forward_dev(kv, tokens, hidden_in, want, false)?;
+        let v = self.cfg.n_vocab;
+        self.logits_host.resize(rows * v, 0.0);
+        self.ops.sync()?;
+        if rows > 0 {
+            self.ops.read_logits(&mut self.logits_host)?;
+        }
+        Ok(&self.logits_host)
+    }
+
+    /// Greedy top-1 of the last logits row and its log-probability, computed on the device (in a
+    /// replayed decode step the pick is part of the step). The logits stay on the device for
+    /// [`GpuStage::last_logits`].
+    pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<(u32, f32)> {
+        self.ops.bind()?;
+        self.ops.note_call(tokens.len() == 1);
+        if !self.ops.has_head() {
+            return Err(GpuError::NoHead);
+        }
+        if self.forward_dev(kv, tokens, hidden_in, Logits::Last, true)? == 0 {
+            return Err(GpuError::NoHead);
+        }
+        self.ops.sync()?;
+        self.ops.read_top1()
+    }
+
+    /// The logits row of the last forward call that asked for the last row, downloaded.
+    pub fn last_logits(&mut self) -> Result<&[f32]> {
+        self.ops.bind()?;
+        self.logits_host.resize(self.cfg.n_vocab, 0.0);
+        self.ops.read_logits(&mut self.logits_host)?;
+        Ok(&self.logits_host)
+    }
+
+    /// The HC streams after the last forward call (n × hc_dim), downloaded.
+    pub fn hidden(&mut self, n: usize) -> Result<&[f32]> {
+        self.ops.bind()?;
+        self.hidden_host.resize(n * self.cfg.hc_dim(), 0.0);
+        self.ops.read_hidden(&mut self.hidden_host)?;
+        Ok(&self.hidden_host)
+    }
+
+    /// Copies the device KV state of this stage's layers into `kv` (which must be at the position the
+    /// device holds, or at its snapshot's): what a session file or the disk KV cache saves.
+    pub fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {
+        self.ops.bind()?;
+        self.sync_state(kv.pos)?;
+        self.ops.sync()?;
+        self.ops.download_kv(kv)
+    }
+
+    /// Makes `kv` (restored from a file, or from another backend) the device state; the next forward
+    /// call continues from `kv.pos`. Nothing is written when `kv` does not match the stage's layers.
+    pub fn upload_kv(&mut self, kv: &KvState) -> Result<()> {
+        self.ops.bind()?;
+        if kv.pos > self.ctx {
+            return Err(GpuError::KvBeyondContext { pos: kv.pos, ctx: self.ctx });
+        }
+        match self.ops.upload_kv(kv) {
+            Ok(()) => {
+                self.dev_pos = kv.pos;
+                // As after a prefill: a later rewind to this position finds it.
+                self.ops.snapshot(false)?;
+                self.snap_pos = Some(kv.pos);
+                self.ops.sync()
+            }
+            Err(e) => {
+                // A failed copy part-way leaves a mixed state: only a fresh start is valid now.
+                self.snap_pos = None;
+                self.dev_pos = usize::MAX;
+                Err(e)
+            }
+        }
+    }
+
+    /// Brings the device state to `pos` (0 = fresh, the current position, or the last snapshot).
+    fn sync_state(&mut self, pos: usize) -> Result<()> {
+        if pos == 0 {
+            if self.dev_pos != 0 {
+                self.ops.reset_state()?;
+                self.dev_pos = 0;
+            }
+            return Ok(());
+        }
+        if pos == self.dev_pos {
+            return Ok(());
+        }
+        if self.snap_pos == Some(pos) {
+            self.ops.snapshot(true)?;
+            self.dev_pos = pos;
+            return Ok(());
+        }
+        Err(GpuError::StateNotOnDevice { pos, dev: self.dev_pos, snap: self.snap_pos })
+    }
+
+    fn check(&self, kv: &KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<()> {
+        let n = tokens.len();
+        if n > self.nmax {
+            return Err(GpuError::BatchTooLarge { n, nmax: self.nmax });
+        }
+        if kv.pos + n > kv.ctx || kv.pos + n > self.ctx {
+            return Err(GpuError::ContextFull { pos: kv.pos, n, ctx: kv.ctx.min(self.ctx) });
+        }
+        if self.ops.hash_routed() {
+            if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.cfg.n_vocab) {
+                return Err(GpuError::TokenOutOfRange { token: t, vocab: self.cfg.n_vocab });
+            }
+        }
+        match hidden_in {
+            Some(h) if h.len() != n * self.cfg.hc_dim() => Err(GpuError::HiddenSize { got: h.len(), want: n * self.cfg.hc_dim() }),
+            Some(_) => Ok(()),
+            None if !self.ops.has_embed() => Err(GpuError::NoEmbedding),
+            None => match tokens.iter().find(|&&t| t as usize >= self.ops.embed_rows()) {
+                Some(&t) => Err(GpuError::TokenOutOfRange { token: t, vocab: self.ops.embed_rows() }),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Runs the forward pass, leaving logits rows (and with `top1` the greedy pick) on the device;
+    /// returns the row count.
+    fn forward_dev(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits, top1: bool) -> Result<usize> {
+        let n = tokens.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        self.check(kv, tokens, hidden_in)?;
+        self.sync_state(kv.pos)?;
+        let d = self.cfg.head_dim;
+        let step = Step { n, pos0: kv.pos, decode: n == 1 && d % 4 == 0 && d <= 1024 };
+        self.ops.begin_step(step, tokens)?;
+        if let Some(h) = hidden_in {
+            self.ops.load_hidden(h)?;
+        }
+        let head = want != Logits::None && self.ops.has_head();
+        let rows = if head { if want == Logits::Last { 1 } else { n } } else { 0 };
+        if step.decode && self.use_replay && self.trace.is_none() && self.ops.can_replay() {
+            // Kinds: hidden input or token, then no head / logits / logits and their argmax.
+            let key = 3 * hidden_in.is_some() as usize + head as usize + (head && top1) as usize;
+            if !self.ops.has_replay(key) {
+                self.ops.begin_record()?;
+                // Recorded once for every position: the ops must read the position on the device.
+                let rec = Step { pos0: 0, ..step };
+                let body = self.run(rec, hidden_in.is_none(), head.then_some((0, 1)), head && top1);
+                self.ops.end_record(key, body.is_ok())?;
+                body?;
+            }
+            self.ops.replay(key)?;
+        } else {
+            let r0 = if want == Logits::Last { n - 1 } else { 0 };
+            self.run(step, hidden_in.is_none(), head.then_some((r0, rows)), head && top1)?;
+        }
+        kv.pos += n;
+        self.dev_pos = kv.pos;
+        if n > 1 {
+            self.ops.snapshot(false)?;
+            self.snap_pos = Some(kv.pos);
+        }
+        Ok(rows)
+    }
+
+    /// The step's ops: embedding, every layer, the head on rows `head` (first, count), the pick.
+    fn run(&mut self, step: Step, embed: bool, head: Option<(usize, usize)>, top1: bool) -> Result<()> {
+        if embed {
+            self.ops.embed(step)?;
+        }
+        for li in 0..self.range.last + 1 - self.range.first {
+            crate::attention::attention(&mut self.ops, &self.cfg, li, step)?;
+            crate::ffn::ffn(&mut self.ops, li, step)?;
+            if self.trace.is_some() {
+                self.ops.flush()?;
+                let mut h = vec![0f32; step.n * self.cfg.hc_dim()];
+                self.ops.read_hidden(&mut h)?;
+                self.trace.as_mut().expect("checked above").push(h);
+            }
+        }
+        self.ops.flush()?;
+        if let Some((r0, m)) = head {
+            self.ops.head_norm(r0, m)?;
+            self.ops.logits(m)?;
+            if top1 {
+                self.ops.argmax()?;
+            }
+        }
+        Ok(())
+    }
+}
