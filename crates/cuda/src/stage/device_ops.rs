@@ -1,0 +1,109 @@
+//! `DeviceOps` for CUDA: the GPU stage's ops mapped onto this backend's kernels and streams (lanes are
+//! side streams; decode steps are captured as CUDA graphs and replayed).
+use super::*;
+use ds4_gpu::{Compressor, DeviceOps, Lane, LayerInfo, Sub};
+
+type R<T> = ds4_gpu::Result<T>;
+
+impl DeviceOps for CudaOps {
+    fn bind(&mut self) -> R<()> { Ok(self.g.bind()?) }
+
+    fn layer(&self, li: usize) -> LayerInfo {
+        let l = &self.layers[li];
+        LayerInfo { ratio: if l.comp.is_some() { l.ratio } else { 0 }, indexer: l.indexer.is_some(), shared_expert: l.shared.is_some() }
+    }
+
+    fn has_embed(&self) -> bool { self.embed.is_some() }
+    fn has_head(&self) -> bool { self.head.is_some() }
+    fn embed_rows(&self) -> usize { self.embed.map_or(0, |e| e.rows) }
+    fn hash_routed(&self) -> bool { self.layers.iter().any(|l| l.tid2eid.is_some()) }
+
+    fn begin_step(&mut self, step: Step, tokens: &[u32]) -> R<()> {
+        // A step that failed part-way may have left an exit pending on streams that are now rewritten.
+        self.pend = None;
+        self.g.htod(self.wk.tokens.ptr, tokens)?;
+        self.decode_mode = step.decode;
+        self.g.pdl_now = step.decode;
+        if step.decode {
+            self.g.htod(self.dpos.ptr, &[step.pos0 as i64])?;
+        }
+        Ok(())
+    }
+
+    fn load_hidden(&mut self, h: &[f32]) -> R<()> { Ok(self.g.htod(self.wk.x.ptr, h)?) }
+
+    fn embed(&mut self, step: Step) -> R<()> {
+        let em = self.embed.ok_or("stage without embedding")?;
+        let args = [A::P(em.ptr), A::I(ty_code(em.ty)), A::P(self.wk.tokens.ptr), A::P(self.wk.x.ptr), A::I(self.cfg.n_embd as i32), A::I(self.cfg.n_hc as i32)];
+        Ok(self.g.launch("embed", (step.n as u32, cdiv(self.cfg.n_embd, 256), 1), 256, 0, &args)?)
+    }
+
+    fn fork(&mut self, lane: Lane) -> R<()> { Ok(self.g.fork(lane)?) }
+    fn to_main(&mut self) { self.g.to_main() }
+    fn join(&mut self, lane: Lane) -> R<()> { Ok(self.g.join(lane)?) }
+
+    fn hc_entry(&mut self, li: usize, sub: Sub, step: Step) -> R<()> {
+        Ok(match sub {
+            Sub::Attn => self.attn_entry(li, step.n)?,
+            Sub::Ffn => self.ffn_entry(li, step.n)?,
+        })
+    }
+    fn kv_row(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::kv_row(self, li, step)?) }
+    fn compress(&mut self, li: usize, which: Compressor, step: Step) -> R<()> { Ok(self.compress_layer(li, which, step)?) }
+    fn indexer_weights(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_weights(self, li, step)?) }
+    fn q_lora(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::q_lora(self, li, step)?) }
+    fn indexer_query(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_query(self, li, step)?) }
+    fn q_heads(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::q_heads(self, li, step)?) }
+    fn indexer_select(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_select(self, li, step)?) }
+    fn attend(&mut self, li: usize, step: Step, selected: bool) -> R<()> { Ok(CudaOps::attend(self, li, step, selected)?) }
+    fn attn_out(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::attn_out(self, li, step)?) }
+    fn shared_expert(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::shared_expert(self, li, step)?) }
+    fn route(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::route(self, li, step)?) }
+    fn experts(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::experts(self, li, step)?) }
+    fn ffn_exit(&mut self, _li: usize, step: Step) -> R<()> { Ok(CudaOps::ffn_exit(self, step)?) }
+    fn flush(&mut self) -> R<()> { Ok(self.flush_exit()?) }
+
+    fn head_norm(&mut self, r0: usize, m: usize) -> R<()> { Ok(CudaOps::head_norm(self, r0, m)?) }
+    fn logits(&mut self, m: usize) -> R<()> { Ok(self.head_logits(m)?) }
+    fn argmax(&mut self) -> R<()> {
+        let (lp, tp, v) = (self.wk.logits.ptr, self.wk.top1.ptr, self.cfg.n_vocab);
+        Ok(self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(lp), A::I(v as i32), A::P(tp)])?)
+    }
+
+    fn sync(&mut self) -> R<()> {
+        let t = self.host_time.now();
+        self.g.sync()?;
+        self.host_time.add_wait(t);
+        Ok(())
+    }
+    fn read_logits(&mut self, dst: &mut [f32]) -> R<()> {
+        let t = self.host_time.now();
+        self.g.dtoh(dst, self.wk.logits.ptr)?;
+        self.host_time.add_copy(t);
+        Ok(())
+    }
+    fn read_hidden(&mut self, dst: &mut [f32]) -> R<()> { Ok(self.g.dtoh(dst, self.wk.x.ptr)?) }
+    fn read_top1(&mut self) -> R<(u32, f32)> {
+        let mut top = [0i32; 2];
+        self.g.dtoh(&mut top, self.wk.top1.ptr)?;
+        Ok((top[0] as u32, f32::from_bits(top[1] as u32)))
+    }
+
+    fn reset_state(&mut self) -> R<()> { Ok(CudaOps::reset_state(self)?) }
+    fn snapshot(&mut self, restore: bool) -> R<()> { Ok(CudaOps::snapshot(self, restore)?) }
+    fn download_kv(&mut self, kv: &mut KvState) -> R<()> { Ok(CudaOps::download_kv(self, kv)?) }
+    fn upload_kv(&mut self, kv: &KvState) -> R<()> { Ok(CudaOps::upload_kv(self, kv)?) }
+
+    fn can_replay(&self) -> bool { self.graphs_usable() }
+    fn has_replay(&self, key: usize) -> bool { self.graphs.get(key).is_some_and(|g| g.is_some()) }
+    fn begin_record(&mut self) -> R<()> { Ok(self.begin_capture()?) }
+    fn end_record(&mut self, key: usize, ok: bool) -> R<()> {
+        if key >= self.graphs.len() {
+            return Err(format!("decode step kind {key} out of range").into());
+        }
+        Ok(self.end_capture(key, ok)?)
+    }
+    fn replay(&mut self, key: usize) -> R<()> { Ok(self.launch_graph(key)?) }
+
+    fn note_call(&mut self, one_token: bool) { self.host_time.call(one_token) }
+}
