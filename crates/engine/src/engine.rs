@@ -94,6 +94,8 @@ pub struct LoadOptions {
     pub kv_states: usize,
     /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
     pub quiet: bool,
+    /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
+    pub mtp: Option<crate::speculative::MtpOptions>,
 }
 
 impl Default for LoadOptions {
@@ -112,6 +114,7 @@ impl Default for LoadOptions {
             warm_weights: false,
             kv_states: 1,
             quiet: false,
+            mtp: None,
         } }
 }
 
@@ -145,6 +148,15 @@ impl LoadOptions {
         if self.backend == Backend::Cuda && self.cuda_devices.is_empty() {
             return bad("--cuda-devices must name at least one device");
         }
+        if let Some(m) = &self.mtp {
+            m.validate()?;
+            if self.backend != Backend::Cpu {
+                return Err(EngineError::Unsupported(format!(
+                    "--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)",
+                    self.backend.name()
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -163,6 +175,8 @@ pub struct Engine {
     pub ctx: usize,
     pub prefill_chunk: usize,
     pub plan: MemoryPlan,
+    /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
+    pub mtp: Option<crate::speculative::MtpEngine>,
     /// The GPU copy of the stage when loaded with `Backend::Cuda` (then it runs every forward call).
     #[cfg(feature = "cuda")]
     cuda: Option<crate::cuda_pipeline::CudaPipeline>,
@@ -215,6 +229,16 @@ impl Engine {
         let shard = ds4_model::weights::shard_range(&file)?;
         let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
         let spans = Weights::map_plan(&file, &cfg, range)?;
+        if let Some(m) = &opts.mtp {
+            if !(range.embed && range.head) {
+                return Err(EngineError::Unsupported(format!(
+                    "--mtp with --layers {}: MTP drafting needs the embedding and the output head on this process, so it is not available on a distributed route (drafts are not carried between stages); run the route without --mtp",
+                    range.label()
+                )));
+            }
+            // Checked against the model before any weight is read.
+            ds4_model::mtp::check_file(&m.path, &cfg)?;
+        }
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
         }
@@ -286,9 +310,24 @@ impl Engine {
             ctx,
             prefill_chunk: usize::MAX,
             plan,
+            mtp: None,
             #[cfg(feature = "cuda")]
             cuda: None,
         }
+    }
+
+    /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it.
+    pub fn attach_mtp(&mut self, model: ds4_model::mtp::Mtp, opts: crate::speculative::MtpOptions) -> Result<(), EngineError> {
+        opts.validate()?;
+        if self.backend() != Backend::Cpu {
+            return Err(EngineError::Unsupported("MTP speculative decoding runs on the CPU backend only for now".into()));
+        }
+        let r = self.range();
+        if !(r.embed && r.head) {
+            return Err(EngineError::Unsupported("MTP drafting needs the embedding and the output head on this stage".into()));
+        }
+        self.mtp = Some(crate::speculative::MtpEngine { model, opts });
+        Ok(())
     }
 
     /// A fresh KV state for this engine's layers (on a GPU backend it only tracks the position: the
@@ -437,14 +476,27 @@ impl LoadPlan {
             Backend::Cpu => None,
         };
         if opts.backend == Backend::Cpu {
-            stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
+            // A verify step runs 1 + draft tokens with a logit row each.
+            let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
+            stage.reserve(opts.prefill_chunk.max(draft_rows), opts.ctx, (range.head as usize).max(draft_rows));
         }
+        let mtp = match &opts.mtp {
+            Some(m) => {
+                let model = ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?;
+                if !opts.quiet {
+                    eprintln!("mtp: {} ({:.2} GiB), draft {}, margin {}", m.path.display(), model.resident_bytes() as f64 / (1u64 << 30) as f64, m.draft, m.margin);
+                }
+                Some(crate::speculative::MtpEngine { model, opts: m.clone() })
+            }
+            None => None,
+        };
         Ok(Engine {
             stage,
             tokenizer,
             ctx: opts.ctx,
             prefill_chunk: opts.prefill_chunk,
             plan: memory,
+            mtp,
             #[cfg(feature = "cuda")]
             cuda,
         })
