@@ -49,7 +49,25 @@ pub struct Session {
     pub(crate) mtp: Option<MtpState>,
 }
 
+/// A copy of a session's state to return to (`Session::snapshot` / `restore`): KV, tokens, logits and
+/// the MTP drafter's state.
+#[derive(Clone)]
+pub struct SessionSnapshot {
+    kv: KvState,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    mtp: Option<MtpState>,
+}
+
 impl Session {
+    pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot { kv: self.kv.clone(), tokens: self.tokens.clone(), logits: self.logits.clone(), mtp: self.mtp.clone() }
+    }
+
+    pub fn restore(&mut self, s: SessionSnapshot) {
+        (self.kv, self.tokens, self.logits, self.mtp) = (s.kv, s.tokens, s.logits, s.mtp);
+    }
+
     pub fn new(engine: &Engine) -> Self {
         let mtp = engine.mtp.as_ref().map(|m| MtpState::new(&m.model, engine.ctx));
         Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: engine.prefill_chunk, mtp }

@@ -103,6 +103,7 @@ pub fn accept(p: &[(u32, f32)], q: &[(u32, f32)], d: u32, uniform: &mut dyn FnMu
 
 /// The drafter's view of a session: its own raw-window cache and the main model's hidden row whose
 /// next token has not yet been paired with it.
+#[derive(Clone)]
 pub(crate) struct MtpState {
     pub kv: KvState,
     /// Hidden row (n_hc × n_embd) of the main model at position `at - 1`; empty when none is waiting.
