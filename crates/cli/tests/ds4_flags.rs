@@ -44,14 +44,19 @@ fn assert_not_yet(args: &[String], o: &Output) {
 
 fn owned(v: &[&str]) -> Vec<String> { v.iter().map(|s| s.to_string()).collect() }
 
+/// An MTP file for the tiny shape (the embedded default model's): `ds4-gguf synth tiny --mtp-out`.
+fn mtp_file(dir: &Path) -> String {
+    let m = dir.join("tiny-mtp.gguf");
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-gguf")).args(["synth", "tiny"]).arg(dir.join("tiny.gguf")).arg("--mtp-out").arg(&m).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    m.to_str().unwrap().to_string()
+}
+
 /// ds4's flags not built here, each with a value where it takes one.
 const DS4_NOT_YET: &[&[&str]] = &[
     &["--metal"],
     &["--rocm"],
     &["--backend", "metal"],
-    &["--mtp", "mtp.gguf"],
-    &["--mtp-draft", "2"],
-    &["--mtp-margin", "3.0"],
     &["--mtp-model", "support.gguf"],
     &["--mtp-exact-sampling"],
     &["--mtp-timing"],
@@ -97,6 +102,7 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
     let lp = d.join("lp.json").to_str().unwrap().to_string();
     let lg = d.join("lg.json").to_str().unwrap().to_string();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
+    let mtp = mtp_file(&d);
     // Accepted flags, each added to a tiny one-shot run (`-p Hi -n 1 --temp 0` unless it brings its own).
     let accepted: &[&[&str]] = &[
         &["-m", &model],
@@ -136,6 +142,8 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
         &["--gpu-devices", "0"],
         &["--mem-limit-gb", "8"],
         &["--debug"],
+        &["--cpu", "--mtp", &mtp],
+        &["--cpu", "--mtp", &mtp, "--mtp-draft", "4", "--mtp-margin", "0", "--tokens", "8"],
     ];
     for extra in accepted {
         let mut args = owned(extra);
@@ -179,6 +187,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
     let csv = d.join("out.csv").to_str().unwrap().to_string();
     let dump = d.join("logits").to_str().unwrap().to_string();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
+    let mtp = mtp_file(&d);
     let accepted: &[&[&str]] = &[
         &["--prompt-file", &text],
         &["--chat-prompt-file", &text],
@@ -197,6 +206,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         &["--qat", "off"],
         &["--power", "90"],
         &["--dump-frontier-logits-dir", &dump],
+        &["--cpu", "--mtp", &mtp, "--mtp-draft", "2", "--mtp-margin", "0"],
     ];
     for extra in accepted {
         let mut args = owned(extra);
@@ -211,7 +221,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         assert_known(&args, &o);
         assert!(o.status.success(), "{args:?} should run: {}", stderr(&o));
     }
-    for flag in [&["--metal"][..], &["--mtp", "m.gguf"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
+    for flag in [&["--metal"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
         let mut args = owned(flag);
         args.extend(owned(&["--prompt-file", &text]));
         let o = run(bench(), &args.iter().map(String::as_str).collect::<Vec<_>>());

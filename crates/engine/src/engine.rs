@@ -229,6 +229,8 @@ impl Engine {
         let shard = ds4_model::weights::shard_range(&file)?;
         let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
         let spans = Weights::map_plan(&file, &cfg, range)?;
+        // The MTP drafter's weights are planned with the model's (its cache and buffers are a few rows).
+        let mut mtp_bytes = 0;
         if let Some(m) = &opts.mtp {
             if !(range.embed && range.head) {
                 return Err(EngineError::Unsupported(format!(
@@ -237,7 +239,8 @@ impl Engine {
                 )));
             }
             // Checked against the model before any weight is read.
-            ds4_model::mtp::check_file(&m.path, &cfg)?;
+            let f = ds4_model::mtp::check_file(&m.path, &cfg)?;
+            mtp_bytes = Weights::mtp_map_plan(&f, &ds4_model::mtp::block_config(&cfg))?.bytes();
         }
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
@@ -257,7 +260,7 @@ impl Engine {
         let input = PlanInput {
             cfg: &cfg,
             range,
-            weights: spans.bytes(),
+            weights: spans.bytes() + mtp_bytes,
             ctx: opts.ctx,
             prefill_chunk: opts.prefill_chunk,
             threads: rayon::current_num_threads(),
