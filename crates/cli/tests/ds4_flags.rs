@@ -487,3 +487,49 @@ fn think_max_fallback_warns_once() {
         assert_eq!(e.lines().filter(|l| l.contains("393216")).count(), 1, "{args:?}: {e}");
     }
 }
+
+/// MTP flags: bad values and combinations exit 2 with one line before anything loads; greedy output
+/// is the same with and without drafts.
+#[test]
+fn mtp_flags() {
+    let d = scratch("mtp");
+    let mtp = mtp_file(&d);
+    let model = d.join("tiny.gguf").to_str().unwrap().to_string();
+    let bad: &[(&[&str], &str)] = &[
+        (&["--mtp", &mtp, "--mtp-draft", "0"], "--mtp-draft must be between 1 and 4"),
+        (&["--mtp", &mtp, "--mtp-draft", "5"], "--mtp-draft must be between 1 and 4"),
+        (&["--mtp", &mtp, "--mtp-margin", "-1"], "--mtp-margin must be a number >= 0"),
+        (&["--mtp-draft", "2"], "need --mtp FILE"),
+        (&["--mtp", &mtp, "--logprobs-top-k", "3"], "--mtp with --dump-logprobs/--logprobs-top-k"),
+        (&["--mtp", &mtp, "--role", "coordinator", "--layers", "0:2"], "not available with --role"),
+    ];
+    for (args, want) in bad {
+        let mut a = owned(args);
+        a.extend(owned(&["-m", &model, "--cpu", "-p", "Hi"]));
+        let o = run(ds4(), &a.iter().map(String::as_str).collect::<Vec<_>>());
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{a:?}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{a:?}: {e}");
+        assert!(e.contains(want), "{a:?}: {e}");
+    }
+    // Not an MTP file: refused before loading, naming the file.
+    let o = run(ds4(), &["-m", &model, "--cpu", "--mtp", &model, "-p", "Hi"]);
+    assert!(!o.status.success() && stderr(&o).contains("is not an MTP file"), "{}", stderr(&o));
+    // Same greedy text with drafts (margin 0: always draft), --debug reports them.
+    let base = ["-m", model.as_str(), "--cpu", "-p", "Hello there", "-n", "24", "--temp", "0", "--nothink"];
+    let plain = run(ds4(), &base);
+    let mut with = base.to_vec();
+    with.extend(["--mtp", mtp.as_str(), "--mtp-draft", "3", "--mtp-margin", "0", "--debug"]);
+    let spec = run(ds4(), &with);
+    assert!(plain.status.success() && spec.status.success(), "{}", stderr(&spec));
+    assert_eq!(stdout(&plain), stdout(&spec));
+    assert!(stderr(&spec).contains("ds4: mtp drafted"), "{}", stderr(&spec));
+    // ds4-bench adds the MTP columns.
+    let text = write(&d, "p.txt", &"one two three four five six seven eight ".repeat(8));
+    let o = run(bench(), &["-m", &model, "--cpu", "--prompt-file", &text, "--ctx-start", "32", "--ctx-max", "64", "-n", "8", "--mtp", &mtp, "--mtp-margin", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().next().unwrap().ends_with(",mtp_drafted,mtp_accepted,mtp_acceptance"), "{out}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let _ = std::fs::remove_dir_all(&d);
+}
