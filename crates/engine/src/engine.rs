@@ -352,6 +352,33 @@ impl Engine {
         Ok(self.stage.hidden(n))
     }
 
+    /// Starts an undo journal on `kv` (speculative verification): later forward calls can be undone
+    /// with `kv_rollback`. CPU only for now: a GPU stage must journal its device state the same way.
+    pub fn kv_begin_journal(&mut self, kv: &mut KvState) -> Result<(), EngineError> {
+        self.cpu_only("KV rollback")?;
+        kv.begin_journal();
+        Ok(())
+    }
+
+    /// Returns `kv` to position `pos` of its journal (see `KvState::rollback`).
+    pub fn kv_rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<(), EngineError> {
+        self.cpu_only("KV rollback")?;
+        kv.rollback(pos).map_err(EngineError::Invalid)
+    }
+
+    /// Stops the journal on `kv`, keeping the state.
+    pub fn kv_end_journal(&mut self, kv: &mut KvState) {
+        kv.end_journal();
+    }
+
+    fn cpu_only(&self, what: &str) -> Result<(), EngineError> {
+        if self.backend() == Backend::Cpu {
+            Ok(())
+        } else {
+            Err(EngineError::Unsupported(format!("{what} is not yet available on the {} backend", self.backend().name())))
+        }
+    }
+
     /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], EngineError> {
         #[cfg(feature = "cuda")]

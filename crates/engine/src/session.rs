@@ -86,7 +86,7 @@ impl Session {
     fn mtp_observe(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<(), EngineError> {
         let (Some(st), Some(m)) = (self.mtp.as_mut(), engine.mtp.as_mut()) else { return Ok(()) };
         let hidden = engine.stage.hidden(tokens.len());
-        st.observe(&mut m.model, &engine.stage, hidden, tokens, self.kv.pos)
+        st.observe(&mut m.model, &engine.stage, hidden, tokens, self.kv.pos, false)
     }
 
     /// Makes the session hold exactly `prompt`: keeps a common prefix when `prompt` extends the history,

@@ -101,11 +101,15 @@ pub fn accept(p: &[(u32, f32)], q: &[(u32, f32)], d: u32, uniform: &mut dyn FnMu
     Err(draw(&res, uniform()))
 }
 
-/// The drafter's view of a session: its own raw-window cache and the main model's hidden row whose
-/// next token has not yet been paired with it.
+/// The drafter's view of a session: its own raw-window cache, the pairs (hidden row, next token) not
+/// yet run through the block, and the main model's last hidden row, whose next token is not known yet.
 #[derive(Clone)]
 pub(crate) struct MtpState {
     pub kv: KvState,
+    /// Pairs waiting for the block: after a verify step they are run together with the next draft's
+    /// first pair (one pass over the block's weights instead of two).
+    pub ready_h: Vec<f32>,
+    pub ready_t: Vec<u32>,
     /// Hidden row (n_hc × n_embd) of the main model at position `at - 1`; empty when none is waiting.
     pub pending: Vec<f32>,
     /// The main model's position the pending row leads to.
@@ -114,10 +118,14 @@ pub(crate) struct MtpState {
 }
 
 impl MtpState {
-    pub fn new(m: &Mtp, ctx: usize) -> Self { Self { kv: m.new_kv(ctx), pending: Vec::new(), at: 0, ctx } }
+    pub fn new(m: &Mtp, ctx: usize) -> Self {
+        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx }
+    }
 
     pub fn reset(&mut self, m: &Mtp) {
         self.kv = m.new_kv(self.ctx);
+        self.ready_h.clear();
+        self.ready_t.clear();
         self.pending.clear();
         self.at = 0;
     }
@@ -126,41 +134,68 @@ impl MtpState {
     pub fn ready(&self, pos: usize) -> bool { !self.pending.is_empty() && self.at == pos }
 
     /// After the main model consumed `tokens` ending at position `pos` (exclusive) with hidden rows
-    /// `hidden`: runs the block over the pairs (hidden of i, token i+1) that became complete and keeps the
-    /// last row pending. A gap (the main state moved without us, e.g. a restored snapshot) restarts the
-    /// drafter's cache: only draft quality depends on it, never the output.
-    pub fn observe(&mut self, m: &mut Mtp, main: &ds4_model::Stage, hidden: &[f32], tokens: &[u32], pos: usize) -> Result<(), EngineError> {
+    /// `hidden`: queues the pairs (hidden of i, token i+1) that became complete and keeps the last row
+    /// pending; runs the queue now unless `defer`. A gap (the main state moved without us, e.g. a
+    /// restored snapshot) restarts the drafter's cache: only draft quality depends on it, never the output.
+    pub fn observe(&mut self, m: &mut Mtp, main: &ds4_model::Stage, hidden: &[f32], tokens: &[u32], pos: usize, defer: bool) -> Result<(), EngineError> {
         let n = tokens.len();
         let hd = main.cfg.hc_dim();
         if n == 0 {
             return Ok(());
         }
         let start = pos - n;
-        let mut hs: Vec<f32> = Vec::with_capacity(n * hd);
-        let mut ts: Vec<u32> = Vec::with_capacity(n);
         if self.at == start {
             // With nothing pending, the pair ending at `start` was run by a draft (or this is the start).
             if !self.pending.is_empty() {
-                hs.extend_from_slice(&self.pending);
-                ts.push(tokens[0]);
+                self.ready_h.extend_from_slice(&self.pending);
+                self.ready_t.push(tokens[0]);
             }
         } else {
             self.reset(m);
         }
-        hs.extend_from_slice(&hidden[..(n - 1) * hd]);
-        ts.extend_from_slice(&tokens[1..]);
-        if self.kv.pos + ts.len() > self.kv.ctx {
-            self.reset(m);
-            hs.clear();
-            ts.clear();
-        }
-        if !ts.is_empty() {
-            m.forward(main, &mut self.kv, &hs, &ts, false)?;
-        }
+        self.ready_h.extend_from_slice(&hidden[..(n - 1) * hd]);
+        self.ready_t.extend_from_slice(&tokens[1..]);
         self.pending.clear();
         self.pending.extend_from_slice(&hidden[(n - 1) * hd..n * hd]);
         self.at = pos;
+        if !defer {
+            self.flush(m, main)?;
+        }
         Ok(())
+    }
+
+    /// Runs the queued pairs through the block.
+    fn flush(&mut self, m: &mut Mtp, main: &ds4_model::Stage) -> Result<(), EngineError> {
+        if self.ready_t.is_empty() {
+            return Ok(());
+        }
+        if self.kv.pos + self.ready_t.len() > self.kv.ctx {
+            // Full: start over (relative positions are all the window-only block sees).
+            self.kv = m.new_kv(self.ctx);
+            let hd = main.cfg.hc_dim();
+            let keep = self.ready_t.len().min(self.ctx);
+            self.ready_h.drain(..(self.ready_t.len() - keep) * hd);
+            self.ready_t.drain(..self.ready_t.len() - keep);
+        }
+        m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, false)?;
+        self.ready_h.clear();
+        self.ready_t.clear();
+        Ok(())
+    }
+
+    /// The first draft step: the queued pairs and (pending row, `tok`) in one pass of the block; returns
+    /// the logits of the token after `tok`. Consumes the pending row.
+    pub fn first_draft<'a>(&mut self, m: &'a mut Mtp, main: &ds4_model::Stage, tok: u32) -> Result<&'a [f32], EngineError> {
+        if self.kv.pos + self.ready_t.len() + 1 > self.kv.ctx {
+            self.flush(m, main)?;
+        }
+        self.ready_h.extend_from_slice(&self.pending);
+        self.ready_t.push(tok);
+        self.pending.clear();
+        let r = m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, true);
+        self.ready_h.clear();
+        self.ready_t.clear();
+        Ok(r?)
     }
 }
 
@@ -254,12 +289,10 @@ impl crate::session::Session {
             drafts.clear();
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
-            st.kv.begin_journal();
+            let mut l = st.first_draft(&mut me.model, &engine.stage, tok)?.to_vec();
+            // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
             let base = st.kv.pos;
-            let pending = std::mem::take(&mut st.pending);
-            let mut l = me.model.forward(&engine.stage, &mut st.kv, &pending, std::slice::from_ref(&tok), true)?.to_vec();
-            st.pending = pending;
-            st.pending.clear();
+            st.kv.begin_journal();
             for i in 0..room {
                 if top_margin(&l) < margin {
                     break;
@@ -270,11 +303,11 @@ impl crate::session::Session {
                 if i + 1 == room {
                     break;
                 }
-                let h = me.model.last_hidden(1).to_vec();
+                let h = me.model.last_hidden().to_vec();
                 l.clear();
                 l.extend_from_slice(me.model.forward(&engine.stage, &mut st.kv, &h, std::slice::from_ref(&d), true)?);
             }
-            st.kv.rollback(base + 1).map_err(EngineError::Invalid)?;
+            st.kv.rollback(base).map_err(EngineError::Invalid)?;
             st.kv.end_journal();
             let k = drafts.len();
             if k == 0 {
@@ -286,18 +319,20 @@ impl crate::session::Session {
             batch.push(tok);
             batch.extend_from_slice(&drafts);
             let p0 = self.kv.pos;
-            self.kv.begin_journal();
-            let r = engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All);
-            let r = r.map(|l| {
+            engine.kv_begin_journal(&mut self.kv)?;
+            let r = engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
                 rows.clear();
                 rows.extend_from_slice(l);
             });
+            let r = r.and_then(|()| {
+                hidden.clear();
+                hidden.extend_from_slice(engine.hidden(k + 1)?);
+                Ok(())
+            });
             if let Err(e) = r {
-                self.kv.end_journal();
+                engine.kv_end_journal(&mut self.kv);
                 return Err(e);
             }
-            hidden.clear();
-            hidden.extend_from_slice(engine.stage.hidden(k + 1));
             stats.drafted += k;
             let mut fed = 1;
             let mut stop = None;
@@ -324,14 +359,14 @@ impl crate::session::Session {
                 }
                 fed += 1;
             }
-            self.kv.rollback(p0 + fed).map_err(EngineError::Invalid)?;
-            self.kv.end_journal();
+            engine.kv_rollback(&mut self.kv, p0 + fed)?;
+            engine.kv_end_journal(&mut self.kv);
             self.tokens.extend_from_slice(&batch[..fed]);
             self.logits.clear();
             self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
-            st.observe(&mut me.model, &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos)?;
+            st.observe(&mut me.model, &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
             if let Some(s) = stop {
                 break Ok(s);
             }

@@ -79,6 +79,10 @@ fn trained_drafts_are_accepted_and_greedy_is_unchanged() {
         }
         eprintln!("draft {draft}: drafted {} accepted {} (acceptance {:.3})", st.drafted, st.accepted, st.acceptance());
         assert!(st.acceptance() > 0.5, "draft {draft}: a trained block should be accepted mostly: {st:?}");
+        if draft == 1 {
+            // The first draft is what the block was trained for (held-out accuracy 0.999 under HF).
+            assert!(st.acceptance() >= 0.95, "{st:?}");
+        }
     }
 }
 

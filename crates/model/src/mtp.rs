@@ -70,6 +70,8 @@ pub struct Mtp {
     mix: Vec<f32>,
     cur: Vec<f32>,
     logits: Vec<f32>,
+    /// Rows of the last `forward` call.
+    last_n: usize,
 }
 
 impl Mtp {
@@ -82,7 +84,7 @@ impl Mtp {
     }
 
     fn new(stage: Stage) -> Self {
-        Self { stage, x: Vec::new(), rows: Vec::new(), proj: Vec::new(), flat: Vec::new(), mix: Vec::new(), cur: Vec::new(), logits: Vec::new() }
+        Self { stage, x: Vec::new(), rows: Vec::new(), proj: Vec::new(), flat: Vec::new(), mix: Vec::new(), cur: Vec::new(), logits: Vec::new(), last_n: 0 }
     }
 
     /// Bytes of the MTP weights held in memory.
@@ -135,6 +137,7 @@ impl Mtp {
         let r = self.stage.forward(kv, tokens, Some(&x), Logits::None).map(|_| ());
         self.x = x;
         r?;
+        self.last_n = n;
         if !logits {
             return Ok(&[]);
         }
@@ -153,9 +156,12 @@ impl Mtp {
     }
 
     /// The block's output HC row of the last pair of the last `forward` (the hidden input of a
-    /// recursive draft).
-    pub fn last_hidden(&self, n: usize) -> &[f32] {
-        let hd = self.stage.cfg.hc_dim();
+    /// recursive draft); empty before the first call.
+    pub fn last_hidden(&self) -> &[f32] {
+        let (hd, n) = (self.stage.cfg.hc_dim(), self.last_n);
+        if n == 0 {
+            return &[];
+        }
         &self.stage.hidden(n)[(n - 1) * hd..n * hd]
     }
 }
