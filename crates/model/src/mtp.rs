@@ -66,6 +66,7 @@ pub struct Mtp {
     x: Vec<f32>,
     rows: Vec<f32>,
     proj: Vec<f32>,
+    ep: Vec<f32>,
     flat: Vec<f32>,
     mix: Vec<f32>,
     cur: Vec<f32>,
@@ -84,7 +85,7 @@ impl Mtp {
     }
 
     fn new(stage: Stage) -> Self {
-        Self { stage, x: Vec::new(), rows: Vec::new(), proj: Vec::new(), flat: Vec::new(), mix: Vec::new(), cur: Vec::new(), logits: Vec::new(), last_n: 0 }
+        Self { stage, x: Vec::new(), rows: Vec::new(), proj: Vec::new(), ep: Vec::new(), flat: Vec::new(), mix: Vec::new(), cur: Vec::new(), logits: Vec::new(), last_n: 0 }
     }
 
     /// Bytes of the MTP weights held in memory.
@@ -98,41 +99,13 @@ impl Mtp {
     /// of the last pair's next token (n_vocab), or nothing when `logits` is false. `main` must own the
     /// embedding and the output head.
     pub fn forward(&mut self, main: &Stage, kv: &mut KvState, hidden: &[f32], tokens: &[u32], logits: bool) -> Result<&[f32]> {
-        let (e, nh, hd) = (self.stage.cfg.n_embd, self.stage.cfg.n_hc, self.stage.cfg.hc_dim());
-        let (eps, hc_eps) = (self.stage.cfg.rms_eps, self.stage.cfg.hc_eps);
+        let (nh, hd) = (self.stage.cfg.n_hc, self.stage.cfg.hc_dim());
         let n = tokens.len();
         if hidden.len() != n * hd {
             return Err(ModelError::Invalid(format!("MTP input has {} hidden floats for {n} tokens, expected {}", hidden.len(), n * hd)));
         }
         let out_head = main.w.head.as_ref().ok_or_else(|| ModelError::Invalid("MTP drafting needs the model's output head on this stage".into()))?;
-        let p = main.opts.precision;
-        let h = self.stage.w.mtp.clone().expect("MTP weights carry the MTP head");
-        // Token part: e = e_proj · rmsw(embed(t), enorm), one row per pair.
-        self.rows.resize(n * e, 0.0);
-        for (i, &t) in tokens.iter().enumerate() {
-            let r = &mut self.rows[i * e..(i + 1) * e];
-            main.w.embed_row(t, r)?;
-            rms_norm(r, Some(&h.enorm), eps);
-        }
-        let mut ep = vec![0f32; n * e];
-        matmul(&self.stage.w.mat(&h.e_proj), &self.rows, n, &mut ep, p);
-        // Hidden part: h_s = h_proj · rmsw(H_s, hnorm), one row per (pair, stream).
-        self.rows.resize(n * hd, 0.0);
-        self.rows.copy_from_slice(hidden);
-        for r in self.rows.chunks_exact_mut(e) {
-            rms_norm(r, Some(&h.hnorm), eps);
-        }
-        self.proj.resize(n * hd, 0.0);
-        matmul(&self.stage.w.mat(&h.h_proj), &self.rows, n * nh, &mut self.proj, p);
-        self.x.resize(n * hd, 0.0);
-        for i in 0..n {
-            for s in 0..nh {
-                let o = i * hd + s * e;
-                for c in 0..e {
-                    self.x[o + c] = ep[i * e + c] + self.proj[o + c];
-                }
-            }
-        }
+        self.inputs(main, hidden, tokens)?;
         let x = std::mem::take(&mut self.x);
         let r = self.stage.forward(kv, tokens, Some(&x), Logits::None).map(|_| ());
         self.x = x;
@@ -142,17 +115,54 @@ impl Mtp {
             return Ok(&[]);
         }
         // Head on the last row: HC collapse with the MTP's weights, its norm, the main output matrix.
-        let y = &self.stage.hidden(n)[(n - 1) * hd..n * hd];
-        self.flat.resize(hd, 0.0);
-        hc::flat_norm(y, &mut self.flat, eps);
-        self.mix.resize(nh, 0.0);
-        matmul(&self.stage.w.mat(&h.hc_fn), &self.flat, 1, &mut self.mix, p);
-        self.cur.resize(e, 0.0);
-        hc::head_collapse(&self.mix, h.hc_scale[0], &h.hc_base, hc_eps, y, &mut self.cur);
-        rms_norm(&mut self.cur, Some(&h.norm), eps);
-        self.logits.resize(main.cfg.n_vocab, 0.0);
-        matmul(&main.w.mat(&out_head.output), &self.cur, 1, &mut self.logits, p);
-        Ok(&self.logits)
+        let Self { stage, flat, mix, cur, logits, .. } = self;
+        let (cfg, p) = (&stage.cfg, main.opts.precision);
+        let h = stage.w.mtp.as_ref().expect("MTP weights carry the MTP head");
+        let y = &stage.hidden(n)[(n - 1) * hd..n * hd];
+        flat.resize(hd, 0.0);
+        hc::flat_norm(y, flat, cfg.rms_eps);
+        mix.resize(nh, 0.0);
+        matmul(&stage.w.mat(&h.hc_fn), flat, 1, mix, p);
+        cur.resize(cfg.n_embd, 0.0);
+        hc::head_collapse(mix, h.hc_scale[0], &h.hc_base, cfg.hc_eps, y, cur);
+        rms_norm(cur, Some(&h.norm), cfg.rms_eps);
+        logits.resize(main.cfg.n_vocab, 0.0);
+        matmul(&main.w.mat(&out_head.output), cur, 1, logits, p);
+        Ok(logits)
+    }
+
+    /// The block's input streams into `x`: `e = e_proj · rmsw(embed(t), enorm)` per pair plus
+    /// `h_s = h_proj · rmsw(H_s, hnorm)` per (pair, stream).
+    fn inputs(&mut self, main: &Stage, hidden: &[f32], tokens: &[u32]) -> Result<()> {
+        let Self { stage, x, rows, proj, ep, .. } = self;
+        let (cfg, p) = (&stage.cfg, main.opts.precision);
+        let (e, nh, hd, n) = (cfg.n_embd, cfg.n_hc, cfg.hc_dim(), tokens.len());
+        let h = stage.w.mtp.as_ref().expect("MTP weights carry the MTP head");
+        rows.resize(n * e, 0.0);
+        for (i, &t) in tokens.iter().enumerate() {
+            let r = &mut rows[i * e..(i + 1) * e];
+            main.w.embed_row(t, r)?;
+            rms_norm(r, Some(&h.enorm), cfg.rms_eps);
+        }
+        ep.resize(n * e, 0.0);
+        matmul(&stage.w.mat(&h.e_proj), rows, n, ep, p);
+        rows.resize(n * hd, 0.0);
+        rows.copy_from_slice(hidden);
+        for r in rows.chunks_exact_mut(e) {
+            rms_norm(r, Some(&h.hnorm), cfg.rms_eps);
+        }
+        proj.resize(n * hd, 0.0);
+        matmul(&stage.w.mat(&h.h_proj), rows, n * nh, proj, p);
+        x.resize(n * hd, 0.0);
+        for i in 0..n {
+            for s in 0..nh {
+                let o = i * hd + s * e;
+                for c in 0..e {
+                    x[o + c] = ep[i * e + c] + proj[o + c];
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The block's output HC row of the last pair of the last `forward` (the hidden input of a
