@@ -1,5 +1,6 @@
 //! `ds4-server --mtp`: greedy completions are the same tokens with and without MTP drafts, sampled
-//! requests still answer, and /metrics counts drafted and accepted tokens; bad MTP flags exit 2.
+//! requests still answer, and /metrics and the request log count drafted and accepted tokens; bad MTP
+//! flags exit 2.
 mod common;
 
 use common::*;
@@ -43,6 +44,9 @@ fn greedy_is_unchanged_and_metrics_count_drafts() {
     assert!(metric(spec.port, "ds4_mtp_accepted_tokens_total") <= drafted);
     assert_eq!(metric(spec.port, "ds4_mtp_last_drafted_tokens"), drafted);
     assert_eq!(metric(plain.port, "ds4_mtp_drafted_tokens_total"), 0.0);
+    // The request log line counts accepted/drafted tokens.
+    assert!(spec.log_text().contains(" mtp="), "{}", spec.log_text());
+    assert!(!plain.log_text().contains(" mtp="));
     // A sampled request drafts too and answers.
     let s = complete(spec.port, json!({ "temperature": 0.9, "seed": 3 }));
     assert!(s["usage"]["completion_tokens"].as_u64().unwrap() > 0);
