@@ -90,7 +90,11 @@ pub fn accept(p: &[(u32, f32)], q: &[(u32, f32)], d: u32, uniform: &mut dyn FnMu
     if pd > 0.0 && (pd >= qd || (uniform() as f32) * qd < pd) {
         return Ok(d);
     }
-    let mut res: Vec<(u32, f32)> = p.iter().map(|&(id, pp)| (id, (pp - prob(q, id)).max(0.0))).filter(|x| x.1 > 0.0).collect();
+    // q by id, so that the residual over p's support costs |p|·log|q| (a full-vocabulary p is 129k ids).
+    let mut qs = q.to_vec();
+    qs.sort_unstable_by_key(|x| x.0);
+    let q_of = |id: u32| qs.binary_search_by_key(&id, |x| x.0).map_or(0.0, |i| qs[i].1);
+    let mut res: Vec<(u32, f32)> = p.iter().map(|&(id, pp)| (id, (pp - q_of(id)).max(0.0))).filter(|x| x.1 > 0.0).collect();
     if res.is_empty() {
         // p <= q everywhere means p = q: a rejection has probability 0; draw from p.
         res = p.to_vec();
