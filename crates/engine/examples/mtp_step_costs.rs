@@ -4,8 +4,9 @@
 //! step (the MTP block). Prints the decode rate these costs give at acceptance rates 0.6 / 0.8 / 0.9
 //! (computed from the measured costs, assuming each draft is accepted independently with that rate).
 //!
-//! cargo run --release -p ds4-engine --example mtp_step_costs -- MODEL [--mtp FILE] [--ctx-at N] [--reps N]
-use ds4_engine::{Engine, LoadOptions, MtpOptions, Session};
+//! cargo run --release -p ds4-engine --example mtp_step_costs -- MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda]
+//! (a GPU backend needs the stage's KV journal: `Engine::kv_begin_journal` / `kv_rollback`.)
+use ds4_engine::{Backend, Engine, LoadOptions, MtpOptions, Session};
 use ds4_model::Logits;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -19,21 +20,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let mut a = std::env::args().skip(1);
     let usage = || -> ! {
-        eprintln!("usage: mtp_step_costs MODEL [--mtp FILE] [--ctx-at N] [--reps N]");
+        eprintln!("usage: mtp_step_costs MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda]");
         std::process::exit(2)
     };
     let Some(model) = a.next() else { usage() };
-    let (mut mtp, mut at, mut reps) = (None::<PathBuf>, 512usize, 7usize);
+    let (mut mtp, mut at, mut reps, mut backend) = (None::<PathBuf>, 512usize, 7usize, Backend::Cpu);
     while let Some(f) = a.next() {
         let v = a.next().unwrap_or_else(|| usage());
         match f.as_str() {
             "--mtp" => mtp = Some(PathBuf::from(v)),
             "--ctx-at" => at = v.parse().unwrap_or_else(|_| usage()),
             "--reps" => reps = v.parse().unwrap_or_else(|_| usage()),
+            "--backend" => backend = Backend::parse(&v).unwrap_or_else(|_| usage()),
             _ => usage(),
         }
     }
-    let opts = LoadOptions { ctx: at + 16, prefill_chunk: 256, mtp: mtp.map(|p| MtpOptions { path: p, draft: 4, margin: 0.0 }), ..LoadOptions::default() };
+    let opts = LoadOptions { ctx: at + 16, prefill_chunk: 256, backend, mtp: mtp.map(|p| MtpOptions { path: p, draft: 4, margin: 0.0 }), ..LoadOptions::default() };
     let mut eng = Engine::load(&PathBuf::from(&model), &opts).unwrap_or_else(|e| panic!("{model}: {e}"));
     let v = eng.cfg().n_vocab as u64;
     let prompt: Vec<u32> = (0..at as u64).map(|i| ((i * 2654435761) % v) as u32).collect();
@@ -45,12 +47,12 @@ fn main() {
         let mut t = Vec::new();
         for r in 0..reps + 1 {
             let p0 = s.kv.pos;
-            s.kv.begin_journal();
+            eng.kv_begin_journal(&mut s.kv).unwrap_or_else(|e| panic!("{e}"));
             let t0 = Instant::now();
             eng.forward(&mut s.kv, &toks, None, Logits::All).unwrap();
             let dt = t0.elapsed().as_secs_f64();
-            s.kv.rollback(p0).unwrap();
-            s.kv.end_journal();
+            eng.kv_rollback(&mut s.kv, p0).unwrap();
+            eng.kv_end_journal(&mut s.kv);
             if r > 0 {
                 t.push(dt);
             }
