@@ -53,6 +53,40 @@ pub struct EngineSwitches {
     /// first-use stalls; --weights copy reads them all anyway.
     #[arg(long = "warm-weights")]
     pub warm_weights: bool,
+    #[command(flatten)]
+    pub mtp: MtpFlags,
+}
+
+/// ds4's MTP speculative decoding flags.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct MtpFlags {
+    /// MTP drafter GGUF (e.g. DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf): speculative decoding on the CPU
+    /// backend; greedy output is unchanged, sampling keeps its distribution.
+    #[arg(long = "mtp", value_name = "FILE")]
+    pub mtp: Option<std::path::PathBuf>,
+    /// Tokens drafted per step, 1..4 [default: 1].
+    #[arg(long = "mtp-draft", value_name = "N")]
+    pub draft: Option<usize>,
+    /// Draft only while the drafter's top logit leads its second by at least F [default: 3.0].
+    #[arg(long = "mtp-margin", value_name = "F", allow_negative_numbers = true)]
+    pub margin: Option<f32>,
+}
+
+impl MtpFlags {
+    /// The MTP options, or a usage error (`--mtp-draft`/`--mtp-margin` without `--mtp`).
+    pub fn options(&self) -> Result<Option<ds4_engine::MtpOptions>, String> {
+        let Some(path) = &self.mtp else {
+            if self.draft.is_some() || self.margin.is_some() {
+                return Err("--mtp-draft and --mtp-margin need --mtp FILE".into());
+            }
+            return Ok(None);
+        };
+        let mut o = ds4_engine::MtpOptions::new(path.clone());
+        o.draft = self.draft.unwrap_or(o.draft);
+        o.margin = self.margin.unwrap_or(o.margin);
+        o.validate().map_err(|e| e.to_string())?;
+        Ok(Some(o))
+    }
 }
 
 impl EngineSwitches {
@@ -80,6 +114,8 @@ impl EngineSwitches {
             weights: self.weights,
             warm_weights: self.warm_weights,
             options: self.model_options(),
+            // Checked by `MtpFlags::options` in the binaries' usage checks (exit 2 before loading).
+            mtp: self.mtp.options().ok().flatten(),
             ..ds4_engine::LoadOptions::default()
         }
     }

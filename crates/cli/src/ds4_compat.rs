@@ -13,7 +13,7 @@ struct NotBuilt {
 const fn nb(flag: &'static str, what: &'static str) -> NotBuilt { NotBuilt { flag, prefix: false, what } }
 const fn family(flag: &'static str, what: &'static str) -> NotBuilt { NotBuilt { flag, prefix: true, what } }
 
-const SPECULATIVE: &str = "speculative decoding (MTP/DSpark) is not built yet: run without it (plain decoding gives the same tokens)";
+const SPECULATIVE: &str = "DSpark/GLM speculative drafters are not built yet: use the MTP drafter (--mtp FILE --mtp-draft N --mtp-margin F), or run without it (plain decoding gives the same tokens)";
 const STEERING: &str = "directional activation steering is not built yet: run without it";
 const SSD: &str = "SSD expert streaming is not built yet: the whole model must fit in memory (see --mem-limit-gb)";
 const TENSOR_PARALLEL: &str =
@@ -22,8 +22,10 @@ const GPU_DIAGNOSTICS: &str = "the C engine's CPU-vs-GPU diagnostics are not bui
 
 /// Every not-built flag of ds4, ds4-bench (ds4-features.md §3, §4.2, §7).
 const NOT_BUILT: &[NotBuilt] = &[
-    nb("--mtp", SPECULATIVE),
-    family("--mtp-", SPECULATIVE),
+    // --mtp, --mtp-draft, --mtp-margin are built (MTP speculative decoding); the DSpark family is not.
+    nb("--mtp-model", SPECULATIVE),
+    nb("--mtp-exact-sampling", "--mtp-exact-sampling (DSpark) is not built: MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
+    nb("--mtp-timing", "--mtp-timing is not built: --debug prints MTP drafted/accepted counts"),
     nb("--dspark", SPECULATIVE),
     family("--dspark-", SPECULATIVE),
     family("--glm-mtp", SPECULATIVE),
@@ -85,13 +87,16 @@ mod tests {
 
     #[test]
     fn families_and_values_are_recognised() {
-        assert!(not_built("--mtp").is_some());
-        assert!(not_built("--mtp=draft.gguf").unwrap().starts_with("--mtp:"));
-        assert!(not_built("--mtp-draft").is_some());
+        assert!(not_built("--mtp").is_none(), "MTP is built");
+        assert!(not_built("--mtp-draft").is_none());
+        assert!(not_built("--mtp-margin=2").is_none());
+        assert!(not_built("--mtp-model=draft.gguf").unwrap().starts_with("--mtp-model:"));
+        assert!(not_built("--dspark").is_some());
+        assert!(not_built("--glm-mtp-draft").is_some());
         assert!(not_built("--dir-steering-ffn").is_some());
         assert!(not_built("--rdma-device").is_some());
         assert!(not_built("--prompt").is_none());
-        assert!(not_built("--mtpx").is_none(), "only the flag or its dash family");
+        assert!(not_built("--dspark-x").is_some() && not_built("--dsparkx").is_none(), "only the flag or its dash family");
     }
 
     #[test]

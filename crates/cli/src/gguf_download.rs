@@ -29,7 +29,7 @@ pub enum Target {
     Q2,
     /// Legacy 4-bit quant without imatrix, about 153 GB (prefer q4-imatrix).
     Q4,
-    /// Optional MTP speculative-decoding weights, about 3.5 GB (does not move ./ds4flash.gguf).
+    /// Optional MTP speculative-decoding weights for `--mtp FILE`, about 3.5 GB (does not move ./ds4flash.gguf).
     Mtp,
 }
 
@@ -93,8 +93,8 @@ pub fn run(a: &DownloadArgs) -> Result<()> {
         link_default(&dest)?;
         println!("Linked ./{DEFAULT_LINK} -> {}", dest.display());
     } else {
-        // ds4 enables this file with `--mtp FILE`; the engine here does not run MTP drafting yet.
-        println!("The MTP file is optional (ds4's --mtp {}); this engine does not use it yet.", dest.display());
+        // As in ds4, the drafter is enabled with `--mtp FILE`.
+        println!("The MTP file is optional: speculative decoding with --mtp {} (CPU backend for now).", dest.display());
     }
     Ok(())
 }

@@ -29,6 +29,10 @@ pub struct SynthArgs {
     /// Default: tiny for the tiny shape, real otherwise.
     #[arg(long)]
     pub vocab: Option<String>,
+    /// Also write the matching MTP file (speculative-decoding drafter, `mtp.0.*` tensors in the C
+    /// engine's MTP GGUF layout) for `ds4 --mtp FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub mtp_out: Option<PathBuf>,
 }
 
 /// Parses `A:B` / `A:output` against `n_layer`; returns (first, last, owns_output).
@@ -58,6 +62,11 @@ pub fn run(a: &SynthArgs) -> Result<()> {
     })
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
+    if let Some(m) = &a.mtp_out {
+        synth::write_mtp(&spec, m, |_, _| {}).with_context(|| format!("writing {}", m.display()))?;
+        let size = std::fs::metadata(m).map(|m| m.len()).unwrap_or(0);
+        eprintln!("wrote {} ({:.2} GiB): MTP block for shape {}, mix {}", m.display(), size as f64 / (1u64 << 30) as f64, a.shape, a.mix);
+    }
     let size = std::fs::metadata(&a.out).map(|m| m.len()).unwrap_or(0);
     eprintln!(
         "wrote {} ({:.2} GiB): shape {} ({} layers, embd {}, vocab {}), mix {}",

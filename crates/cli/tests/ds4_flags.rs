@@ -44,14 +44,19 @@ fn assert_not_yet(args: &[String], o: &Output) {
 
 fn owned(v: &[&str]) -> Vec<String> { v.iter().map(|s| s.to_string()).collect() }
 
+/// An MTP file for the tiny shape (the embedded default model's): `ds4-gguf synth tiny --mtp-out`.
+fn mtp_file(dir: &Path) -> String {
+    let m = dir.join("tiny-mtp.gguf");
+    let o = Command::new(env!("CARGO_BIN_EXE_ds4-gguf")).args(["synth", "tiny"]).arg(dir.join("tiny.gguf")).arg("--mtp-out").arg(&m).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    m.to_str().unwrap().to_string()
+}
+
 /// ds4's flags not built here, each with a value where it takes one.
 const DS4_NOT_YET: &[&[&str]] = &[
     &["--metal"],
     &["--rocm"],
     &["--backend", "metal"],
-    &["--mtp", "mtp.gguf"],
-    &["--mtp-draft", "2"],
-    &["--mtp-margin", "3.0"],
     &["--mtp-model", "support.gguf"],
     &["--mtp-exact-sampling"],
     &["--mtp-timing"],
@@ -97,6 +102,7 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
     let lp = d.join("lp.json").to_str().unwrap().to_string();
     let lg = d.join("lg.json").to_str().unwrap().to_string();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
+    let mtp = mtp_file(&d);
     // Accepted flags, each added to a tiny one-shot run (`-p Hi -n 1 --temp 0` unless it brings its own).
     let accepted: &[&[&str]] = &[
         &["-m", &model],
@@ -136,6 +142,8 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
         &["--gpu-devices", "0"],
         &["--mem-limit-gb", "8"],
         &["--debug"],
+        &["--cpu", "--mtp", &mtp],
+        &["--cpu", "--mtp", &mtp, "--mtp-draft", "4", "--mtp-margin", "0", "--tokens", "8"],
     ];
     for extra in accepted {
         let mut args = owned(extra);
@@ -179,6 +187,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
     let csv = d.join("out.csv").to_str().unwrap().to_string();
     let dump = d.join("logits").to_str().unwrap().to_string();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
+    let mtp = mtp_file(&d);
     let accepted: &[&[&str]] = &[
         &["--prompt-file", &text],
         &["--chat-prompt-file", &text],
@@ -197,6 +206,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         &["--qat", "off"],
         &["--power", "90"],
         &["--dump-frontier-logits-dir", &dump],
+        &["--cpu", "--mtp", &mtp, "--mtp-draft", "2", "--mtp-margin", "0"],
     ];
     for extra in accepted {
         let mut args = owned(extra);
@@ -211,7 +221,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         assert_known(&args, &o);
         assert!(o.status.success(), "{args:?} should run: {}", stderr(&o));
     }
-    for flag in [&["--metal"][..], &["--mtp", "m.gguf"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
+    for flag in [&["--metal"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
         let mut args = owned(flag);
         args.extend(owned(&["--prompt-file", &text]));
         let o = run(bench(), &args.iter().map(String::as_str).collect::<Vec<_>>());
@@ -476,4 +486,50 @@ fn think_max_fallback_warns_once() {
         assert_eq!(e.matches("generated: ").count(), 2, "{e}");
         assert_eq!(e.lines().filter(|l| l.contains("393216")).count(), 1, "{args:?}: {e}");
     }
+}
+
+/// MTP flags: bad values and combinations exit 2 with one line before anything loads; greedy output
+/// is the same with and without drafts.
+#[test]
+fn mtp_flags() {
+    let d = scratch("mtp");
+    let mtp = mtp_file(&d);
+    let model = d.join("tiny.gguf").to_str().unwrap().to_string();
+    let bad: &[(&[&str], &str)] = &[
+        (&["--mtp", &mtp, "--mtp-draft", "0"], "--mtp-draft must be between 1 and 4"),
+        (&["--mtp", &mtp, "--mtp-draft", "5"], "--mtp-draft must be between 1 and 4"),
+        (&["--mtp", &mtp, "--mtp-margin", "-1"], "--mtp-margin must be a number >= 0"),
+        (&["--mtp-draft", "2"], "need --mtp FILE"),
+        (&["--mtp", &mtp, "--logprobs-top-k", "3"], "--mtp with --dump-logprobs/--logprobs-top-k"),
+        (&["--mtp", &mtp, "--role", "coordinator", "--layers", "0:2"], "not available with --role"),
+    ];
+    for (args, want) in bad {
+        let mut a = owned(args);
+        a.extend(owned(&["-m", &model, "--cpu", "-p", "Hi"]));
+        let o = run(ds4(), &a.iter().map(String::as_str).collect::<Vec<_>>());
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{a:?}: {e}");
+        assert_eq!(e.trim().lines().count(), 1, "{a:?}: {e}");
+        assert!(e.contains(want), "{a:?}: {e}");
+    }
+    // Not an MTP file: refused before loading, naming the file.
+    let o = run(ds4(), &["-m", &model, "--cpu", "--mtp", &model, "-p", "Hi"]);
+    assert!(!o.status.success() && stderr(&o).contains("is not an MTP file"), "{}", stderr(&o));
+    // Same greedy text with drafts (margin 0: always draft), --debug reports them.
+    let base = ["-m", model.as_str(), "--cpu", "-p", "Hello there", "-n", "24", "--temp", "0", "--nothink"];
+    let plain = run(ds4(), &base);
+    let mut with = base.to_vec();
+    with.extend(["--mtp", mtp.as_str(), "--mtp-draft", "3", "--mtp-margin", "0", "--debug"]);
+    let spec = run(ds4(), &with);
+    assert!(plain.status.success() && spec.status.success(), "{}", stderr(&spec));
+    assert_eq!(stdout(&plain), stdout(&spec));
+    assert!(stderr(&spec).contains("ds4: mtp drafted"), "{}", stderr(&spec));
+    // ds4-bench adds the MTP columns.
+    let text = write(&d, "p.txt", &"one two three four five six seven eight ".repeat(8));
+    let o = run(bench(), &["-m", &model, "--cpu", "--prompt-file", &text, "--ctx-start", "32", "--ctx-max", "64", "-n", "8", "--mtp", &mtp, "--mtp-margin", "0"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.lines().next().unwrap().ends_with(",mtp_drafted,mtp_accepted,mtp_acceptance"), "{out}");
+    assert_eq!(out.lines().count(), 3, "{out}");
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -94,6 +94,8 @@ pub struct LoadOptions {
     pub kv_states: usize,
     /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
     pub quiet: bool,
+    /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
+    pub mtp: Option<crate::speculative::MtpOptions>,
 }
 
 impl Default for LoadOptions {
@@ -112,6 +114,7 @@ impl Default for LoadOptions {
             warm_weights: false,
             kv_states: 1,
             quiet: false,
+            mtp: None,
         } }
 }
 
@@ -145,6 +148,15 @@ impl LoadOptions {
         if self.backend == Backend::Cuda && self.cuda_devices.is_empty() {
             return bad("--cuda-devices must name at least one device");
         }
+        if let Some(m) = &self.mtp {
+            m.validate()?;
+            if self.backend != Backend::Cpu {
+                return Err(EngineError::Unsupported(format!(
+                    "--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)",
+                    self.backend.name()
+                )));
+            }
+        }
         Ok(())
     }
 
@@ -163,6 +175,8 @@ pub struct Engine {
     pub ctx: usize,
     pub prefill_chunk: usize,
     pub plan: MemoryPlan,
+    /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
+    pub mtp: Option<crate::speculative::MtpEngine>,
     /// The GPU copy of the stage when loaded with `Backend::Cuda` (then it runs every forward call).
     #[cfg(feature = "cuda")]
     cuda: Option<crate::cuda_pipeline::CudaPipeline>,
@@ -215,6 +229,19 @@ impl Engine {
         let shard = ds4_model::weights::shard_range(&file)?;
         let range = opts.layers.or(shard).unwrap_or_else(|| LayerRange::full(&cfg));
         let spans = Weights::map_plan(&file, &cfg, range)?;
+        // The MTP drafter's weights are planned with the model's (its cache and buffers are a few rows).
+        let mut mtp_bytes = 0;
+        if let Some(m) = &opts.mtp {
+            if !(range.embed && range.head) {
+                return Err(EngineError::Unsupported(format!(
+                    "--mtp with --layers {}: MTP drafting needs the embedding and the output head on this process, so it is not available on a distributed route (drafts are not carried between stages); run the route without --mtp",
+                    range.label()
+                )));
+            }
+            // Checked against the model before any weight is read.
+            let f = ds4_model::mtp::check_file(&m.path, &cfg)?;
+            mtp_bytes = Weights::mtp_map_plan(&f, &ds4_model::mtp::block_config(&cfg))?.bytes();
+        }
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
         }
@@ -233,7 +260,7 @@ impl Engine {
         let input = PlanInput {
             cfg: &cfg,
             range,
-            weights: spans.bytes(),
+            weights: spans.bytes() + mtp_bytes,
             ctx: opts.ctx,
             prefill_chunk: opts.prefill_chunk,
             threads: rayon::current_num_threads(),
@@ -286,9 +313,24 @@ impl Engine {
             ctx,
             prefill_chunk: usize::MAX,
             plan,
+            mtp: None,
             #[cfg(feature = "cuda")]
             cuda: None,
         }
+    }
+
+    /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it.
+    pub fn attach_mtp(&mut self, model: ds4_model::mtp::Mtp, opts: crate::speculative::MtpOptions) -> Result<(), EngineError> {
+        opts.validate()?;
+        if self.backend() != Backend::Cpu {
+            return Err(EngineError::Unsupported("MTP speculative decoding runs on the CPU backend only for now".into()));
+        }
+        let r = self.range();
+        if !(r.embed && r.head) {
+            return Err(EngineError::Unsupported("MTP drafting needs the embedding and the output head on this stage".into()));
+        }
+        self.mtp = Some(crate::speculative::MtpEngine { model, opts });
+        Ok(())
     }
 
     /// A fresh KV state for this engine's layers (on a GPU backend it only tracks the position: the
@@ -308,6 +350,33 @@ impl Engine {
             return Ok(c.hidden(n)?);
         }
         Ok(self.stage.hidden(n))
+    }
+
+    /// Starts an undo journal on `kv` (speculative verification): later forward calls can be undone
+    /// with `kv_rollback`. CPU only for now: a GPU stage must journal its device state the same way.
+    pub fn kv_begin_journal(&mut self, kv: &mut KvState) -> Result<(), EngineError> {
+        self.cpu_only("KV rollback")?;
+        kv.begin_journal();
+        Ok(())
+    }
+
+    /// Returns `kv` to position `pos` of its journal (see `KvState::rollback`).
+    pub fn kv_rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<(), EngineError> {
+        self.cpu_only("KV rollback")?;
+        kv.rollback(pos).map_err(EngineError::Invalid)
+    }
+
+    /// Stops the journal on `kv`, keeping the state.
+    pub fn kv_end_journal(&mut self, kv: &mut KvState) {
+        kv.end_journal();
+    }
+
+    fn cpu_only(&self, what: &str) -> Result<(), EngineError> {
+        if self.backend() == Backend::Cpu {
+            Ok(())
+        } else {
+            Err(EngineError::Unsupported(format!("{what} is not yet available on the {} backend", self.backend().name())))
+        }
     }
 
     /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
@@ -437,14 +506,27 @@ impl LoadPlan {
             Backend::Cpu => None,
         };
         if opts.backend == Backend::Cpu {
-            stage.reserve(opts.prefill_chunk, opts.ctx, range.head as usize);
+            // A verify step runs 1 + draft tokens with a logit row each.
+            let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
+            stage.reserve(opts.prefill_chunk.max(draft_rows), opts.ctx, (range.head as usize).max(draft_rows));
         }
+        let mtp = match &opts.mtp {
+            Some(m) => {
+                let model = ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?;
+                if !opts.quiet {
+                    eprintln!("mtp: {} ({:.2} GiB), draft {}, margin {}", m.path.display(), model.resident_bytes() as f64 / (1u64 << 30) as f64, m.draft, m.margin);
+                }
+                Some(crate::speculative::MtpEngine { model, opts: m.clone() })
+            }
+            None => None,
+        };
         Ok(Engine {
             stage,
             tokenizer,
             ctx: opts.ctx,
             prefill_chunk: opts.prefill_chunk,
             plan: memory,
+            mtp,
             #[cfg(feature = "cuda")]
             cuda,
         })

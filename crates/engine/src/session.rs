@@ -1,6 +1,7 @@
 //! A conversation's state on the engine: KV cache, token history, prefill and generation loops.
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::speculative::MtpState;
 use ds4_model::{residency, KvState, Logits};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -22,9 +23,14 @@ pub struct GenStats {
     pub prefill_time: Duration,
     pub gen_tokens: usize,
     pub gen_time: Duration,
+    /// MTP: tokens drafted and verified, and how many of them were accepted.
+    pub drafted: usize,
+    pub accepted: usize,
 }
 
 impl GenStats {
+    /// Accepted drafts over drafted ones (0 when nothing was drafted).
+    pub fn acceptance(&self) -> f64 { if self.drafted > 0 { self.accepted as f64 / self.drafted as f64 } else { 0.0 } }
     pub fn prefill_tps(&self) -> f64 { rate(self.prefilled_tokens, self.prefill_time) }
     pub fn gen_tps(&self) -> f64 { rate(self.gen_tokens, self.gen_time) }
 }
@@ -39,17 +45,48 @@ pub struct Session {
     /// Logits after the last consumed token (empty before the first).
     pub logits: Vec<f32>,
     pub prefill_chunk: usize,
+    /// The MTP drafter's state when the engine has one.
+    pub(crate) mtp: Option<MtpState>,
+}
+
+/// A copy of a session's state to return to (`Session::snapshot` / `restore`): KV, tokens, logits and
+/// the MTP drafter's state.
+#[derive(Clone)]
+pub struct SessionSnapshot {
+    kv: KvState,
+    tokens: Vec<u32>,
+    logits: Vec<f32>,
+    mtp: Option<MtpState>,
 }
 
 impl Session {
+    pub fn snapshot(&self) -> SessionSnapshot {
+        SessionSnapshot { kv: self.kv.clone(), tokens: self.tokens.clone(), logits: self.logits.clone(), mtp: self.mtp.clone() }
+    }
+
+    pub fn restore(&mut self, s: SessionSnapshot) {
+        (self.kv, self.tokens, self.logits, self.mtp) = (s.kv, s.tokens, s.logits, s.mtp);
+    }
+
     pub fn new(engine: &Engine) -> Self {
-        Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: engine.prefill_chunk }
+        let mtp = engine.mtp.as_ref().map(|m| MtpState::new(&m.model, engine.ctx));
+        Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: engine.prefill_chunk, mtp }
     }
 
     pub fn reset(&mut self, engine: &Engine) {
         self.kv = engine.stage.new_kv(engine.ctx);
         self.tokens.clear();
         self.logits.clear();
+        if let (Some(st), Some(m)) = (self.mtp.as_mut(), engine.mtp.as_ref()) {
+            st.reset(&m.model);
+        }
+    }
+
+    /// Feeds the main model's hidden rows of the tokens just consumed to the MTP drafter (if any).
+    fn mtp_observe(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<(), EngineError> {
+        let (Some(st), Some(m)) = (self.mtp.as_mut(), engine.mtp.as_mut()) else { return Ok(()) };
+        let hidden = engine.stage.hidden(tokens.len());
+        st.observe(&mut m.model, &engine.stage, hidden, tokens, self.kv.pos, false)
     }
 
     /// Makes the session hold exactly `prompt`: keeps a common prefix when `prompt` extends the history,
@@ -81,6 +118,7 @@ impl Session {
             self.logits.clear();
             self.logits.extend_from_slice(l);
             self.tokens.extend_from_slice(chunk);
+            self.mtp_observe(engine, chunk)?;
             done += chunk.len();
             progress(done, total);
         }
@@ -93,7 +131,7 @@ impl Session {
         self.logits.clear();
         self.logits.extend_from_slice(l);
         self.tokens.push(token);
-        Ok(())
+        self.mtp_observe(engine, std::slice::from_ref(&token))
     }
 
     /// Samples up to `max_tokens` tokens. `on_token` returns false to stop. `greedy` says that `sample`

@@ -3,6 +3,18 @@ use crate::kv::CompressorState;
 use crate::ops::rms_norm;
 use crate::rope::Rope;
 
+/// The element range of `st.kv` and of `st.score` that `push` at `pos` overwrites (for an undo log):
+/// the token's row, and for an overlapping compressor whose window closes, the previous-window rows too.
+pub fn touched(st: &CompressorState, pos: usize) -> std::ops::Range<usize> {
+    let (r, w) = (st.ratio, st.width);
+    let slot = pos % r;
+    if r == 4 && (pos + 1) % r == 0 {
+        return 0..2 * r * w;
+    }
+    let row = if r == 4 { r + slot } else { slot };
+    row * w..(row + 1) * w
+}
+
 /// Pushes one token's projections (`kv`, `gate` of width coff·D, `ape` row for its window offset).
 /// Returns true when the window closed and `out` (D wide) holds the pooled, normed, roped row.
 pub fn push(

@@ -67,6 +67,59 @@ pub struct KvState {
     pub ctx: usize,
     pub first_layer: usize,
     pub layers: Vec<LayerKv>,
+    /// While set, forward calls record what they overwrite, so that `rollback` can return to an
+    /// earlier position (speculative verification). None otherwise (no cost on the plain path).
+    pub journal: Option<Journal>,
+}
+
+/// A buffer of a layer's state that a forward call overwrites in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Buf {
+    Raw,
+    CompKv,
+    CompScore,
+    IdxKv,
+    IdxScore,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    pos: usize,
+    layer: usize,
+    buf: Buf,
+    start: usize,
+    len: usize,
+}
+
+/// Undo log of forward calls since `KvState::begin_journal`: the old values of every in-place write
+/// (ring rows, compressor and indexer frontiers), tagged with the position that wrote them, in the
+/// order written. Appended
+/// rows (compressed, indexer) need no log: their count follows from the position.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Journal {
+    from: usize,
+    entries: Vec<Entry>,
+    data: Vec<f32>,
+}
+
+impl Journal {
+    /// Saves `src[start..start + len]` before position `pos` overwrites it in `layer`'s `buf`.
+    pub fn save(&mut self, pos: usize, layer: usize, buf: Buf, src: &[f32], start: usize, len: usize) {
+        self.entries.push(Entry { pos, layer, buf, start, len });
+        self.data.extend_from_slice(&src[start..start + len]);
+    }
+}
+
+impl LayerKv {
+    fn buf_mut(&mut self, b: Buf) -> Option<&mut Vec<f32>> {
+        match b {
+            Buf::Raw => Some(&mut self.raw),
+            Buf::CompKv => self.comp_state.as_mut().map(|s| &mut s.kv),
+            Buf::CompScore => self.comp_state.as_mut().map(|s| &mut s.score),
+            Buf::IdxKv => self.idx_state.as_mut().map(|s| &mut s.kv),
+            Buf::IdxScore => self.idx_state.as_mut().map(|s| &mut s.score),
+        }
+    }
 }
 
 impl KvState {
@@ -86,10 +139,80 @@ impl KvState {
                 }
             })
             .collect();
-        Self { pos: 0, ctx, first_layer: range.first, layers }
+        Self { pos: 0, ctx, first_layer: range.first, layers, journal: None }
     }
 
     pub fn layer(&mut self, il: usize) -> &mut LayerKv { &mut self.layers[il - self.first_layer] }
+
+    /// Layer `il`'s state and the journal, if one is recording (borrowed apart).
+    pub fn layer_journal(&mut self, il: usize) -> (&mut LayerKv, Option<&mut Journal>) {
+        (&mut self.layers[il - self.first_layer], self.journal.as_mut())
+    }
+
+    /// Starts recording at the current position: later forward calls can be undone with `rollback`.
+    /// Restarts the log if one was running.
+    pub fn begin_journal(&mut self) {
+        let mut j = self.journal.take().unwrap_or_default();
+        j.from = self.pos;
+        j.entries.clear();
+        j.data.clear();
+        self.journal = Some(j);
+    }
+
+    /// Stops recording (keeps the state as it is).
+    pub fn end_journal(&mut self) {
+        self.journal = None;
+    }
+
+    /// Returns the state to position `to` (between the position `begin_journal` was called at and the
+    /// current one): restores every overwritten value written at positions >= `to`, drops compressed and
+    /// indexer rows of windows that closed at or after `to`. The result equals the state a forward of
+    /// only the first `to` positions would have left. The journal keeps recording from `to`.
+    pub fn rollback(&mut self, to: usize) -> Result<(), String> {
+        let Some(mut j) = self.journal.take() else { return Err("rollback without a journal".into()) };
+        if to < j.from || to > self.pos {
+            let from = j.from;
+            self.journal = Some(j);
+            return Err(format!("rollback to {to} outside the journal's positions {from}..={}", self.pos));
+        }
+        // Undo in reverse order of writing (a location written twice gets its oldest value back).
+        let mut end = j.data.len();
+        for e in j.entries.iter().rev() {
+            end -= e.len;
+            if e.pos >= to {
+                if let Some(b) = self.layers[e.layer].buf_mut(e.buf) {
+                    b[e.start..e.start + e.len].copy_from_slice(&j.data[end..end + e.len]);
+                }
+            }
+        }
+        // Keep the log of positions before `to` (entries are ordered by layer, then position).
+        let (mut src, mut dst) = (0, 0);
+        let mut kept = Vec::with_capacity(j.entries.len());
+        for e in &j.entries {
+            if e.pos < to {
+                j.data.copy_within(src..src + e.len, dst);
+                dst += e.len;
+                kept.push(*e);
+            }
+            src += e.len;
+        }
+        j.entries = kept;
+        j.data.truncate(dst);
+        for l in &mut self.layers {
+            if l.ratio != 0 {
+                let n = to / l.ratio;
+                if let Some(c) = l.comp.as_mut() {
+                    c.truncate(n);
+                }
+                if let Some(c) = l.idx.as_mut() {
+                    c.truncate(n);
+                }
+            }
+        }
+        self.pos = to;
+        self.journal = Some(j);
+        Ok(())
+    }
 
     /// Bytes held by the state (what a snapshot copies).
     pub fn bytes(&self) -> usize {

@@ -10,6 +10,7 @@ pub mod kv;
 pub mod mapplan;
 pub mod memplan;
 pub mod moe;
+pub mod mtp;
 pub mod ops;
 pub mod qat;
 pub mod residency;

@@ -5,7 +5,7 @@ use crate::compressor;
 use crate::config::Config;
 use crate::error::{ModelError, Result};
 use crate::hc::{self, HcMix};
-use crate::kv::KvState;
+use crate::kv::{Buf, KvState};
 use crate::moe;
 use crate::ops::rms_norm;
 use crate::qat;
@@ -465,7 +465,8 @@ impl Stage {
             let last = wk.spans.last().expect("spans");
             grow(lin, (last.lin0 + last.prev + last.n) * d);
             for (sp, kv) in wk.spans.iter().zip(kvs.iter_mut()) {
-                let lkv = kv.layer(il);
+                let li = il - kv.first_layer;
+                let (lkv, mut journal) = kv.layer_journal(il);
                 let (pos0, prev, n, l0) = (sp.pos0, sp.prev, sp.n, sp.lin0);
                 for j in 0..prev {
                     let p = pos0 - prev + j;
@@ -476,6 +477,9 @@ impl Stage {
                 for i in n.saturating_sub(swa)..n {
                     let p = pos0 + i;
                     let dst = (p % swa) * d;
+                    if let Some(j) = journal.as_deref_mut() {
+                        j.save(p, li, Buf::Raw, &lkv.raw, dst, d);
+                    }
                     lkv.raw[dst..dst + d].copy_from_slice(&kvb[(sp.start + i) * d..(sp.start + i + 1) * d]);
                 }
             }
@@ -510,8 +514,15 @@ impl Stage {
             grow(&mut irow, cfg.idx_dim);
             for i in 0..n {
                 let pos = wk.tpos[i];
-                let lkv = kvs[wk.tseg[i]].layer(il);
+                let kv = &mut *kvs[wk.tseg[i]];
+                let li = il - kv.first_layer;
+                let (lkv, mut journal) = kv.layer_journal(il);
                 let st = lkv.comp_state.as_mut().expect("compressor state");
+                if let Some(j) = journal.as_deref_mut() {
+                    let t = compressor::touched(st, pos);
+                    j.save(pos, li, Buf::CompKv, &st.kv, t.start, t.len());
+                    j.save(pos, li, Buf::CompScore, &st.score, t.start, t.len());
+                }
                 if compressor::push(st, pos, &ck[i * wd..(i + 1) * wd], &cg[i * wd..(i + 1) * wd], &cw.ape, &cw.norm, cfg.rms_eps, &rope, &mut row) {
                     if qat_on {
                         qat::fp8_simulate(&mut row[..cfg.nope_dim()], 64);
@@ -521,6 +532,11 @@ impl Stage {
                 if let (Some(iw), Some((ik, ig))) = (&lw.indexer, &idx_proj) {
                     let iwd = coff * cfg.idx_dim;
                     let ist = lkv.idx_state.as_mut().expect("indexer state");
+                    if let Some(j) = journal.as_deref_mut() {
+                        let t = compressor::touched(ist, pos);
+                        j.save(pos, li, Buf::IdxKv, &ist.kv, t.start, t.len());
+                        j.save(pos, li, Buf::IdxScore, &ist.score, t.start, t.len());
+                    }
                     if compressor::push(ist, pos, &ik[i * iwd..(i + 1) * iwd], &ig[i * iwd..(i + 1) * iwd], &iw.comp.ape, &iw.comp.norm, cfg.rms_eps, &rope, &mut irow) {
                         if qat_on {
                             qat::hadamard(&mut irow);

@@ -311,6 +311,59 @@ pub fn write_with_gain(spec: &SynthSpec, gain: f32, out: &Path, mut progress: im
     Ok(cfg)
 }
 
+/// Writes the MTP file (`mtp.0.*` tensors, the C engine's MTP GGUF layout) that matches the model
+/// `spec` describes: one window-only block with biased top-k routing, `e_proj`/`h_proj` (Q8_0),
+/// `enorm`/`hnorm`/`norm`, the MTP's own `hc_head_*`; HC functions and the router in F32, routed
+/// experts Q4_K (F16 under the f16 mix), as in `DeepSeek-V4-Flash-MTP-Q4K-Q8_0-F32.gguf`. The
+/// embedding and output matrix are the main model's (not in the file). Values depend only on (seed,
+/// tensor name), like `write`'s.
+pub fn write_mtp(spec: &SynthSpec, out: &Path, mut progress: impl FnMut(usize, usize)) -> Result<Config> {
+    let cfg = shape(spec.shape)?;
+    let bc = crate::mtp::block_config(&cfg);
+    let il = cfg.n_layer;
+    let blk = format!("blk.{il}.");
+    let mut tensors = plan(&bc, spec.mix, il, il, false, false);
+    let experts = if spec.mix == Mix::F16 { GgmlType::F16 } else { GgmlType::Q4_K };
+    for t in tensors.iter_mut() {
+        t.name = t.name.replacen(&blk, crate::weights::MTP_PREFIX, 1);
+        if t.name.contains("hc_attn_fn") || t.name.contains("hc_ffn_fn") || t.name.ends_with("ffn_gate_inp.weight") {
+            t.ty = GgmlType::F32;
+        }
+        if t.name.ends_with("_exps.weight") {
+            t.ty = experts;
+        }
+    }
+    let (e, p) = (cfg.n_embd, crate::weights::MTP_PREFIX);
+    let q8 = spec.mix.q8();
+    let mut add = |name: &str, ty: GgmlType, dims: &[usize], init: Init| {
+        tensors.push(TensorPlan { name: format!("{p}{name}"), ty, dims: dims.iter().map(|&d| d as u64).collect(), init, gain: 1.0 });
+    };
+    add("e_proj.weight", q8, &[e, e], Init::Matrix { cols: e });
+    add("h_proj.weight", q8, &[e, e], Init::Matrix { cols: e });
+    add("enorm.weight", GgmlType::F32, &[e], Init::Ones(0.1));
+    add("hnorm.weight", GgmlType::F32, &[e], Init::Ones(0.1));
+    add("norm.weight", GgmlType::F32, &[e], Init::Ones(0.1));
+    add("hc_head_base.weight", GgmlType::F32, &[cfg.n_hc], Init::Noise(0.5));
+    add("hc_head_fn.weight", GgmlType::F32, &[cfg.hc_dim(), cfg.n_hc], Init::Matrix { cols: cfg.hc_dim() });
+    add("hc_head_scale.weight", GgmlType::F32, &[1], Init::Noise(0.5));
+    let mut w = GgufWriter::new();
+    w.add_kv("general.architecture", MetaValue::Str("deepseek4_mtp_support".into()));
+    w.add_kv("general.name", MetaValue::Str(format!("DwarfStar synthetic {} MTP ({:?})", spec.shape, spec.mix)));
+    w.add_kv("deepseek4.embedding_length", MetaValue::U32(e as u32));
+    w.add_kv("deepseek4.block_count", MetaValue::U32(cfg.n_layer as u32));
+    for t in &tensors {
+        w.add_tensor_info(&t.name, t.ty, &t.dims)?;
+    }
+    let mut stream = w.begin(out)?;
+    let quantize_real = spec.shape.starts_with("tiny");
+    for (i, t) in tensors.iter().enumerate() {
+        progress(i, tensors.len());
+        emit(&mut stream, t, spec.seed, quantize_real)?;
+    }
+    stream.finish()?;
+    Ok(cfg)
+}
+
 /// Streams one tensor's bytes in chunks of whole rows.
 fn emit(stream: &mut ds4_gguf::TensorStream, t: &TensorPlan, seed: u64, quantize_real: bool) -> Result<()> {
     let mut rng = Rng::new(seed ^ fnv(&t.name));

@@ -95,6 +95,22 @@ pub struct HeadWeights {
     pub output: Mat,
 }
 
+/// The MTP block's own input and head tensors (`mtp.0.*`); its transformer block is a `LayerWeights`.
+#[derive(Debug, Clone)]
+pub struct MtpHeadWeights {
+    pub e_proj: Mat,
+    pub h_proj: Mat,
+    pub enorm: Vec<f32>,
+    pub hnorm: Vec<f32>,
+    pub norm: Vec<f32>,
+    pub hc_fn: Mat,
+    pub hc_scale: Vec<f32>,
+    pub hc_base: Vec<f32>,
+}
+
+/// Tensor-name prefix of the MTP block in the MTP GGUF.
+pub const MTP_PREFIX: &str = "mtp.0.";
+
 /// Inclusive layer range of a stage, with the optional ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerRange {
@@ -140,6 +156,8 @@ pub struct Weights {
     pub embed: Option<Mat>,
     pub layers: Vec<LayerWeights>,
     pub head: Option<HeadWeights>,
+    /// The MTP block's input and head tensors (only in weights bound from an MTP file).
+    pub mtp: Option<MtpHeadWeights>,
     pub plan: MapPlan,
     regions: Vec<Region>,
 }
@@ -225,24 +243,48 @@ impl Weights {
     /// made from it before any weight is loaded).
     pub fn map_plan(file: &GgufFile, cfg: &Config, range: LayerRange) -> Result<MapPlan> {
         check_range(file, cfg, range)?;
-        let b = Binder { f: file, cfg, owned: RefCell::new(Vec::new()), dry: true };
+        let b = Binder { f: file, cfg, owned: RefCell::new(Vec::new()), dry: true, mtp: false };
         b.stage(range)?;
+        Ok(MapPlan::build(b.owned.into_inner(), file.alignment()))
+    }
+
+    /// The map plan of an MTP file's tensors, from the tensor directory alone (checks every name, shape
+    /// and type against `cfg`, as `bind_mtp` does, and reads no tensor data).
+    pub fn mtp_map_plan(file: &GgufFile, cfg: &Config) -> Result<MapPlan> {
+        let b = Binder { f: file, cfg, owned: RefCell::new(Vec::new()), dry: true, mtp: true };
+        b.mtp_parts()?;
         Ok(MapPlan::build(b.owned.into_inner(), file.alignment()))
     }
 
     fn bind_from(file: Arc<GgufFile>, path: Option<(&Path, &HostLoad)>, cfg: &Config, range: LayerRange) -> Result<Self> {
         check_range(&file, cfg, range)?;
-        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()), dry: false };
+        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()), dry: false, mtp: false };
         let (embed, layers, head) = b.stage(range)?;
+        Self::finish(file.clone(), b, path, range, embed, layers, head, None)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn finish(file: Arc<GgufFile>, b: Binder, path: Option<(&Path, &HostLoad)>, range: LayerRange, embed: Option<Mat>, layers: Vec<LayerWeights>, head: Option<HeadWeights>, mtp: Option<MtpHeadWeights>) -> Result<Self> {
         let plan = MapPlan::build(b.owned.into_inner(), file.alignment());
         let regions = match path {
             Some((p, load)) => load_spans(p, &plan, load)?,
             None => plan.spans.iter().map(|r| Region::Window(r.start as usize..r.end as usize)).collect(),
         };
         residency::count(residency::Op::Map, regions.len() as u64);
-        let mut w = Self { file: file.clone(), range, embed, layers, head, plan, regions };
+        let mut w = Self { file, range, embed, layers, head, mtp, plan, regions };
         w.locate_mats()?;
         Ok(w)
+    }
+
+    /// Binds an MTP file (`mtp.0.*` tensors) as the one-layer stage `cfg.n_layer - 1` of `cfg` (the main
+    /// model's config with the MTP block appended, `mtp::block_config`), checking every tensor's shape
+    /// and type against it. `path` brings the spans into memory as for the main model (None: in place).
+    pub fn bind_mtp(file: Arc<GgufFile>, path: Option<(&Path, &HostLoad)>, cfg: &Config) -> Result<Self> {
+        let il = cfg.n_layer - 1;
+        let range = LayerRange { first: il, last: il, embed: false, head: false };
+        let b = Binder { f: &file, cfg, owned: RefCell::new(Vec::new()), dry: false, mtp: true };
+        let (layer, head) = b.mtp_parts()?;
+        Self::finish(file.clone(), b, path, range, None, vec![layer], None, Some(head))
     }
 
     /// Points every matrix at its mapping (done once, at load).
@@ -281,6 +323,11 @@ impl Weights {
             fix(&mut h.hc_fn)?;
             fix(&mut h.output)?;
         }
+        if let Some(h) = self.mtp.as_mut() {
+            fix(&mut h.e_proj)?;
+            fix(&mut h.h_proj)?;
+            fix(&mut h.hc_fn)?;
+        }
         Ok(())
     }
 
@@ -305,6 +352,8 @@ struct Binder<'a> {
     owned: RefCell<Vec<Range<u64>>>,
     /// Check the directory only: vectors and tables come back empty, no tensor data is read.
     dry: bool,
+    /// Layer tensors are named `mtp.0.*` (the MTP file) instead of `blk.N.*`.
+    mtp: bool,
 }
 
 /// A range must lie inside the model and, for a shard file, inside the shard.
@@ -348,6 +397,27 @@ const MATRIX_TYPES: &[GgmlType] =
 const VECTOR_TYPES: &[GgmlType] = &[GgmlType::F32, GgmlType::F16, GgmlType::BF16];
 
 impl<'a> Binder<'a> {
+    /// The MTP block (layer `cfg.n_layer - 1`, `mtp.0.*` names) and its input/head tensors.
+    fn mtp_parts(&self) -> Result<(LayerWeights, MtpHeadWeights)> {
+        let cfg = self.cfg;
+        let layer = self.layer(cfg.n_layer - 1)?;
+        if self.f.tensor(&format!("{MTP_PREFIX}exp_probs_b.bias")).is_none() {
+            return Err(ModelError::Tensor { name: format!("{MTP_PREFIX}exp_probs_b.bias"), problem: "missing from the MTP file (the MTP block routes with a bias)".into() });
+        }
+        let e = cfg.n_embd;
+        let head = MtpHeadWeights {
+            e_proj: self.mat(&format!("{MTP_PREFIX}e_proj.weight"), e, e, 1)?,
+            h_proj: self.mat(&format!("{MTP_PREFIX}h_proj.weight"), e, e, 1)?,
+            enorm: self.vec(&format!("{MTP_PREFIX}enorm.weight"), e)?,
+            hnorm: self.vec(&format!("{MTP_PREFIX}hnorm.weight"), e)?,
+            norm: self.vec(&format!("{MTP_PREFIX}norm.weight"), e)?,
+            hc_fn: self.mat(&format!("{MTP_PREFIX}hc_head_fn.weight"), cfg.n_hc, cfg.hc_dim(), 1)?,
+            hc_scale: self.vec(&format!("{MTP_PREFIX}hc_head_scale.weight"), 1)?,
+            hc_base: self.vec(&format!("{MTP_PREFIX}hc_head_base.weight"), cfg.n_hc)?,
+        };
+        Ok((layer, head))
+    }
+
     /// The embedding, layers and head of `range`.
     fn stage(&self, range: LayerRange) -> Result<(Option<Mat>, Vec<LayerWeights>, Option<HeadWeights>)> {
         let cfg = self.cfg;
@@ -438,7 +508,7 @@ impl<'a> Binder<'a> {
 
     fn layer(&self, il: usize) -> Result<LayerWeights> {
         let cfg = self.cfg;
-        let p = format!("blk.{il}.");
+        let p = if self.mtp { MTP_PREFIX.to_string() } else { format!("blk.{il}.") };
         let n = |s: &str| format!("{p}{s}");
         let ratio = cfg.ratio(il);
         let coff = cfg.compress_coff(il);

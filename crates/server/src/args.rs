@@ -220,6 +220,17 @@ impl Args {
         if self.dist.active() && self.backend != "cpu" {
             return Err("--backend cuda is not available on a coordinator: its own layers run on the CPU".into());
         }
+        if self.ds4.mtp_options()?.is_some() {
+            if self.dist.active() {
+                return Err("--mtp is not available with --role coordinator: the drafter needs the embedding and the output head beside it and drafts are not carried between stages; run the route without --mtp".into());
+            }
+            if self.batched_session > 1 {
+                return Err("--mtp with --batched-session > 1: batched decode does not draft; use one or the other".into());
+            }
+            if self.backend != "cpu" {
+                return Err(format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)", self.backend));
+            }
+        }
         if self.dist.is_worker() {
             return Err("ds4-server is a coordinator (--role coordinator); run workers with `ds4 --role worker`".into());
         }

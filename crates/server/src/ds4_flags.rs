@@ -26,13 +26,18 @@ pub struct Ds4Flags {
     #[arg(long = "qat", value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
     pub qat: String,
 
+    /// MTP drafter GGUF: speculative decoding on the CPU backend (greedy output unchanged, sampling keeps
+    /// its distribution; requests asking for logprobs decode without drafts).
+    #[arg(long = "mtp", value_name = "FILE")]
+    pub mtp: Option<PathBuf>,
+    /// Tokens drafted per step, 1..4 [default: 1].
+    #[arg(long = "mtp-draft", value_name = "N")]
+    pub mtp_draft: Option<usize>,
+    /// Draft only while the drafter's top logit leads its second by at least F [default: 3.0].
+    #[arg(long = "mtp-margin", value_name = "F", allow_negative_numbers = true)]
+    pub mtp_margin: Option<f32>,
+
     // Features not built yet (refused by `not_built`).
-    #[arg(long = "mtp", value_name = "FILE", hide = true)]
-    pub mtp: Option<String>,
-    #[arg(long = "mtp-draft", value_name = "N", hide = true)]
-    pub mtp_draft: Option<String>,
-    #[arg(long = "mtp-margin", value_name = "F", hide = true)]
-    pub mtp_margin: Option<String>,
     #[arg(long = "mtp-model", value_name = "FILE", hide = true)]
     pub mtp_model: Option<String>,
     #[arg(long = "mtp-exact-sampling", hide = true)]
@@ -95,18 +100,30 @@ impl Ds4Flags {
         }
     }
 
+    /// The MTP options, or the usage error (checked before anything loads).
+    pub fn mtp_options(&self) -> Result<Option<ds4_engine::MtpOptions>, String> {
+        let Some(path) = &self.mtp else {
+            if self.mtp_draft.is_some() || self.mtp_margin.is_some() {
+                return Err("--mtp-draft and --mtp-margin need --mtp FILE".into());
+            }
+            return Ok(None);
+        };
+        let mut o = ds4_engine::MtpOptions::new(path.clone());
+        o.draft = self.mtp_draft.unwrap_or(o.draft);
+        o.margin = self.mtp_margin.unwrap_or(o.margin);
+        o.validate().map_err(|e| e.to_string())?;
+        Ok(Some(o))
+    }
+
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 29] = [
+        let checks: [(bool, &str, &str); 26] = [
             (self.metal, "--metal", "the Metal backend is not built; use --backend cpu or --backend cuda"),
             (self.rocm, "--rocm", "the ROCm backend is not built; use --backend cpu or --backend cuda"),
-            (set(&self.mtp), "--mtp", "MTP speculative decoding is not built; run without it (decoding is exact without it)"),
-            (set(&self.mtp_draft), "--mtp-draft", "MTP speculative decoding is not built; run without it"),
-            (set(&self.mtp_margin), "--mtp-margin", "MTP speculative decoding is not built; run without it"),
-            (set(&self.mtp_model), "--mtp-model", "MTP/DSpark speculative decoding is not built; run without it"),
-            (self.mtp_exact_sampling, "--mtp-exact-sampling", "MTP speculative decoding is not built; run without it"),
-            (self.mtp_timing, "--mtp-timing", "MTP speculative decoding is not built; run without it"),
+            (set(&self.mtp_model), "--mtp-model", "DSpark speculative decoding is not built; use the MTP drafter (--mtp FILE) or run without it"),
+            (self.mtp_exact_sampling, "--mtp-exact-sampling", "DSpark exact sampling is not built; MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
+            (self.mtp_timing, "--mtp-timing", "MTP timing output is not built; /metrics and the request log count drafted and accepted tokens"),
             (self.dspark, "--dspark", "DSpark speculative decoding is not built; run without it"),
             (set(&self.dspark_confidence), "--dspark-confidence", "DSpark speculative decoding is not built; run without it"),
             (self.dspark_strict, "--dspark-strict", "DSpark speculative decoding is not built; run without it"),

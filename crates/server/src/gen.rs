@@ -78,6 +78,18 @@ impl Gen {
         }
     }
 
+    /// True when speculative decoding can keep this request's output: no test script and no logprobs
+    /// (accepted drafts do not pass through `sample`).
+    pub fn speculable(&self) -> bool { self.job.params.script.is_none() && self.lp_top.is_none() }
+
+    /// The sampler's distribution for the next token now (greedy inside tool-call syntax).
+    pub fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.sampler.distribution(l, self.out.in_syntax(), out) }
+
+    /// The distribution drafts are drawn from (the request's settings).
+    pub fn proposal(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.sampler.distribution(l, false, out) }
+
+    pub fn uniform(&mut self) -> f64 { self.sampler.uniform() }
+
     /// The next token from the logits after the last one (the script's token in test mode).
     pub fn sample(&mut self, l: &[f32]) -> u32 {
         let t = if let Some(s) = &self.job.params.script {
@@ -156,6 +168,10 @@ impl Gen {
             }
         };
         m.generated_tokens.fetch_add(stats.gen_tokens as u64, Relaxed);
+        m.mtp_drafted.fetch_add(stats.drafted as u64, Relaxed);
+        m.mtp_accepted.fetch_add(stats.accepted as u64, Relaxed);
+        m.last_mtp_drafted.store(stats.drafted as u64, Relaxed);
+        m.last_mtp_accepted.store(stats.accepted as u64, Relaxed);
         m.decode_micros.fetch_add(stats.gen_time.as_micros() as u64, Relaxed);
         if stats.gen_tokens > 0 && stats.gen_time.as_secs_f64() > 0.0 {
             m.last_decode_mtps.store((stats.gen_tokens as f64 / stats.gen_time.as_secs_f64() * 1000.0) as u64, Relaxed);

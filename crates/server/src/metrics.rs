@@ -17,6 +17,11 @@ pub struct Metrics {
     /// Last request's rates, in milli-tokens per second.
     pub last_prefill_mtps: AtomicU64,
     pub last_decode_mtps: AtomicU64,
+    /// MTP speculative decoding: drafted and accepted tokens, in total and of the last request.
+    pub mtp_drafted: AtomicU64,
+    pub mtp_accepted: AtomicU64,
+    pub last_mtp_drafted: AtomicU64,
+    pub last_mtp_accepted: AtomicU64,
     pub queue_depth: AtomicU64,
     pub busy: AtomicU64,
     pub jobs_completed: AtomicU64,
@@ -88,6 +93,12 @@ impl Metrics {
         c(&mut s, "ds4_decode_microseconds_total", "Time spent decoding.", self.decode_micros.load(Relaxed));
         g(&mut s, "ds4_prefill_tokens_per_second", "Prefill rate of the last request.", self.last_prefill_mtps.load(Relaxed) as f64 / 1000.0);
         g(&mut s, "ds4_decode_tokens_per_second", "Decode rate of the last request.", self.last_decode_mtps.load(Relaxed) as f64 / 1000.0);
+        c(&mut s, "ds4_mtp_drafted_tokens_total", "MTP draft tokens verified by the model.", self.mtp_drafted.load(Relaxed));
+        c(&mut s, "ds4_mtp_accepted_tokens_total", "MTP draft tokens accepted.", self.mtp_accepted.load(Relaxed));
+        let (d, a) = (self.last_mtp_drafted.load(Relaxed), self.last_mtp_accepted.load(Relaxed));
+        g(&mut s, "ds4_mtp_last_drafted_tokens", "MTP draft tokens of the last request.", d as f64);
+        g(&mut s, "ds4_mtp_last_accepted_tokens", "Accepted MTP draft tokens of the last request.", a as f64);
+        g(&mut s, "ds4_mtp_last_acceptance_rate", "Accepted over drafted tokens of the last request (0 when none drafted).", if d > 0 { a as f64 / d as f64 } else { 0.0 });
         g(&mut s, "ds4_queue_depth", "Jobs waiting for the inference worker.", self.queue_depth.load(Relaxed) as f64);
         g(&mut s, "ds4_worker_busy", "1 while the worker runs a job.", self.busy.load(Relaxed) as f64);
         c(&mut s, "ds4_jobs_completed_total", "Generation jobs that finished.", self.jobs_completed.load(Relaxed));

@@ -26,8 +26,10 @@ fn rate(n: usize, t: Duration) -> f64 {
 
 /// The line for a finished request (`finish`: stop, length, tool_calls, cancelled, error).
 pub fn line(seq: u64, kind: &str, prep: &Prepared, prefill: Duration, stats: &GenStats, finish: &str) -> String {
+    // MTP: drafted and accepted tokens when the request drafted any.
+    let mtp = if stats.drafted > 0 { format!(" mtp={}/{}", stats.accepted, stats.drafted) } else { String::new() };
     format!(
-        "ds4-server: req {seq} {} prompt={} cached={} gen={} prefill={:.1} t/s decode={:.1} t/s time={:.2}s finish={finish}",
+        "ds4-server: req {seq} {} prompt={} cached={} gen={} prefill={:.1} t/s decode={:.1} t/s time={:.2}s finish={finish}{mtp}",
         endpoint(kind),
         prep.prompt.len(),
         prep.cached,

@@ -321,7 +321,14 @@ impl Worker {
         let mut on_token = |t: u32| g.borrow_mut().on_token(t);
         let mut stats = GenStats::default();
         let eos = Some(ids.eos);
+        let speculate = g.borrow().speculable();
         let r = match &mut self.backend {
+            Backend::Local { engine, live } if speculate && live.session.speculative() => {
+                let mut s = SpecGen(&g);
+                live.session
+                    .generate_speculative(engine, max_tokens, eos, &mut s, &mut on_token, &cancel, &mut stats)
+                    .map_err(|e| ApiError::internal(format!("generation failed: {e}")))
+            }
             Backend::Local { engine, live } => live
                 .session
                 .generate(engine, max_tokens, eos, greedy, &mut sample, &mut on_token, &cancel, &mut stats)
@@ -338,6 +345,16 @@ impl Worker {
         g.stats = stats;
         g.finish(r, &Report { metrics: &self.metrics, trace: &self.trace, quiet: self.quiet }, &prep, prefill_time);
     }
+}
+
+/// A request's sampler as MTP speculative decoding uses it (`Gen` keeps the sampling state).
+struct SpecGen<'a>(&'a RefCell<Gen>);
+
+impl ds4_engine::SpecSampler for SpecGen<'_> {
+    fn pick(&mut self, l: &[f32]) -> u32 { self.0.borrow_mut().sample(l) }
+    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.0.borrow_mut().target(l, out) }
+    fn proposal(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.0.borrow_mut().proposal(l, out) }
+    fn uniform(&mut self) -> f64 { self.0.borrow_mut().uniform() }
 }
 
 /// Snapshot points of a prompt: the start of its first and of its last user turn.

@@ -122,16 +122,50 @@ impl Sampler {
     /// Sample one token id, greedily when `greedy` is true (e.g. the DSML parser reports that the next
     /// token is syntax, see `dsml::DsmlParser::in_syntax`).
     pub fn sample_greedy_if(&mut self, logits: &[f32], greedy: bool) -> u32 {
+        let Some(keep) = self.candidates(logits, greedy) else { return argmax(logits) };
+        let mass: f64 = self.cand[..keep].iter().map(|x| x.1 as f64).sum();
+        let r = self.rng.next_f64() * mass;
+        let mut acc = 0.0;
+        for x in &self.cand[..keep] {
+            acc += x.1 as f64;
+            if r < acc {
+                return x.0;
+            }
+        }
+        self.cand[keep - 1].0
+    }
+
+    /// The distribution `sample_greedy_if(logits, greedy)` draws from, as (id, probability) pairs that
+    /// sum to 1 (one pair with probability 1 when it is greedy), in no particular order. Draws nothing.
+    pub fn distribution(&mut self, logits: &[f32], greedy: bool, out: &mut Vec<(u32, f32)>) {
+        out.clear();
+        match self.candidates(logits, greedy) {
+            None => out.push((argmax(logits), 1.0)),
+            Some(keep) => {
+                let mass: f64 = self.cand[..keep].iter().map(|x| x.1 as f64).sum();
+                out.extend(self.cand[..keep].iter().map(|&(id, p)| (id, (p as f64 / mass) as f32)));
+            }
+        }
+    }
+
+    /// A uniform number in [0, 1) from the sampler's generator (speculative acceptance draws).
+    pub fn uniform(&mut self) -> f64 {
+        self.rng.next_f64()
+    }
+
+    /// Fills `cand` with the filtered candidates (sorted by probability, then id) and returns how many
+    /// of them top-p keeps; None when the pick is the argmax (greedy, top-k 1, no finite logit).
+    fn candidates(&mut self, logits: &[f32], greedy: bool) -> Option<usize> {
         let c = self.cfg;
         if logits.is_empty() {
-            return 0;
+            return None;
         }
         if greedy || self.force_greedy || c.temperature.is_nan() || c.temperature <= 0.0 || c.top_k == 1 {
-            return argmax(logits);
+            return None;
         }
         let max = key(logits[argmax(logits) as usize]);
         if !max.is_finite() {
-            return argmax(logits);
+            return None;
         }
         let inv_t = 1.0 / c.temperature;
         let min_p = if c.min_p.is_finite() { c.min_p.clamp(0.0, 1.0) } else { 0.0 };
@@ -143,7 +177,7 @@ impl Sampler {
             }
         }
         if self.cand.is_empty() {
-            return argmax(logits);
+            return None;
         }
         let cmp = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
         if c.top_k > 0 && c.top_k < self.cand.len() {
@@ -164,16 +198,7 @@ impl Sampler {
                 }
             }
         }
-        let mass: f64 = self.cand[..keep].iter().map(|x| x.1 as f64).sum();
-        let r = self.rng.next_f64() * mass;
-        let mut acc = 0.0;
-        for x in &self.cand[..keep] {
-            acc += x.1 as f64;
-            if r < acc {
-                return x.0;
-            }
-        }
-        self.cand[keep - 1].0
+        Some(keep)
     }
 }
 

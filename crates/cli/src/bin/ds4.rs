@@ -36,7 +36,7 @@ mod repl;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
@@ -179,6 +179,18 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     }
     if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
         usage("--temp must be >= 0, --top-p and --min-p within [0, 1]");
+    }
+    let mtp = d.sw.mtp.options().unwrap_or_else(|e| usage(&e));
+    if mtp.is_some() {
+        if args.dist.active() {
+            usage("--mtp is not available with --role: the drafter needs the embedding and the output head beside it and drafts are not carried between stages; run the route without --mtp");
+        }
+        if d.dump_logprobs.is_some() || d.logprobs_top_k.is_some() {
+            usage("--mtp with --dump-logprobs/--logprobs-top-k: accepted drafts skip the per-token logprob output; run without --mtp");
+        }
+        if backend != ds4_engine::Backend::Cpu {
+            usage(&format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)", backend.name()));
+        }
     }
     backend
 }

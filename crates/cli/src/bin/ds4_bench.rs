@@ -22,7 +22,7 @@ mod power;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--mtp, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt_file", "chat_prompt_file"]))]
 struct Args {
     #[arg(short = 'm', long = "model")]
@@ -196,6 +196,18 @@ fn run(a: Args) -> Result<(), String> {
     if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
         return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));
     }
+    let mtp = a.ds4.sw.mtp.options().map_err(|e| usage(&e))?;
+    if mtp.is_some() {
+        if a.dist.active() {
+            return Err(usage("--mtp is not available with --role: the drafter needs the embedding and the output head beside it and drafts are not carried between stages"));
+        }
+        if a.concurrency > 1 {
+            return Err(usage("--mtp with --concurrency > 1: batched decode does not draft; use one or the other"));
+        }
+        if backend != ds4_engine::Backend::Cpu {
+            return Err(usage(&format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu", backend.name())));
+        }
+    }
     if let Err(e) = load.validate() {
         eprintln!("ds4-bench: {e}");
         std::process::exit(2);
@@ -241,7 +253,7 @@ fn run(a: Args) -> Result<(), String> {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
         None => Box::new(std::io::stdout()),
     };
-    let extra = if a.concurrency > 1 { ",streams,aggregate_gen_tps,per_stream_gen_tps" } else { "" };
+    let extra = if a.concurrency > 1 { ",streams,aggregate_gen_tps,per_stream_gen_tps" } else if mtp.is_some() { ",mtp_drafted,mtp_accepted,mtp_acceptance" } else { "" };
     writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}").map_err(|e| e.to_string())?;
     // The other streams of --concurrency: the same text rotated, so their routing and attention differ.
     let mut others: Vec<(Session, Vec<u32>)> = (1..a.concurrency)
@@ -274,15 +286,24 @@ fn run(a: Args) -> Result<(), String> {
         }
         let mut st = GenStats::default();
         if a.gen_tokens > 0 {
-            let snap = (s.kv.clone(), s.tokens.clone(), s.logits.clone());
+            let snap = s.snapshot();
             let mut ids = Vec::new();
             power.restart();
-            s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |t| { ids.push(t); power.tick(); true }, &never, &mut st).map_err(|e| e.to_string())?;
+            if s.speculative() {
+                // Greedy with MTP drafts: the same tokens as plain greedy.
+                let mut greedy = ds4_tokenizer::sampling::Sampler::new(ds4_tokenizer::sampling::SamplerConfig::greedy());
+                s.generate_speculative(&mut eng, a.gen_tokens, None, &mut greedy, &mut |t| { ids.push(t); power.tick(); true }, &never, &mut st).map_err(|e| e.to_string())?;
+            } else {
+                s.generate(&mut eng, a.gen_tokens, None, true, &mut |l| argmax(l), &mut |t| { ids.push(t); power.tick(); true }, &never, &mut st).map_err(|e| e.to_string())?;
+            }
             if a.debug {
                 // For comparing runs (e.g. a distributed route against this single process).
                 eprintln!("ctx {f}: greedy token ids {ids:?}");
+                if s.speculative() {
+                    eprintln!("ctx {f}: mtp drafted {} accepted {} (acceptance {:.3})", st.drafted, st.accepted, st.acceptance());
+                }
             }
-            (s.kv, s.tokens, s.logits) = snap;
+            s.restore(snap);
         }
         write!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
         if a.concurrency > 1 {
@@ -291,6 +312,8 @@ fn run(a: Args) -> Result<(), String> {
             }
             let agg = batched_decode(&mut eng, &s, &others, a.gen_tokens)?;
             write!(out, ",{},{agg:.2},{:.2}", a.concurrency, agg / a.concurrency as f64).map_err(|e| e.to_string())?;
+        } else if mtp.is_some() {
+            write!(out, ",{},{},{:.4}", st.drafted, st.accepted, st.acceptance()).map_err(|e| e.to_string())?;
         }
         writeln!(out).map_err(|e| e.to_string())?;
         if a.bandwidth {

@@ -214,6 +214,10 @@ impl Chat {
         }
         if self.debug {
             eprintln!("ds4: stop reason {:?}, session {} tokens", st.stop, conv.tokens().len());
+            if conv.speculative() {
+                let g = &st.gen;
+                eprintln!("ds4: mtp drafted {} accepted {} (acceptance {:.3})", g.drafted, g.accepted, g.acceptance());
+            }
         }
         Ok(st)
     }
@@ -238,7 +242,33 @@ impl Chat {
         let first = self.recorded.len();
         let power = &mut self.power;
         power.restart();
-        let reason = conv.generate(
+        let mut on_token = |t: u32| {
+            if display == Display::Text {
+                let piece = if t == ids.think_end {
+                    dec.finish() + &view.think_end()
+                } else if t == ids.think_start {
+                    dec.finish() + &view.think_start()
+                } else if tok.is_added(t) {
+                    view.text(&(dec.finish() + &tok.token_text(t)))
+                } else {
+                    view.text(&dec.push(&tok, t))
+                };
+                let _ = out.write_all(piece.as_bytes());
+                let _ = out.flush();
+            }
+            if debug {
+                // Weight residency operations so far in this phase: stays 0 after load.
+                let c = ds4_model::residency::snapshot();
+                use ds4_model::residency::{Op, Phase};
+                eprintln!("[debug] token {t}: decode map={} bind={} upload={}", c.get(Phase::Decode, Op::Map), c.get(Phase::Decode, Op::Bind), c.get(Phase::Decode, Op::Upload));
+            }
+            power.tick();
+            true
+        };
+        // MTP: the sampler itself gives the distributions (logprob output is refused with --mtp).
+        let reason = if conv.speculative() && top_k.is_none() {
+            conv.generate_speculative(self.max_tokens, ids.eos, sampler, &mut on_token, cancel, &mut st.gen)
+        } else { conv.generate(
             self.max_tokens,
             ids.eos,
             device_greedy,
@@ -254,32 +284,11 @@ impl Chat {
                 }
                 t
             },
-            &mut |t| {
-                if display == Display::Text {
-                    let piece = if t == ids.think_end {
-                        dec.finish() + &view.think_end()
-                    } else if t == ids.think_start {
-                        dec.finish() + &view.think_start()
-                    } else if tok.is_added(t) {
-                        view.text(&(dec.finish() + &tok.token_text(t)))
-                    } else {
-                        view.text(&dec.push(&tok, t))
-                    };
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                }
-                if debug {
-                    // Weight residency operations so far in this phase: stays 0 after load.
-                    let c = ds4_model::residency::snapshot();
-                    use ds4_model::residency::{Op, Phase};
-                    eprintln!("[debug] token {t}: decode map={} bind={} upload={}", c.get(Phase::Decode, Op::Map), c.get(Phase::Decode, Op::Bind), c.get(Phase::Decode, Op::Upload));
-                }
-                power.tick();
-                true
-            },
+            &mut on_token,
             cancel,
             &mut st.gen,
-        );
+        ) };
+        drop(on_token);
         if display == Display::Text {
             let rest = view.text(&dec.finish()) + &view.finish();
             let _ = out.write_all(rest.as_bytes());

@@ -1,6 +1,6 @@
 //! What a chat runs on: this process's engine or a distributed route, behind one trait.
 use ds4_dist::cli::CoordinatorSetup;
-use ds4_engine::{Engine, GenStats, Session, StopReason};
+use ds4_engine::{Engine, GenStats, Session, SpecSampler, StopReason};
 use ds4_tokenizer::Tokenizer;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -30,6 +30,20 @@ pub trait Conversation {
         cancel: &AtomicBool,
         stats: &mut GenStats,
     ) -> Result<StopReason, String>;
+    /// True when `generate_speculative` drafts with MTP (`--mtp`).
+    fn speculative(&self) -> bool { false }
+    /// `generate` with MTP drafts verified by the model (same greedy output, same distribution).
+    fn generate_speculative(
+        &mut self,
+        _max_tokens: usize,
+        _eos: u32,
+        _sampler: &mut dyn SpecSampler,
+        _on_token: &mut dyn FnMut(u32) -> bool,
+        _cancel: &AtomicBool,
+        _stats: &mut GenStats,
+    ) -> Result<StopReason, String> {
+        Err("MTP speculative decoding is not available here".into())
+    }
 }
 
 pub struct Local {
@@ -66,6 +80,18 @@ impl Conversation for Local {
         stats: &mut GenStats,
     ) -> Result<StopReason, String> {
         self.session.generate(&mut self.eng, max_tokens, Some(eos), greedy, sample, on_token, cancel, stats).map_err(|e| e.to_string())
+    }
+    fn speculative(&self) -> bool { self.session.speculative() }
+    fn generate_speculative(
+        &mut self,
+        max_tokens: usize,
+        eos: u32,
+        sampler: &mut dyn SpecSampler,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &AtomicBool,
+        stats: &mut GenStats,
+    ) -> Result<StopReason, String> {
+        self.session.generate_speculative(&mut self.eng, max_tokens, Some(eos), sampler, on_token, cancel, stats).map_err(|e| e.to_string())
     }
 }
 

@@ -1,0 +1,381 @@
+//! MTP speculative decoding: the MTP block drafts up to `--mtp-draft` tokens from the main model's last
+//! hidden state, the main model verifies them in one forward call (its multi-token forward computes each
+//! token with the same arithmetic as a decode step, so the logits are bit-identical), the longest prefix
+//! the sampler accepts is kept and the KV state is rolled back past the first rejection.
+//!
+//! Acceptance is the speculative-sampling rule (accept draft d ~ q with probability min(1, p(d)/q(d)),
+//! else draw from the normalised residual max(0, p − q)), where p and q are the sampler's final
+//! distributions (temperature, min-p, top-k, top-p applied): the output distribution is the sampler's.
+//! Greedy is the case of one-hot p: a draft is kept iff it is the argmax, so greedy output is
+//! token-for-token the output without MTP.
+use crate::error::EngineError;
+use ds4_model::mtp::Mtp;
+use ds4_model::KvState;
+use ds4_tokenizer::sampling::Sampler;
+use std::path::PathBuf;
+
+/// `--mtp FILE --mtp-draft N --mtp-margin F`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MtpOptions {
+    pub path: PathBuf,
+    /// Most tokens drafted per step (1..=4).
+    pub draft: usize,
+    /// Confidence gate: a draft is proposed only while the MTP's top-1 logit leads its top-2 by at least
+    /// this much (0 = always draft `draft` tokens).
+    pub margin: f32,
+}
+
+impl MtpOptions {
+    pub const MAX_DRAFT: usize = 4;
+    /// The C engine's defaults: draft 1, margin 3.0.
+    pub fn new(path: PathBuf) -> Self { Self { path, draft: 1, margin: 3.0 } }
+
+    /// Checks the values (messages name the flag).
+    pub fn validate(&self) -> Result<(), EngineError> {
+        if !(1..=Self::MAX_DRAFT).contains(&self.draft) {
+            return Err(EngineError::Invalid(format!("--mtp-draft must be between 1 and {}, got {}", Self::MAX_DRAFT, self.draft)));
+        }
+        if !(self.margin.is_finite() && self.margin >= 0.0) {
+            return Err(EngineError::Invalid(format!("--mtp-margin must be a number >= 0 (the logit lead of the draft's top token over its second), got {}", self.margin)));
+        }
+        Ok(())
+    }
+}
+
+/// A loaded MTP drafter and its settings.
+pub struct MtpEngine {
+    pub model: Mtp,
+    pub opts: MtpOptions,
+}
+
+/// What speculative decoding needs from the caller's sampler.
+pub trait SpecSampler {
+    /// The next token from these logits, as the plain (non-speculative) loop picks it.
+    fn pick(&mut self, logits: &[f32]) -> u32;
+    /// The distribution `pick` draws from now, as (id, probability) pairs summing to 1.
+    fn target(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>);
+    /// The distribution a draft is drawn from (the same settings; may ignore state-dependent switches).
+    fn proposal(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.target(logits, out) }
+    /// Uniform in [0, 1).
+    fn uniform(&mut self) -> f64;
+}
+
+impl SpecSampler for Sampler {
+    fn pick(&mut self, logits: &[f32]) -> u32 { self.sample(logits) }
+    fn target(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.distribution(logits, false, out) }
+    fn uniform(&mut self) -> f64 { Sampler::uniform(self) }
+}
+
+/// A token drawn from a distribution given as (id, probability) pairs, with uniform `u` in [0, 1).
+pub fn draw(dist: &[(u32, f32)], u: f64) -> u32 {
+    let total: f64 = dist.iter().map(|x| x.1 as f64).sum();
+    let r = u * total;
+    let mut acc = 0.0;
+    for &(id, p) in dist {
+        acc += p as f64;
+        if r < acc {
+            return id;
+        }
+    }
+    dist.last().map_or(0, |x| x.0)
+}
+
+fn prob(dist: &[(u32, f32)], id: u32) -> f32 { dist.iter().find(|x| x.0 == id).map_or(0.0, |x| x.1) }
+
+/// The speculative-sampling decision for draft `d` drawn from `q`, against the target `p`: `Ok(d)` when
+/// accepted (with probability min(1, p(d)/q(d))), else `Err(t)` with `t` drawn from the normalised residual
+/// max(0, p − q). A draw is taken only when the outcome is uncertain (greedy takes none).
+pub fn accept(p: &[(u32, f32)], q: &[(u32, f32)], d: u32, uniform: &mut dyn FnMut() -> f64) -> Result<u32, u32> {
+    let (pd, qd) = (prob(p, d), prob(q, d));
+    if pd > 0.0 && (pd >= qd || (uniform() as f32) * qd < pd) {
+        return Ok(d);
+    }
+    // q by id, so that the residual over p's support costs |p|·log|q| (a full-vocabulary p is 129k ids).
+    let mut qs = q.to_vec();
+    qs.sort_unstable_by_key(|x| x.0);
+    let q_of = |id: u32| qs.binary_search_by_key(&id, |x| x.0).map_or(0.0, |i| qs[i].1);
+    let mut res: Vec<(u32, f32)> = p.iter().map(|&(id, pp)| (id, (pp - q_of(id)).max(0.0))).filter(|x| x.1 > 0.0).collect();
+    if res.is_empty() {
+        // p <= q everywhere means p = q: a rejection has probability 0; draw from p.
+        res = p.to_vec();
+    }
+    if res.len() == 1 {
+        return Err(res[0].0);
+    }
+    Err(draw(&res, uniform()))
+}
+
+/// The drafter's view of a session: its own raw-window cache, the pairs (hidden row, next token) not
+/// yet run through the block, and the main model's last hidden row, whose next token is not known yet.
+#[derive(Clone)]
+pub(crate) struct MtpState {
+    pub kv: KvState,
+    /// Pairs waiting for the block: after a verify step they are run together with the next draft's
+    /// first pair (one pass over the block's weights instead of two).
+    pub ready_h: Vec<f32>,
+    pub ready_t: Vec<u32>,
+    /// Hidden row (n_hc × n_embd) of the main model at position `at - 1`; empty when none is waiting.
+    pub pending: Vec<f32>,
+    /// The main model's position the pending row leads to.
+    pub at: usize,
+    pub ctx: usize,
+}
+
+impl MtpState {
+    pub fn new(m: &Mtp, ctx: usize) -> Self {
+        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx }
+    }
+
+    pub fn reset(&mut self, m: &Mtp) {
+        self.kv = m.new_kv(self.ctx);
+        self.ready_h.clear();
+        self.ready_t.clear();
+        self.pending.clear();
+        self.at = 0;
+    }
+
+    /// Ready to draft the token after main position `pos`'s input.
+    pub fn ready(&self, pos: usize) -> bool { !self.pending.is_empty() && self.at == pos }
+
+    /// After the main model consumed `tokens` ending at position `pos` (exclusive) with hidden rows
+    /// `hidden`: queues the pairs (hidden of i, token i+1) that became complete and keeps the last row
+    /// pending; runs the queue now unless `defer`. A gap (the main state moved without us, e.g. a
+    /// restored snapshot) restarts the drafter's cache: only draft quality depends on it, never the output.
+    pub fn observe(&mut self, m: &mut Mtp, main: &ds4_model::Stage, hidden: &[f32], tokens: &[u32], pos: usize, defer: bool) -> Result<(), EngineError> {
+        let n = tokens.len();
+        let hd = main.cfg.hc_dim();
+        if n == 0 {
+            return Ok(());
+        }
+        let start = pos - n;
+        if self.at == start {
+            // With nothing pending, the pair ending at `start` was run by a draft (or this is the start).
+            if !self.pending.is_empty() {
+                self.ready_h.extend_from_slice(&self.pending);
+                self.ready_t.push(tokens[0]);
+            }
+        } else {
+            self.reset(m);
+        }
+        self.ready_h.extend_from_slice(&hidden[..(n - 1) * hd]);
+        self.ready_t.extend_from_slice(&tokens[1..]);
+        self.pending.clear();
+        self.pending.extend_from_slice(&hidden[(n - 1) * hd..n * hd]);
+        self.at = pos;
+        if !defer {
+            self.flush(m, main)?;
+        }
+        Ok(())
+    }
+
+    /// Runs the queued pairs through the block.
+    fn flush(&mut self, m: &mut Mtp, main: &ds4_model::Stage) -> Result<(), EngineError> {
+        if self.ready_t.is_empty() {
+            return Ok(());
+        }
+        if self.kv.pos + self.ready_t.len() > self.kv.ctx {
+            // Full: start over (relative positions are all the window-only block sees).
+            self.kv = m.new_kv(self.ctx);
+            let hd = main.cfg.hc_dim();
+            let keep = self.ready_t.len().min(self.ctx);
+            self.ready_h.drain(..(self.ready_t.len() - keep) * hd);
+            self.ready_t.drain(..self.ready_t.len() - keep);
+        }
+        m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, false)?;
+        self.ready_h.clear();
+        self.ready_t.clear();
+        Ok(())
+    }
+
+    /// The first draft step: the queued pairs and (pending row, `tok`) in one pass of the block; returns
+    /// the logits of the token after `tok`. Consumes the pending row.
+    pub fn first_draft<'a>(&mut self, m: &'a mut Mtp, main: &ds4_model::Stage, tok: u32) -> Result<&'a [f32], EngineError> {
+        if self.kv.pos + self.ready_t.len() + 1 > self.kv.ctx {
+            self.flush(m, main)?;
+        }
+        self.ready_h.extend_from_slice(&self.pending);
+        self.ready_t.push(tok);
+        self.pending.clear();
+        let r = m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, true);
+        self.ready_h.clear();
+        self.ready_t.clear();
+        Ok(r?)
+    }
+}
+
+/// The logit lead of the top token over the second.
+pub fn top_margin(l: &[f32]) -> f32 {
+    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+    for &v in l {
+        if v > a {
+            b = a;
+            a = v;
+        } else if v > b {
+            b = v;
+        }
+    }
+    a - b
+}
+
+impl crate::session::Session {
+    /// True when generation on this session can draft with MTP (the engine has a drafter).
+    pub fn speculative(&self) -> bool { self.mtp.is_some() }
+
+    /// `generate` with MTP speculation: the same contract (`on_token` sees every token in order and may
+    /// stop; `eos` stops without being fed; `stats` gains `drafted`/`accepted`), the same output for
+    /// greedy and the same output distribution for sampling. Falls back to plain steps where no draft
+    /// can be made (no pending hidden row, no room in the context or the token budget).
+    #[allow(clippy::too_many_arguments)]
+    pub fn generate_speculative(
+        &mut self,
+        engine: &mut crate::engine::Engine,
+        max_tokens: usize,
+        eos: Option<u32>,
+        sampler: &mut dyn SpecSampler,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &std::sync::atomic::AtomicBool,
+        stats: &mut crate::session::GenStats,
+    ) -> Result<crate::session::StopReason, EngineError> {
+        use crate::session::StopReason;
+        use std::sync::atomic::Ordering;
+        if self.logits.is_empty() {
+            return Err(EngineError::Invalid("nothing to continue from: empty prompt".into()));
+        }
+        if engine.mtp.is_none() || self.mtp.is_none() {
+            return Err(EngineError::Invalid("speculative generation needs an engine loaded with --mtp".into()));
+        }
+        ds4_model::residency::set_phase(ds4_model::residency::Phase::Decode);
+        let t0 = std::time::Instant::now();
+        let v = engine.cfg().n_vocab;
+        let hd = engine.cfg().hc_dim();
+        let (kmax, margin) = {
+            let o = &engine.mtp.as_ref().expect("checked").opts;
+            (o.draft, o.margin)
+        };
+        let mut emitted = 0usize;
+        let mut next: Option<u32> = None;
+        let mut drafts: Vec<u32> = Vec::with_capacity(kmax);
+        let mut qs: Vec<Vec<(u32, f32)>> = vec![Vec::new(); kmax];
+        let mut p: Vec<(u32, f32)> = Vec::new();
+        let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
+        let mut rows: Vec<f32> = Vec::new();
+        let mut hidden: Vec<f32> = Vec::new();
+        let result = loop {
+            if emitted >= max_tokens {
+                break Ok(StopReason::MaxTokens);
+            }
+            if cancel.load(Ordering::Relaxed) {
+                break Ok(StopReason::Cancelled);
+            }
+            let tok = match next.take() {
+                Some(t) => t,
+                None => sampler.pick(&self.logits),
+            };
+            stats.gen_tokens += 1;
+            emitted += 1;
+            if Some(tok) == eos {
+                break Ok(StopReason::Eos);
+            }
+            if !on_token(tok) {
+                break Ok(StopReason::Caller);
+            }
+            if self.tokens.len() >= engine.ctx {
+                break Ok(StopReason::ContextFull);
+            }
+            let room = kmax.min(max_tokens - emitted).min(engine.ctx - self.tokens.len() - 1);
+            let ready = self.mtp.as_ref().is_some_and(|s| s.ready(self.kv.pos));
+            if room == 0 || !ready {
+                self.step(engine, tok)?;
+                continue;
+            }
+            // Draft: the pending pair (hidden of the last position, tok), then recursively on the block's
+            // own output, while the draft is confident enough.
+            drafts.clear();
+            let st = self.mtp.as_mut().expect("checked");
+            let me = engine.mtp.as_mut().expect("checked");
+            let mut l = st.first_draft(&mut me.model, &engine.stage, tok)?.to_vec();
+            // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
+            let base = st.kv.pos;
+            st.kv.begin_journal();
+            for i in 0..room {
+                if top_margin(&l) < margin {
+                    break;
+                }
+                sampler.proposal(&l, &mut qs[i]);
+                let d = draw(&qs[i], if qs[i].len() == 1 { 0.0 } else { sampler.uniform() });
+                drafts.push(d);
+                if i + 1 == room {
+                    break;
+                }
+                let h = me.model.last_hidden().to_vec();
+                l.clear();
+                l.extend_from_slice(me.model.forward(&engine.stage, &mut st.kv, &h, std::slice::from_ref(&d), true)?);
+            }
+            st.kv.rollback(base).map_err(EngineError::Invalid)?;
+            st.kv.end_journal();
+            let k = drafts.len();
+            if k == 0 {
+                self.step(engine, tok)?;
+                continue;
+            }
+            // Verify tok and the drafts in one forward of the main model.
+            batch.clear();
+            batch.push(tok);
+            batch.extend_from_slice(&drafts);
+            let p0 = self.kv.pos;
+            engine.kv_begin_journal(&mut self.kv)?;
+            let r = engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
+                rows.clear();
+                rows.extend_from_slice(l);
+            });
+            let r = r.and_then(|()| {
+                hidden.clear();
+                hidden.extend_from_slice(engine.hidden(k + 1)?);
+                Ok(())
+            });
+            if let Err(e) = r {
+                engine.kv_end_journal(&mut self.kv);
+                return Err(e);
+            }
+            stats.drafted += k;
+            let mut fed = 1;
+            let mut stop = None;
+            for i in 0..k {
+                sampler.target(&rows[i * v..(i + 1) * v], &mut p);
+                let mut u = || sampler.uniform();
+                let d = match accept(&p, &qs[i], drafts[i], &mut u) {
+                    Ok(d) => d,
+                    Err(t) => {
+                        next = Some(t);
+                        break;
+                    }
+                };
+                stats.accepted += 1;
+                stats.gen_tokens += 1;
+                emitted += 1;
+                if Some(d) == eos {
+                    stop = Some(StopReason::Eos);
+                    break;
+                }
+                if !on_token(d) {
+                    stop = Some(StopReason::Caller);
+                    break;
+                }
+                fed += 1;
+            }
+            engine.kv_rollback(&mut self.kv, p0 + fed)?;
+            engine.kv_end_journal(&mut self.kv);
+            self.tokens.extend_from_slice(&batch[..fed]);
+            self.logits.clear();
+            self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
+            let st = self.mtp.as_mut().expect("checked");
+            let me = engine.mtp.as_mut().expect("checked");
+            st.observe(&mut me.model, &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
+            if let Some(s) = stop {
+                break Ok(s);
+            }
+        };
+        stats.gen_time += t0.elapsed();
+        result
+    }
+}
