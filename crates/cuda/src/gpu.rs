@@ -84,6 +84,11 @@ pub struct Gpu {
     pub stream: dsys::CUstream,
     modules: Vec<dsys::CUmodule>,
     funcs: HashMap<&'static str, dsys::CUfunction>,
+    /// The kernel modules being compiled (or read from the cache) on a background thread, started
+    /// with the context so that compiling overlaps the weight upload; loaded at the first launch.
+    pending: Option<std::thread::JoinHandle<Result<crate::nvrtc::ModuleImages>>>,
+    /// The IQ2_XXS lattice, uploaded into each module that reads it when the modules load.
+    iq2_grid: [u64; 256],
     /// cuBLAS handles: index 0 on the main stream, k on side stream k.
     blas: Vec<bsys::cublasHandle_t>,
     pub name: String,
@@ -152,17 +157,9 @@ impl Gpu {
         if !unsafe { rsys::is_culib_present() } {
             return Err("libnvrtc.so.13 not found: set LD_LIBRARY_PATH to the CUDA toolkit's lib64 (or DS4_CUDA_LIB)".into());
         }
-        let (modules, funcs) = load_modules(&arch)?;
-        // The IQ2_XXS lattice (common.cuh), in each module whose kernels read it.
-        for &module in &modules {
-            // SAFETY: module loaded; the name is a NUL-terminated C string.
-            let Ok((gptr, gbytes)) = (unsafe { drv::module::get_global(module, c"iq2xxs_grid".to_owned()) }) else { continue };
-            if gbytes != 256 * 8 {
-                return Err("iq2xxs_grid size mismatch".into());
-            }
-            // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
-            unsafe { drv::memcpy_htod_sync(gptr, &iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
-        }
+        crate::nvrtc::check_arch(&arch)?;
+        let arch_bg = arch.clone();
+        let pending = Some(std::thread::spawn(move || crate::nvrtc::module_images(&arch_bg)));
         let prof = std::env::var("DS4_CUDA_PROFILE").ok().filter(|v| v != "0").map(|_| Profiler::new());
         let mk_stream = || drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(e("stream"));
         let mk_ev = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"));
@@ -195,7 +192,36 @@ impl Gpu {
         // decode 666.7 / 669.2 t/s with, 643.6 / 640.2 without (same run, 2026-12-03).
         let pdl = maj >= 9;
         let skip = std::env::var("DS4_CUDA_SKIP").map(|v| v.split([',', ':']).filter(|n| !n.is_empty()).map(String::from).collect()).unwrap_or_default();
-        Ok(Self { skip, pdl, _blas_ws: ws, ctx, stream, modules, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
+        Ok(Self { skip, pdl, _blas_ws: ws, ctx, stream, modules: Vec::new(), funcs: HashMap::new(), pending, iq2_grid: *iq2_grid, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
+    }
+
+    /// Kernel `name` (the modules are loaded first if they are not yet).
+    fn func(&mut self, name: &'static str) -> Result<dsys::CUfunction> {
+        if self.pending.is_some() {
+            self.kernels_ready()?;
+        }
+        self.funcs.get(name).copied().ok_or_else(|| format!("unknown kernel {name}"))
+    }
+
+    /// Waits for the kernel modules (compiled or read from the cache since the context was made) and
+    /// loads them; the first launch does this by itself. Needs this GPU's context on the calling thread.
+    pub fn kernels_ready(&mut self) -> Result<()> {
+        let Some(job) = self.pending.take() else { return Ok(()) };
+        let imgs = job.join().map_err(|_| "the kernel compile thread panicked".to_string())??;
+        let (modules, funcs) = load_modules(&self.arch, &imgs)?;
+        self.modules = modules;
+        self.funcs = funcs;
+        // The IQ2_XXS lattice (common.cuh), in each module whose kernels read it.
+        for &module in &self.modules {
+            // SAFETY: module loaded; the name is a NUL-terminated C string.
+            let Ok((gptr, gbytes)) = (unsafe { drv::module::get_global(module, c"iq2xxs_grid".to_owned()) }) else { continue };
+            if gbytes != 256 * 8 {
+                return Err("iq2xxs_grid size mismatch".into());
+            }
+            // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
+            unsafe { drv::memcpy_htod_sync(gptr, &self.iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
+        }
+        Ok(())
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -240,7 +266,7 @@ impl Gpu {
 
     /// Raises the dynamic shared memory limit of kernel `name` to `smem` bytes (ahead of launches).
     pub fn reserve_smem(&mut self, name: &'static str, smem: u32) -> Result<()> {
-        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        let f = self.func(name)?;
         if smem > 40 * 1024 && self.smem_set.get(name).is_none_or(|&v| v < smem) {
             // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
             unsafe {
@@ -337,7 +363,7 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        let f = self.func(name)?;
         if self.pdl_now && !self.skip.is_empty() && self.skip.iter().any(|s| s == name) {
             return Ok(());
         }
@@ -556,6 +582,10 @@ impl Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        // A compile still running finishes (and writes its cache entries) before the context goes.
+        if let Some(job) = self.pending.take() {
+            let _ = job.join();
+        }
         // SAFETY: destroying the handles this struct created, after the stream drains.
         unsafe {
             let _ = drv::stream::synchronize(self.stream);
@@ -579,8 +609,7 @@ impl Drop for Gpu {
 /// Loads every kernel module for `arch` (from the cache or compiled now) and looks up its kernels.
 /// A cached image the driver refuses is compiled again once.
 #[allow(clippy::type_complexity)]
-fn load_modules(arch: &str) -> Result<(Vec<dsys::CUmodule>, HashMap<&'static str, dsys::CUfunction>)> {
-    let imgs = crate::nvrtc::module_images(arch)?;
+fn load_modules(arch: &str, imgs: &crate::nvrtc::ModuleImages) -> Result<(Vec<dsys::CUmodule>, HashMap<&'static str, dsys::CUfunction>)> {
     let mut modules = Vec::new();
     let mut funcs = HashMap::new();
     for (i, (m, img)) in crate::MODULES.iter().zip(&imgs.images).enumerate() {

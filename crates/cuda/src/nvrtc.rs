@@ -24,6 +24,23 @@ pub fn nvrtc_version() -> Result<String> {
     Ok(format!("{major}.{minor}"))
 }
 
+/// Fails, naming what to do, when this NVRTC cannot compile for `arch` ("sm_90a", "sm_80"): checked
+/// before the weights load, since the kernels are compiled beside the upload.
+pub fn check_arch(arch: &str) -> Result<()> {
+    let n: i32 = arch.trim_start_matches("sm_").trim_end_matches(|c: char| c.is_ascii_alphabetic()).parse().map_err(|_| format!("unknown GPU architecture {arch}"))?;
+    let mut count = 0i32;
+    // SAFETY: valid out-pointer.
+    unsafe { rsys::nvrtcGetNumSupportedArchs(&mut count) }.result().map_err(|err| format!("nvrtcGetNumSupportedArchs: {err:?}"))?;
+    let mut archs = vec![0i32; count.max(0) as usize];
+    // SAFETY: archs holds the `count` entries NVRTC reported.
+    unsafe { rsys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) }.result().map_err(|err| format!("nvrtcGetSupportedArchs: {err:?}"))?;
+    if archs.contains(&n) {
+        return Ok(());
+    }
+    let list: Vec<String> = archs.iter().map(|a| format!("sm_{a}")).collect();
+    Err(format!("NVRTC {} cannot compile for this GPU ({arch}; it knows {}): point DS4_CUDA_LIB at a newer CUDA toolkit's lib64", nvrtc_version().unwrap_or_default(), list.join(" ")))
+}
+
 /// Include directories for NVRTC (our sources need no headers; the toolkit's are passed when present).
 fn include_dirs() -> Vec<String> {
     let mut v = Vec::new();

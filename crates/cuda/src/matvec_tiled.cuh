@@ -144,10 +144,6 @@ template <int K, int NT, int U> __device__ __forceinline__ void mv4_impl(MV_ARGS
 
 #define MV4_KERNEL(NAME, K, NT, U, MINB) \
     extern "C" __global__ void __launch_bounds__(256, MINB) NAME##_n##NT(MV_ARGS) { PDL_ENTRY mv4_impl<K, NT, U>(MV_CALL, nullptr); }
-MV4_KERNEL(mv4_f16, WK_F16, 1, 4, 2) MV4_KERNEL(mv4_f16, WK_F16, 4, 1, 2)
-MV4_KERNEL(mv4_q8s, WK_Q8S, 1, 4, 2) MV4_KERNEL(mv4_q8s, WK_Q8S, 4, 1, 2)
-MV4_KERNEL(mv4_q2_k, WK_Q2K, 1, 4, 2) MV4_KERNEL(mv4_q2_k, WK_Q2K, 4, 1, 2)
-MV4_KERNEL(mv4_q4_k, WK_Q4K, 1, 4, 2) MV4_KERNEL(mv4_q4_k, WK_Q4K, 4, 1, 2)
 #define MV4_IQ2(NT, U, MINB) \
     extern "C" __global__ void __launch_bounds__(256, MINB) mv4_iq2s_n##NT(MV_ARGS) { PDL_ENTRY \
         __shared__ u64 grid[256]; \
@@ -155,4 +151,3 @@ MV4_KERNEL(mv4_q4_k, WK_Q4K, 1, 4, 2) MV4_KERNEL(mv4_q4_k, WK_Q4K, 4, 1, 2)
         __syncthreads(); \
         mv4_impl<WK_IQ2S, NT, U>(MV_CALL, grid); \
     }
-MV4_IQ2(1, 4, 2) MV4_IQ2(4, 1, 2)
