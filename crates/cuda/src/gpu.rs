@@ -413,7 +413,7 @@ impl Gpu {
             .map_err(|err| format!("launch {name}: {err:?}"))?;
         } else {
             // SAFETY: argument pointers point into `store`, which lives across the call; the kernel's
-            // parameter list matches `args` (each call site mirrors the kernel signature in kernels.cu).
+            // parameter list matches `args` (each call site mirrors the kernel signature in its .cu file).
             unsafe { drv::launch_kernel(f, grid, (block, 1, 1), smem, self.cur_stream(), &mut ptrs[..args.len()]) }.map_err(|err| format!("launch {name}: {err:?}"))?;
         }
         self.prof_end(name, ev)?;

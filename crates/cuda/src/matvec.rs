@@ -63,7 +63,7 @@ pub(crate) fn dq_unit(t: GgmlType) -> usize {
 
 pub(crate) fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
 
-/// Row-tiled mat-vec kernel (kernels.cu "mv4") for `m`, when its type and layout have one.
+/// Row-tiled mat-vec kernel ("mv4", matvec_tiled.cuh) for `m`, when its type and layout have one.
 pub(crate) fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
     let base = match m.ty {
         GgmlType::F16 if m.cols % 4 == 0 => 0,
@@ -88,7 +88,7 @@ pub(crate) fn ks4(rows: usize, cols: usize, z: usize) -> usize {
     ks
 }
 
-/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in kernels.cu).
+/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in matvec.cuh).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
     let nt4 = n > 1;
