@@ -9,6 +9,7 @@
 #   bench/cuda/cold_start.sh                      # device-bin, Flash q2 (43 layers), 2 cold + 2 warm runs
 #   BINS="device-bin device-bin-old" bench/cuda/cold_start.sh   # several builds, interleaved
 #   M=/dev/shm/flash6.gguf REPS=3 bench/cuda/cold_start.sh
+#   BACKEND=cpu M=tiny.gguf bench/cuda/cold_start.sh   # smoke test of the script without a GPU
 set -u
 export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include
 BINS=${BINS:-device-bin}
@@ -36,7 +37,7 @@ with socket.socket() as s:
 env = dict(os.environ, DS4_CUDA_CACHE=cache)
 log = open(logf, "w")
 t0 = time.monotonic()
-p = subprocess.Popen([bin_, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--backend", "cuda", "--ctx", ctx, "--kv-snapshots", "0"],
+p = subprocess.Popen([bin_, "-m", model, "--host", "127.0.0.1", "--port", str(port), "--backend", os.environ.get("BACKEND", "cuda"), "--ctx", ctx, "--kv-snapshots", "0"],
                      stdout=log, stderr=subprocess.STDOUT, env=env)
 base = f"http://127.0.0.1:{port}"
 ready = None

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 const MAGIC: &[u8; 8] = b"DS4KMOD1";
 /// Magic, payload length, payload checksum.
 const HEADER: usize = 8 + 8 + 8;
+/// Largest entry read (a module's CUBIN is a few hundred KB): anything bigger is not ours.
+const MAX_ENTRY: u64 = 64 << 20;
 
 /// The cache directory: `$DS4_CUDA_CACHE` if set, else `$XDG_CACHE_HOME/dwarfstar`, else
 /// `$HOME/.cache/dwarfstar`; None (no caching) when none of them is set. `env` reads a variable.
@@ -47,6 +49,9 @@ pub fn entry_name(name: &str, arch: &str, k: u64) -> String { format!("{name}-{a
 
 /// The payload of the entry at `path`, or None when it is missing or not a complete, intact entry.
 pub fn load(path: &Path) -> Option<Vec<u8>> {
+    if std::fs::metadata(path).ok()?.len() > MAX_ENTRY {
+        return None;
+    }
     let bytes = std::fs::read(path).ok()?;
     if bytes.len() < HEADER || &bytes[..8] != MAGIC {
         return None;
@@ -156,6 +161,11 @@ mod tests {
             ("wrong magic", { let mut b = good.clone(); b[0] = b'X'; b }),
             ("huge length", { let mut b = good.clone(); b[8..16].copy_from_slice(&u64::MAX.to_le_bytes()); b }),
         ];
+        // A file larger than any entry is not read at all.
+        let big = std::fs::File::create(&p).unwrap();
+        big.set_len(MAX_ENTRY + 1).unwrap();
+        drop(big);
+        assert_eq!(load(&p), None, "oversized");
         for (what, bytes) in cases {
             std::fs::write(&p, &bytes).unwrap();
             assert_eq!(load(&p), None, "{what}");

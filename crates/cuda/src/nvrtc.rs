@@ -120,8 +120,9 @@ pub fn compile_modules(modules: &[&KernelModule], arch: &str, threads: usize) ->
     out.into_iter().enumerate().map(|(i, r)| r.unwrap_or_else(|| Err(format!("module {}: compile thread failed", modules[i].name)))).collect()
 }
 
-/// Threads for compiling: one per core.
-pub fn compile_threads() -> usize { std::thread::available_parallelism().map_or(4, |n| n.get()) }
+/// Threads for compiling: one per core, at most 16 (beyond that the largest module, ~1.4 s of the
+/// ~12 s in all, bounds the time, and each compile holds its own memory).
+pub fn compile_threads() -> usize { std::thread::available_parallelism().map_or(4, |n| n.get()).min(16) }
 
 /// Where the images of the modules come from.
 pub struct ModuleImages {
