@@ -83,3 +83,33 @@ pub use probe_fused::fused_input_checks;
 pub use stage::{CudaStage, CudaStats, GpuPlan};
 #[cfg(feature = "cuda")]
 mod dec_attn;
+
+#[cfg(test)]
+mod module_list_tests {
+    use super::MODULES;
+
+    /// Every kernel a module's source declares by name (not through a macro) is listed for that
+    /// module, so the launchers find it; no name is listed twice. (The NVRTC test checks that every
+    /// listed name, macro-made ones included, is in the compiled module.)
+    #[test]
+    fn declared_kernels_are_listed_once() {
+        let mut all = std::collections::HashSet::new();
+        for m in MODULES {
+            for k in m.kernels {
+                assert!(all.insert(*k), "kernel {k} listed twice");
+            }
+            for decl in m.src.split("extern \"C\" __global__ void").skip(1) {
+                // "__launch_bounds__(..) name(" or " name(": the identifier after the bounds.
+                let rest = decl.trim_start();
+                let rest = if let Some(r) = rest.strip_prefix("__launch_bounds__(") { &r[r.find(')').map_or(0, |i| i + 1)..] } else { rest };
+                let rest = rest.trim_start();
+                let name: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                // Names made by a macro (NAME, NAME##_n##NT) are left to the NVRTC test.
+                if name.is_empty() || rest[name.len()..].starts_with('#') || !name.chars().any(|c| c.is_ascii_lowercase()) {
+                    continue;
+                }
+                assert!(m.kernels.contains(&name.as_str()), "kernel {name} declared in module {} but not listed", m.name);
+            }
+        }
+    }
+}
