@@ -206,6 +206,15 @@ impl Gpu {
     /// Waits for the kernel modules (compiled or read from the cache since the context was made) and
     /// loads them; the first launch does this by itself. Needs this GPU's context on the calling thread.
     pub fn kernels_ready(&mut self) -> Result<()> {
+        if self.pending.is_none() {
+            return Ok(());
+        }
+        // Loading a module and uploading the lattice synchronise, which a stream capture forbids.
+        // SAFETY: our main stream, created in `on_device`.
+        let capturing = unsafe { drv::stream::is_capturing(self.stream) }.map_err(e("cuStreamIsCapturing"))?;
+        if capturing != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err("kernel modules loaded during a CUDA graph capture: call Gpu::kernels_ready before capturing".into());
+        }
         let Some(job) = self.pending.take() else { return Ok(()) };
         let imgs = job.join().map_err(|_| "the kernel compile thread panicked".to_string())??;
         let (modules, funcs) = load_modules(&self.arch, &imgs)?;
