@@ -88,12 +88,10 @@ fn compile_with(src: &str, file: &str, opts: &[String]) -> Result<Vec<u8>> {
     got.map(|_| cubin)
 }
 
-/// Compiles `modules` for `arch` on up to `threads` threads (longest source first, so the slowest
-/// modules start at once); images in the order of `modules`.
+/// Compiles `modules` for `arch` on up to `threads` threads, taking them in the given order
+/// ([`MODULES`] lists the slowest first); images in the order of `modules`.
 pub fn compile_modules(modules: &[&KernelModule], arch: &str, threads: usize) -> Result<Vec<Vec<u8>>> {
     let opts = options(arch);
-    let mut order: Vec<usize> = (0..modules.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(modules[i].src.len()));
     let next = AtomicUsize::new(0);
     let mut out: Vec<Option<Result<Vec<u8>>>> = (0..modules.len()).map(|_| None).collect();
     let threads = threads.clamp(1, modules.len().max(1));
@@ -104,9 +102,8 @@ pub fn compile_modules(modules: &[&KernelModule], arch: &str, threads: usize) ->
                     let mut done = Vec::new();
                     loop {
                         let k = next.fetch_add(1, Ordering::Relaxed);
-                        let Some(&i) = order.get(k) else { break };
-                        let m = modules[i];
-                        done.push((i, compile_with(m.src, &format!("{}.cu", m.name), &opts)));
+                        let Some(m) = modules.get(k) else { break };
+                        done.push((k, compile_with(m.src, &format!("{}.cu", m.name), &opts)));
                     }
                     done
                 })
