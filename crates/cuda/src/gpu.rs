@@ -289,6 +289,8 @@ impl Gpu {
 
     /// Average seconds per call of `f` over `reps` back-to-back calls, timed with CUDA events.
     pub fn time(&mut self, reps: usize, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+        // Loading the modules at the first launch would fall between the events.
+        self.kernels_ready()?;
         let a = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
         let b = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
         // SAFETY: live events recorded on our stream; synchronised before reading the elapsed time.
