@@ -143,7 +143,11 @@ pub fn entry_path(m: &KernelModule, arch: &str, version: &str) -> Option<PathBuf
 
 /// Every module's CUBIN for `arch`: intact cache entries are read, the others compiled in parallel
 /// and written back (a cache that cannot be written is reported once and otherwise ignored).
+/// One at a time in a process: the GPUs of a pipeline start together, and the second then finds
+/// the first one's cache entries instead of compiling everything again beside it.
 pub fn module_images(arch: &str) -> Result<ModuleImages> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let version = nvrtc_version()?;
     let paths: Vec<Option<PathBuf>> = MODULES.iter().map(|m| entry_path(m, arch, &version)).collect();
     let mut images: Vec<Option<Vec<u8>>> = paths.iter().map(|p| p.as_deref().and_then(kernel_cache::load)).collect();
