@@ -15,5 +15,7 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
 cp "$(exe -p ds4-cuda --features cuda --test device)" device-bin/device-tests
 cp "$(exe -p ds4-engine --features cuda --test cuda_pipeline)" device-bin/engine-tests
+# Per-module NVRTC compile times on the device's cores (bench/cuda/cold_start.sh runs it).
+cp "$(exe -p ds4-cuda --features cuda --test nvrtc_compile)" device-bin/nvrtc-tests
 strip device-bin/*
 ls -la device-bin

@@ -66,7 +66,7 @@ fn main() {
         }
     }
     // The int8-activation (Q8_K) decode kernels of Precision::Fast at the expert shapes. Q8_0 runs
-    // mvq8_q8p_r*, or mvq8_q8s_n1 under DS4_CUDA_Q80_V1=1 (run twice to compare).
+    // mvq8_q8p_r* (the output head, with more tasks than 8 a block, mvq8_q8s_n1).
     for &(what, ty, rows, cols, z) in &[
         ("experts gate fast", GgmlType::IQ2_XXS, 2048usize, 4096usize, 6usize),
         ("experts down fast", GgmlType::Q2_K, 4096, 2048, 6),

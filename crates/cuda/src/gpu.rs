@@ -1,8 +1,9 @@
-//! Thin layer over the CUDA driver, NVRTC and cuBLAS (through cudarc's result-level API): one context,
-//! one stream, one module, raw device pointers with explicit ownership.
+//! Thin layer over the CUDA driver and cuBLAS (through cudarc's result-level API): one context, a main
+//! stream and side streams, the kernel modules (compiled by `nvrtc.rs`), raw device pointers with
+//! explicit ownership.
 use cudarc::cublas::{result as blas, sys as bsys};
 use cudarc::driver::{result as drv, sys as dsys};
-use cudarc::nvrtc::{result as rtc, sys as rsys};
+use cudarc::nvrtc::sys as rsys;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -45,52 +46,6 @@ pub fn preload_libs() {
     }
 }
 
-/// Include directory for NVRTC (cuda headers are not needed by our source, but keep the toolkit's).
-fn include_dirs() -> Vec<String> {
-    let mut v = Vec::new();
-    for d in [std::env::var("DS4_CUDA_INCLUDE").unwrap_or_default(), "/usr/local/cuda/include".into()] {
-        if !d.is_empty() && std::path::Path::new(&d).is_dir() {
-            v.push(d);
-        }
-    }
-    v
-}
-
-/// Compiles `src` to a CUBIN for `arch` (e.g. "sm_90a") with NVRTC.
-pub fn compile_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
-    let csrc = CString::new(src).map_err(e("source"))?;
-    let prog = rtc::create_program(&csrc, Some(&CString::new("ds4_kernels.cu").unwrap())).map_err(e("nvrtcCreateProgram"))?;
-    let mut opts = vec![format!("--gpu-architecture={arch}"), "--std=c++17".to_string(), "-default-device".to_string()];
-    for d in include_dirs() {
-        opts.push(format!("--include-path={d}"));
-    }
-    // SAFETY: prog is a live program created above; options are valid C strings.
-    let res = unsafe { rtc::compile_program(prog, &opts) };
-    if let Err(err) = res {
-        // SAFETY: prog is live; the log is a NUL-terminated buffer owned by the returned Vec.
-        let log = unsafe { rtc::get_program_log(prog) }.map(|l| l.iter().map(|&c| c as u8 as char).collect::<String>()).unwrap_or_default();
-        // SAFETY: destroying the program we created.
-        unsafe { let _ = rtc::destroy_program(prog); }
-        return Err(format!("NVRTC compile for {arch} failed ({err:?}):\n{log}"));
-    }
-    let mut size = 0usize;
-    // SAFETY: prog compiled successfully; size is a valid out-pointer.
-    unsafe { rsys::nvrtcGetCUBINSize(prog, &mut size) }.result().map_err(e("nvrtcGetCUBINSize"))?;
-    let mut cubin = vec![0u8; size];
-    // SAFETY: cubin has exactly `size` bytes as reported by NVRTC.
-    unsafe { rsys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut _) }.result().map_err(e("nvrtcGetCUBIN"))?;
-    // SAFETY: destroying the program we created.
-    unsafe { rtc::destroy_program(prog) }.map_err(e("nvrtcDestroyProgram"))?;
-    Ok(cubin)
-}
-
-/// True when libnvrtc can be loaded (compile checks skip otherwise).
-pub fn nvrtc_present() -> bool {
-    preload_libs();
-    // SAFETY: only probes whether the dynamic library can be opened.
-    unsafe { rsys::is_culib_present() }
-}
-
 /// An owned device allocation.
 pub struct DBuf {
     pub ptr: u64,
@@ -127,8 +82,13 @@ pub struct Gpu {
     _blas_ws: Vec<DBuf>,
     pub ctx: std::sync::Arc<cudarc::driver::CudaContext>,
     pub stream: dsys::CUstream,
-    module: dsys::CUmodule,
+    modules: Vec<dsys::CUmodule>,
     funcs: HashMap<&'static str, dsys::CUfunction>,
+    /// The kernel modules being compiled (or read from the cache) on a background thread, started
+    /// with the context so that compiling overlaps the weight upload; loaded at the first launch.
+    pending: Option<std::thread::JoinHandle<Result<crate::nvrtc::ModuleImages>>>,
+    /// The IQ2_XXS lattice, uploaded into each module that reads it when the modules load.
+    iq2_grid: [u64; 256],
     /// cuBLAS handles: index 0 on the main stream, k on side stream k.
     blas: Vec<bsys::cublasHandle_t>,
     pub name: String,
@@ -144,7 +104,7 @@ pub struct Gpu {
     fork_ev: Vec<dsys::CUevent>,
     join_ev: Vec<dsys::CUevent>,
     cur: usize,
-    /// Launches allow programmatic dependent launch (kernels.cu PDL_ENTRY); DS4_CUDA_PDL=0 turns it off.
+    /// Launches may carry programmatic dependent launch (common.cuh PDL_ENTRY): Hopper and later.
     pub pdl: bool,
     /// Whether launches now carry the PDL attribute (the stage sets it for one-token steps only:
     /// prefill measured no gain).
@@ -197,32 +157,9 @@ impl Gpu {
         if !unsafe { rsys::is_culib_present() } {
             return Err("libnvrtc.so.13 not found: set LD_LIBRARY_PATH to the CUDA toolkit's lib64 (or DS4_CUDA_LIB)".into());
         }
-        let cubin = cached_cubin(KERNEL_SRC_HASHED, &arch)?;
-        // SAFETY: cubin is a complete CUBIN image for this device's architecture; the Vec outlives the call.
-        let module = unsafe { drv::module::load_data(cubin.as_ptr() as *const c_void) }.map_err(e("cuModuleLoadData"))?;
-        let mut funcs = HashMap::new();
-        for &n in crate::KERNEL_NAMES {
-            // SAFETY: module is loaded; names are the extern "C" kernels of the source.
-            let f = unsafe { drv::module::get_function(module, CString::new(n).unwrap()) }.map_err(e(n))?;
-            funcs.insert(n, f);
-        }
-        // One shared-memory carve-out for every kernel (DS4_CUDA_CARVEOUT, percent of the SM's unified
-        // L1/shared memory): an SM whose next kernel prefers another split has to drain first.
-        if let Some(pct) = std::env::var("DS4_CUDA_CARVEOUT").ok().and_then(|v| v.parse::<i32>().ok()) {
-            for &f in funcs.values() {
-                // SAFETY: f is a kernel of the loaded module; the attribute is a hint.
-                unsafe { drv::function::set_function_attribute(f, dsys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, pct.clamp(0, 100)) }
-                    .map_err(e("carveout attribute"))?;
-            }
-        }
-        // The IQ2_XXS lattice lives in constant memory.
-        // SAFETY: module loaded; the symbol exists in the source with 256 u64.
-        let (gptr, gbytes) = unsafe { drv::module::get_global(module, CString::new("iq2xxs_grid").unwrap()) }.map_err(e("iq2xxs_grid"))?;
-        if gbytes != 256 * 8 {
-            return Err("iq2xxs_grid size mismatch".into());
-        }
-        // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
-        unsafe { drv::memcpy_htod_sync(gptr, &iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
+        crate::nvrtc::check_arch(&arch)?;
+        let arch_bg = arch.clone();
+        let pending = Some(std::thread::spawn(move || crate::nvrtc::module_images(&arch_bg)));
         let prof = std::env::var("DS4_CUDA_PROFILE").ok().filter(|v| v != "0").map(|_| Profiler::new());
         let mk_stream = || drv::stream::create(drv::stream::StreamKind::NonBlocking).map_err(e("stream"));
         let mk_ev = || drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"));
@@ -251,11 +188,49 @@ impl Gpu {
             // SAFETY: live handle; the workspace outlives it (freed after the handles are destroyed).
             unsafe { bsys::cublasSetWorkspace_v2(h, ptr as *mut c_void, WS) }.result().map_err(e("cublasSetWorkspace"))?;
         }
-        // On by default since the products fetch their first weights before waiting: flash:6 decode
-        // 666.7 / 669.2 t/s with, 643.6 / 640.2 without (same run, 2026-12-03). DS4_CUDA_PDL=0 turns it off.
-        let pdl = maj >= 9 && std::env::var("DS4_CUDA_PDL").map_or(true, |v| v != "0");
+        // Always on where supported since the products fetch their first weights before waiting: flash:6
+        // decode 666.7 / 669.2 t/s with, 643.6 / 640.2 without (same run, 2026-12-03).
+        let pdl = maj >= 9;
         let skip = std::env::var("DS4_CUDA_SKIP").map(|v| v.split([',', ':']).filter(|n| !n.is_empty()).map(String::from).collect()).unwrap_or_default();
-        Ok(Self { skip, pdl, _blas_ws: ws, ctx, stream, module, funcs, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
+        Ok(Self { skip, pdl, _blas_ws: ws, ctx, stream, modules: Vec::new(), funcs: HashMap::new(), pending, iq2_grid: *iq2_grid, blas: handles, name, sms, arch, prof, smem_set: HashMap::new(), side, fork_ev, join_ev, cur: 0, pdl_now: false })
+    }
+
+    /// Kernel `name` (the modules are loaded first if they are not yet).
+    fn func(&mut self, name: &'static str) -> Result<dsys::CUfunction> {
+        if self.pending.is_some() {
+            self.kernels_ready()?;
+        }
+        self.funcs.get(name).copied().ok_or_else(|| format!("unknown kernel {name}"))
+    }
+
+    /// Waits for the kernel modules (compiled or read from the cache since the context was made) and
+    /// loads them; the first launch does this by itself. Needs this GPU's context on the calling thread.
+    pub fn kernels_ready(&mut self) -> Result<()> {
+        if self.pending.is_none() {
+            return Ok(());
+        }
+        // Loading a module and uploading the lattice synchronise, which a stream capture forbids.
+        // SAFETY: our main stream, created in `on_device`.
+        let capturing = unsafe { drv::stream::is_capturing(self.stream) }.map_err(e("cuStreamIsCapturing"))?;
+        if capturing != dsys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+            return Err("kernel modules loaded during a CUDA graph capture: call Gpu::kernels_ready before capturing".into());
+        }
+        let Some(job) = self.pending.take() else { return Ok(()) };
+        let imgs = job.join().map_err(|_| "the kernel compile thread panicked".to_string())??;
+        let (modules, funcs) = load_modules(&self.arch, &imgs)?;
+        self.modules = modules;
+        self.funcs = funcs;
+        // The IQ2_XXS lattice (common.cuh), in each module whose kernels read it.
+        for &module in &self.modules {
+            // SAFETY: module loaded; the name is a NUL-terminated C string.
+            let Ok((gptr, gbytes)) = (unsafe { drv::module::get_global(module, c"iq2xxs_grid".to_owned()) }) else { continue };
+            if gbytes != 256 * 8 {
+                return Err("iq2xxs_grid size mismatch".into());
+            }
+            // SAFETY: gptr is a 2 KiB device symbol; the host slice has the same size.
+            unsafe { drv::memcpy_htod_sync(gptr, &self.iq2_grid[..]) }.map_err(e("upload iq2 grid"))?;
+        }
+        Ok(())
     }
 
     /// Makes this GPU's context current on the calling thread (a no-op when it already is).
@@ -300,7 +275,7 @@ impl Gpu {
 
     /// Raises the dynamic shared memory limit of kernel `name` to `smem` bytes (ahead of launches).
     pub fn reserve_smem(&mut self, name: &'static str, smem: u32) -> Result<()> {
-        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        let f = self.func(name)?;
         if smem > 40 * 1024 && self.smem_set.get(name).is_none_or(|&v| v < smem) {
             // SAFETY: f is a kernel of our module; raising its dynamic shared memory limit.
             unsafe {
@@ -314,6 +289,8 @@ impl Gpu {
 
     /// Average seconds per call of `f` over `reps` back-to-back calls, timed with CUDA events.
     pub fn time(&mut self, reps: usize, mut f: impl FnMut(&mut Self) -> Result<()>) -> Result<f64> {
+        // Loading the modules at the first launch would fall between the events.
+        self.kernels_ready()?;
         let a = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
         let b = drv::event::create(dsys::CUevent_flags::CU_EVENT_DEFAULT).map_err(e("event"))?;
         // SAFETY: live events recorded on our stream; synchronised before reading the elapsed time.
@@ -397,7 +374,7 @@ impl Gpu {
         if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
             return Ok(());
         }
-        let f = *self.funcs.get(name).ok_or_else(|| format!("unknown kernel {name}"))?;
+        let f = self.func(name)?;
         if self.pdl_now && !self.skip.is_empty() && self.skip.iter().any(|s| s == name) {
             return Ok(());
         }
@@ -447,7 +424,7 @@ impl Gpu {
             .map_err(|err| format!("launch {name}: {err:?}"))?;
         } else {
             // SAFETY: argument pointers point into `store`, which lives across the call; the kernel's
-            // parameter list matches `args` (each call site mirrors the kernel signature in kernels.cu).
+            // parameter list matches `args` (each call site mirrors the kernel signature in its .cu file).
             unsafe { drv::launch_kernel(f, grid, (block, 1, 1), smem, self.cur_stream(), &mut ptrs[..args.len()]) }.map_err(|err| format!("launch {name}: {err:?}"))?;
         }
         self.prof_end(name, ev)?;
@@ -616,13 +593,19 @@ impl Gpu {
 
 impl Drop for Gpu {
     fn drop(&mut self) {
+        // A compile still running finishes (and writes its cache entries) before the context goes.
+        if let Some(job) = self.pending.take() {
+            let _ = job.join();
+        }
         // SAFETY: destroying the handles this struct created, after the stream drains.
         unsafe {
             let _ = drv::stream::synchronize(self.stream);
             for &h in &self.blas {
                 let _ = blas::destroy_handle(h);
             }
-            let _ = drv::module::unload(self.module);
+            for &m in &self.modules {
+                let _ = drv::module::unload(m);
+            }
             let _ = drv::stream::destroy(self.stream);
             for k in 0..self.side.len() {
                 let _ = drv::stream::synchronize(self.side[k]);
@@ -634,22 +617,32 @@ impl Drop for Gpu {
     }
 }
 
-const KERNEL_SRC_HASHED: &str = crate::KERNELS_CU;
-
-/// CUBIN for `arch`, cached by a hash of the source and arch in $DS4_CUDA_CACHE (default ~/.cache/ds4-cuda).
-fn cached_cubin(src: &str, arch: &str) -> Result<Vec<u8>> {
-    let h = src.bytes().chain(arch.bytes()).fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
-    let dir = std::env::var("DS4_CUDA_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|_| {
-        std::path::PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| "/tmp".into())).join(".cache/ds4-cuda")
-    });
-    let path = dir.join(format!("kernels-{arch}-{h:016x}.cubin"));
-    if let Ok(b) = std::fs::read(&path) {
-        return Ok(b);
+/// Loads every kernel module for `arch` (from the cache or compiled now) and looks up its kernels.
+/// A cached image the driver refuses is compiled again once.
+#[allow(clippy::type_complexity)]
+fn load_modules(arch: &str, imgs: &crate::nvrtc::ModuleImages) -> Result<(Vec<dsys::CUmodule>, HashMap<&'static str, dsys::CUfunction>)> {
+    let mut modules = Vec::new();
+    let mut funcs = HashMap::new();
+    for (i, (m, img)) in crate::MODULES.iter().zip(&imgs.images).enumerate() {
+        // SAFETY: img is a CUBIN image (NVRTC output, or a cache entry whose checksum matched); the
+        // driver validates it, and the Vec outlives the call.
+        let module = match unsafe { drv::module::load_data(img.as_ptr() as *const c_void) } {
+            Ok(md) => md,
+            Err(err) if !imgs.cached[i] => return Err(format!("cuModuleLoadData {}: {err:?}", m.name)),
+            Err(err) => {
+                eprintln!("cuda: cached kernel module {} did not load ({err:?}); compiling it again", m.name);
+                let img = crate::nvrtc::recompile(i, arch)?;
+                // SAFETY: as above, a fresh NVRTC image.
+                unsafe { drv::module::load_data(img.as_ptr() as *const c_void) }.map_err(|err| format!("cuModuleLoadData {}: {err:?}", m.name))?
+            }
+        };
+        modules.push(module);
+        for &n in m.kernels {
+            let cn = CString::new(n).map_err(e("kernel name"))?;
+            // SAFETY: module is loaded; names are the extern "C" kernels of its source.
+            let f = unsafe { drv::module::get_function(module, cn) }.map_err(|err| format!("kernel {n} in module {}: {err:?}", m.name))?;
+            funcs.insert(n, f);
+        }
     }
-    let t0 = std::time::Instant::now();
-    let cubin = compile_cubin(src, arch)?;
-    eprintln!("cuda: compiled kernels for {arch} in {:.2} s", t0.elapsed().as_secs_f64());
-    let _ = std::fs::create_dir_all(&dir);
-    let _ = std::fs::write(&path, &cubin);
-    Ok(cubin)
+    Ok((modules, funcs))
 }

@@ -63,7 +63,7 @@ pub(crate) fn dq_unit(t: GgmlType) -> usize {
 
 pub(crate) fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
 
-/// Row-tiled mat-vec kernel (kernels.cu "mv4") for `m`, when its type and layout have one.
+/// Row-tiled mat-vec kernel ("mv4", matvec_tiled.cuh) for `m`, when its type and layout have one.
 pub(crate) fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
     let base = match m.ty {
         GgmlType::F16 if m.cols % 4 == 0 => 0,
@@ -88,7 +88,7 @@ pub(crate) fn ks4(rows: usize, cols: usize, z: usize) -> usize {
     ks
 }
 
-/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in kernels.cu).
+/// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in matvec.cuh).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
     let nt4 = n > 1;
@@ -154,7 +154,7 @@ pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: 
 /// Rows per warp of the `mvq*` kernels.
 const MVQ_R: usize = 8;
 
-/// Warps sharing a row group of an `mvq*` kernel: split K until about [`mvq_warps`] warps are busy.
+/// Warps sharing a row group of an `mvq*` kernel: split K until about [`MVQ_WARPS`] warps are busy.
 pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     // Steps per row: IQ2 lanes take 32-value groups (1024 values a step), Q2_K 2 superblocks a step.
     let steps = match m.ty {
@@ -163,7 +163,7 @@ pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
         _ => (m.cols / 256).div_ceil(2),
     };
     let warps = rows.div_ceil(MVQ_R) * z;
-    let target = mvq_warps();
+    let target = MVQ_WARPS;
     let mut ks = 1;
     while ks < 8 && warps * ks < target && ks * 2 <= steps {
         ks *= 2;
@@ -171,17 +171,19 @@ pub(crate) fn mvq_ks(m: &DM, rows: usize, z: usize) -> usize {
     ks
 }
 
-/// Warps an `mvq*` launch aims for when choosing its K split (DS4_CUDA_MVQ_WARPS, default 2048: flash:6
-/// decode 631-642 t/s against 593-625 at 4096 in the same runs). More warps than fit at once run in
-/// waves, each paying the load latency again.
-fn mvq_warps() -> usize {
-    static W: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *W.get_or_init(|| std::env::var("DS4_CUDA_MVQ_WARPS").ok().and_then(|v| v.parse().ok()).unwrap_or(2048))
-}
+/// Warps an `mvq*` launch aims for when choosing its K split: flash:6 decode 631-642 t/s at 2048
+/// against 614.6 at 1024, 593-625 at 4096 and 638.4 at 3072 in the same runs
+/// (bench/results/cuda/ab_flash6.log). More warps than fit at once run in waves, each paying the
+/// load latency again.
+const MVQ_WARPS: usize = 2048;
 
 /// Whether `m` has a one-token kernel with int8 (Q8_K) activations (`mvq8_*`). Split IQ2_XXS rows
 /// must start 8-byte aligned (the kernel loads a group's 8 bytes at once): a multiple of 4 blocks.
-pub(crate) fn q8_ok(m: &DM) -> bool { (m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0) || (m.ty == GgmlType::Q2_K && m.cols % 256 == 0) }
+/// The kernels address a row by its 32-bit byte offset in the matrix: at most 4 GiB a matrix.
+pub(crate) fn q8_ok(m: &DM) -> bool {
+    let shape = (m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0) || (m.ty == GgmlType::Q2_K && m.cols % 256 == 0);
+    shape && m.rows * m.row_bytes <= u32::MAX as usize
+}
 
 /// Whether `m` has a one-token kernel with Q8_0 activations (`mvq8_q8s_n1`): split rows whose
 /// payloads start 16-byte aligned (a multiple of 8 blocks).
@@ -219,21 +221,19 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
     if ![1, 2, 4, 8].contains(&ks) {
         return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
     }
-    // DS4_CUDA_MVQ_V1=1 (read once) takes the first IQ2_XXS / Q2_K kernels (`*_v1`), for A/B runs.
-    static V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v1 = *V1.get_or_init(|| std::env::var("DS4_CUDA_MVQ_V1").is_ok_and(|v| v == "1"));
-    // The newer kernels address a row by its 32-bit byte offset in the matrix.
-    let v2 = !v1 && rows * m.row_bytes <= u32::MAX as usize;
+    // The IQ2_XXS / Q2_K kernels address a row by its 32-bit byte offset in the matrix.
+    if m.ty != GgmlType::Q8_0 && rows * m.row_bytes > u32::MAX as usize {
+        return Err(format!("int8-activation mat-vec: {rows} rows of {} bytes exceed 4 GiB", m.row_bytes));
+    }
     let mut ks = ks;
     let mut smem = 0;
     let name = match m.ty {
-        GgmlType::IQ2_XXS if q8_ok(m) && v2 => {
+        GgmlType::IQ2_XXS if q8_ok(m) => {
             // Sign-doubled grid (32 KB) and sign-mask table (16 KB): MVQ8_IQ2_SMEM in matvec_q8.cu.
             smem = 48 * 1024;
             "mvq8_iq2s_n1"
         }
-        GgmlType::IQ2_XXS if q8_ok(m) => "mvq8_iq2s_n1_v1",
-        GgmlType::Q2_K if q8_ok(m) && v2 => {
+        GgmlType::Q2_K if q8_ok(m) => {
             // A step covers 4 superblocks of a row: no more warps per row group than steps.
             let steps = (m.cols / 256).div_ceil(4);
             while ks > 1 && ks > steps {
@@ -241,8 +241,7 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
             }
             "mvq8_q2_k_n1"
         }
-        GgmlType::Q2_K if q8_ok(m) => "mvq8_q2_k_n1_v1",
-        GgmlType::Q8_0 if q80_ok(m) && !q80_v1() && q8p_geometry(g, rows, z, ks).2 <= 8 => "mvq8_q8p",
+        GgmlType::Q8_0 if q80_ok(m) && q8p_geometry(g, rows, z, ks).2 <= 8 => "mvq8_q8p",
         GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
         _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
     };
@@ -267,19 +266,12 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
     g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args[..11])
 }
 
-/// Whether split Q8_0 takes the first kernel, `mvq8_q8s_n1`, instead of `mvq8_q8p_r*`
-/// (DS4_CUDA_Q80_V1=1, for A/B runs; read once).
-fn q80_v1() -> bool {
-    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("DS4_CUDA_Q80_V1").is_ok_and(|v| v == "1"))
-}
-
 /// Geometry of `mvq8_q8p_r*` (matvec_q80.cu): rows per warp R, blocks, tasks per block. A task is
 /// one block of `mvq8_q8s_n1` at R rows per warp; at most 2 blocks per SM walk them, each as many
 /// (the last may have fewer), so no round has a few blocks working alone. R is 4 unless the rows are
-/// too few for about [`mvq_warps`] busy warps, then 2 or 1, so small matrices still reach every SM.
+/// too few for about [`MVQ_WARPS`] busy warps, then 2 or 1, so small matrices still reach every SM.
 fn q8p_geometry(g: &Gpu, rows: usize, z: usize, ks: usize) -> (usize, usize, usize) {
-    let r = [4, 2].into_iter().find(|&r| rows.div_ceil(r) * z * ks >= mvq_warps()).unwrap_or(1);
+    let r = [4, 2].into_iter().find(|&r| rows.div_ceil(r) * z * ks >= MVQ_WARPS).unwrap_or(1);
     let tasks = rows.div_ceil(r * (8 / ks)) * z;
     let per = tasks.div_ceil(if g.sms > 0 { 2 * g.sms as usize } else { tasks });
     (r, tasks.div_ceil(per), per)
@@ -357,9 +349,7 @@ pub(crate) fn launch_mvq8_x(g: &mut Gpu, m: &DM, w: u64, x: u64, pro: XPro, y: u
 /// the kernel (`mvq8_q2_k_n1x`): no `swiglu` launch. Ok(false) when `m` takes another kernel.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_down_swiglu(g: &mut Gpu, m: &DM, eids: u64, a: u64, b: u64, ew: u64, c: f32, y: u64, z: usize) -> Result<bool> {
-    static V1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let v1 = *V1.get_or_init(|| std::env::var("DS4_CUDA_MVQ_V1").is_ok_and(|v| v == "1"));
-    if m.ty != GgmlType::Q2_K || !q8_ok(m) || v1 || m.rows * m.row_bytes > u32::MAX as usize || a % 16 != 0 || b % 16 != 0 {
+    if m.ty != GgmlType::Q2_K || !q8_ok(m) || a % 16 != 0 || b % 16 != 0 {
         return Ok(false);
     }
     let mut ks = mvq_ks(m, m.rows, z);
@@ -389,7 +379,7 @@ pub(crate) fn launch_down_swiglu(g: &mut Gpu, m: &DM, eids: u64, a: u64, b: u64,
 }
 
 /// Whether a one-token product with `m` takes [`launch_mvq8_x`].
-pub(crate) fn x_ok(g: &Gpu, m: &DM) -> bool { q80_ok(m) && !q80_v1() && q8p_geometry(g, m.rows, 1, mvq_ks(m, m.rows, 1)).2 <= 8 && m.cols <= 8192 }
+pub(crate) fn x_ok(g: &Gpu, m: &DM) -> bool { q80_ok(m) && q8p_geometry(g, m.rows, 1, mvq_ks(m, m.rows, 1)).2 <= 8 && m.cols <= 8192 }
 
 /// Which products prepare their own int8 input (DS4_CUDA_XPRO, a bit mask, read once): 1 plain f32
 /// input, 2 the RMS-normed q_b input, 4 the shared expert's SwiGLU, 8 the routed experts'. Off by

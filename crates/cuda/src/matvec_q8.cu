@@ -41,121 +41,9 @@ extern "C" __global__ void q8k_quant(const float* __restrict__ X, int x_z, int c
     if (t == 0) D[dof] = 1.0f / iscale;
 }
 
-// 0xff in byte k for each set bit k of the 4-bit `s` (the bits land on distinct positions: no carries).
-__device__ __forceinline__ u32 sign_mask4(u32 s) { return ((s * 0x00204081u) & 0x01010101u) * 0xffu; }
-
 #define MVQ8_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
     const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks
 #define MVQ8_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks
-
-// (v1, selected by DS4_CUDA_MVQ_V1=1) IQ2_XXS (split layout) · Q8_K: the grid of mvq_iq2s_n1 (R rows per warp, whole 32-value groups per
-// lane, next step's weight words requested before this step's arithmetic); a lane's 32 int8
-// activations are two 16-byte loads reused over the R rows. Signed grid bytes: (g ^ m) + (m & 1)
-// per byte is -g where the mask m is 0xff (grid bytes are 8..43, so no byte carries).
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1_v1(MVQ8_ARGS) { PDL_ENTRY
-    __shared__ u64 grid[256];
-    __shared__ float red[8][MVQ_R];
-    grid[threadIdx.x] = iq2xxs_grid[threadIdx.x];
-    __syncthreads();
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
-    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
-    int z = blockIdx.z;
-    int mat = eids ? eids[z] : z;
-    const u8* wm = W + (u64)mat * w_mat_bytes;
-    const signed char* xq = XQ + (u64)z * xq_z;
-    const float* xd = XD + (u64)z * (xq_z >> 8);
-    int nb = cols >> 8, ng = nb * 8, nsteps = (ng + 31) >> 5;
-    u64 rb = (u64)nb * 66;
-    float acc[MVQ_R];
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
-    uint2 a[MVQ_R];
-    u16 dh[MVQ_R];
-    auto fetch = [&](int st) { iq2s_fetch(wm, rb, nb, ng, r0, rows, st, lane, a, dh); };
-    if (part < nsteps) fetch(part);
-    for (int st = part; st < nsteps; st += ks) {
-        int G = st * 32 + lane;
-        uint2 ac[MVQ_R];
-        u16 dc[MVQ_R];
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) { ac[r] = a[r]; dc[r] = dh[r]; }
-        if (st + ks < nsteps) fetch(st + ks);
-        if (G >= ng) continue;
-        const int4* xp = (const int4*)(xq + 32 * G);
-        int4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
-        int xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float dx = __ldg(xd + (G >> 3)) * 0.125f;
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            u32 a0 = ac[r].x, a1 = ac[r].y;
-            int s = 0;
-#pragma unroll
-            for (int l = 0; l < 4; l++) {
-                u64 gv = grid[(a0 >> (8 * l)) & 255];
-                u32 sg = ksign((a1 >> (7 * l)) & 127);
-                u32 mlo = sign_mask4(sg & 15u), mhi = sign_mask4(sg >> 4);
-                s = __dp4a((int)(((u32)gv ^ mlo) + (mlo & 0x01010101u)), xw[2 * l], s);
-                s = __dp4a((int)(((u32)(gv >> 32) ^ mhi) + (mhi & 0x01010101u)), xw[2 * l + 1], s);
-            }
-            acc[r] += h2f(dc[r]) * dx * (float)((2 * (int)(a1 >> 28) + 1) * s);
-        }
-    }
-    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
-}
-
-// (v1, selected by DS4_CUDA_MVQ_V1=1) Q2_K · Q8_K: the lane mapping of mvq_q2_k_n1 (superblock half h, byte quad t: 16 weights at 4
-// shifts). A 2-bit quant times its 4-bit scale fits a byte (<= 45), so one multiply scales four
-// quants and a dp4a takes the dot; the min term uses the lane's sums of four activations.
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1_v1(MVQ8_ARGS) { PDL_ENTRY
-    __shared__ float red[8][MVQ_R];
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
-    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
-    int z = blockIdx.z;
-    int mat = eids ? eids[z] : z;
-    const u8* wm = W + (u64)mat * w_mat_bytes;
-    const signed char* xq = XQ + (u64)z * xq_z;
-    const float* xd = XD + (u64)z * (xq_z >> 8);
-    int nb = cols >> 8, nsteps = (nb + 1) >> 1;
-    u64 rb = (u64)nb * 84;
-    int sbl = lane >> 4, h = (lane >> 3) & 1, t = lane & 7;
-    // Scale bytes 2s + t/4 (s = 0..3) of the half's 8, gathered into one word by a byte permute.
-    u32 sel = (u32)(t >> 2) * 0x1111u + 0x6420u;
-    float acc[MVQ_R];
-#pragma unroll
-    for (int r = 0; r < MVQ_R; r++) acc[r] = 0.0f;
-    u32 q[MVQ_R], s0[MVQ_R], s1[MVQ_R], dd[MVQ_R];
-    auto fetch = [&](int st) { q2k_fetch(wm, rb, nb, r0, rows, min(2 * st + sbl, nb - 1), h, t, q, s0, s1, dd); };
-    if (part < nsteps) fetch(part);
-    for (int st = part; st < nsteps; st += ks) {
-        u32 qc[MVQ_R], c0[MVQ_R], c1[MVQ_R], dc[MVQ_R];
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) { qc[r] = q[r]; c0[r] = s0[r]; c1[r] = s1[r]; dc[r] = dd[r]; }
-        if (st + ks < nsteps) fetch(st + ks);
-        int c = 2 * st + sbl;
-        if (c >= nb) continue;
-        const int* xb = (const int*)(xq + (u64)c * 256 + 128 * h + 4 * t);
-        int xw[4], xs[4];
-#pragma unroll
-        for (int s = 0; s < 4; s++) {
-            xw[s] = __ldg(xb + 8 * s);
-            xs[s] = __dp4a(xw[s], 0x01010101, 0);
-        }
-        float dx = __ldg(xd + c);
-#pragma unroll
-        for (int r = 0; r < MVQ_R; r++) {
-            u32 sc = __byte_perm(c0[r], c1[r], sel);
-            int is = 0, ms = 0;
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-                u32 qq = (qc[r] >> (2 * s)) & 0x03030303u;
-                is = __dp4a((int)(qq * ((sc >> (8 * s)) & 15u)), xw[s], is);
-                ms += (int)((sc >> (8 * s + 4)) & 15u) * xs[s];
-            }
-            acc[r] += dx * (h2f(dc[r] & 0xffff) * (float)is - h2f(dc[r] >> 16) * (float)ms);
-        }
-    }
-    mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
-}
 
 // prmt.b32 in its generic form: a selector nibble with bit 3 set fills the byte with the sign (msb)
 // of the selected source byte (__byte_perm's documented semantics only promise the low 3 bits).
@@ -180,8 +68,8 @@ __device__ __forceinline__ void mvq_row_offs(u32* ro, int r0, int rows, u64 rb) 
 // Whether mvq8_iq2s_n1 takes its sign masks from a shared-memory table (1) or computes them (0).
 #define MVQ8_IQ2_MTAB 1
 
-// IQ2_XXS (split layout) · Q8_K, grid as v1 (R rows per warp, whole 32-value groups per lane, next
-// step's weight words requested before this step's arithmetic). Instead of building sign masks with
+// IQ2_XXS (split layout) · Q8_K, the grid of mvq_iq2s_n1 (R rows per warp, whole 32-value groups per
+// lane, next step's weight words requested before this step's arithmetic). Instead of building sign masks with
 // multiplies and applying them with xor + and + add (about 25 instructions per 8 values, and the 2 KB
 // grid read with random bank conflicts), each block keeps in shared memory a copy of the grid with
 // both signs, one 16-byte entry (g lo, g hi, -g lo, -g hi) per point, 8 copies side by side so that
@@ -189,7 +77,7 @@ __device__ __forceinline__ void mvq_row_offs(u32* ro, int r0, int rows, u64 rb) 
 // loads, 32 KB); and, with MVQ8_IQ2_MTAB, the two byte masks of each 7-bit sign field (its parity
 // included), 16 copies (conflict-free 64-bit loads, 16 KB). A sub-group of 8 values is then two
 // loads, two selects and two dp4a plus their addresses. The integer dot per group, and so the
-// result, is the same as v1's. Dynamic shared memory: MVQ8_IQ2_SMEM bytes.
+// result, is the same as with computed masks (an earlier kernel, bit-identical, twice the instructions). Dynamic shared memory: MVQ8_IQ2_SMEM bytes.
 #define MVQ8_IQ2_SMEM (32768 + 16384 * MVQ8_IQ2_MTAB)
 extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { PDL_ENTRY
     extern __shared__ uint4 iq2_tab[];  // [256 points][8 copies] uint4, then [128 fields][16 copies] uint2
@@ -280,13 +168,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
 }
 
 // Q2_K · Q8_K. Lane (superblock sb of the step's 4, half h, byte octet t) takes 8 quant bytes = 32
-// weights (4 shifts x 8 consecutive values) per row, twice v1's 16, so the scale and d words it
+// weights (4 shifts x 8 consecutive values) per row (an earlier kernel took 16), so the scale and d words it
 // loads serve twice the weights; the two byte quads of an octet share their scale bytes (2s + t/2).
 // Per row and step: per shift, two dp4a of the raw 2-bit quants (|dot| <= 8 * 3 * 127, fits 16
 // bits), the four dots packed in pairs as 16-bit halves and weighted by their 4-bit scales with two
 // dp2a; the min term likewise takes the four 4-bit mins against the lane's activation sums (|sum| <=
-// 1016), packed once per step. The integer sums per (row, superblock) are v1's, but a lane's partial
-// covers 32 weights instead of 16, so the float sums (and the last bits of the result) differ from v1.
+// 1016), packed once per step. The integer sums per (row, superblock) equal the CPU's; the order of the
+// float sums differs (as every GPU mat-vec's does).
 // The SwiGLU form's prologue: slot z's activations h = silu(min(a, c)) * clamp(b, -c, c) * ew[z] (as
 // swiglu) quantized to Q8_K in shared memory (cols int8 values, then cols / 256 scales) as q8k_group
 // does (warp w takes blocks w, w + 8, ..; lane l values 8l .. 8l + 7; the key picks the same value).

@@ -15,16 +15,6 @@
 #define MG_BK 32
 #define MG_LD 40  // f16 row stride in shared memory (80 bytes: conflict-free fragment loads)
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-// 16-byte asynchronous copy global -> shared; `bytes` < 16 zero-fills the rest (0: all zeros).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src), "r"(bytes));
-}
-
 #define MG_F16 0
 #define MG_IQ2S 1
 #define MG_Q2K 2

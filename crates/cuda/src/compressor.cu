@@ -1,0 +1,57 @@
+// ---------------------------------------------------------------------------------------------
+// Compressor: one block of `w` threads (channel j) walks the chunk's positions in order, updates
+// the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
+// ---------------------------------------------------------------------------------------------
+extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
+                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos) { PDL_ENTRY
+    if (dpos) pos0 = *dpos;
+    int j = threadIdx.x;
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        long long pos = pos0 + i;
+        int slot = (int)(pos % ratio);
+        int row = ratio == 4 ? ratio + slot : slot;
+        if (j < w) {
+            st_kv[row * w + j] = kvp[(u64)i * w + j];
+            st_sc[row * w + j] = gp[(u64)i * w + j] + ape[slot * w + j];
+        }
+        if ((pos + 1) % ratio != 0) continue;
+        __syncthreads();
+        if (j < d) {
+            float m = -INFINITY;
+            int nrow = ratio == 4 ? 8 : ratio;
+            for (int c = 0; c < nrow; c++) {
+                int ch = (ratio == 4 && c >= 4) ? d + j : j;
+                m = fmaxf(m, st_sc[c * w + ch]);
+            }
+            float out = 0.0f;
+            if (m != -INFINITY) {
+                float den = 0.0f, num = 0.0f;
+                for (int c = 0; c < nrow; c++) {
+                    int ch = (ratio == 4 && c >= 4) ? d + j : j;
+                    float e = expf(st_sc[c * w + ch] - m);
+                    den += e;
+                    num += e * st_kv[c * w + ch];
+                }
+                out = num / den;
+            }
+            pooled[(u64)k * d + j] = out;
+        }
+        __syncthreads();
+        if (ratio == 4 && j < w) {
+            for (int c = 0; c < 4; c++) {
+                st_kv[c * w + j] = st_kv[(4 + c) * w + j];
+                st_sc[c * w + j] = st_sc[(4 + c) * w + j];
+            }
+        }
+        __syncthreads();
+        k++;
+    }
+}
+
+// Resets compressor state scores to -inf (kv to 0).
+extern "C" __global__ void comp_reset(float* st_kv, float* st_sc, int len) { PDL_ENTRY
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < len) { st_kv[j] = 0.0f; st_sc[j] = -INFINITY; }
+}
+

@@ -1,0 +1,238 @@
+
+// ---- Persistent, software-pipelined split-layout Q8_0 · Q8_0 decode mat-vec ("q8p") ----
+// The per-row sums of mvq8_q8s_n1: the lane of part p that takes block 32 st + m (st = p, p + ks, ..)
+// adds (float)s * (h2f(dw) * dx) in block order (s: the block's exact integer dot), the lanes are
+// summed in mvq8_q8s_n1's butterfly order, then the ks parts in part order. So for the same ks the
+// results are bit-identical; only the schedule differs:
+// - a task is one of mvq8_q8s_n1's blocks (8 / ks row groups of R rows, ks warps each); at most
+//   SMs x 2 blocks walk the tasks (t, t + gridDim.x, ..), as many each: no waves, no block tails;
+// - a warp's steps form one stream across its tasks, and the weights of the next step are requested
+//   before the current step's arithmetic (two register sets, so R = 4 rows fit 128 registers), so a
+//   warp has a step in flight while it waits, computes or reduces;
+// - R is 4, or 2 / 1 for matrices with too few rows to give every SM work at R = 4;
+// - weights are read once: coalesced 16-byte loads without L1 allocation (activations stay in L1).
+
+// Read-once weight loads: read-only path, no L1 line allocated.
+__device__ __forceinline__ uint4 q8p_ld16(const u8* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u16 q8p_ld2(const u8* p) {
+    u16 v;
+    asm("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+
+// One step's weights for R rows: the lane's block payload (2 x 16 bytes) and f16 scale per row.
+template <int R> struct Q8pBuf {
+    uint4 w0[R], w1[R];
+    u16 d[R];
+};
+
+// The f32-input form (SX): the kernel quantizes its one input row itself, into shared memory (cols
+// int8 values, then cols / 32 scales), after an optional prologue: the RMS norm with weight NW (as
+// rms_rows, up to the order of its double sum), or the SwiGLU of X and X2 with clamp `fa` (as swiglu
+// without expert weights). One launch replaces two or three on the decode's dependent chain; the
+// first step's weights are already in flight while the block quantizes.
+struct Q8pPro {
+    const float* X;
+    const float* X2;
+    const float* NW;
+    float fa;
+};
+// Coalesced: in a pass, lane l of a warp holds 4 consecutive values (one float4 load; a warp reads
+// 512 contiguous bytes), 8 lanes one Q8_0 block; all passes' loads are issued before any arithmetic.
+// The quantization is q80_warp's: d = amax / 127, q = roundf(v * (1 / d)), the scale as the f16 kept.
+// cols % 256 == 0 and cols <= 32 * 256 (8 passes of the block's 256 threads at most).
+#define Q8P_PASSES 8
+__device__ __forceinline__ void q8p_load(const float* p, int cols, float4* v) {
+#pragma unroll
+    for (int u = 0; u < Q8P_PASSES; u++) {
+        int j = 4 * (threadIdx.x + u * blockDim.x);
+        if (j < cols) v[u] = *(const float4*)(p + j);
+    }
+}
+__device__ __forceinline__ void q8p_prologue(const Q8pPro& pr, int cols, signed char* sq, float* sd) {
+    __shared__ double redd[8];
+    float4 v[Q8P_PASSES];
+    q8p_load(pr.X, cols, v);
+    if (pr.X2) {
+        float4 g2[Q8P_PASSES];
+        q8p_load(pr.X2, cols, g2);
+        const float c = pr.fa;
+#pragma unroll
+        for (int u = 0; u < Q8P_PASSES; u++) {
+            if (4 * (threadIdx.x + u * blockDim.x) >= cols) break;
+            v[u].x = siluf_(fminf(v[u].x, c)) * fminf(fmaxf(g2[u].x, -c), c);
+            v[u].y = siluf_(fminf(v[u].y, c)) * fminf(fmaxf(g2[u].y, -c), c);
+            v[u].z = siluf_(fminf(v[u].z, c)) * fminf(fmaxf(g2[u].z, -c), c);
+            v[u].w = siluf_(fminf(v[u].w, c)) * fminf(fmaxf(g2[u].w, -c), c);
+        }
+    } else if (pr.NW) {
+        float4 wv[Q8P_PASSES];
+        q8p_load(pr.NW, cols, wv);
+        double ss = 0.0;
+#pragma unroll
+        for (int u = 0; u < Q8P_PASSES; u++) {
+            if (4 * (threadIdx.x + u * blockDim.x) >= cols) break;
+            ss += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y + (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
+        }
+        ss = block_sum_d(ss, redd);
+        float inv = 1.0f / sqrtf((float)(ss / cols) + pr.fa);
+#pragma unroll
+        for (int u = 0; u < Q8P_PASSES; u++) {
+            v[u].x = v[u].x * inv * wv[u].x;
+            v[u].y = v[u].y * inv * wv[u].y;
+            v[u].z = v[u].z * inv * wv[u].z;
+            v[u].w = v[u].w * inv * wv[u].w;
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < Q8P_PASSES; u++) {
+        int i = threadIdx.x + u * blockDim.x, j = 4 * i;
+        if (j >= cols) break;  // whole warps (cols % 128 == 0)
+        float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.0f ? 1.0f / d : 0.0f;
+        u32 w = ((u32)(int)roundf(v[u].x * id) & 0xffu) | (((u32)(int)roundf(v[u].y * id) & 0xffu) << 8) |
+                (((u32)(int)roundf(v[u].z * id) & 0xffu) << 16) | (((u32)(int)roundf(v[u].w * id) & 0xffu) << 24);
+        *(u32*)(sq + j) = w;
+        if ((i & 7) == 0) sd[j >> 5] = h2f(f2h(d));
+    }
+    __syncthreads();
+}
+
+template <int R, bool SX>
+__device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ,
+                                         const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz,
+                                         Q8pPro pro) {
+    PDL_TRIGGER
+    extern __shared__ __align__(16) u8 q8p_xs[];
+    __shared__ float red[2][8][R];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks, grp = wid / ks;
+    const int rpt = (8 / ks) * R;  // rows per task
+    const int tpz = (rows + rpt - 1) / rpt, ntasks = tpz * nz;
+    const int nb = cols >> 5, nsteps = (nb + 31) >> 5;
+    const u64 rb = (u64)nb * 34;
+    // Steps of this warp per task; one empty step where ks > nsteps, so the warp still joins the sums.
+    const int nsp = part < nsteps ? (nsteps - 1 - part) / ks + 1 : 1;
+    // Expert ids come from the previous kernel; plain slots let the first weight loads overlap its tail.
+    if (eids) { PDL_WAIT }
+
+    // Lane l = 2k + h loads half h of blocks k and 16 + k of the step (each load a contiguous 512
+    // bytes) and adds up block k (h = 0) or 16 + k (h = 1) with its partner: lane l takes the block
+    // that lane k + 16 h of mvq8_q8s_n1 takes.
+    const int h = lane & 1, kb = lane >> 1, lb = kb + 16 * h;
+    auto fetch = [&](Q8pBuf<R>& f, int t, int j) {
+        int z = t / tpz, r0 = (t - z * tpz) * rpt + grp * R, b0 = (part + j * ks) * 32;
+        if (b0 >= nb) return;
+        const u8* wm = W + (u64)(eids ? eids[z] : z) * w_mat_bytes;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const u8* wr = wm + (u64)min(r0 + r, rows - 1) * rb;  // rows past the end repeat the last
+            if (b0 + kb < nb) f.w0[r] = q8p_ld16(wr + 32 * b0 + 16 * lane);
+            if (b0 + 16 + kb < nb) f.w1[r] = q8p_ld16(wr + 32 * b0 + 512 + 16 * lane);
+            if (b0 + lb < nb) f.d[r] = q8p_ld2(wr + cols + 2 * (b0 + lb));
+        }
+    };
+
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    int k = 0;  // tasks this block has finished: the parity picks the `red` buffer
+    // Step j of task t from `c`; after the task's last step, its rows are summed and stored.
+    auto step = [&](const Q8pBuf<R>& c, int t, int j) {
+        int z = t / tpz, r0 = (t - z * tpz) * rpt + grp * R, b0 = (part + j * ks) * 32;
+        if (b0 < nb) {
+            int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
+            bool own = b0 + lb < nb;
+            float dx = 0.0f;
+            if (SX) {
+                // The block's own quantized row (shared memory; xq_z is 0).
+                const signed char* xq = (const signed char*)q8p_xs + 32 * b0 + 16 * lane;
+                if (b0 + kb < nb) x0 = *(const int4*)xq;
+                if (b0 + 16 + kb < nb) x1 = *(const int4*)(xq + 512);
+                if (own) dx = ((const float*)(q8p_xs + cols))[b0 + lb];
+            } else {
+                const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
+                if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
+                if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
+                if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
+                p0 = __dp4a((int)c.w0[r].y, x0.y, p0);
+                p0 = __dp4a((int)c.w0[r].z, x0.z, p0);
+                p0 = __dp4a((int)c.w0[r].w, x0.w, p0);
+                int p1 = __dp4a((int)c.w1[r].x, x1.x, 0);
+                p1 = __dp4a((int)c.w1[r].y, x1.y, p1);
+                p1 = __dp4a((int)c.w1[r].z, x1.z, p1);
+                p1 = __dp4a((int)c.w1[r].w, x1.w, p1);
+                // The block's integer dot: this half plus the partner's (exact in any order).
+                int s = (h ? p1 : p0) + __shfl_xor_sync(0xffffffffu, h ? p0 : p1, 1);
+                if (own) acc[r] += (float)s * (h2f(c.d[r]) * dx);
+            }
+        }
+        if (j != nsp - 1) return;
+        float* y = Y + (u64)z * y_z;
+        // Lane m sums what lane m of mvq8_q8s_n1 holds (same butterfly order): lane 2m, or 2m - 31.
+        int src = lane < 16 ? 2 * lane : 2 * lane - 31;
+        if (ks == 1) {
+            float v = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float s = warp_sum(__shfl_sync(0xffffffffu, acc[r], src));
+                if (lane == r) v = s;
+                acc[r] = 0.0f;
+            }
+            if (lane < R && r0 + lane < rows) y[r0 + lane] = 0.0f + v;  // 0 + v: as mvq_store
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float s = warp_sum(__shfl_sync(0xffffffffu, acc[r], src));
+                if (lane == 0) red[k & 1][wid][r] = s;
+                acc[r] = 0.0f;
+            }
+            // Only the ks warps of this row group meet (named barrier 1 + grp). Two buffers: a warp
+            // writes this one again two tasks on, after part 0 has read it (it passed the next barrier).
+            asm volatile("bar.sync %0, %1;" ::"r"(grp + 1), "r"(ks * 32) : "memory");
+            if (part == 0 && lane < R && r0 + lane < rows) {
+                float v = 0.0f;
+                for (int p = 0; p < ks; p++) v += red[k & 1][wid + p][lane];
+                y[r0 + lane] = v;
+            }
+        }
+        k++;
+    };
+
+    // The warp's steps in order: (t, j) computed, (tn, jn) fetched one step ahead into the other set.
+    auto advance = [&](int& t, int& j) {
+        if (++j == nsp) { j = 0; t += gridDim.x; }
+    };
+    Q8pBuf<R> A, B;
+    int t = blockIdx.x, j = 0, tn = t, jn = 0;
+    if (t < ntasks) fetch(A, t, 0);
+    PDL_WAIT  // before the activations are read and (all threads) before Y is written
+    if (SX) q8p_prologue(pro, cols, (signed char*)q8p_xs, (float*)(q8p_xs + cols));
+    advance(tn, jn);
+    while (t < ntasks) {
+        if (tn < ntasks) fetch(B, tn, jn);
+        advance(tn, jn);
+        step(A, t, j);
+        advance(t, j);
+        if (t >= ntasks) break;
+        if (tn < ntasks) fetch(A, tn, jn);
+        advance(tn, jn);
+        step(B, t, j);
+        advance(t, j);
+    }
+}
+
+#define Q8P_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
+    const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz
+#define Q8P_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks, nz
+#define Q8P_NOPRO Q8pPro{nullptr, nullptr, nullptr, 0.0f}
