@@ -10,7 +10,13 @@ const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
 const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
-pub const ROPE: &str = include_str!("shaders/rope.wgsl");
+pub const ROPE: &str = concat!(include_str!("shaders/rope.wgsl"), include_str!("shaders/rope_angle.wgsl"));
+pub const KV_ROW: &str = concat!(include_str!("shaders/kv_row.wgsl"), include_str!("shaders/qat.wgsl"), include_str!("shaders/rope_angle.wgsl"));
+pub const COMPRESSOR: &str = include_str!("shaders/compressor.wgsl");
+pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+pub const RING_STORE: &str = include_str!("shaders/ring_store.wgsl");
+pub const INDEXER_SCORES: &str = include_str!("shaders/indexer_scores.wgsl");
+pub const TOP_K: &str = include_str!("shaders/top_k.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
@@ -111,7 +117,18 @@ pub fn all_modules() -> Vec<ModuleSource> {
             }
         }
     }
-    for (name, src) in [("rms_norm", RMS_NORM), ("rope", ROPE), ("swiglu", SWIGLU), ("argmax", ARGMAX)] {
+    for (name, src) in [
+        ("rms_norm", RMS_NORM),
+        ("rope", ROPE),
+        ("swiglu", SWIGLU),
+        ("argmax", ARGMAX),
+        ("kv_row", KV_ROW),
+        ("compressor", COMPRESSOR),
+        ("attention", ATTENTION),
+        ("ring_store", RING_STORE),
+        ("indexer_scores", INDEXER_SCORES),
+        ("top_k", TOP_K),
+    ] {
         out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
     }
     out

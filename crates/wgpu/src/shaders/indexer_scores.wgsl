@@ -1,0 +1,40 @@
+// Indexer relevance of compressed row c for token t (ds4_model::attention::indexer_scores):
+// sum over heads h of (w[t][h] * wscale) * relu(q[t][h] . key[c]), for tokens that see more than
+// top_k compressed rows (nc = (pos + t + 1) / ratio > top_k; the others attend to all rows).
+// One thread per candidate; the head's query is staged in workgroup memory.
+struct Params { heads: u32, dim: u32, ratio: u32, top_k: u32, stride: u32, wscale: f32, wg_x: u32, pad: u32 }
+struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
+@group(0) @binding(0) var<storage, read> iq: array<f32>;
+@group(0) @binding(1) var<storage, read> iw: array<f32>;
+@group(0) @binding(2) var<storage, read> keys: array<f32>;
+@group(0) @binding(3) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(4) var<uniform> p: Params;
+@group(0) @binding(5) var<uniform> step: Step;
+
+const WG: u32 = 64u;
+const MAXD: u32 = 256u;
+var<workgroup> qh: array<f32, MAXD>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.y;
+    if (t >= step.ntok) { return; }
+    let nc = (step.pos + t + 1u) / p.ratio;
+    if (nc <= p.top_k || wid.x * WG >= nc) { return; }
+    let c = wid.x * WG + lid;
+    let live = c < nc;
+    let dim = p.dim;
+    var s = 0.0;
+    for (var h = 0u; h < p.heads; h++) {
+        workgroupBarrier();
+        let qb = (t * p.heads + h) * dim;
+        for (var i = lid; i < dim; i += WG) { qh[i] = iq[qb + i]; }
+        workgroupBarrier();
+        if (live) {
+            var dot = 0.0;
+            for (var i = 0u; i < dim; i++) { dot += qh[i] * keys[c * dim + i]; }
+            if (dot > 0.0) { s += (iw[t * p.heads + h] * p.wscale) * dot; }
+        }
+    }
+    if (live) { scores[t * p.stride + c] = s; }
+}

@@ -1,0 +1,87 @@
+// The top_k largest indexer scores of token t, ties to the lowest index, written in ascending index
+// order (ds4_model::attention::top_k_indices), for tokens with nc = (pos + t + 1) / ratio > top_k.
+// One workgroup per token. Scores map to u32 keys in f32::total_cmp order; the k-th largest key T
+// is found bit by bit (count of keys >= candidate), then one pass in index order keeps every key > T
+// and the first (k - #keys > T) keys == T, placing them by a workgroup prefix sum.
+struct Params { ratio: u32, top_k: u32, stride: u32, pad: u32 }
+struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
+@group(0) @binding(0) var<storage, read> scores: array<f32>;
+@group(0) @binding(1) var<storage, read_write> sel: array<u32>;
+@group(0) @binding(2) var<uniform> p: Params;
+@group(0) @binding(3) var<uniform> step: Step;
+
+const WG: u32 = 256u;
+var<workgroup> count: atomic<u32>;
+var<workgroup> scan: array<u32, WG>;
+
+fn key(f: f32) -> u32 {
+    let b = bitcast<u32>(f);
+    return select(b ^ 0x80000000u, ~b, (b >> 31u) == 1u);
+}
+
+// How many of the token's nc keys are >= th (strictly > when `strict`), workgroup-wide.
+fn count_keys(base: u32, nc: u32, th: u32, strict: bool, lid: u32) -> u32 {
+    if (lid == 0u) { atomicStore(&count, 0u); }
+    workgroupBarrier();
+    var n = 0u;
+    for (var c = lid; c < nc; c += WG) {
+        let k = key(scores[base + c]);
+        n += select(u32(k >= th), u32(k > th), strict);
+    }
+    atomicAdd(&count, n);
+    workgroupBarrier();
+    let r = atomicLoad(&count);
+    workgroupBarrier();
+    return r;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    if (t >= step.ntok) { return; }
+    let nc = (step.pos + t + 1u) / p.ratio;
+    let k = p.top_k;
+    if (nc <= k) { return; }
+    let base = t * p.stride;
+    var th = 0u;
+    for (var b = 31i; b >= 0i; b--) {
+        let cand = th | (1u << u32(b));
+        if (count_keys(base, nc, cand, false, lid) >= k) { th = cand; }
+    }
+    let need = k - count_keys(base, nc, th, true, lid);
+    // Running totals before the chunk: keys == T seen, picks written.
+    var eq_before = 0u;
+    var out = 0u;
+    for (var c0 = 0u; c0 < nc; c0 += WG) {
+        let c = c0 + lid;
+        var gt = 0u;
+        var eq = 0u;
+        if (c < nc) {
+            let kk = key(scores[base + c]);
+            gt = u32(kk > th);
+            eq = u32(kk == th);
+        }
+        // Inclusive prefix sums of (gt << 16 | eq) over the chunk (Hillis-Steele).
+        scan[lid] = (gt << 16u) | eq;
+        workgroupBarrier();
+        for (var s = 1u; s < WG; s <<= 1u) {
+            var v = scan[lid];
+            if (lid >= s) { v += scan[lid - s]; }
+            workgroupBarrier();
+            scan[lid] = v;
+            workgroupBarrier();
+        }
+        let incl = scan[lid];
+        let gt_ex = (incl >> 16u) - gt;
+        let eq_ex = (incl & 0xffffu) - eq;
+        let take_eq = eq == 1u && eq_before + eq_ex < need;
+        if (gt == 1u || take_eq) {
+            let at = out + gt_ex + min(eq_before + eq_ex, need) - min(eq_before, need);
+            sel[t * k + at] = c;
+        }
+        let tot = scan[WG - 1u];
+        out += (tot >> 16u) + min(eq_before + (tot & 0xffffu), need) - min(eq_before, need);
+        eq_before += tot & 0xffffu;
+        workgroupBarrier();
+    }
+}
