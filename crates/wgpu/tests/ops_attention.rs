@@ -28,7 +28,8 @@ fn scaled(seed: u64, n: usize, s: f32) -> Vec<f32> {
 }
 
 /// Largest |got - want| / (rel * |want| + abs). Rotated rows have values of rms ~1 and a rotation
-/// error that scales with the pair's magnitude, not the element's: they use abs = rel.
+/// error that scales with the pair's magnitude, not the element's (~3.5e-6 x (|x0| + |x1|), see
+/// ops_misc): they use an absolute part of 4e-6.
 fn worst(got: &[f32], want: &[f32], rel: f64, abs: f64) -> f64 {
     assert_eq!(got.len(), want.len());
     got.iter().zip(want).map(|(&a, &b)| ((a - b).abs() as f64) / (rel * (b.abs() as f64) + abs)).fold(0.0, f64::max)
@@ -94,7 +95,7 @@ fn kv_rows_queries_and_indexer_queries_match_cpu() {
                     eprintln!("kv row d={d} pos={pos} fp8: {flips} of {} elements rounded the other way", got.len());
                     assert!(flips <= 1, "{flips} FP8 flips");
                 } else {
-                    let w = worst(&got, want, 1e-5, 1e-5);
+                    let w = worst(&got, want, 1e-5, 4e-6);
                     eprintln!("kv row d={d} pos={pos}: {w:.3} of the bound");
                     assert!(w <= 1.0);
                 }
@@ -111,7 +112,7 @@ fn kv_rows_queries_and_indexer_queries_match_cpu() {
                 rms_norm(h, None, cfg.rms_eps);
                 rope.apply(h, pos + k / nh, false);
             }
-            let w = worst(&got, &want, 1e-5, 1e-5);
+            let w = worst(&got, &want, 1e-5, 4e-6);
             eprintln!("query heads d={d} pos={pos}: {w:.3} of the bound");
             assert!(w <= 1.0);
             // Indexer query: no norm, rope, Hadamard + FP4.
@@ -137,7 +138,7 @@ fn kv_rows_queries_and_indexer_queries_match_cpu() {
 /// Runs a compressor (and the row finishing of its closed windows) over `chunks` of consecutive
 /// tokens on the device and through `compressor::push` on the CPU; returns the largest error of the
 /// finished rows relative to the bound, and the FP flips.
-fn compressor_case(gpu: &Gpu, cfg: &Config, ratio: usize, d: usize, qat_kind: RowQat, chunks: &[usize]) -> (f64, usize) {
+fn compressor_case(gpu: &Gpu, cfg: &Config, ratio: usize, d: usize, qat_kind: RowQat, chunks: &[usize], wrong_ape: bool) -> (f64, usize) {
     let total: usize = chunks.iter().sum();
     let max_chunk = *chunks.iter().max().unwrap();
     let coff = if ratio == 4 { 2 } else { 1 };
@@ -159,6 +160,11 @@ fn compressor_case(gpu: &Gpu, cfg: &Config, ratio: usize, d: usize, qat_kind: Ro
     let spec = KvRowSpec { dim: d, norm: RowNorm::Weighted(&nb), eps: cfg.rms_eps, freqs: rope.freqs(), qat: qat_kind, rows: RowPos::Windows { ratio, capacity: cap } };
     let fin = KvRow::new(gpu, &out, &spec).unwrap();
 
+    // The injected mistake: the CPU adds the APE row of the next slot.
+    let mut cpu_ape = ape.clone();
+    if wrong_ape {
+        cpu_ape.rotate_left(w);
+    }
     let mut st = CompressorState::new(ratio, coff, d);
     let mut want = Vec::new();
     let mut row = vec![0f32; d];
@@ -171,7 +177,7 @@ fn compressor_case(gpu: &Gpu, cfg: &Config, ratio: usize, d: usize, qat_kind: Ro
             fin.encode(e)
         });
         for p in pos..pos + n {
-            if compressor::push(&mut st, p, &kv[p * w..(p + 1) * w], &gate[p * w..(p + 1) * w], &ape, &norm, cfg.rms_eps, &rope, &mut row) {
+            if compressor::push(&mut st, p, &kv[p * w..(p + 1) * w], &gate[p * w..(p + 1) * w], &cpu_ape, &norm, cfg.rms_eps, &rope, &mut row) {
                 match qat_kind {
                     RowQat::Fp8 => qat::fp8_simulate(&mut row[..cfg.nope_dim()], 64),
                     RowQat::HadamardFp4 => {
@@ -191,7 +197,7 @@ fn compressor_case(gpu: &Gpu, cfg: &Config, ratio: usize, d: usize, qat_kind: Ro
     let sk = comp.st_kv.read(gpu, st.kv.len()).unwrap();
     let ss = comp.st_sc.read(gpu, st.score.len()).unwrap();
     assert!(sk.iter().zip(&st.kv).all(|(a, b)| a.to_bits() == b.to_bits()), "compressor kv state differs");
-    assert!(ss.iter().zip(&st.score).all(|(a, b)| a.to_bits() == b.to_bits()), "compressor score state differs");
+    assert!(wrong_ape || ss.iter().zip(&st.score).all(|(a, b)| a.to_bits() == b.to_bits()), "compressor score state differs");
     match qat_kind {
         RowQat::None => (worst(&got, &want, 2e-5, 2e-6), 0),
         RowQat::Fp8 => (0.0, qat_flips(&got, &want, 2e-5, 2e-6, 0.13, 1e-6)),
@@ -209,17 +215,259 @@ fn compressor_matches_cpu_in_decode_steps_and_prefill_chunks() {
     // Ratio 128: a decode step closes window 0, a chunk closes window 1 mid-chunk.
     let c128 = [1, 125, 1, 1, 100, 28, 44];
     for (ratio, dim, chunks) in [(4, d, &c4[..]), (4, cfg.idx_dim, &c4[..]), (128, d, &c128[..])] {
-        let (w, _) = compressor_case(&gpu, &cfg, ratio, dim, RowQat::None, chunks);
+        let (w, _) = compressor_case(&gpu, &cfg, ratio, dim, RowQat::None, chunks, false);
         eprintln!("compressor ratio {ratio} d={dim}: {w:.3} of the bound");
         assert!(w <= 1.0, "ratio {ratio}: {w} x the bound");
     }
-    let (_, f) = compressor_case(&gpu, &cfg, 4, d, RowQat::Fp8, &c4);
+    let (_, f) = compressor_case(&gpu, &cfg, 4, d, RowQat::Fp8, &c4, false);
     eprintln!("compressor ratio 4 fp8: {f} flips");
     assert!(f <= 1);
-    let (_, f) = compressor_case(&gpu, &cfg, 4, cfg.idx_dim, RowQat::HadamardFp4, &c4);
+    let (_, f) = compressor_case(&gpu, &cfg, 4, cfg.idx_dim, RowQat::HadamardFp4, &c4, false);
     eprintln!("compressor ratio 4 indexer fp4: {f} flips");
     assert!(f <= 1);
-    let (_, f) = compressor_case(&gpu, &cfg, 128, d, RowQat::Fp8, &c128);
+    let (_, f) = compressor_case(&gpu, &cfg, 128, d, RowQat::Fp8, &c128, false);
     eprintln!("compressor ratio 128 fp8: {f} flips");
     assert!(f <= 1);
+    // The comparison catches an APE row off by one slot.
+    for (ratio, chunks) in [(4, &c4[..]), (128, &c128[..])] {
+        let (w, _) = compressor_case(&gpu, &cfg, ratio, d, RowQat::None, chunks, true);
+        eprintln!("compressor ratio {ratio} with an injected mistake: {w:.1} x the bound");
+        assert!(w > 10.0, "an injected mistake went unnoticed ({w})");
+    }
+}
+
+/// A sorted random subset of size k of 0..n (what the indexer hands attention).
+fn random_pick(seed: u64, n: usize, k: usize) -> Vec<u32> {
+    let mut r = ds4_quant::random::SplitMix64(seed);
+    let mut all: Vec<u32> = (0..n as u32).collect();
+    for i in 0..k {
+        let j = i + (r.next_u64() % (n - i) as u64) as usize;
+        all.swap(i, j);
+    }
+    let mut s = all[..k].to_vec();
+    s.sort_unstable();
+    s
+}
+
+#[derive(Clone, Copy)]
+struct AttnCase {
+    d: usize,
+    n_head: usize,
+    swa: usize,
+    ratio: usize,
+    top_k: usize,
+}
+
+/// What the CPU reference may get wrong on purpose (to show the comparison catches it).
+#[derive(Clone, Copy, PartialEq)]
+enum Mistake {
+    None,
+    SinkOff,
+    WindowShort,
+}
+
+/// Attention of every token of `steps` (consecutive chunks from position 0) on the device, with the
+/// ring filled only by the op's own stores, against `attend_head` over the stage's candidate rows
+/// (window from the history, then all compressed rows or the picks) and the inverse rotation.
+/// Returns the largest error over all steps relative to rel 1e-5 / abs 3e-6: outputs are weighted
+/// averages of rows of unit scale, each weight off by the device's exp (Vulkan allows 3 + 2|x| ulp),
+/// and the inverse rotation adds ~3.5e-6 x the pair's magnitude.
+fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake: Mistake) -> f64 {
+    let AttnCase { d, n_head: nh, swa, ratio, top_k } = c;
+    let total: usize = steps.iter().sum();
+    let m = *steps.iter().max().unwrap();
+    let rope = CpuRope::for_layer(cfg, ratio);
+    let seed = (d * 7 + ratio * 131 + top_k) as u64;
+    let hist = scaled(seed, total * d, 1.0);
+    let qs = scaled(seed + 1, total * nh * d, 1.0);
+    let sinks = scaled(seed + 2, nh, 1.0);
+    let cap = compressed_capacity(total, ratio);
+    let comp_rows = scaled(seed + 3, cap.max(1) * d, 1.0);
+
+    let qb = GpuBuffer::new(gpu, "q", m * nh * d).unwrap();
+    let kb = GpuBuffer::new(gpu, "kv", m * d).unwrap();
+    let ring = GpuBuffer::new(gpu, "ring", swa * d).unwrap();
+    let cb = GpuBuffer::from_slice(gpu, "comp", &comp_rows).unwrap();
+    let sb = GpuBuffer::new(gpu, "sel", m * top_k.max(1)).unwrap();
+    let sk = GpuBuffer::from_slice(gpu, "sinks", &sinks).unwrap();
+    let ob = GpuBuffer::new(gpu, "o", m * nh * d).unwrap();
+    let bufs = AttentionBuffers {
+        q: &qb,
+        kv: &kb,
+        ring: &ring,
+        comp: (ratio != 0).then_some(&cb),
+        sel: (top_k != 0).then_some(&sb),
+        sinks: &sk,
+        o: &ob,
+    };
+    let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: m as u32 };
+    let op = Attention::new(gpu, &bufs, shape, rope.freqs()).unwrap();
+
+    let mut worst_all = 0f64;
+    let mut scores = Vec::new();
+    let mut pos = 0;
+    for (si, &n) in steps.iter().enumerate() {
+        let mut picks: Vec<Vec<u32>> = Vec::new();
+        let mut sel_words = vec![0f32; n * top_k.max(1)];
+        for i in 0..n {
+            let nc = if ratio == 0 { 0 } else { (pos + i + 1) / ratio };
+            let pk = if top_k != 0 && nc > top_k { random_pick(seed + 100 + (pos + i) as u64, nc, top_k) } else { Vec::new() };
+            for (j, &r) in pk.iter().enumerate() {
+                sel_words[i * top_k + j] = f32::from_bits(r);
+            }
+            picks.push(pk);
+        }
+        qb.write(gpu, &qs[pos * nh * d..(pos + n) * nh * d]).unwrap();
+        kb.write(gpu, &hist[pos * d..(pos + n) * d]).unwrap();
+        sb.write(gpu, &sel_words).unwrap();
+        run(gpu, n, pos, |e| op.encode(e));
+        let got = ob.read(gpu, n * nh * d).unwrap();
+
+        let mut want = vec![0f32; n * nh * d];
+        for i in 0..n {
+            let p = pos + i;
+            let nc = if ratio == 0 { 0 } else { (p + 1) / ratio };
+            let mut lo = (p + 1).saturating_sub(swa);
+            if mistake == Mistake::WindowShort && p + 1 >= swa {
+                lo += 1;
+            }
+            for h in 0..nh {
+                let raw = (lo..=p).map(|q| &hist[q * d..(q + 1) * d]);
+                let comp: Vec<&[f32]> = if picks[i].is_empty() {
+                    (0..nc).map(|r| &comp_rows[r * d..(r + 1) * d]).collect()
+                } else {
+                    picks[i].iter().map(|&r| &comp_rows[r as usize * d..(r as usize + 1) * d]).collect()
+                };
+                let rows = raw.chain(comp.iter().copied());
+                let sink = sinks[h] + if mistake == Mistake::SinkOff { 0.25 } else { 0.0 };
+                let out = &mut want[(i * nh + h) * d..(i * nh + h + 1) * d];
+                let qh = &qs[((p * nh) + h) * d..((p * nh) + h + 1) * d];
+                attend_head(qh, rows, sink, &mut scores, out);
+                rope.apply(out, p, true);
+            }
+        }
+        let w = worst(&got, &want, 1e-5, 3e-6);
+        if mistake == Mistake::None && w > 1.0 {
+            eprintln!("step {si} (pos {pos}, {n} tokens): {w:.3} of the bound");
+        }
+        worst_all = worst_all.max(w);
+        pos += n;
+    }
+    worst_all
+}
+
+#[test]
+fn attention_matches_cpu_over_window_compressed_rows_and_picks() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let cfg = tiny();
+    let (d, nh, swa) = (cfg.head_dim, cfg.n_head, cfg.swa);
+    // Decode steps, a chunk crossing swa and the first indexer pick, a chunk longer than swa.
+    let steps = [1, 1, 1, 5, 1, 30, 1, 1, 40, 1, 3];
+    let long = [1, 100, 1, 30, 1, 2];
+    let cases = [
+        (AttnCase { d, n_head: nh, swa, ratio: 0, top_k: 0 }, &steps[..]),
+        (AttnCase { d, n_head: nh, swa, ratio: 4, top_k: cfg.idx_topk }, &steps[..]),
+        (AttnCase { d, n_head: nh, swa, ratio: 128, top_k: 0 }, &long[..]),
+    ];
+    for (c, st) in cases {
+        let w = attention_case(&gpu, &cfg, c, st, Mistake::None);
+        eprintln!("attention d={} ratio {} top-k {}: {w:.3} of the bound", c.d, c.ratio, c.top_k);
+        assert!(w <= 1.0, "attention ratio {}: {w} x the bound", c.ratio);
+    }
+    // Flash's head width and window, ratio 4 with picks (top-k reduced so that picks start early).
+    let fl = flash();
+    let c = AttnCase { d: fl.head_dim, n_head: 2, swa: fl.swa, ratio: 4, top_k: 16 };
+    let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None);
+    eprintln!("attention d=512 swa=128 ratio 4 top-k 16: {w:.3} of the bound");
+    assert!(w <= 1.0);
+    // The comparison catches a wrong sink and a window one row short.
+    let c = AttnCase { d, n_head: nh, swa, ratio: 4, top_k: cfg.idx_topk };
+    for mistake in [Mistake::SinkOff, Mistake::WindowShort] {
+        let w = attention_case(&gpu, &cfg, c, &steps, mistake);
+        eprintln!("attention with an injected mistake: {w:.1} x the bound");
+        assert!(w > 10.0, "an injected mistake went unnoticed ({w})");
+    }
+}
+
+/// Indexer scores and picks of every token of `steps` (chunks starting at `pos0`) against
+/// `indexer_scores` + `top_k_indices` on the same finished queries, weights and rows. Keys have
+/// exact duplicates and zero rows, and odd tokens have negative head weights (their best score is
+/// the 0 of many rows), so ties decide picks. Returns the worst score error relative to the bound.
+fn indexer_case(gpu: &Gpu, ih: usize, id: usize, top_k: usize, pos0: usize, steps: &[usize]) -> f64 {
+    let ratio = 4;
+    let total: usize = pos0 + steps.iter().sum::<usize>();
+    let m = *steps.iter().max().unwrap();
+    let cap = compressed_capacity(total, ratio);
+    let seed = (ih * 1000 + top_k) as u64;
+    let mut keys = scaled(seed, cap * id, 1.0);
+    for r in 0..cap {
+        if r % 2 == 0 {
+            keys[r * id..(r + 1) * id].fill(0.0);
+        } else if r % 10 == 5 {
+            keys.copy_within((r - 4) * id..(r - 3) * id, r * id);
+        }
+    }
+    let qs = scaled(seed + 1, total * ih * id, 1.0);
+    let mut ws = scaled(seed + 2, total * ih, 1.0);
+    for (t, w) in ws.chunks_mut(ih).enumerate() {
+        w.iter_mut().for_each(|v| *v = if t % 2 == 1 { -v.abs() } else { v.abs() });
+    }
+    let qb = GpuBuffer::new(gpu, "iq", m * ih * id).unwrap();
+    let wb = GpuBuffer::new(gpu, "iw", m * ih).unwrap();
+    let kb = GpuBuffer::from_slice(gpu, "keys", &keys).unwrap();
+    let scb = GpuBuffer::new(gpu, "scores", m * cap).unwrap();
+    let sb = GpuBuffer::new(gpu, "sel", m * top_k).unwrap();
+    let bufs = IndexerBuffers { q: &qb, w: &wb, keys: &kb, scores: &scb, sel: &sb };
+    let op = Indexer::new(gpu, &bufs, IndexerShape { heads: ih, dim: id, ratio, top_k, capacity: cap, max_tokens: m as u32 }).unwrap();
+    let wscale = 1.0 / ((id * ih) as f32).sqrt();
+    let sentinel = f32::from_bits(u32::MAX);
+    let (mut want_s, mut scratch, mut want_sel, mut from_gpu) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut worst_all = 0f64;
+    let mut pos = pos0;
+    for &n in steps {
+        qb.write(gpu, &qs[pos * ih * id..(pos + n) * ih * id]).unwrap();
+        wb.write(gpu, &ws[pos * ih..(pos + n) * ih]).unwrap();
+        sb.write(gpu, &vec![sentinel; n * top_k]).unwrap();
+        run(gpu, n, pos, |e| op.encode(e));
+        let got_s = scb.read(gpu, n * cap).unwrap();
+        let got_sel: Vec<u32> = sb.read(gpu, n * top_k).unwrap().iter().map(|v| v.to_bits()).collect();
+        for i in 0..n {
+            let p = pos + i;
+            let nc = (p + 1) / ratio;
+            let sel = &got_sel[i * top_k..(i + 1) * top_k];
+            if nc <= top_k {
+                assert!(sel.iter().all(|&v| v == u32::MAX), "token at {p} with {nc} rows was given picks");
+                continue;
+            }
+            let wh: Vec<f32> = ws[p * ih..(p + 1) * ih].iter().map(|v| v * wscale).collect();
+            indexer_scores(&qs[p * ih * id..(p + 1) * ih * id], &wh, &keys, id, nc, &mut want_s);
+            let gs = &got_s[i * cap..i * cap + nc];
+            // Sums of ih relu'd dots of id products: bound 1e-5 x sum |w_h| |q_h| |k| (~ the terms' scale).
+            let scale: f32 = wh.iter().map(|w| w.abs()).sum::<f32>() * (id as f32).sqrt();
+            worst_all = worst_all.max(worst(gs, &want_s, 0.0, 1e-5 * scale as f64));
+            // The picks are exactly top_k_indices of the device's scores, and of the CPU's.
+            top_k_indices(gs, top_k, &mut scratch, &mut from_gpu);
+            assert_eq!(sel, &from_gpu[..], "token at {p}: picks differ from top_k_indices of the device scores");
+            top_k_indices(&want_s, top_k, &mut scratch, &mut want_sel);
+            assert_eq!(sel, &want_sel[..], "token at {p}: picks differ from the CPU's");
+        }
+        pos += n;
+    }
+    worst_all
+}
+
+#[test]
+fn indexer_scores_and_picks_match_cpu() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let cfg = tiny();
+    // Tiny: picks start at position 35 (9 rows > top-k 8); decode steps, then a chunk in which the
+    // first tokens have no picks and the later ones do.
+    let w = indexer_case(&gpu, cfg.idx_heads, cfg.idx_dim, cfg.idx_topk, 0, &[1, 1, 30, 1, 1, 20, 1]);
+    eprintln!("indexer tiny: scores at {w:.3} of the bound");
+    assert!(w <= 1.0);
+    // Flash's indexer (64 heads of 128, top-k 512) past 512 rows: a decode step and a chunk.
+    let fl = flash();
+    let w = indexer_case(&gpu, fl.idx_heads, fl.idx_dim, fl.idx_topk, 2398, &[1, 1, 5]);
+    eprintln!("indexer flash: scores at {w:.3} of the bound");
+    assert!(w <= 1.0);
 }
