@@ -12,6 +12,9 @@ use ds4_model::kv::{compressed_capacity, CompressorState};
 use ds4_model::ops::rms_norm;
 use ds4_model::qat;
 use ds4_model::rope::Rope as CpuRope;
+use ds4_quant::GgmlType;
+use ds4_wgpu::ops::{MatVec, Product};
+use ds4_wgpu::ResidentTensor;
 use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, Compressor, CompressorShape, Indexer, IndexerBuffers, IndexerShape, KvRow, KvRowSpec, RowNorm, RowPos, RowQat};
 use ds4_wgpu::{Gpu, GpuBuffer, Step};
 
@@ -470,4 +473,50 @@ fn indexer_scores_and_picks_match_cpu() {
     let w = indexer_case(&gpu, fl.idx_heads, fl.idx_dim, fl.idx_topk, 2398, &[1, 1, 5]);
     eprintln!("indexer flash: scores at {w:.3} of the bound");
     assert!(w <= 1.0);
+}
+
+/// The grouped low-rank output projection (`attn_output_a`, Q8_0 as in the released files): group g's
+/// rows take heads [g * hpg, (g + 1) * hpg) of o, as the stage's per-group matmul does. Against the
+/// dequantized weights dotted in f64, bound 1e-5 x sum |w_i x_i| (as ops_matvec), with the tensor
+/// split into bindings of 48 rows so that a binding ends inside a group.
+#[test]
+fn grouped_output_projection_matches_per_group_products() {
+    let cfg = tiny();
+    let (g, hpg, d, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.head_dim, cfg.o_lora);
+    let (gin, rows) = (hpg * d, cfg.o_groups * cfg.o_lora);
+    let ty = GgmlType::Q8_0;
+    let row_bytes = ty.row_bytes(gin).unwrap();
+    let Some(gpu) = common::gpu(common::opts(false, Some(row_bytes as u64 * 48 + 4))) else { return };
+    let w = ds4_quant::random_valid_blocks(ty, 5, rows * gin / ty.block_elems());
+    let t = ResidentTensor::upload(&gpu, "attn_output_a", ty, &w, rows, gin).unwrap();
+    assert!(t.parts.len() >= 3);
+    let mut deq = vec![0f32; rows * gin];
+    ds4_quant::dequantize(ty, &w, &mut deq).unwrap();
+    let qd = cfg.q_dim();
+    for (kind, ntok) in [(Product::Vec, 1), (Product::Batched { max_tokens: 6 }, 5)] {
+        let x = scaled(40 + ntok as u64, ntok * qd, 1.0);
+        let xb = GpuBuffer::new(&gpu, "o", 6 * qd).unwrap();
+        xb.write(&gpu, &x).unwrap();
+        let yb = GpuBuffer::new(&gpu, "low", 6 * rows).unwrap();
+        let op = MatVec::grouped(&gpu, &t, &xb, &yb, kind, ol, qd).unwrap();
+        run(&gpu, ntok, 0, |e| op.encode(e));
+        let y = yb.read(&gpu, ntok * rows).unwrap();
+        let mut worst_r = 0f64;
+        for i in 0..ntok {
+            for r in 0..rows {
+                let xin = &x[i * qd + (r / ol) * gin..i * qd + (r / ol + 1) * gin];
+                let wr = &deq[r * gin..(r + 1) * gin];
+                let want: f64 = wr.iter().zip(xin).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = wr.iter().zip(xin).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                worst_r = worst_r.max((y[i * rows + r] as f64 - want).abs() / (1e-5 * mag));
+            }
+        }
+        eprintln!("grouped projection ({g} groups, {ntok} tokens): {worst_r:.4} of the bound");
+        assert!(worst_r <= 1.0);
+    }
+    // Groups that do not tile the rows, or inputs narrower than the groups, are refused.
+    let xb = GpuBuffer::new(&gpu, "o", qd).unwrap();
+    let yb = GpuBuffer::new(&gpu, "low", rows).unwrap();
+    assert!(MatVec::grouped(&gpu, &t, &xb, &yb, Product::Vec, ol + 1, qd).is_err());
+    assert!(MatVec::grouped(&gpu, &t, &xb, &yb, Product::Vec, ol, qd - 4).is_err());
 }
