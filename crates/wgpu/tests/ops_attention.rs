@@ -520,3 +520,170 @@ fn grouped_output_projection_matches_per_group_products() {
     assert!(MatVec::grouped(&gpu, &t, &xb, &yb, Product::Vec, ol + 1, qd).is_err());
     assert!(MatVec::grouped(&gpu, &t, &xb, &yb, Product::Vec, ol, qd - 4).is_err());
 }
+
+/// One ratio-4 layer's attention block from the projections to `o`, composed from the ops over
+/// shared buffers as a backend would (query / KV rows, both compressors and their row finishing,
+/// the indexer query, the indexer, attention), with QAT on, in decode steps and prefill chunks
+/// past swa and past top-k; against the CPU stage's sequence of the same functions. Nothing is
+/// uploaded, bound, compiled or allocated per step.
+#[test]
+fn composed_ratio4_attention_block_matches_cpu_stage_sequence() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let cfg = tiny();
+    let (d, nh, swa, id, ih, topk, eps) = (cfg.head_dim, cfg.n_head, cfg.swa, cfg.idx_dim, cfg.idx_heads, cfg.idx_topk, cfg.rms_eps);
+    let ratio = 4;
+    let steps = [1, 1, 1, 5, 1, 30, 1, 1, 40, 1, 3];
+    let total: usize = steps.iter().sum();
+    let m = *steps.iter().max().unwrap();
+    let cap = compressed_capacity(total, ratio);
+    let rope = CpuRope::for_layer(&cfg, ratio);
+    let unit = |seed, n| -> Vec<f32> { scaled(seed, n, 0.2).iter().map(|v| 1.0 + v).collect() };
+    // Per-token projections and the layer's weights.
+    let (q_in, kv_in) = (scaled(1, total * nh * d, 2.0), scaled(2, total * d, 2.0));
+    let (ck, cg) = (scaled(3, total * 2 * d, 1.0), scaled(4, total * 2 * d, 2.0));
+    let (ik, ig) = (scaled(5, total * 2 * id, 1.0), scaled(6, total * 2 * id, 2.0));
+    let (iq_in, iw_in) = (scaled(7, total * ih * id, 1.0), scaled(8, total * ih, 1.0));
+    let (kv_norm, c_norm, i_norm) = (unit(9, d), unit(10, d), unit(11, id));
+    let (c_ape, i_ape) = (scaled(12, ratio * 2 * d, 0.5), scaled(13, ratio * 2 * id, 0.5));
+    let sinks = scaled(14, nh, 1.0);
+
+    let buf = |name: &str, n: usize| GpuBuffer::new(&gpu, name, n).unwrap();
+    let fixed = |name: &str, v: &[f32]| GpuBuffer::from_slice(&gpu, name, v).unwrap();
+    let (qb, kb, ckb, cgb, ikb, igb, iqb, iwb) = (buf("q", m * nh * d), buf("kv", m * d), buf("ck", m * 2 * d), buf("cg", m * 2 * d), buf("ik", m * 2 * id), buf("ig", m * 2 * id), buf("iq", m * ih * id), buf("iw", m * ih));
+    let (ring, compb, idxb, scb, selb, ob) = (buf("ring", swa * d), buf("comp", cap * d), buf("idx", cap * id), buf("scores", m * cap), buf("sel", m * topk), buf("o", m * nh * d));
+    let (kvn, cn, inn, cape, iape, sk) = (fixed("kv norm", &kv_norm), fixed("c norm", &c_norm), fixed("i norm", &i_norm), fixed("c ape", &c_ape), fixed("i ape", &i_ape), fixed("sinks", &sinks));
+    let tokens = |per_tok| RowPos::Tokens { per_tok, max_tokens: m as u32 };
+    let windows = RowPos::Windows { ratio, capacity: cap };
+    let fr = rope.freqs();
+    let spec = |dim, norm, qat, rows| KvRowSpec { dim, norm, eps, freqs: fr, qat, rows };
+    let q_row = KvRow::new(&gpu, &qb, &spec(d, RowNorm::Plain, RowQat::None, tokens(nh))).unwrap();
+    let kv_row = KvRow::new(&gpu, &kb, &spec(d, RowNorm::Weighted(&kvn), RowQat::Fp8, tokens(1))).unwrap();
+    let comp = Compressor::new(&gpu, &ckb, &cgb, &cape, &compb, CompressorShape { ratio, d, max_tokens: m as u32, capacity: cap }).unwrap();
+    let comp_fin = KvRow::new(&gpu, &compb, &spec(d, RowNorm::Weighted(&cn), RowQat::Fp8, windows)).unwrap();
+    let icomp = Compressor::new(&gpu, &ikb, &igb, &iape, &idxb, CompressorShape { ratio, d: id, max_tokens: m as u32, capacity: cap }).unwrap();
+    let icomp_fin = KvRow::new(&gpu, &idxb, &spec(id, RowNorm::Weighted(&inn), RowQat::HadamardFp4, windows)).unwrap();
+    let iq_row = KvRow::new(&gpu, &iqb, &spec(id, RowNorm::None, RowQat::HadamardFp4, tokens(ih))).unwrap();
+    let indexer = Indexer::new(&gpu, &IndexerBuffers { q: &iqb, w: &iwb, keys: &idxb, scores: &scb, sel: &selb }, IndexerShape { heads: ih, dim: id, ratio, top_k: topk, capacity: cap, max_tokens: m as u32 }).unwrap();
+    let bufs = AttentionBuffers { q: &qb, kv: &kb, ring: &ring, comp: Some(&compb), sel: Some(&selb), sinks: &sk, o: &ob };
+    let attn = Attention::new(&gpu, &bufs, AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k: topk, capacity: cap, max_tokens: m as u32 }, fr).unwrap();
+    let loaded = gpu.counters();
+
+    // CPU state: raw rows by position, compressor states, compressed and indexer rows.
+    let (mut hist, mut crows, mut irows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cst = CompressorState::new(ratio, 2, d);
+    let mut ist = CompressorState::new(ratio, 2, id);
+    let (mut row, mut irow) = (vec![0f32; d], vec![0f32; id]);
+    let (mut scores, mut scratch, mut sel) = (Vec::new(), Vec::new(), Vec::new());
+    let wscale = 1.0 / ((id * ih) as f32).sqrt();
+    let mut worst_all = 0f64;
+    let mut pos = 0;
+    for &n in &steps {
+        let sl = |v: &[f32], w: usize| v[pos * w..(pos + n) * w].to_vec();
+        for (b, v, w) in [(&qb, &q_in, nh * d), (&kb, &kv_in, d), (&ckb, &ck, 2 * d), (&cgb, &cg, 2 * d), (&ikb, &ik, 2 * id), (&igb, &ig, 2 * id), (&iqb, &iq_in, ih * id), (&iwb, &iw_in, ih)] {
+            b.write(&gpu, &sl(v, w)).unwrap();
+        }
+        run(&gpu, n, pos, |e| {
+            q_row.encode(e)?;
+            kv_row.encode(e)?;
+            comp.encode(e)?;
+            comp_fin.encode(e)?;
+            icomp.encode(e)?;
+            icomp_fin.encode(e)?;
+            iq_row.encode(e)?;
+            indexer.encode(e)?;
+            attn.encode(e)
+        });
+        let got = ob.read(&gpu, n * nh * d).unwrap();
+
+        let mut want = vec![0f32; n * nh * d];
+        for i in 0..n {
+            let p = pos + i;
+            let mut r = kv_in[p * d..(p + 1) * d].to_vec();
+            rms_norm(&mut r, Some(&kv_norm), eps);
+            rope.apply(&mut r, p, false);
+            qat::fp8_simulate(&mut r[..cfg.nope_dim()], 64);
+            hist.extend_from_slice(&r);
+            if compressor::push(&mut cst, p, &ck[p * 2 * d..(p + 1) * 2 * d], &cg[p * 2 * d..(p + 1) * 2 * d], &c_ape, &c_norm, eps, &rope, &mut row) {
+                qat::fp8_simulate(&mut row[..cfg.nope_dim()], 64);
+                crows.extend_from_slice(&row);
+            }
+            if compressor::push(&mut ist, p, &ik[p * 2 * id..(p + 1) * 2 * id], &ig[p * 2 * id..(p + 1) * 2 * id], &i_ape, &i_norm, eps, &rope, &mut irow) {
+                qat::hadamard(&mut irow);
+                qat::fp4_simulate(&mut irow, 32);
+                irows.extend_from_slice(&irow);
+            }
+            let nc = crows.len() / d;
+            assert_eq!(nc, (p + 1) / ratio);
+            let picked = nc > topk;
+            if picked {
+                let mut iq = iq_in[p * ih * id..(p + 1) * ih * id].to_vec();
+                for h in iq.chunks_mut(id) {
+                    rope.apply(h, p, false);
+                    qat::hadamard(h);
+                    qat::fp4_simulate(h, 32);
+                }
+                let wh: Vec<f32> = iw_in[p * ih..(p + 1) * ih].iter().map(|v| v * wscale).collect();
+                indexer_scores(&iq, &wh, &irows, id, nc, &mut scores);
+                top_k_indices(&scores, topk, &mut scratch, &mut sel);
+            }
+            for h in 0..nh {
+                let mut qh = q_in[(p * nh + h) * d..(p * nh + h + 1) * d].to_vec();
+                rms_norm(&mut qh, None, eps);
+                rope.apply(&mut qh, p, false);
+                let raw = ((p + 1).saturating_sub(swa)..=p).map(|q| &hist[q * d..(q + 1) * d]);
+                let ids: Vec<usize> = if picked { sel.iter().map(|&r| r as usize).collect() } else { (0..nc).collect() };
+                let rows = raw.chain(ids.iter().map(|&r| &crows[r * d..(r + 1) * d]));
+                let out = &mut want[(i * nh + h) * d..(i * nh + h + 1) * d];
+                attend_head(&qh, rows, sinks[h], &mut scores, out);
+                rope.apply(out, p, true);
+            }
+        }
+        worst_all = worst_all.max(worst(&got, &want, 1e-5, 3e-6));
+        pos += n;
+    }
+    eprintln!("composed ratio-4 attention block: {worst_all:.3} of the bound");
+    assert!(worst_all <= 1.0, "{worst_all} x the bound");
+    let after = gpu.counters();
+    assert_eq!(
+        (after.weight_uploads, after.bind_groups, after.pipelines, after.buffers),
+        (loaded.weight_uploads, loaded.bind_groups, loaded.pipelines, loaded.buffers),
+        "something was uploaded, bound, compiled or allocated per step"
+    );
+    assert_eq!(after.step_writes - loaded.step_writes, steps.len() as u64);
+}
+
+/// Shapes the kernels cannot take and steps past what an op was built for are errors, not panics
+/// or out-of-bounds writes.
+#[test]
+fn attention_ops_refuse_bad_shapes_and_steps() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let cfg = tiny();
+    let rope = CpuRope::for_layer(&cfg, 4);
+    let b = |n| GpuBuffer::new(&gpu, "b", n).unwrap();
+    let (q, kv, ring, comp, sel, sinks, o) = (b(2 * 4 * 1024), b(2 * 1024), b(32 * 1024), b(10 * 1024), b(2 * 8), b(4), b(2 * 4 * 1024));
+    let bufs = AttentionBuffers { q: &q, kv: &kv, ring: &ring, comp: Some(&comp), sel: Some(&sel), sinks: &sinks, o: &o };
+    let shape = AttentionShape { n_head: 4, head_dim: 128, swa: 32, ratio: 4, top_k: 8, capacity: 10, max_tokens: 2 };
+    // Head wider than the kernel's workgroup copy; a selection without compressed rows.
+    assert!(Attention::new(&gpu, &bufs, AttentionShape { head_dim: 1024, ..shape }, rope.freqs()).is_err());
+    assert!(Attention::new(&gpu, &AttentionBuffers { comp: None, ..bufs }, shape, rope.freqs()).is_err());
+    let op = Attention::new(&gpu, &AttentionBuffers { q: &q, kv: &kv, ring: &ring, comp: Some(&comp), sel: Some(&sel), sinks: &sinks, o: &o }, shape, rope.freqs()).unwrap();
+    // More tokens than built for; more compressed rows than the capacity (43 / 4 = 10 is the last fit).
+    assert!(gpu.run(Step { ntok: 3, pos: 0 }, |e| op.encode(e)).is_err());
+    assert!(gpu.run(Step { ntok: 1, pos: 42 }, |e| op.encode(e)).is_ok());
+    assert!(gpu.run(Step { ntok: 1, pos: 43 }, |e| op.encode(e)).is_err());
+    // The compressor and the finishing of its rows check the capacity too.
+    let (ck, ape, out) = (b(2 * 256), b(4 * 256), b(10 * 128));
+    let c = Compressor::new(&gpu, &ck, &ck, &ape, &out, CompressorShape { ratio: 4, d: 128, max_tokens: 2, capacity: 10 }).unwrap();
+    assert!(gpu.run(Step { ntok: 2, pos: 42 }, |e| c.encode(e)).is_err());
+    assert!(Compressor::new(&gpu, &ck, &ck, &ape, &out, CompressorShape { ratio: 4, d: 128, max_tokens: 2, capacity: 11 }).is_err());
+    let spec = KvRowSpec { dim: 128, norm: RowNorm::Plain, eps: 1e-6, freqs: rope.freqs(), qat: RowQat::Fp8, rows: RowPos::Windows { ratio: 4, capacity: 10 } };
+    let fin = KvRow::new(&gpu, &out, &spec).unwrap();
+    assert!(gpu.run(Step { ntok: 1, pos: 43 }, |e| fin.encode(e)).is_err());
+    // A Hadamard row must be a power of two; rows wider than the kernel's copy are refused.
+    assert!(KvRow::new(&gpu, &out, &KvRowSpec { dim: 96, qat: RowQat::HadamardFp4, ..spec }).is_err());
+    assert!(KvRow::new(&gpu, &b(2048), &KvRowSpec { dim: 2048, rows: RowPos::Windows { ratio: 4, capacity: 1 }, ..spec }).is_err());
+    // The indexer needs a score row per token as wide as the capacity.
+    let (iq, iw, keys, scores) = (b(2 * 16 * 128), b(2 * 16), b(10 * 128), b(2 * 9));
+    let ib = IndexerBuffers { q: &iq, w: &iw, keys: &keys, scores: &scores, sel: &sel };
+    assert!(Indexer::new(&gpu, &ib, IndexerShape { heads: 16, dim: 128, ratio: 4, top_k: 8, capacity: 10, max_tokens: 2 }).is_err());
+}
