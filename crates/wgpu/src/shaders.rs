@@ -14,6 +14,7 @@ pub const ROPE: &str = concat!(include_str!("shaders/rope.wgsl"), include_str!("
 pub const KV_ROW: &str = concat!(include_str!("shaders/kv_row.wgsl"), include_str!("shaders/qat.wgsl"), include_str!("shaders/rope_angle.wgsl"));
 pub const COMPRESSOR: &str = include_str!("shaders/compressor.wgsl");
 pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+pub const ATTENTION_MERGE: &str = include_str!("shaders/attention_merge.wgsl");
 pub const RING_STORE: &str = include_str!("shaders/ring_store.wgsl");
 pub const INDEXER_SCORES: &str = include_str!("shaders/indexer_scores.wgsl");
 pub const TOP_K: &str = include_str!("shaders/top_k.wgsl");
@@ -125,6 +126,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("kv_row", KV_ROW),
         ("compressor", COMPRESSOR),
         ("attention", ATTENTION),
+        ("attention_merge", ATTENTION_MERGE),
         ("ring_store", RING_STORE),
         ("indexer_scores", INDEXER_SCORES),
         ("top_k", TOP_K),

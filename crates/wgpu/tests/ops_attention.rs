@@ -275,7 +275,7 @@ enum Mistake {
 /// Returns the largest error over all steps relative to rel 1e-5 / abs 3e-6: outputs are weighted
 /// averages of rows of unit scale, each weight off by the device's exp (Vulkan allows 3 + 2|x| ulp),
 /// and the inverse rotation adds ~3.5e-6 x the pair's magnitude.
-fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake: Mistake) -> f64 {
+fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake: Mistake, expect_splits: Option<u32>) -> f64 {
     let AttnCase { d, n_head: nh, swa, ratio, top_k } = c;
     let total: usize = steps.iter().sum();
     let m = *steps.iter().max().unwrap();
@@ -305,6 +305,9 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
     };
     let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: m as u32 };
     let op = Attention::new(gpu, &bufs, shape, rope.freqs()).unwrap();
+    if let Some(want) = expect_splits {
+        assert_eq!(op.splits(1), want, "decode splits");
+    }
 
     let mut worst_all = 0f64;
     let mut scores = Vec::new();
@@ -373,20 +376,26 @@ fn attention_matches_cpu_over_window_compressed_rows_and_picks() {
         (AttnCase { d, n_head: nh, swa, ratio: 128, top_k: 0 }, &long[..]),
     ];
     for (c, st) in cases {
-        let w = attention_case(&gpu, &cfg, c, st, Mistake::None);
+        let w = attention_case(&gpu, &cfg, c, st, Mistake::None, None);
         eprintln!("attention d={} ratio {} top-k {}: {w:.3} of the bound", c.d, c.ratio, c.top_k);
         assert!(w <= 1.0, "attention ratio {}: {w} x the bound", c.ratio);
     }
     // Flash's head width and window, ratio 4 with picks (top-k reduced so that picks start early).
     let fl = flash();
     let c = AttnCase { d: fl.head_dim, n_head: 2, swa: fl.swa, ratio: 4, top_k: 16 };
-    let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None);
+    // Decode steps split the 144 candidates over 3 workgroups.
+    let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None, Some(3));
     eprintln!("attention d=512 swa=128 ratio 4 top-k 16: {w:.3} of the bound");
+    assert!(w <= 1.0);
+    // 6 heads: a full and a partial group of 4; decode steps and a 60-token chunk split in 2.
+    let c = AttnCase { d, n_head: 6, swa, ratio: 4, top_k: 0 };
+    let w = attention_case(&gpu, &cfg, c, &[1, 200, 1, 1, 60], Mistake::None, Some(2));
+    eprintln!("attention 6 heads, ratio 4 without an indexer, split: {w:.3} of the bound");
     assert!(w <= 1.0);
     // The comparison catches a wrong sink and a window one row short.
     let c = AttnCase { d, n_head: nh, swa, ratio: 4, top_k: cfg.idx_topk };
     for mistake in [Mistake::SinkOff, Mistake::WindowShort] {
-        let w = attention_case(&gpu, &cfg, c, &steps, mistake);
+        let w = attention_case(&gpu, &cfg, c, &steps, mistake, None);
         eprintln!("attention with an injected mistake: {w:.1} x the bound");
         assert!(w > 10.0, "an injected mistake went unnoticed ({w})");
     }

@@ -2,6 +2,8 @@
 //! from the raw-row gather to the per-head inverse RoPE): queries over the sliding-window ring plus
 //! this step's new KV rows (causal) and the compressed rows (all, or the indexer's picks), with the
 //! per-head sink; then the inverse rotation of the output, and the new rows stored into the ring.
+//! A workgroup serves 4 heads (the rows are shared: MQA); steps with few tokens (decode) split the
+//! candidates across workgroups and merge the splits' partial softmax sums.
 use std::sync::Arc;
 
 use super::{check_tokens, grid, u32_of, Rope};
@@ -9,10 +11,17 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::{ATTENTION, RING_STORE};
+use crate::shaders::{ATTENTION, ATTENTION_MERGE, RING_STORE};
 
 /// The widest head the kernel holds in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
+/// Heads per workgroup (they share each candidate row read: MQA).
+const HEADS_PER_GROUP: usize = 4;
+/// Candidates per tile.
+const TILE: usize = 64;
+/// Workgroups a step aims for: a step with fewer (token, head group) pairs splits the candidates.
+const SPLIT_TARGET: usize = 256;
+const MAX_SPLIT: usize = 16;
 
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -50,6 +59,11 @@ pub struct AttentionBuffers<'a> {
 pub struct Attention {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
+    merge: Arc<wgpu::ComputePipeline>,
+    merge_bind: wgpu::BindGroup,
+    groups: usize,
+    max_split: usize,
+    _part: GpuBuffer,
     store: Arc<wgpu::ComputePipeline>,
     store_bind: wgpu::BindGroup,
     store_wg_x: u32,
@@ -97,9 +111,32 @@ impl Attention {
             None => &di.next().ok_or_else(|| bad("dummy".into()))?.buffer,
         };
         let scale = 1.0 / (d as f32).sqrt();
-        let params: [u32; 8] = [u32_of("heads", n_head)?, u32_of("head dim", d)?, u32_of("window", swa)?, u32_of("ratio", ratio)?, u32_of("top k", top_k)?, scale.to_bits(), u32_of("top k", top_k)?, 0];
+        let groups = n_head.div_ceil(HEADS_PER_GROUP);
+        // No more splits than tiles of the largest candidate set.
+        let max_cand = swa + if top_k != 0 { top_k } else { capacity };
+        let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
+        // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
+        // tokens x splits).
+        let part_len = (1..=m).filter(|&n| nsplit_of(n, groups, max_split) > 1).map(|n| n * nsplit_of(n, groups, max_split)).max().unwrap_or(0) * n_head * (d + 2);
+        let part = GpuBuffer::new(gpu, "attention splits", part_len.max(1))?;
+        let params: [u32; 12] = [
+            u32_of("heads", n_head)?,
+            u32_of("head dim", d)?,
+            u32_of("window", swa)?,
+            u32_of("ratio", ratio)?,
+            u32_of("top k", top_k)?,
+            scale.to_bits(),
+            u32_of("head groups", groups)?,
+            SPLIT_TARGET as u32,
+            max_split as u32,
+            0,
+            0,
+            0,
+        ];
         let uni = gpu.uniform("attention", bytemuck::cast_slice(&params))?;
-        let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &uni, &gpu.step])?;
+        let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &part.buffer, &uni, &gpu.step])?;
+        let merge = gpu.pipeline("attention_merge", || Ok(ATTENTION_MERGE.to_string()))?;
+        let merge_bind = gpu.bind_group("attention merge", &merge, &[&part.buffer, &b.o.buffer, &uni, &gpu.step])?;
 
         let store = gpu.pipeline("ring_store", || Ok(RING_STORE.to_string()))?;
         let store_wg_x = grid(u32_of("ring rows", m.min(swa) * d)?.div_ceil(64)).0;
@@ -107,7 +144,12 @@ impl Attention {
         let suni = gpu.uniform("ring store", bytemuck::cast_slice(&sp))?;
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
-        Ok(Self { pipeline, bind, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+        Ok(Self { pipeline, bind, merge, merge_bind, groups, max_split, _part: part, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+    }
+
+    /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
+    pub fn splits(&self, ntok: u32) -> u32 {
+        nsplit_of(ntok as usize, self.groups, self.max_split) as u32
     }
 
     /// Attention, the inverse rotation of `o`, then the ring store (after every read of the ring).
@@ -121,11 +163,17 @@ impl Attention {
         if self.shape.ratio != 0 && end / self.shape.ratio > self.shape.capacity {
             return Err(WgpuError::BadShape { what: "attention".into(), reason: format!("{} compressed rows, capacity {}", end / self.shape.ratio, self.shape.capacity) });
         }
+        let nsplit = nsplit_of(st.ntok as usize, self.groups, self.max_split) as u32;
         {
             let pass = enc.pass();
             pass.set_pipeline(&self.pipeline);
             pass.set_bind_group(0, &self.bind, &[]);
-            pass.dispatch_workgroups(self.shape.n_head as u32, st.ntok, 1);
+            pass.dispatch_workgroups(self.groups as u32, st.ntok, nsplit);
+            if nsplit > 1 {
+                pass.set_pipeline(&self.merge);
+                pass.set_bind_group(0, &self.merge_bind, &[]);
+                pass.dispatch_workgroups(self.shape.n_head as u32, st.ntok, 1);
+            }
         }
         self.unrope.encode(enc)?;
         let n = st.ntok.min(self.shape.swa as u32) * self.shape.head_dim as u32;
@@ -135,4 +183,9 @@ impl Attention {
         pass.dispatch_workgroups(self.store_wg_x.min(n.div_ceil(64)), n.div_ceil(64).div_ceil(self.store_wg_x), 1);
         Ok(())
     }
+}
+
+/// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same).
+fn nsplit_of(ntok: usize, groups: usize, max_split: usize) -> usize {
+    (SPLIT_TARGET / (ntok * groups).max(1)).clamp(1, max_split)
 }

@@ -1,11 +1,19 @@
-// Attention of one (token, head) per workgroup, as ds4_model::stage: the candidates of token t at
-// position p = pos + t are its raw rows at positions max(0, p + 1 - swa) ..= p (before `pos` from the
-// ring, row q % swa, else this step's new KV row q - pos), then the compressed rows: none (ratio 0),
-// the first (p + 1) / ratio, or the indexer's top_k picks when an indexer is on and there are more
-// than top_k. Rows are both K and V. Softmax over {q.row / sqrt(D)} and the head's sink logit,
-// computed online over tiles of 64 candidates: a thread scores one candidate of the tile (dot from
-// workgroup memory), then each thread accumulates its own output dims over the tile.
-struct Params { n_head: u32, d: u32, swa: u32, ratio: u32, top_k: u32, scale: f32, sel_stride: u32, pad: u32 }
+// Attention of one token for a group of HG heads over one split of its candidates, as
+// ds4_model::stage: the candidates of token t at position p = pos + t are its raw rows at positions
+// max(0, p + 1 - swa) ..= p (before `pos` from the ring, row q % swa, else this step's new KV row
+// q - pos), then the compressed rows: none (ratio 0), the first (p + 1) / ratio, or the indexer's
+// top_k picks when an indexer is on and there are more than top_k. Rows are both K and V and shared
+// by every head (MQA): a workgroup serves HG heads from one read of each row. Softmax over
+// {q.row / sqrt(D)} and the head's sink logit, online over tiles of 64 candidates: a thread scores
+// one candidate of the tile for the HG heads, then each thread accumulates its own output dims.
+// Workgroup (group, token, split): split y takes tiles y, y + nsplit, ...; split 0 also holds the
+// sink. With one split the output is final; otherwise each split writes (acc, max, sum) to `part`
+// and attention_merge.wgsl combines them. nsplit depends only on ntok (the host computes the same).
+struct Params {
+    n_head: u32, d: u32, swa: u32, ratio: u32,
+    top_k: u32, scale: f32, groups: u32, split_target: u32,
+    max_split: u32, pad0: u32, pad1: u32, pad2: u32,
+}
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kvn: array<f32>;
@@ -14,18 +22,22 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 @group(0) @binding(5) var<storage, read> sinks: array<f32>;
 @group(0) @binding(6) var<storage, read_write> o: array<f32>;
-@group(0) @binding(7) var<uniform> p: Params;
-@group(0) @binding(8) var<uniform> step: Step;
+@group(0) @binding(7) var<storage, read_write> part: array<f32>;
+@group(0) @binding(8) var<uniform> p: Params;
+@group(0) @binding(9) var<uniform> step: Step;
 
 const WG: u32 = 64u;
+const HG: u32 = 4u;
 const MAXD: u32 = 512u;
 const PER: u32 = MAXD / WG;
 const SRC_RING: u32 = 0u;
 const SRC_NEW: u32 = 1u;
 const SRC_COMP: u32 = 2u;
+// Softmax state of a split that has not seen a candidate yet (exp of it minus anything is 0).
+const NEG: f32 = -3.4028235e38;
 
-var<workgroup> qs: array<f32, MAXD>;
-var<workgroup> sc: array<f32, WG>;
+var<workgroup> qs: array<f32, 2048>;   // HG x MAXD
+var<workgroup> sc: array<f32, 256>;    // HG x WG
 var<workgroup> src: array<u32, WG>;
 
 // Value i of a candidate row (source in the top 2 bits, row index below).
@@ -37,17 +49,28 @@ fn row_val(s: u32, i: u32) -> f32 {
     return comp[off];
 }
 
+fn nsplit_of(ntok: u32) -> u32 {
+    return clamp(p.split_target / max(ntok * p.groups, 1u), 1u, p.max_split);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let h = wid.x;
+    let g = wid.x;
     let t = wid.y;
-    if (t >= step.ntok) { return; }
+    let y = wid.z;
+    let nsplit = nsplit_of(step.ntok);
+    if (t >= step.ntok || y >= nsplit) { return; }
     let d = p.d;
-    let pos = step.pos + t;
-    let qb = (t * p.n_head + h) * d;
-    for (var i = lid; i < d; i += WG) { qs[i] = q[qb + i]; }
+    let h0 = g * HG;
+    let nhg = min(HG, p.n_head - h0);
+    for (var k = 0u; k < HG; k++) {
+        for (var i = lid; i < d; i += WG) {
+            qs[k * MAXD + i] = select(0.0, q[((t * p.n_head) + h0 + k) * d + i], k < nhg);
+        }
+    }
     workgroupBarrier();
 
+    let pos = step.pos + t;
     let start = select(0u, pos + 1u - p.swa, pos + 1u >= p.swa);
     let n_raw = pos + 1u - start;
     var nc = 0u;
@@ -55,12 +78,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let picked = p.top_k != 0u && nc > p.top_k;
     let total = n_raw + select(nc, p.top_k, picked);
 
-    var m = sinks[h];
-    var den = 1.0;
-    var acc: array<f32, PER>;
-    for (var base = 0u; base < total; base += WG) {
+    var m: array<f32, HG>;
+    var den: array<f32, HG>;
+    var acc: array<array<f32, PER>, HG>;
+    for (var k = 0u; k < HG; k++) {
+        let own = y == 0u && k < nhg;
+        m[k] = select(NEG, sinks[min(h0 + k, p.n_head - 1u)], own);
+        den[k] = select(0.0, 1.0, own);
+    }
+    for (var base = y * WG; base < total; base += nsplit * WG) {
         let c = base + lid;
-        var s = 0.0;
+        var s: array<f32, HG>;
         var code = 0u;
         if (c < total) {
             if (c < n_raw) {
@@ -68,35 +96,60 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 code = select((SRC_NEW << 30u) | (qp - step.pos), (SRC_RING << 30u) | (qp % p.swa), qp < step.pos);
             } else {
                 let j = c - n_raw;
-                code = (SRC_COMP << 30u) | select(j, sel[t * p.sel_stride + j], picked);
+                code = (SRC_COMP << 30u) | select(j, sel[t * p.top_k + j], picked);
             }
-            var dot = 0.0;
-            for (var i = 0u; i < d; i++) { dot += qs[i] * row_val(code, i); }
-            s = dot * p.scale;
+            for (var i = 0u; i < d; i++) {
+                let v = row_val(code, i);
+                for (var k = 0u; k < HG; k++) { s[k] += qs[k * MAXD + i] * v; }
+            }
         }
-        sc[lid] = s;
+        for (var k = 0u; k < HG; k++) { sc[k * WG + lid] = s[k] * p.scale; }
         src[lid] = code;
         workgroupBarrier();
         let cnt = min(WG, total - base);
-        var mt = m;
-        for (var l = 0u; l < cnt; l++) { mt = max(mt, sc[l]); }
-        let alpha = exp(m - mt);
-        den *= alpha;
-        for (var k = 0u; k < PER; k++) { acc[k] *= alpha; }
+        var mt: array<f32, HG>;
+        for (var k = 0u; k < HG; k++) {
+            mt[k] = m[k];
+            for (var l = 0u; l < cnt; l++) { mt[k] = max(mt[k], sc[k * WG + l]); }
+            let alpha = exp(m[k] - mt[k]);
+            den[k] *= alpha;
+            for (var j = 0u; j < PER; j++) { acc[k][j] *= alpha; }
+            m[k] = mt[k];
+        }
         for (var l = 0u; l < cnt; l++) {
-            let e = exp(sc[l] - mt);
-            den += e;
             let code_l = src[l];
-            for (var k = 0u; k < PER; k++) {
-                let i = lid + k * WG;
-                if (i < d) { acc[k] += e * row_val(code_l, i); }
+            var e: array<f32, HG>;
+            for (var k = 0u; k < HG; k++) {
+                e[k] = exp(sc[k * WG + l] - m[k]);
+                den[k] += e[k];
+            }
+            for (var j = 0u; j < PER; j++) {
+                let i = lid + j * WG;
+                if (i < d) {
+                    let v = row_val(code_l, i);
+                    for (var k = 0u; k < HG; k++) { acc[k][j] += e[k] * v; }
+                }
             }
         }
-        m = mt;
         workgroupBarrier();
     }
-    for (var k = 0u; k < PER; k++) {
-        let i = lid + k * WG;
-        if (i < d) { o[qb + i] = acc[k] / den; }
+    for (var k = 0u; k < nhg; k++) {
+        let h = h0 + k;
+        if (nsplit == 1u) {
+            for (var j = 0u; j < PER; j++) {
+                let i = lid + j * WG;
+                if (i < d) { o[(t * p.n_head + h) * d + i] = acc[k][j] / den[k]; }
+            }
+        } else {
+            let pb = ((t * nsplit + y) * p.n_head + h) * (d + 2u);
+            for (var j = 0u; j < PER; j++) {
+                let i = lid + j * WG;
+                if (i < d) { part[pb + i] = acc[k][j]; }
+            }
+            if (lid == 0u) {
+                part[pb + d] = m[k];
+                part[pb + d + 1u] = den[k];
+            }
+        }
     }
 }
