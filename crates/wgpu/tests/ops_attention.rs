@@ -316,7 +316,7 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
         let mut picks: Vec<Vec<u32>> = Vec::new();
         let mut sel_words = vec![0f32; n * top_k.max(1)];
         for i in 0..n {
-            let nc = if ratio == 0 { 0 } else { (pos + i + 1) / ratio };
+            let nc = (pos + i + 1).checked_div(ratio).unwrap_or(0);
             let pk = if top_k != 0 && nc > top_k { random_pick(seed + 100 + (pos + i) as u64, nc, top_k) } else { Vec::new() };
             for (j, &r) in pk.iter().enumerate() {
                 sel_words[i * top_k + j] = f32::from_bits(r);
@@ -332,7 +332,7 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
         let mut want = vec![0f32; n * nh * d];
         for i in 0..n {
             let p = pos + i;
-            let nc = if ratio == 0 { 0 } else { (p + 1) / ratio };
+            let nc = (p + 1).checked_div(ratio).unwrap_or(0);
             let mut lo = (p + 1).saturating_sub(swa);
             if mistake == Mistake::WindowShort && p + 1 >= swa {
                 lo += 1;
