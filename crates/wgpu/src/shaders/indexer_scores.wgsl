@@ -1,7 +1,8 @@
 // Indexer relevance of compressed row c for token t (ds4_model::attention::indexer_scores):
 // sum over heads h of (w[t][h] * wscale) * relu(q[t][h] . key[c]), for tokens that see more than
 // top_k compressed rows (nc = (pos + t + 1) / ratio > top_k; the others attend to all rows).
-// One thread per candidate; the head's query is staged in workgroup memory.
+// One thread per candidate; 16 heads' queries at a time are staged in workgroup memory, so a key
+// row is read once per 16 heads.
 struct Params { heads: u32, dim: u32, ratio: u32, top_k: u32, stride: u32, wscale: f32, wg_x: u32, pad: u32 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> iq: array<f32>;
@@ -13,7 +14,9 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 const WG: u32 = 64u;
 const MAXD: u32 = 256u;
-var<workgroup> qh: array<f32, MAXD>;
+// Heads staged at once: a key row is read once per block of HB heads.
+const HB: u32 = 16u;
+var<workgroup> qh: array<f32, 4096>;  // HB x MAXD
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -25,15 +28,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let live = c < nc;
     let dim = p.dim;
     var s = 0.0;
-    for (var h = 0u; h < p.heads; h++) {
+    for (var h0 = 0u; h0 < p.heads; h0 += HB) {
+        let nh = min(HB, p.heads - h0);
         workgroupBarrier();
-        let qb = (t * p.heads + h) * dim;
-        for (var i = lid; i < dim; i += WG) { qh[i] = iq[qb + i]; }
+        for (var k = 0u; k < nh; k++) {
+            let qb = (t * p.heads + h0 + k) * dim;
+            for (var i = lid; i < dim; i += WG) { qh[k * MAXD + i] = iq[qb + i]; }
+        }
         workgroupBarrier();
         if (live) {
-            var dot = 0.0;
-            for (var i = 0u; i < dim; i++) { dot += qh[i] * keys[c * dim + i]; }
-            if (dot > 0.0) { s += (iw[t * p.heads + h] * p.wscale) * dot; }
+            var dots: array<f32, HB>;
+            for (var i = 0u; i < dim; i++) {
+                let kv = keys[c * dim + i];
+                for (var k = 0u; k < HB; k++) { dots[k] += qh[k * MAXD + i] * kv; }
+            }
+            // Heads in order, as the CPU sums them.
+            for (var k = 0u; k < nh; k++) {
+                if (dots[k] > 0.0) { s += (iw[t * p.heads + h0 + k] * p.wscale) * dots[k]; }
+            }
         }
     }
     if (live) { scores[t * p.stride + c] = s; }
