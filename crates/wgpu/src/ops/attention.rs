@@ -78,8 +78,8 @@ impl Attention {
         let AttentionShape { n_head, head_dim: d, swa, ratio, top_k, capacity, max_tokens } = shape;
         let bad = |reason: String| WgpuError::BadShape { what: "attention".into(), reason };
         let m = max_tokens.max(1) as usize;
-        if d == 0 || d > ATTENTION_MAX_HEAD_DIM || n_head == 0 || swa == 0 {
-            return Err(bad(format!("{n_head} heads of {d} (at most {ATTENTION_MAX_HEAD_DIM}), window {swa}")));
+        if d == 0 || d > ATTENTION_MAX_HEAD_DIM || !d.is_multiple_of(4) || n_head == 0 || swa == 0 {
+            return Err(bad(format!("{n_head} heads of {d} (a multiple of 4, at most {ATTENTION_MAX_HEAD_DIM}), window {swa}")));
         }
         if b.q.len() < m * n_head * d || b.o.len() < m * n_head * d || b.kv.len() < m * d || b.ring.len() < swa * d || b.sinks.len() < n_head {
             return Err(bad("a buffer is smaller than the shape".into()));
@@ -96,7 +96,7 @@ impl Attention {
         let pipeline = gpu.pipeline("attention", || Ok(ATTENTION.to_string()))?;
         let mut dummies = Vec::new();
         if b.comp.is_none() {
-            dummies.push(GpuBuffer::new(gpu, "attention no compressed rows", 1)?);
+            dummies.push(GpuBuffer::new(gpu, "attention no compressed rows", 4)?);
         }
         if b.sel.is_none() {
             dummies.push(GpuBuffer::new(gpu, "attention no selection", 1)?);

@@ -16,9 +16,9 @@ struct Params {
 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kvn: array<f32>;
-@group(0) @binding(2) var<storage, read> ring: array<f32>;
-@group(0) @binding(3) var<storage, read> comp: array<f32>;
+@group(0) @binding(1) var<storage, read> kvn: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> ring: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> comp: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> sel: array<u32>;
 @group(0) @binding(5) var<storage, read> sinks: array<f32>;
 @group(0) @binding(6) var<storage, read_write> o: array<f32>;
@@ -29,21 +29,22 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 const WG: u32 = 64u;
 const HG: u32 = 4u;
 const MAXD: u32 = 512u;
-const PER: u32 = MAXD / WG;
+// vec4s of a head per thread in the accumulation (rows are read as vec4: d is a multiple of 4).
+const PER: u32 = MAXD / 4u / WG;
 const SRC_RING: u32 = 0u;
 const SRC_NEW: u32 = 1u;
 const SRC_COMP: u32 = 2u;
 // Softmax state of a split that has not seen a candidate yet (exp of it minus anything is 0).
 const NEG: f32 = -3.4028235e38;
 
-var<workgroup> qs: array<f32, 2048>;   // HG x MAXD
+var<workgroup> qs: array<vec4<f32>, 512>;   // HG x MAXD / 4
 var<workgroup> sc: array<f32, 256>;    // HG x WG
 var<workgroup> src: array<u32, WG>;
 
-// Value i of a candidate row (source in the top 2 bits, row index below).
-fn row_val(s: u32, i: u32) -> f32 {
+// vec4 i of a candidate row (source in the top 2 bits, row index below).
+fn row_val(s: u32, i: u32) -> vec4<f32> {
     let kind = s >> 30u;
-    let off = (s & 0x3fffffffu) * p.d + i;
+    let off = (s & 0x3fffffffu) * (p.d / 4u) + i;
     if (kind == SRC_RING) { return ring[off]; }
     if (kind == SRC_NEW) { return kvn[off]; }
     return comp[off];
@@ -61,11 +62,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let nsplit = nsplit_of(step.ntok);
     if (t >= step.ntok || y >= nsplit) { return; }
     let d = p.d;
+    let d4 = d / 4u;
     let h0 = g * HG;
     let nhg = min(HG, p.n_head - h0);
     for (var k = 0u; k < HG; k++) {
-        for (var i = lid; i < d; i += WG) {
-            qs[k * MAXD + i] = select(0.0, q[((t * p.n_head) + h0 + k) * d + i], k < nhg);
+        for (var i = lid; i < d4; i += WG) {
+            let b = ((t * p.n_head) + h0 + k) * d + 4u * i;
+            let v = vec4<f32>(q[b], q[b + 1u], q[b + 2u], q[b + 3u]);
+            qs[k * (MAXD / 4u) + i] = select(vec4<f32>(0.0), v, k < nhg);
         }
     }
     workgroupBarrier();
@@ -80,7 +84,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 
     var m: array<f32, HG>;
     var den: array<f32, HG>;
-    var acc: array<array<f32, PER>, HG>;
+    var acc: array<array<vec4<f32>, PER>, HG>;
     for (var k = 0u; k < HG; k++) {
         let own = y == 0u && k < nhg;
         m[k] = select(NEG, sinks[min(h0 + k, p.n_head - 1u)], own);
@@ -98,10 +102,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let j = c - n_raw;
                 code = (SRC_COMP << 30u) | select(j, sel[t * p.top_k + j], picked);
             }
-            for (var i = 0u; i < d; i++) {
+            // Four partial sums per head (lanes of the vec4), added at the end.
+            var s4: array<vec4<f32>, HG>;
+            for (var i = 0u; i < d4; i++) {
                 let v = row_val(code, i);
-                for (var k = 0u; k < HG; k++) { s[k] += qs[k * MAXD + i] * v; }
+                for (var k = 0u; k < HG; k++) { s4[k] += qs[k * (MAXD / 4u) + i] * v; }
             }
+            for (var k = 0u; k < HG; k++) { s[k] = (s4[k].x + s4[k].y) + (s4[k].z + s4[k].w); }
         }
         for (var k = 0u; k < HG; k++) { sc[k * WG + lid] = s[k] * p.scale; }
         src[lid] = code;
@@ -125,7 +132,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             }
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
-                if (i < d) {
+                if (i < d4) {
                     let v = row_val(code_l, i);
                     for (var k = 0u; k < HG; k++) { acc[k][j] += e[k] * v; }
                 }
@@ -138,13 +145,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (nsplit == 1u) {
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
-                if (i < d) { o[(t * p.n_head + h) * d + i] = acc[k][j] / den[k]; }
+                if (i < d4) {
+                    let v = acc[k][j] / den[k];
+                    let ob = (t * p.n_head + h) * d + 4u * i;
+                    o[ob] = v.x;
+                    o[ob + 1u] = v.y;
+                    o[ob + 2u] = v.z;
+                    o[ob + 3u] = v.w;
+                }
             }
         } else {
             let pb = ((t * nsplit + y) * p.n_head + h) * (d + 2u);
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
-                if (i < d) { part[pb + i] = acc[k][j]; }
+                if (i < d4) {
+                    let v = acc[k][j];
+                    part[pb + 4u * i] = v.x;
+                    part[pb + 4u * i + 1u] = v.y;
+                    part[pb + 4u * i + 2u] = v.z;
+                    part[pb + 4u * i + 3u] = v.w;
+                }
             }
             if (lid == 0u) {
                 part[pb + d] = m[k];
