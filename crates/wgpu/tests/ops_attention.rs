@@ -468,6 +468,35 @@ fn indexer_case(gpu: &Gpu, ih: usize, id: usize, top_k: usize, pos0: usize, step
     worst_all
 }
 
+/// Picks among heavy ties across several 256-candidate chunks: one head of 8 whose query is the
+/// first unit vector, so a row's score is w x its first value, drawn from {0, 1, 2, 3} (and the
+/// weight's sign flips the order). Picks must equal `top_k_indices` of the CPU scores exactly.
+#[test]
+fn top_k_breaks_heavy_ties_by_the_lowest_index() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let (ih, id, ratio, top_k, pos) = (1, 8, 4, 37, 2399);
+    let cap = compressed_capacity(pos + 2, ratio);
+    let mut r = ds4_quant::random::SplitMix64(3);
+    let keys: Vec<f32> = (0..cap * id).map(|i| if i % id == 0 { (r.next_u64() % 4) as f32 } else { 1.0 }).collect();
+    let mut q = vec![0f32; 2 * id];
+    q[0] = 1.0;
+    q[id] = 1.0;
+    let w = [1.0f32, -1.0];
+    let (qb, wb, kb) = (GpuBuffer::from_slice(&gpu, "iq", &q).unwrap(), GpuBuffer::from_slice(&gpu, "iw", &w).unwrap(), GpuBuffer::from_slice(&gpu, "keys", &keys).unwrap());
+    let (scb, sb) = (GpuBuffer::new(&gpu, "scores", 2 * cap).unwrap(), GpuBuffer::new(&gpu, "sel", 2 * top_k).unwrap());
+    let op = Indexer::new(&gpu, &IndexerBuffers { q: &qb, w: &wb, keys: &kb, scores: &scb, sel: &sb }, IndexerShape { heads: ih, dim: id, ratio, top_k, capacity: cap, max_tokens: 2 }).unwrap();
+    run(&gpu, 2, pos, |e| op.encode(e));
+    let got: Vec<u32> = sb.read(&gpu, 2 * top_k).unwrap().iter().map(|v| v.to_bits()).collect();
+    let wscale = 1.0 / ((id * ih) as f32).sqrt();
+    let (mut sc, mut scratch, mut want) = (Vec::new(), Vec::new(), Vec::new());
+    for t in 0..2 {
+        let nc = (pos + t + 1) / ratio;
+        indexer_scores(&q[t * id..(t + 1) * id], &[w[t] * wscale], &keys, id, nc, &mut sc);
+        top_k_indices(&sc, top_k, &mut scratch, &mut want);
+        assert_eq!(&got[t * top_k..(t + 1) * top_k], &want[..], "token {t}");
+    }
+}
+
 #[test]
 fn indexer_scores_and_picks_match_cpu() {
     let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
