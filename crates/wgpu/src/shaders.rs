@@ -12,7 +12,8 @@ const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const ROPE: &str = concat!(include_str!("shaders/rope.wgsl"), include_str!("shaders/rope_angle.wgsl"));
 pub const KV_ROW: &str = concat!(include_str!("shaders/kv_row.wgsl"), include_str!("shaders/qat.wgsl"), include_str!("shaders/rope_angle.wgsl"));
-pub const COMPRESSOR: &str = include_str!("shaders/compressor.wgsl");
+pub const COMPRESSOR_POOL: &str = concat!(include_str!("shaders/compressor_common.wgsl"), include_str!("shaders/compressor_pool.wgsl"));
+pub const COMPRESSOR_STATE: &str = concat!(include_str!("shaders/compressor_common.wgsl"), include_str!("shaders/compressor_state.wgsl"));
 pub const ATTENTION: &str = include_str!("shaders/attention.wgsl");
 pub const ATTENTION_MERGE: &str = include_str!("shaders/attention_merge.wgsl");
 pub const RING_STORE: &str = include_str!("shaders/ring_store.wgsl");
@@ -124,7 +125,8 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("swiglu", SWIGLU),
         ("argmax", ARGMAX),
         ("kv_row", KV_ROW),
-        ("compressor", COMPRESSOR),
+        ("compressor_pool", COMPRESSOR_POOL),
+        ("compressor_state", COMPRESSOR_STATE),
         ("attention", ATTENTION),
         ("attention_merge", ATTENTION_MERGE),
         ("ring_store", RING_STORE),

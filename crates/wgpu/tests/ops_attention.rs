@@ -215,11 +215,13 @@ fn compressor_matches_cpu_in_decode_steps_and_prefill_chunks() {
     let d = cfg.head_dim;
     // Ratio 4: decode steps closing windows, chunks ending mid-window and closing several.
     let c4 = [1, 1, 1, 1, 2, 3, 1, 1, 1, 7, 9, 1, 1, 1, 1, 5];
-    // Ratio 128: a decode step closes window 0, a chunk closes window 1 mid-chunk.
-    let c128 = [1, 125, 1, 1, 100, 28, 44];
-    for (ratio, dim, chunks) in [(4, d, &c4[..]), (4, cfg.idx_dim, &c4[..]), (128, d, &c128[..])] {
+    // Ratio 128: a decode step closes window 0; a chunk closes window 1 mid-chunk; a chunk closes
+    // window 2 (begun in the frontier) and window 3 (wholly its own) and ends mid-window.
+    let c128 = [1, 125, 1, 1, 100, 40, 290];
+    // One prefill chunk from position 0 (the first window has no previous one).
+    for (ratio, dim, chunks) in [(4, d, &c4[..]), (4, cfg.idx_dim, &c4[..]), (128, d, &c128[..]), (4, d, &[37][..]), (128, d, &[300][..])] {
         let (w, _) = compressor_case(&gpu, &cfg, ratio, dim, RowQat::None, chunks, false);
-        eprintln!("compressor ratio {ratio} d={dim}: {w:.3} of the bound");
+        eprintln!("compressor ratio {ratio} d={dim} chunks {chunks:?}: {w:.3} of the bound");
         assert!(w <= 1.0, "ratio {ratio}: {w} x the bound");
     }
     let (_, f) = compressor_case(&gpu, &cfg, 4, d, RowQat::Fp8, &c4, false);

@@ -1,6 +1,7 @@
-//! Compressor frontier update on the device (`ds4_model::compressor::push` for the step's tokens):
-//! the state (kv and score rows) lives in device buffers owned by the op; closed windows' pooled rows
-//! go to the compressed-row buffer, raw (a `KvRow` in `RowPos::Windows` mode then norms, ropes and
+//! Compressor frontier update on the device (`ds4_model::compressor::push` for the step's tokens,
+//! computed in parallel: every window closed in the step is pooled at once from the step's inputs and
+//! the frontier as found, then the frontier is advanced): the state (kv and score rows) lives in
+//! device buffers owned by the op; closed windows' pooled rows go to the compressed-row buffer, raw (a `KvRow` in `RowPos::Windows` mode then norms, ropes and
 //! QATs them, as `push` and the stage do).
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::COMPRESSOR;
+use crate::shaders::{COMPRESSOR_POOL, COMPRESSOR_STATE};
 
 /// Shapes of one compressor (the KV compressor: `d = head_dim`; the indexer's: `d = idx_dim`).
 #[derive(Debug, Clone, Copy)]
@@ -23,8 +24,10 @@ pub struct CompressorShape {
 }
 
 pub struct Compressor {
-    pipeline: Arc<wgpu::ComputePipeline>,
-    bind: wgpu::BindGroup,
+    pool: Arc<wgpu::ComputePipeline>,
+    pool_bind: wgpu::BindGroup,
+    state: Arc<wgpu::ComputePipeline>,
+    state_bind: wgpu::BindGroup,
     /// Frontier state (`CompressorState::kv` / `score`): rows x width.
     pub st_kv: GpuBuffer,
     pub st_sc: GpuBuffer,
@@ -47,13 +50,15 @@ impl Compressor {
                 reason: format!("ratio {ratio}, rows of {d}: projections, APE ({} floats) or output ({} floats) too small", ape.len(), out.len()),
             });
         }
-        let pipeline = gpu.pipeline("compressor", || Ok(COMPRESSOR.to_string()))?;
         let st_kv = GpuBuffer::new(gpu, "compressor kv state", rows * width)?;
         let st_sc = GpuBuffer::new(gpu, "compressor score state", rows * width)?;
         let params: [u32; 4] = [u32_of("compressor row", d)?, u32_of("compressor width", width)?, u32_of("ratio", ratio)?, 0];
         let uni = gpu.uniform("compressor", bytemuck::cast_slice(&params))?;
-        let bind = gpu.bind_group("compressor", &pipeline, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &out.buffer, &uni, &gpu.step])?;
-        let op = Self { pipeline, bind, st_kv, st_sc, shape, width };
+        let pool = gpu.pipeline("compressor_pool", || Ok(COMPRESSOR_POOL.to_string()))?;
+        let pool_bind = gpu.bind_group("compressor pool", &pool, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &out.buffer, &uni, &gpu.step])?;
+        let state = gpu.pipeline("compressor_state", || Ok(COMPRESSOR_STATE.to_string()))?;
+        let state_bind = gpu.bind_group("compressor state", &state, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &uni, &gpu.step])?;
+        let op = Self { pool, pool_bind, state, state_bind, st_kv, st_sc, shape, width };
         op.reset(gpu)?;
         Ok(op)
     }
@@ -77,10 +82,21 @@ impl Compressor {
         if (end as usize) / self.shape.ratio > self.shape.capacity {
             return Err(WgpuError::BadShape { what: "compressed rows".into(), reason: format!("{} rows, capacity {}", end as usize / self.shape.ratio, self.shape.capacity) });
         }
+        if st.ntok == 0 {
+            return Ok(());
+        }
+        // Pool the windows closed in this step (from the frontier as found), then advance it.
+        let r = self.shape.ratio as u32;
+        let closed = end / r - st.pos / r;
         let pass = enc.pass();
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups((self.shape.d as u32).div_ceil(64), 1, 1);
+        if closed > 0 {
+            pass.set_pipeline(&self.pool);
+            pass.set_bind_group(0, &self.pool_bind, &[]);
+            pass.dispatch_workgroups((self.shape.d as u32).div_ceil(64), closed, 1);
+        }
+        pass.set_pipeline(&self.state);
+        pass.set_bind_group(0, &self.state_bind, &[]);
+        pass.dispatch_workgroups((self.width as u32).div_ceil(64), 1, 1);
         Ok(())
     }
 }
