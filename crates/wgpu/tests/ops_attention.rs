@@ -307,6 +307,8 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
     };
     let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: m as u32 };
     let op = Attention::new(gpu, &bufs, shape, rope.freqs()).unwrap();
+    let want_reduce = if gpu.caps().subgroup { ds4_wgpu::shaders::Reduce::Subgroup } else { ds4_wgpu::shaders::Reduce::Tree };
+    assert_eq!(op.reduce, want_reduce);
     if let Some(want) = expect_splits {
         assert_eq!(op.splits(1), want, "decode splits");
     }
@@ -366,7 +368,20 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
 
 #[test]
 fn attention_matches_cpu_over_window_compressed_rows_and_picks() {
-    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    attention_suite(false);
+}
+
+/// The same without SUBGROUP: tile scores by one thread per candidate.
+#[test]
+fn attention_fallback_matches_cpu() {
+    attention_suite(true);
+}
+
+fn attention_suite(fallback: bool) {
+    let Some(gpu) = common::gpu(common::opts(fallback, None)) else { return };
+    if !fallback && !gpu.caps().subgroup {
+        panic!("adapter {} has no SUBGROUP: the subgroup path cannot be tested here", gpu.caps().adapter);
+    }
     let cfg = tiny();
     let (d, nh, swa) = (cfg.head_dim, cfg.n_head, cfg.swa);
     // Decode steps, a chunk crossing swa and the first indexer pick, a chunk longer than swa.
@@ -379,7 +394,7 @@ fn attention_matches_cpu_over_window_compressed_rows_and_picks() {
     ];
     for (c, st) in cases {
         let w = attention_case(&gpu, &cfg, c, st, Mistake::None, None);
-        eprintln!("attention d={} ratio {} top-k {}: {w:.3} of the bound", c.d, c.ratio, c.top_k);
+        eprintln!("attention (fallback {fallback}) d={} ratio {} top-k {}: {w:.3} of the bound", c.d, c.ratio, c.top_k);
         assert!(w <= 1.0, "attention ratio {}: {w} x the bound", c.ratio);
     }
     // Flash's head width and window, ratio 4 with picks (top-k reduced so that picks start early).
@@ -387,12 +402,12 @@ fn attention_matches_cpu_over_window_compressed_rows_and_picks() {
     let c = AttnCase { d: fl.head_dim, n_head: 2, swa: fl.swa, ratio: 4, top_k: 16 };
     // Decode steps split the 144 candidates over 3 workgroups.
     let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None, Some(3));
-    eprintln!("attention d=512 swa=128 ratio 4 top-k 16: {w:.3} of the bound");
+    eprintln!("attention (fallback {fallback}) d=512 swa=128 ratio 4 top-k 16: {w:.3} of the bound");
     assert!(w <= 1.0);
     // 6 heads: a full and a partial group of 4; decode steps and a 60-token chunk split in 2.
     let c = AttnCase { d, n_head: 6, swa, ratio: 4, top_k: 0 };
     let w = attention_case(&gpu, &cfg, c, &[1, 200, 1, 1, 60], Mistake::None, Some(2));
-    eprintln!("attention 6 heads, ratio 4 without an indexer, split: {w:.3} of the bound");
+    eprintln!("attention (fallback {fallback}) 6 heads, ratio 4 without an indexer, split: {w:.3} of the bound");
     assert!(w <= 1.0);
     // The comparison catches a wrong sink and a window one row short.
     let c = AttnCase { d, n_head: nh, swa, ratio: 4, top_k: cfg.idx_topk };

@@ -11,7 +11,7 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::{ATTENTION, ATTENTION_MERGE, RING_STORE};
+use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, RING_STORE};
 
 /// The widest head the kernel holds in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
@@ -57,6 +57,8 @@ pub struct AttentionBuffers<'a> {
 }
 
 pub struct Attention {
+    /// How tile scores are summed: a subgroup per candidate, or a thread per candidate.
+    pub reduce: Reduce,
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
     merge: Arc<wgpu::ComputePipeline>,
@@ -93,7 +95,8 @@ impl Attention {
         if capacity >= 1 << 30 || swa >= 1 << 30 {
             return Err(bad("row ids must stay below 2^30".into()));
         }
-        let pipeline = gpu.pipeline("attention", || Ok(ATTENTION.to_string()))?;
+        let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
+        let pipeline = gpu.pipeline(&format!("attention_{reduce:?}"), || Ok(attention_source(reduce)))?;
         let mut dummies = Vec::new();
         if b.comp.is_none() {
             dummies.push(GpuBuffer::new(gpu, "attention no compressed rows", 4)?);
@@ -144,7 +147,7 @@ impl Attention {
         let suni = gpu.uniform("ring store", bytemuck::cast_slice(&sp))?;
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
-        Ok(Self { pipeline, bind, merge, merge_bind, groups, max_split, _part: part, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+        Ok(Self { reduce, pipeline, bind, merge, merge_bind, groups, max_split, _part: part, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
     }
 
     /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).

@@ -5,7 +5,8 @@
 // top_k picks when an indexer is on and there are more than top_k. Rows are both K and V and shared
 // by every head (MQA): a workgroup serves HG heads from one read of each row. Softmax over
 // {q.row / sqrt(D)} and the head's sink logit, online over tiles of 64 candidates: a thread scores
-// one candidate of the tile for the HG heads, then each thread accumulates its own output dims.
+// the tile's candidates for the HG heads (score_tile: a thread per candidate, or a subgroup per
+// candidate with its lanes splitting the row), then each thread accumulates its own output dims.
 // Workgroup (group, token, split): split y takes tiles y, y + nsplit, ...; split 0 also holds the
 // sink. With one split the output is final; otherwise each split writes (acc, max, sum) to `part`
 // and attention_merge.wgsl combines them. nsplit depends only on ntok (the host computes the same).
@@ -55,7 +56,8 @@ fn nsplit_of(ntok: u32) -> u32 {
 }
 
 @compute @workgroup_size(64)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {
+    SG_INIT
     let g = wid.x;
     let t = wid.y;
     let y = wid.z;
@@ -92,7 +94,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     for (var base = y * WG; base < total; base += nsplit * WG) {
         let c = base + lid;
-        var s: array<f32, HG>;
         var code = 0u;
         if (c < total) {
             if (c < n_raw) {
@@ -102,16 +103,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 let j = c - n_raw;
                 code = (SRC_COMP << 30u) | select(j, sel[t * p.top_k + j], picked);
             }
-            // Four partial sums per head (lanes of the vec4), added at the end.
-            var s4: array<vec4<f32>, HG>;
-            for (var i = 0u; i < d4; i++) {
-                let v = row_val(code, i);
-                for (var k = 0u; k < HG; k++) { s4[k] += qs[k * (MAXD / 4u) + i] * v; }
-            }
-            for (var k = 0u; k < HG; k++) { s[k] = (s4[k].x + s4[k].y) + (s4[k].z + s4[k].w); }
         }
-        for (var k = 0u; k < HG; k++) { sc[k * WG + lid] = s[k] * p.scale; }
         src[lid] = code;
+        workgroupBarrier();
+        score_tile(lid, min(WG, total - base), d4);
         workgroupBarrier();
         let cnt = min(WG, total - base);
         var mt: array<f32, HG>;
