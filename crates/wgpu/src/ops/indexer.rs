@@ -53,6 +53,7 @@ impl Indexer {
         let ok = heads > 0
             && dim > 0
             && dim <= INDEXER_MAX_DIM
+            && dim.is_multiple_of(4)
             && ratio > 0
             && top_k > 0
             && b.q.len() >= m * heads * dim
@@ -62,7 +63,7 @@ impl Indexer {
             && b.sel.len() >= m * top_k
             && capacity < 1 << 24;
         if !ok {
-            return Err(WgpuError::BadShape { what: "indexer".into(), reason: format!("{heads} heads of {dim} (at most {INDEXER_MAX_DIM}), ratio {ratio}, top-k {top_k}, {capacity} rows: a zero size or a buffer too small") });
+            return Err(WgpuError::BadShape { what: "indexer".into(), reason: format!("{heads} heads of {dim} (a multiple of 4, at most {INDEXER_MAX_DIM}), ratio {ratio}, top-k {top_k}, {capacity} rows: a zero size or a buffer too small") });
         }
         let wscale = 1.0 / ((dim * heads) as f32).sqrt();
         let sp: [u32; 8] = [u32_of("heads", heads)?, u32_of("dim", dim)?, u32_of("ratio", ratio)?, u32_of("top k", top_k)?, u32_of("capacity", capacity)?, wscale.to_bits(), 0, 0];

@@ -7,7 +7,7 @@ struct Params { heads: u32, dim: u32, ratio: u32, top_k: u32, stride: u32, wscal
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> iq: array<f32>;
 @group(0) @binding(1) var<storage, read> iw: array<f32>;
-@group(0) @binding(2) var<storage, read> keys: array<f32>;
+@group(0) @binding(2) var<storage, read> keys: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> scores: array<f32>;
 @group(0) @binding(4) var<uniform> p: Params;
 @group(0) @binding(5) var<uniform> step: Step;
@@ -16,7 +16,7 @@ const WG: u32 = 64u;
 const MAXD: u32 = 256u;
 // Heads staged at once: a key row is read once per block of HB heads.
 const HB: u32 = 16u;
-var<workgroup> qh: array<f32, 4096>;  // HB x MAXD
+var<workgroup> qh: array<vec4<f32>, 1024>;  // HB x MAXD / 4
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -27,24 +27,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let c = wid.x * WG + lid;
     let live = c < nc;
     let dim = p.dim;
+    let d4 = dim / 4u;
     var s = 0.0;
     for (var h0 = 0u; h0 < p.heads; h0 += HB) {
         let nh = min(HB, p.heads - h0);
         workgroupBarrier();
         for (var k = 0u; k < nh; k++) {
             let qb = (t * p.heads + h0 + k) * dim;
-            for (var i = lid; i < dim; i += WG) { qh[k * MAXD + i] = iq[qb + i]; }
+            for (var i = lid; i < d4; i += WG) {
+                qh[k * (MAXD / 4u) + i] = vec4<f32>(iq[qb + 4u * i], iq[qb + 4u * i + 1u], iq[qb + 4u * i + 2u], iq[qb + 4u * i + 3u]);
+            }
         }
         workgroupBarrier();
         if (live) {
-            var dots: array<f32, HB>;
-            for (var i = 0u; i < dim; i++) {
-                let kv = keys[c * dim + i];
-                for (var k = 0u; k < HB; k++) { dots[k] += qh[k * MAXD + i] * kv; }
+            var dots: array<vec4<f32>, HB>;
+            for (var i = 0u; i < d4; i++) {
+                let kv = keys[c * d4 + i];
+                for (var k = 0u; k < HB; k++) { dots[k] += qh[k * (MAXD / 4u) + i] * kv; }
             }
             // Heads in order, as the CPU sums them.
             for (var k = 0u; k < nh; k++) {
-                if (dots[k] > 0.0) { s += (iw[t * p.heads + h0 + k] * p.wscale) * dots[k]; }
+                let dk = (dots[k].x + dots[k].y) + (dots[k].z + dots[k].w);
+                if (dk > 0.0) { s += (iw[t * p.heads + h0 + k] * p.wscale) * dk; }
             }
         }
     }
