@@ -116,7 +116,7 @@ impl Attention {
         let scale = 1.0 / (d as f32).sqrt();
         let groups = n_head.div_ceil(HEADS_PER_GROUP);
         // No more splits than tiles of the largest candidate set.
-        let max_cand = swa + if top_k != 0 { top_k } else { capacity };
+        let max_cand = swa + if ratio == 0 { 0 } else if top_k != 0 { top_k } else { capacity };
         let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
         // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
         // tokens x splits).
