@@ -10,7 +10,17 @@ const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
 const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
-pub const ROPE: &str = include_str!("shaders/rope.wgsl");
+pub const ROPE: &str = concat!(include_str!("shaders/rope.wgsl"), include_str!("shaders/rope_angle.wgsl"));
+pub const KV_ROW: &str = concat!(include_str!("shaders/kv_row.wgsl"), include_str!("shaders/qat.wgsl"), include_str!("shaders/rope_angle.wgsl"));
+pub const COMPRESSOR_POOL: &str = concat!(include_str!("shaders/compressor_common.wgsl"), include_str!("shaders/compressor_pool.wgsl"));
+pub const COMPRESSOR_STATE: &str = concat!(include_str!("shaders/compressor_common.wgsl"), include_str!("shaders/compressor_state.wgsl"));
+const ATTENTION: &str = include_str!("shaders/attention.wgsl");
+const ATTENTION_SCORE_THREAD: &str = include_str!("shaders/attention_score_thread.wgsl");
+const ATTENTION_SCORE_SUBGROUP: &str = include_str!("shaders/attention_score_subgroup.wgsl");
+pub const ATTENTION_MERGE: &str = include_str!("shaders/attention_merge.wgsl");
+pub const RING_STORE: &str = include_str!("shaders/ring_store.wgsl");
+pub const INDEXER_SCORES: &str = include_str!("shaders/indexer_scores.wgsl");
+pub const TOP_K: &str = include_str!("shaders/top_k.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
@@ -81,6 +91,20 @@ pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> Stri
     format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
 }
 
+/// The attention module: tile scores by one thread per candidate (`Tree`, every adapter) or one
+/// subgroup per candidate (`Subgroup`).
+pub fn attention_source(reduce: Reduce) -> String {
+    let (score, params, init) = match reduce {
+        Reduce::Tree => (ATTENTION_SCORE_THREAD, "", ""),
+        Reduce::Subgroup => (
+            ATTENTION_SCORE_SUBGROUP,
+            ", @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) sg_size: u32, @builtin(subgroup_id) sg_id: u32, @builtin(num_subgroups) n_sg: u32",
+            "sg = vec4<u32>(lane, sg_size, sg_id, n_sg);",
+        ),
+    };
+    format!("{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
+}
+
 /// One WGSL module the crate builds, with what it needs from the adapter.
 #[derive(Debug, Clone)]
 pub struct ModuleSource {
@@ -111,7 +135,22 @@ pub fn all_modules() -> Vec<ModuleSource> {
             }
         }
     }
-    for (name, src) in [("rms_norm", RMS_NORM), ("rope", ROPE), ("swiglu", SWIGLU), ("argmax", ARGMAX)] {
+    for reduce in [Reduce::Tree, Reduce::Subgroup] {
+        out.push(ModuleSource { name: format!("attention_{reduce:?}"), wgsl: attention_source(reduce), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false });
+    }
+    for (name, src) in [
+        ("rms_norm", RMS_NORM),
+        ("rope", ROPE),
+        ("swiglu", SWIGLU),
+        ("argmax", ARGMAX),
+        ("kv_row", KV_ROW),
+        ("compressor_pool", COMPRESSOR_POOL),
+        ("compressor_state", COMPRESSOR_STATE),
+        ("attention_merge", ATTENTION_MERGE),
+        ("ring_store", RING_STORE),
+        ("indexer_scores", INDEXER_SCORES),
+        ("top_k", TOP_K),
+    ] {
         out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
     }
     out

@@ -17,6 +17,12 @@ pub enum Product {
     Batched { max_tokens: u32 },
 }
 
+/// How rows take their inputs: row r reads `[r / rows * cols, ...)` of activation rows of `x_stride`.
+struct Groups {
+    rows: usize,
+    x_stride: usize,
+}
+
 struct Part {
     bind: wgpu::BindGroup,
     wg: (u32, u32),
@@ -35,6 +41,20 @@ pub struct MatVec {
 impl MatVec {
     /// x holds max_tokens rows of `w.cols` floats, y max_tokens rows of `w.rows` floats.
     pub fn new(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product) -> Result<Self, WgpuError> {
+        Self::build(gpu, w, x, y, kind, Groups { rows: w.rows.max(1), x_stride: w.cols })
+    }
+
+    /// A grouped product (the attention's low-rank output `attn_output_a`): rows
+    /// `[g * group_rows, (g + 1) * group_rows)` of `w` take inputs `[g * w.cols, (g + 1) * w.cols)` of
+    /// each activation row of `x_stride` floats (groups x w.cols); y holds rows of `w.rows`.
+    pub fn grouped(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, group_rows: usize, x_stride: usize) -> Result<Self, WgpuError> {
+        if group_rows == 0 || !w.rows.is_multiple_of(group_rows) || x_stride < w.rows / group_rows * w.cols || !x_stride.is_multiple_of(4) {
+            return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{} rows in groups of {group_rows}, {} columns per group, activation rows of {x_stride}", w.rows, w.cols) });
+        }
+        Self::build(gpu, w, x, y, kind, Groups { rows: group_rows, x_stride })
+    }
+
+    fn build(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, groups: Groups) -> Result<Self, WgpuError> {
         let (tile, max_tokens) = match kind {
             Product::Vec => (1, 1),
             Product::Batched { max_tokens } => (BATCH_TILE, max_tokens.max(1)),
@@ -43,10 +63,10 @@ impl MatVec {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{} columns: the kernels need a multiple of 8", w.cols) });
         }
         let m = max_tokens as usize;
-        if x.len() < m * w.cols || y.len() < m * w.rows {
+        if x.len() < m * groups.x_stride || y.len() < m * w.rows {
             return Err(WgpuError::BadShape {
                 what: w.name.clone(),
-                reason: format!("activations hold {} / {} floats, need {} x {} / {} x {}", x.len(), y.len(), m, w.cols, m, w.rows),
+                reason: format!("activations hold {} / {} floats, need {} x {} / {} x {}", x.len(), y.len(), m, groups.x_stride, m, w.rows),
             });
         }
         let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
@@ -59,20 +79,30 @@ impl MatVec {
         let cols = u32_of("columns", w.cols)?;
         let row_bytes = u32_of("row bytes", w.row_bytes)?;
         let y_stride = u32_of("rows", w.rows)?;
+        let x_stride4 = u32_of("activation row", groups.x_stride / 4)?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
         let mut parts = Vec::with_capacity(w.parts.len());
         for (i, part) in w.parts.iter().enumerate() {
-            let rows = u32_of("rows", part.rows)?;
-            let wg = grid(rows);
-            let params: [u32; 8] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, y_stride, part.byte_offset];
-            let label = format!("{}#{i}", w.name);
-            let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
-            let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
-            if let Some(t) = table.as_deref() {
-                buffers.push(t);
+            // One dispatch per (binding part, row group) overlap: its inputs start at the group's.
+            let mut r0 = part.row0;
+            while r0 < part.row0 + part.rows {
+                let g = r0 / groups.rows;
+                let r1 = ((g + 1) * groups.rows).min(part.row0 + part.rows);
+                let rows = u32_of("rows", r1 - r0)?;
+                let wg = grid(rows);
+                let w_off = u32_of("weight offset", part.byte_offset as usize + (r0 - part.row0) * w.row_bytes)?;
+                let x_off4 = u32_of("input offset", g * w.cols / 4)?;
+                let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", r0)?, wg.0, x_stride4, y_stride, w_off, x_off4, 0, 0, 0];
+                let label = format!("{}#{i}.{g}", w.name);
+                let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
+                let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
+                if let Some(t) = table.as_deref() {
+                    buffers.push(t);
+                }
+                let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
+                parts.push(Part { bind, wg });
+                r0 = r1;
             }
-            let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
-            parts.push(Part { bind, wg });
         }
         Ok(Self { pipeline, parts, tile, max_tokens, reduce, f16 })
     }

@@ -1,12 +1,20 @@
 //! Device ops. Each is built once at load (pipeline, uniforms, bind groups) over fixed buffers;
 //! `encode` only records dispatches.
 mod argmax;
+mod attention;
+mod compressor;
+mod indexer;
+mod kv_row;
 mod matvec;
 mod norm;
 mod rope;
 mod swiglu;
 
 pub use argmax::{Argmax, Pick};
+pub use attention::{Attention, AttentionBuffers, AttentionShape, ATTENTION_MAX_HEAD_DIM};
+pub use compressor::{Compressor, CompressorShape};
+pub use indexer::{Indexer, IndexerBuffers, IndexerShape, INDEXER_MAX_DIM};
+pub use kv_row::{KvRow, KvRowSpec, RowNorm, RowPos, RowQat, KV_ROW_MAX_DIM};
 pub use matvec::{MatVec, Product};
 pub use norm::RmsNorm;
 pub use rope::Rope;

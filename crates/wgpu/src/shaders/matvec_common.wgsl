@@ -10,6 +10,10 @@ struct Params {
     x_stride4: u32,  // activation row stride in vec4s
     y_stride: u32,   // output row stride in floats
     w_off: u32,      // byte offset of the part's first row in its binding (imported windows)
+    x_off4: u32,     // offset of this dispatch's inputs in each activation row, in vec4s (row groups)
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 

@@ -19,7 +19,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var g = lid; g < nchunks; g += WG) {
         let wv = load8(rb, g);
         for (var t = 0u; t < nt; t++) {
-            let xi = (t0 + t) * p.x_stride4 + 2u * g;
+            let xi = p.x_off4 + (t0 + t) * p.x_stride4 + 2u * g;
             acc[t] += dot(wv.a, x[xi]) + dot(wv.b, x[xi + 1u]);
         }
     }

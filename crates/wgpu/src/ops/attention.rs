@@ -1,0 +1,194 @@
+//! Attention core of one layer for the step's tokens (`ds4_model::stage::Stage::attention_block`
+//! from the raw-row gather to the per-head inverse RoPE): queries over the sliding-window ring plus
+//! this step's new KV rows (causal) and the compressed rows (all, or the indexer's picks), with the
+//! per-head sink; then the inverse rotation of the output, and the new rows stored into the ring.
+//! A workgroup serves 4 heads (the rows are shared: MQA); steps with few tokens (decode) split the
+//! candidates across workgroups and merge the splits' partial softmax sums.
+use std::sync::Arc;
+
+use super::{check_tokens, grid, u32_of, Rope};
+use crate::buffer::GpuBuffer;
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, RING_STORE};
+
+/// The widest head the kernel holds in workgroup memory.
+pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
+/// Heads per workgroup (they share each candidate row read: MQA).
+const HEADS_PER_GROUP: usize = 4;
+/// Candidates per tile.
+const TILE: usize = 64;
+/// Workgroups a step aims for: a step with fewer (token, head group) pairs splits the candidates.
+const SPLIT_TARGET: usize = 256;
+const MAX_SPLIT: usize = 16;
+
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionShape {
+    pub n_head: usize,
+    pub head_dim: usize,
+    pub swa: usize,
+    /// 0: window only; 4 or 128: compressed rows (ratio 4 layers have an indexer).
+    pub ratio: usize,
+    /// Indexer picks per token (`idx_topk`) when the layer has an indexer, else 0.
+    pub top_k: usize,
+    /// Rows of the compressed-row buffer.
+    pub capacity: usize,
+    pub max_tokens: u32,
+}
+
+/// The buffers of one layer's attention.
+pub struct AttentionBuffers<'a> {
+    /// max_tokens x n_head x head_dim: normed, roped queries.
+    pub q: &'a GpuBuffer,
+    /// max_tokens x head_dim: this step's finished KV rows.
+    pub kv: &'a GpuBuffer,
+    /// swa x head_dim: position q at row q % swa (read, then this step's rows are stored).
+    pub ring: &'a GpuBuffer,
+    /// capacity x head_dim finished compressed rows (ratio > 0).
+    pub comp: Option<&'a GpuBuffer>,
+    /// max_tokens x top_k row ids as u32 (an indexer's output; read only where a token sees more
+    /// than top_k compressed rows).
+    pub sel: Option<&'a GpuBuffer>,
+    /// n_head sink logits.
+    pub sinks: &'a GpuBuffer,
+    /// max_tokens x n_head x head_dim output.
+    pub o: &'a GpuBuffer,
+}
+
+pub struct Attention {
+    /// How tile scores are summed: a subgroup per candidate, or a thread per candidate.
+    pub reduce: Reduce,
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    merge: Arc<wgpu::ComputePipeline>,
+    merge_bind: wgpu::BindGroup,
+    groups: usize,
+    max_split: usize,
+    _part: GpuBuffer,
+    store: Arc<wgpu::ComputePipeline>,
+    store_bind: wgpu::BindGroup,
+    store_wg_x: u32,
+    unrope: Rope,
+    shape: AttentionShape,
+    _dummies: Vec<GpuBuffer>,
+}
+
+impl Attention {
+    /// `freqs`: the layer's rotation (`ds4_model::rope::Rope::freqs`), undone on the output.
+    pub fn new(gpu: &Gpu, b: &AttentionBuffers, shape: AttentionShape, freqs: &[f64]) -> Result<Self, WgpuError> {
+        let AttentionShape { n_head, head_dim: d, swa, ratio, top_k, capacity, max_tokens } = shape;
+        let bad = |reason: String| WgpuError::BadShape { what: "attention".into(), reason };
+        let m = max_tokens.max(1) as usize;
+        if d == 0 || d > ATTENTION_MAX_HEAD_DIM || !d.is_multiple_of(4) || n_head == 0 || swa == 0 {
+            return Err(bad(format!("{n_head} heads of {d} (a multiple of 4, at most {ATTENTION_MAX_HEAD_DIM}), window {swa}")));
+        }
+        if b.q.len() < m * n_head * d || b.o.len() < m * n_head * d || b.kv.len() < m * d || b.ring.len() < swa * d || b.sinks.len() < n_head {
+            return Err(bad("a buffer is smaller than the shape".into()));
+        }
+        if ratio != 0 && b.comp.is_none_or(|c| c.len() < capacity * d) {
+            return Err(bad(format!("ratio {ratio} needs a compressed-row buffer of {capacity} rows")));
+        }
+        if top_k != 0 && (ratio == 0 || b.sel.is_none_or(|s| s.len() < m * top_k)) {
+            return Err(bad(format!("top-k {top_k} needs compressed rows and a selection buffer of {m} x {top_k}")));
+        }
+        if capacity >= 1 << 30 || swa >= 1 << 30 {
+            return Err(bad("row ids must stay below 2^30".into()));
+        }
+        let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
+        let pipeline = gpu.pipeline(&format!("attention_{reduce:?}"), || Ok(attention_source(reduce)))?;
+        let mut dummies = Vec::new();
+        if b.comp.is_none() {
+            dummies.push(GpuBuffer::new(gpu, "attention no compressed rows", 4)?);
+        }
+        if b.sel.is_none() {
+            dummies.push(GpuBuffer::new(gpu, "attention no selection", 1)?);
+        }
+        let mut di = dummies.iter();
+        let comp = match b.comp {
+            Some(c) => &c.buffer,
+            None => &di.next().ok_or_else(|| bad("dummy".into()))?.buffer,
+        };
+        let sel = match b.sel {
+            Some(s) => &s.buffer,
+            None => &di.next().ok_or_else(|| bad("dummy".into()))?.buffer,
+        };
+        let scale = 1.0 / (d as f32).sqrt();
+        let groups = n_head.div_ceil(HEADS_PER_GROUP);
+        // No more splits than tiles of the largest candidate set.
+        let max_cand = swa + if ratio == 0 { 0 } else if top_k != 0 { top_k } else { capacity };
+        let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
+        // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
+        // tokens x splits).
+        let part_len = (1..=m).filter(|&n| nsplit_of(n, groups, max_split) > 1).map(|n| n * nsplit_of(n, groups, max_split)).max().unwrap_or(0) * n_head * (d + 2);
+        let part = GpuBuffer::new(gpu, "attention splits", part_len.max(1))?;
+        let params: [u32; 12] = [
+            u32_of("heads", n_head)?,
+            u32_of("head dim", d)?,
+            u32_of("window", swa)?,
+            u32_of("ratio", ratio)?,
+            u32_of("top k", top_k)?,
+            scale.to_bits(),
+            u32_of("head groups", groups)?,
+            SPLIT_TARGET as u32,
+            max_split as u32,
+            0,
+            0,
+            0,
+        ];
+        let uni = gpu.uniform("attention", bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &part.buffer, &uni, &gpu.step])?;
+        let merge = gpu.pipeline("attention_merge", || Ok(ATTENTION_MERGE.to_string()))?;
+        let merge_bind = gpu.bind_group("attention merge", &merge, &[&part.buffer, &b.o.buffer, &uni, &gpu.step])?;
+
+        let store = gpu.pipeline("ring_store", || Ok(RING_STORE.to_string()))?;
+        let store_wg_x = grid(u32_of("ring rows", m.min(swa) * d)?.div_ceil(64)).0;
+        let sp: [u32; 4] = [u32_of("head dim", d)?, u32_of("window", swa)?, store_wg_x, 0];
+        let suni = gpu.uniform("ring store", bytemuck::cast_slice(&sp))?;
+        let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
+        let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
+        Ok(Self { reduce, pipeline, bind, merge, merge_bind, groups, max_split, _part: part, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+    }
+
+    /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
+    pub fn splits(&self, ntok: u32) -> u32 {
+        nsplit_of(ntok as usize, self.groups, self.max_split) as u32
+    }
+
+    /// Attention, the inverse rotation of `o`, then the ring store (after every read of the ring).
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let st = enc.step();
+        check_tokens("attention", st.ntok, self.shape.max_tokens)?;
+        if st.ntok == 0 {
+            return Ok(());
+        }
+        let end = st.pos as usize + st.ntok as usize;
+        if self.shape.ratio != 0 && end / self.shape.ratio > self.shape.capacity {
+            return Err(WgpuError::BadShape { what: "attention".into(), reason: format!("{} compressed rows, capacity {}", end / self.shape.ratio, self.shape.capacity) });
+        }
+        let nsplit = nsplit_of(st.ntok as usize, self.groups, self.max_split) as u32;
+        {
+            let pass = enc.pass();
+            pass.set_pipeline(&self.pipeline);
+            pass.set_bind_group(0, &self.bind, &[]);
+            pass.dispatch_workgroups(self.groups as u32, st.ntok, nsplit);
+            if nsplit > 1 {
+                pass.set_pipeline(&self.merge);
+                pass.set_bind_group(0, &self.merge_bind, &[]);
+                pass.dispatch_workgroups(self.shape.n_head as u32, st.ntok, 1);
+            }
+        }
+        self.unrope.encode(enc)?;
+        let n = st.ntok.min(self.shape.swa as u32) * self.shape.head_dim as u32;
+        let pass = enc.pass();
+        pass.set_pipeline(&self.store);
+        pass.set_bind_group(0, &self.store_bind, &[]);
+        pass.dispatch_workgroups(self.store_wg_x.min(n.div_ceil(64)), n.div_ceil(64).div_ceil(self.store_wg_x), 1);
+        Ok(())
+    }
+}
+
+/// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same).
+fn nsplit_of(ntok: usize, groups: usize, max_split: usize) -> usize {
+    (SPLIT_TARGET / (ntok * groups).max(1)).clamp(1, max_split)
+}
