@@ -1,4 +1,4 @@
-//! f32 activation / work buffers.
+//! f32 activation / work buffers (also used for u32 ids: token ids, expert ids).
 use crate::counters::Counters;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
@@ -58,5 +58,20 @@ impl GpuBuffer {
         }
         let bytes = gpu.read_bytes(&self.buffer, 0, n as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Host -> device write of u32 words (token ids, expert ids) at the start (an activation write).
+    pub fn write_u32(&self, gpu: &Gpu, data: &[u32]) -> Result<(), WgpuError> {
+        if data.len() > self.len {
+            return Err(WgpuError::BadShape { what: "buffer write".into(), reason: format!("{} words into a buffer of {}", data.len(), self.len) });
+        }
+        gpu.queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        Counters::add(&gpu.counters.activation_writes, 1);
+        gpu.check("buffer write")
+    }
+
+    /// The first `n` values read back as u32 words (ids written by a kernel).
+    pub fn read_u32(&self, gpu: &Gpu, n: usize) -> Result<Vec<u32>, WgpuError> {
+        Ok(self.read(gpu, n)?.into_iter().map(f32::to_bits).collect())
     }
 }

@@ -13,6 +13,18 @@ pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
 pub const ROPE: &str = include_str!("shaders/rope.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const MATVEC_EXPERT_MAIN: &str = include_str!("shaders/matvec_expert_main.wgsl");
+const EMBED: &str = include_str!("shaders/embed.wgsl");
+const HC_REDUCE: &str = include_str!("shaders/hc_reduce.wgsl");
+const HC_PRE: &str = include_str!("shaders/hc_pre.wgsl");
+const HC_HEAD: &str = include_str!("shaders/hc_head.wgsl");
+pub const HC_POST: &str = include_str!("shaders/hc_post.wgsl");
+pub const ROUTE: &str = include_str!("shaders/route.wgsl");
+pub const MOE_SWIGLU: &str = include_str!("shaders/moe_swiglu.wgsl");
+
+/// Binding of the IQ2_XXS grid table in the routed-expert modules (5 and 6 hold the expert uniform
+/// and the ids there).
+pub const EXPERT_TABLE_BINDING: u32 = 7;
 
 /// The weight types with mat-vec kernels.
 pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
@@ -76,6 +88,42 @@ pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> O
     Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
 }
 
+/// The module of the routed-expert product over stacked `ty` expert tensors (one token row per
+/// workgroup, expert id read from the router's output).
+pub fn expert_matvec_source(ty: GgmlType, reduce: Reduce, f16: F16Unpack) -> Option<String> {
+    let load = load8_source(ty)?.replace("@binding(5)", &format!("@binding({EXPERT_TABLE_BINDING})"));
+    let (red, params, call) = match reduce {
+        Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
+        Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
+    };
+    let main = MATVEC_EXPERT_MAIN.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
+    let unpack = match f16 {
+        F16Unpack::Native => F16_NATIVE,
+        F16Unpack::Bits => F16_BITS,
+    };
+    Some(format!("const TB: u32 = 1u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+}
+
+/// The pipeline-cache key of a routed-expert module.
+pub fn expert_matvec_key(ty: GgmlType, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("expert_matvec_{}_{reduce:?}_{f16:?}", ty.name())
+}
+
+/// The embedding module (f16 by the exact integer decode: one row per token, speed is no concern).
+pub fn embed_source() -> String {
+    format!("{F16_BITS}\n{EMBED}")
+}
+
+/// The hyper-connection entry module.
+pub fn hc_pre_source() -> String {
+    format!("{HC_REDUCE}\n{HC_PRE}")
+}
+
+/// The output-head collapse module.
+pub fn hc_head_source() -> String {
+    format!("{HC_REDUCE}\n{HC_HEAD}")
+}
+
 /// The pipeline-cache key of a mat-vec module.
 pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> String {
     format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
@@ -111,8 +159,34 @@ pub fn all_modules() -> Vec<ModuleSource> {
             }
         }
     }
-    for (name, src) in [("rms_norm", RMS_NORM), ("rope", ROPE), ("swiglu", SWIGLU), ("argmax", ARGMAX)] {
-        out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
+    for ty in MATVEC_TYPES {
+        for reduce in [Reduce::Tree, Reduce::Subgroup] {
+            for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                if let Some(wgsl) = expert_matvec_source(ty, reduce, f16) {
+                    out.push(ModuleSource {
+                        name: expert_matvec_key(ty, reduce, f16),
+                        wgsl,
+                        subgroup: reduce == Reduce::Subgroup,
+                        f16_in_f32: f16 == F16Unpack::Native,
+                    });
+                }
+            }
+        }
+    }
+    let plain = [
+        ("rms_norm", RMS_NORM.to_string()),
+        ("rope", ROPE.to_string()),
+        ("swiglu", SWIGLU.to_string()),
+        ("argmax", ARGMAX.to_string()),
+        ("embed", embed_source()),
+        ("hc_pre", hc_pre_source()),
+        ("hc_head", hc_head_source()),
+        ("hc_post", HC_POST.to_string()),
+        ("route", ROUTE.to_string()),
+        ("moe_swiglu", MOE_SWIGLU.to_string()),
+    ];
+    for (name, wgsl) in plain {
+        out.push(ModuleSource { name: name.to_string(), wgsl, subgroup: false, f16_in_f32: false });
     }
     out
 }

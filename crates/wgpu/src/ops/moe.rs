@@ -1,0 +1,236 @@
+//! Routed and shared experts of the MoE sub-layer (`ds4_model::Stage`'s FFN block after the router):
+//! per (token, slot) gate/up products read from the chosen expert's rows of the stacked tensors,
+//! SwiGLU with the clamp times the routing weight, the down product, then the sum of the slots plus
+//! the shared expert and the hyper-connection exit, in place on the streams.
+use std::sync::Arc;
+
+use super::hc::{HcDims, PostKernel};
+use super::step_matvec::StepMatVec;
+use super::swiglu::SwiGlu;
+use super::{check_tokens, grid, u32_of};
+use crate::buffer::GpuBuffer;
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+use crate::resident::ResidentTensor;
+use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, F16Unpack, Reduce, MOE_SWIGLU};
+
+struct Part {
+    bind: wgpu::BindGroup,
+    wg: (u32, u32),
+}
+
+/// y[slot] = W_{ids[slot]} . x[slot / x_div] over a stacked expert tensor (n_expert matrices of
+/// rows / n_expert rows each), for the step's ntok x k slots. Tensors split across bindings anywhere
+/// (an expert may straddle two parts): one dispatch per part, each computing the rows it holds.
+pub struct ExpertMatVec {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    parts: Vec<Part>,
+    k: u32,
+    max_tokens: u32,
+    pub reduce: Reduce,
+    pub f16: F16Unpack,
+}
+
+impl ExpertMatVec {
+    /// `w`: the stack (n_expert x r rows of `w.cols`); `ids`: max_tokens x k expert ids; `x`: one row
+    /// per token (`per_slot` false: gate/up over xn) or per slot (true: down over the activations);
+    /// `y`: max_tokens x k rows of r.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(gpu: &Gpu, w: &ResidentTensor, n_expert: usize, ids: &GpuBuffer, x: &GpuBuffer, per_slot: bool, y: &GpuBuffer, k: usize, max_tokens: u32) -> Result<Self, WgpuError> {
+        let bad = |reason: String| WgpuError::BadShape { what: w.name.clone(), reason };
+        if n_expert == 0 || !w.rows.is_multiple_of(n_expert) || !w.cols.is_multiple_of(8) {
+            return Err(bad(format!("{} rows of {} columns: not {n_expert} experts with a multiple of 8 columns", w.rows, w.cols)));
+        }
+        let (r, m) = (w.rows / n_expert, max_tokens as usize);
+        let slots = m * k;
+        if k == 0 || max_tokens == 0 || slots > 65535 {
+            return Err(bad(format!("{max_tokens} tokens x {k} slots (1..=65535 slots)")));
+        }
+        let x_rows = if per_slot { slots } else { m };
+        if ids.len() < slots || x.len() < x_rows * w.cols || y.len() < slots * r {
+            return Err(bad(format!("buffers of {} ids / {} / {} floats for {slots} slots", ids.len(), x.len(), y.len())));
+        }
+        let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
+        let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
+        let ty = w.ty;
+        let key = expert_matvec_key(ty, reduce, f16);
+        let pipeline = gpu.pipeline(&key, || expert_matvec_source(ty, reduce, f16).ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
+        let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
+        let exp: [u32; 4] = [u32_of("slots", k)?, if per_slot { 1 } else { u32_of("slots", k)? }, u32_of("rows per expert", r)?, 0];
+        let ex_uni = gpu.uniform(&format!("{} experts", w.name), bytemuck::cast_slice(&exp))?;
+        let (cols, row_bytes) = (u32_of("columns", w.cols)?, u32_of("row bytes", w.row_bytes)?);
+        let wg = grid(u32_of("rows per expert", r)?);
+        let mut parts = Vec::with_capacity(w.parts.len());
+        for (i, part) in w.parts.iter().enumerate() {
+            let params: [u32; 8] = [u32_of("rows", part.rows)?, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, u32_of("rows", r)?, part.byte_offset];
+            let label = format!("{}#{i}", w.name);
+            let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
+            let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step, &ex_uni, &ids.buffer];
+            if let Some(t) = table.as_deref() {
+                buffers.push(t);
+            }
+            parts.push(Part { bind: gpu.bind_group(&label, &pipeline, &buffers)?, wg });
+        }
+        Ok(Self { pipeline, parts, k: u32_of("slots", k)?, max_tokens, reduce, f16 })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let ntok = enc.step().ntok;
+        check_tokens("expert product", ntok, self.max_tokens)?;
+        let slots = (ntok * self.k).max(1);
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        for p in &self.parts {
+            pass.set_bind_group(0, &p.bind, &[]);
+            pass.dispatch_workgroups(p.wg.0, p.wg.1, slots);
+        }
+        Ok(())
+    }
+}
+
+/// a = swiglu_clamped(a, b) * weight[slot] over the step's slot rows.
+struct ExpertSwiGlu {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    n: u32,
+    k: u32,
+    wg_x: u32,
+}
+
+impl ExpertSwiGlu {
+    fn new(gpu: &Gpu, a: &GpuBuffer, b: &GpuBuffer, weights: &GpuBuffer, n: usize, k: usize, clamp: Option<f32>, max_tokens: u32) -> Result<Self, WgpuError> {
+        let total = n * k * max_tokens as usize;
+        if a.len() < total || b.len() < total || weights.len() < k * max_tokens as usize {
+            return Err(WgpuError::BadShape { what: "expert swiglu".into(), reason: format!("buffers too small for {total} values") });
+        }
+        let pipeline = gpu.pipeline("moe_swiglu", || Ok(MOE_SWIGLU.to_string()))?;
+        let wg_x = grid(u32_of("swiglu size", total)?.div_ceil(64)).0;
+        let params: [u32; 8] = [u32_of("width", n)?, u32_of("slots", k)?, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), wg_x, 0, 0, 0];
+        let uni = gpu.uniform("expert swiglu", bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group("expert swiglu", &pipeline, &[&a.buffer, &b.buffer, &weights.buffer, &uni, &gpu.step])?;
+        Ok(Self { pipeline, bind, n: u32_of("width", n)?, k: u32_of("slots", k)?, wg_x })
+    }
+
+    fn encode(&self, enc: &mut Encoder) {
+        let need = (self.n * self.k * enc.step().ntok).div_ceil(64);
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(self.wg_x, need.div_ceil(self.wg_x).max(1), 1);
+    }
+}
+
+/// Work buffers of the MoE sub-layer, sized once for max_tokens (one set may serve every layer).
+pub struct MoeScratch {
+    /// Routed gate (then activation), up: max_tokens x k x ff.
+    pub a: GpuBuffer,
+    pub b: GpuBuffer,
+    /// Routed down outputs: max_tokens x k x n_embd.
+    pub out: GpuBuffer,
+    /// Shared expert gate (then activation), up: max_tokens x ff; output: max_tokens x n_embd.
+    pub sh_a: GpuBuffer,
+    pub sh_b: GpuBuffer,
+    pub sh_out: GpuBuffer,
+    max_tokens: u32,
+}
+
+impl MoeScratch {
+    pub fn new(gpu: &Gpu, n_embd: usize, ff: usize, k: usize, max_tokens: u32) -> Result<Self, WgpuError> {
+        let m = max_tokens as usize;
+        Ok(Self {
+            a: GpuBuffer::new(gpu, "moe a", m * k * ff)?,
+            b: GpuBuffer::new(gpu, "moe b", m * k * ff)?,
+            out: GpuBuffer::new(gpu, "moe out", m * k * n_embd)?,
+            sh_a: GpuBuffer::new(gpu, "moe shared a", m * ff)?,
+            sh_b: GpuBuffer::new(gpu, "moe shared b", m * ff)?,
+            sh_out: GpuBuffer::new(gpu, "moe shared out", m * n_embd)?,
+            max_tokens,
+        })
+    }
+}
+
+/// The stacked routed expert tensors of a layer (ffn_{gate,up,down}_exps) and their expert count.
+#[derive(Clone, Copy)]
+pub struct Experts<'a> {
+    pub gate: &'a ResidentTensor,
+    pub up: &'a ResidentTensor,
+    pub down: &'a ResidentTensor,
+    pub n_expert: usize,
+}
+
+/// Routed experts + shared expert + HC exit of one layer.
+pub struct Moe {
+    gate: ExpertMatVec,
+    up: ExpertMatVec,
+    act: ExpertSwiGlu,
+    down: ExpertMatVec,
+    shared: Option<(StepMatVec, StepMatVec, SwiGlu, StepMatVec)>,
+    post: PostKernel,
+    max_tokens: u32,
+}
+
+impl Moe {
+    /// `xn`: the normalised sub-layer input (max_tokens x n_embd); `ids`/`weights`: the router's
+    /// output (k per token); `shared`: [gate, up, down] of the shared expert; `clamp`: the layer's
+    /// SwiGLU clamp; `x`/`coef`: the streams and the exit coefficients of this sub-layer's entry.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        dims: &HcDims,
+        experts: Experts,
+        shared: Option<[&ResidentTensor; 3]>,
+        clamp: Option<f32>,
+        k: usize,
+        xn: &GpuBuffer,
+        ids: &GpuBuffer,
+        weights: &GpuBuffer,
+        scratch: &MoeScratch,
+        x: &GpuBuffer,
+        coef: &GpuBuffer,
+        max_tokens: u32,
+    ) -> Result<Self, WgpuError> {
+        let e = dims.n_embd;
+        let ff = experts.gate.rows / experts.n_expert.max(1);
+        let shapes_ok = experts.gate.cols == e
+            && experts.up.cols == e
+            && experts.up.rows == experts.gate.rows
+            && experts.down.cols == ff
+            && experts.down.rows == e * experts.n_expert
+            && shared.is_none_or(|[g, u, d]| g.cols == e && u.cols == e && g.rows == u.rows && d.cols == g.rows && d.rows == e && g.rows * (max_tokens as usize) <= scratch.sh_a.len());
+        if !shapes_ok || max_tokens > scratch.max_tokens {
+            return Err(WgpuError::BadShape { what: format!("moe {}", experts.gate.name), reason: format!("expert / shared shapes do not match n_embd {e}, or scratch built for {} tokens", scratch.max_tokens) });
+        }
+        let n = experts.n_expert;
+        let gate = ExpertMatVec::new(gpu, experts.gate, n, ids, xn, false, &scratch.a, k, max_tokens)?;
+        let up = ExpertMatVec::new(gpu, experts.up, n, ids, xn, false, &scratch.b, k, max_tokens)?;
+        let act = ExpertSwiGlu::new(gpu, &scratch.a, &scratch.b, weights, ff, k, clamp, max_tokens)?;
+        let down = ExpertMatVec::new(gpu, experts.down, n, ids, &scratch.a, true, &scratch.out, k, max_tokens)?;
+        let shared = match shared {
+            Some([g, u, d]) => Some((
+                StepMatVec::new(gpu, g, xn, &scratch.sh_a, max_tokens)?,
+                StepMatVec::new(gpu, u, xn, &scratch.sh_b, max_tokens)?,
+                SwiGlu::new(gpu, &scratch.sh_a, &scratch.sh_b, g.rows, clamp, max_tokens)?,
+                StepMatVec::new(gpu, d, &scratch.sh_a, &scratch.sh_out, max_tokens)?,
+            )),
+            None => None,
+        };
+        let post = PostKernel::new(gpu, dims, x, &scratch.out, k, shared.as_ref().map(|_| &scratch.sh_out), coef, max_tokens)?;
+        Ok(Self { gate, up, act, down, shared, post, max_tokens })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        check_tokens("moe", enc.step().ntok, self.max_tokens)?;
+        self.gate.encode(enc)?;
+        self.up.encode(enc)?;
+        self.act.encode(enc);
+        self.down.encode(enc)?;
+        if let Some((g, u, act, d)) = &self.shared {
+            g.encode(enc)?;
+            u.encode(enc)?;
+            act.encode(enc)?;
+            d.encode(enc)?;
+        }
+        self.post.encode(enc)
+    }
+}
