@@ -401,11 +401,10 @@ fn expert_products_every_type_straddling_parts() {
 
 /// The CPU MoE sub-layer on the streams `x` (in place), as `Stage`'s FFN block: entry, router,
 /// routed experts grouped by expert, shared expert, exit. Returns the sorted expert ids per token.
-fn cpu_ffn(cfg: &Config, w: &Weights, il: usize, x: &mut [f32], tokens: &[u32]) -> Vec<u32> {
+fn cpu_ffn(cfg: &Config, w: &Weights, il: usize, x: &mut [f32], tokens: &[u32], clamp: f32) -> Vec<u32> {
     let lw = w.layer(il);
     let n = tokens.len();
     let (hd, e, ne, k, ff) = (cfg.hc_dim(), cfg.n_embd, cfg.n_expert, cfg.n_expert_used, cfg.ff_exp);
-    let clamp = cfg.swiglu_clamp[il];
     let (xn, mixes) = cpu_pre(cfg, w, &lw.hc_ffn, &lw.ffn_norm, x, n, cfg.sinkhorn_iters);
     let rlog = mm(w, &lw.gate_inp, &xn, n);
     let (mut eids, mut ew) = (vec![0u32; n * k], vec![0f32; n * k]);
@@ -450,7 +449,7 @@ fn cpu_ffn(cfg: &Config, w: &Weights, il: usize, x: &mut [f32], tokens: &[u32]) 
 
 #[test]
 fn moe_sublayer_matches_cpu() {
-    let mut worst = 0f32;
+    let (mut worst, mut injected) = (0f32, f32::MAX);
     for mix in [Mix::Q2, Mix::Q4] {
         let m = model(mix);
         let Some(gpu) = common::gpu(common::opts(false, Some(BINDING))) else { return };
@@ -497,15 +496,48 @@ fn moe_sublayer_matches_cpu() {
                     "a step must not bind, compile, allocate or upload"
                 );
                 let mut want = x.clone();
-                let want_ids = cpu_ffn(cfg, w, il, &mut want, &tokens[..ntok]);
+                let want_ids = cpu_ffn(cfg, w, il, &mut want, &tokens[..ntok], cfg.swiglu_clamp[il]);
                 assert_eq!(ids.read_u32(&gpu, ntok * k).unwrap(), want_ids, "{mix:?} layer {il}: experts");
                 let got = xb.read(&gpu, ntok * hd).unwrap();
                 let err = rel(&got, &want);
                 eprintln!("moe {mix:?} layer {il} ({}) ntok {ntok}: {err:.2e} of the largest stream value", if lw.tid2eid.is_some() { "hash" } else { "biased" });
                 worst = worst.max(err);
             }
+            if mix == Mix::Q2 && il == 3 {
+                // A clamp the tiny model's activations reach (its own, 10, they do not), then the
+                // injected mistakes: the clamp left out, the shared expert left out.
+                let ntok = tokens.len();
+                let x = streams(cfg, ntok, 900);
+                let (mut want, mut plain) = (x.clone(), x.clone());
+                cpu_ffn(cfg, w, il, &mut want, &tokens, 0.3);
+                cpu_ffn(cfg, w, il, &mut plain, &tokens, cfg.swiglu_clamp[il]);
+                let shared = Some([&shr[0], &shr[1], &shr[2]]);
+                for (label, sh, clamp, want, ok) in [
+                    ("clamp 0.3", shared, Some(0.3), &want, true),
+                    ("clamp left out", shared, None, &want, false),
+                    ("shared expert left out", None, Some(cfg.swiglu_clamp[il]), &plain, false),
+                ] {
+                    let op = Moe::new(&gpu, &d, experts, sh, clamp, k, &xn, &ids, &wts, &scratch, &xb, &coef, MAXT).unwrap();
+                    xb.write(&gpu, &x).unwrap();
+                    tok.write_u32(&gpu, &tokens).unwrap();
+                    gpu.run(Step { ntok: ntok as u32, pos: 0 }, |enc| {
+                        pre.encode(enc)?;
+                        router.encode(enc)?;
+                        op.encode(enc)
+                    })
+                    .unwrap();
+                    let err = rel(&xb.read(&gpu, ntok * hd).unwrap(), want);
+                    eprintln!("moe {label}: {err:.2e}");
+                    if ok {
+                        worst = worst.max(err);
+                    } else {
+                        injected = injected.min(err);
+                    }
+                }
+            }
         }
     }
     // The exit's streams against the CPU chain (products of 256 terms, f32 vs f64; sigmoid, Sinkhorn).
     assert!(worst <= 1e-6, "MoE sub-layer off the CPU by {worst:.2e} of the largest value");
+    assert!(injected > 1e-5, "an injected mistake should fail the bound (got {injected:.2e})");
 }
