@@ -99,6 +99,7 @@ struct ExpertSwiGlu {
 }
 
 impl ExpertSwiGlu {
+    #[allow(clippy::too_many_arguments)]
     fn new(gpu: &Gpu, a: &GpuBuffer, b: &GpuBuffer, weights: &GpuBuffer, n: usize, k: usize, clamp: Option<f32>, max_tokens: u32) -> Result<Self, WgpuError> {
         let total = n * k * max_tokens as usize;
         if a.len() < total || b.len() < total || weights.len() < k * max_tokens as usize {
