@@ -22,9 +22,8 @@ pub const HC_POST: &str = include_str!("shaders/hc_post.wgsl");
 pub const ROUTE: &str = include_str!("shaders/route.wgsl");
 pub const MOE_SWIGLU: &str = include_str!("shaders/moe_swiglu.wgsl");
 
-/// Binding of the IQ2_XXS grid table in the routed-expert modules (5 and 6 hold the expert uniform
-/// and the ids there).
-pub const EXPERT_TABLE_BINDING: u32 = 7;
+const MATVEC_EXPERT_GROUPED_MAIN: &str = include_str!("shaders/matvec_expert_grouped_main.wgsl");
+pub const EXPERT_GROUPS: &str = include_str!("shaders/expert_groups.wgsl");
 
 /// The weight types with mat-vec kernels.
 pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
@@ -88,25 +87,47 @@ pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> O
     Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
 }
 
-/// The module of the routed-expert product over stacked `ty` expert tensors (one token row per
-/// workgroup, expert id read from the router's output).
-pub fn expert_matvec_source(ty: GgmlType, reduce: Reduce, f16: F16Unpack) -> Option<String> {
-    let load = load8_source(ty)?.replace("@binding(5)", &format!("@binding({EXPERT_TABLE_BINDING})"));
+/// How the routed-expert product walks the step's (token, slot) pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpertWalk {
+    /// One workgroup per (row, slot) (decode).
+    PerSlot,
+    /// One workgroup per (row, tile of up to BATCH_TILE slots of one expert) (prefill).
+    Grouped,
+}
+
+/// Binding of the IQ2_XXS grid table in the routed-expert modules (the expert uniform and the ids,
+/// or the tiles and the order, come before it).
+pub fn expert_table_binding(walk: ExpertWalk) -> u32 {
+    match walk {
+        ExpertWalk::PerSlot => 7,
+        ExpertWalk::Grouped => 8,
+    }
+}
+
+/// The module of the routed-expert product over stacked `ty` expert tensors (expert ids from the
+/// router's output).
+pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> Option<String> {
+    let load = load8_source(ty)?.replace("@binding(5)", &format!("@binding({})", expert_table_binding(walk)));
     let (red, params, call) = match reduce {
         Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
         Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
     };
-    let main = MATVEC_EXPERT_MAIN.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
+    let (main, tb) = match walk {
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1),
+        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE),
+    };
+    let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
     let unpack = match f16 {
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
-    Some(format!("const TB: u32 = 1u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
 }
 
 /// The pipeline-cache key of a routed-expert module.
-pub fn expert_matvec_key(ty: GgmlType, reduce: Reduce, f16: F16Unpack) -> String {
-    format!("expert_matvec_{}_{reduce:?}_{f16:?}", ty.name())
+pub fn expert_matvec_key(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("expert_matvec_{}_{walk:?}_{reduce:?}_{f16:?}", ty.name())
 }
 
 /// The embedding module (f16 by the exact integer decode: one row per token, speed is no concern).
@@ -160,15 +181,17 @@ pub fn all_modules() -> Vec<ModuleSource> {
         }
     }
     for ty in MATVEC_TYPES {
-        for reduce in [Reduce::Tree, Reduce::Subgroup] {
-            for f16 in [F16Unpack::Native, F16Unpack::Bits] {
-                if let Some(wgsl) = expert_matvec_source(ty, reduce, f16) {
-                    out.push(ModuleSource {
-                        name: expert_matvec_key(ty, reduce, f16),
-                        wgsl,
-                        subgroup: reduce == Reduce::Subgroup,
-                        f16_in_f32: f16 == F16Unpack::Native,
-                    });
+        for walk in [ExpertWalk::PerSlot, ExpertWalk::Grouped] {
+            for reduce in [Reduce::Tree, Reduce::Subgroup] {
+                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                    if let Some(wgsl) = expert_matvec_source(ty, walk, reduce, f16) {
+                        out.push(ModuleSource {
+                            name: expert_matvec_key(ty, walk, reduce, f16),
+                            wgsl,
+                            subgroup: reduce == Reduce::Subgroup,
+                            f16_in_f32: f16 == F16Unpack::Native,
+                        });
+                    }
                 }
             }
         }
@@ -184,6 +207,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("hc_post", HC_POST.to_string()),
         ("route", ROUTE.to_string()),
         ("moe_swiglu", MOE_SWIGLU.to_string()),
+        ("expert_groups", EXPERT_GROUPS.to_string()),
     ];
     for (name, wgsl) in plain {
         out.push(ModuleSource { name: name.to_string(), wgsl, subgroup: false, f16_in_f32: false });

@@ -12,7 +12,7 @@ use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_model::weights::{HcWeights, LayerWeights, Mat};
 use ds4_model::{hc, moe, ops as cops, Config, LayerRange, Weights};
 use ds4_quant::{matmul, GgmlType, Precision};
-use ds4_wgpu::ops::{Embed, ExpertMatVec, Experts, HcDims, HcHead, HcPost, HcPre, HeadRows, Moe, MoeScratch, RouteConfig, Router, Routing};
+use ds4_wgpu::ops::{Embed, ExpertGroups, ExpertMatVec, Experts, HcDims, HcHead, HcPost, HcPre, HeadRows, Moe, MoeScratch, RouteConfig, Router, Routing};
 use ds4_wgpu::{Gpu, GpuBuffer, ResidentTensor, Step};
 
 /// Weight binding cap: the tiny model's expert stacks (and its embedding) split into several parts,
@@ -361,27 +361,39 @@ impl Stack {
 
 #[test]
 fn expert_products_every_type_straddling_parts() {
-    let (n_expert, r, cols, k, ntok) = (6usize, 40usize, 256usize, 4usize, 3usize);
-    // Slots: experts 0 and 5, a repeated expert, experts whose rows straddle a part boundary.
-    let ids: Vec<u32> = vec![0, 2, 3, 5, 1, 1, 4, 5, 2, 3, 4, 0];
+    let (n_expert, r, cols, k) = (6usize, 40usize, 256usize, 4usize);
+    // 8 tokens x 4 slots: experts 0 and 5 at both ends, repeated experts (expert 5 and 0 in more
+    // than one tile of 4, expert 2 in exactly one), experts whose rows straddle a part boundary.
+    let ids: Vec<u32> = vec![0, 2, 3, 5, 1, 1, 4, 5, 2, 2, 2, 2, 5, 5, 5, 5, 5, 5, 5, 0, 3, 1, 4, 2, 0, 0, 0, 0, 0, 0, 3, 5];
     let mut worst = 0f64;
     for fallback in [false, true] {
         let Some(gpu) = common::gpu(common::opts(fallback, Some(4 << 10))) else { return };
+        let idb = buf(&gpu, MAXT as usize * k);
+        idb.write_u32(&gpu, &ids).unwrap();
+        let groups = ExpertGroups::new(&gpu, &idb, n_expert, k, MAXT).unwrap();
         for (i, ty) in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS].into_iter().enumerate() {
             let st = Stack::new(ty, n_expert * r, cols, 20 + i as u64);
             let t = ResidentTensor::upload(&gpu, "exps", ty, &st.bytes, st.rows, cols).unwrap();
             assert!(t.parts.iter().any(|p| p.row0 % r != 0), "{ty:?}: some part should start inside an expert");
-            let idb = buf(&gpu, MAXT as usize * k);
-            idb.write_u32(&gpu, &ids).unwrap();
             for per_slot in [false, true] {
-                let x_rows = if per_slot { ntok * k } else { ntok };
+                let x_rows = if per_slot { MAXT as usize * k } else { MAXT as usize };
                 let x = common::normals(30 + i as u64, x_rows * cols);
                 let xb = buf(&gpu, MAXT as usize * k * cols);
                 xb.write(&gpu, &x).unwrap();
                 let yb = buf(&gpu, MAXT as usize * k * r);
-                let op = ExpertMatVec::new(&gpu, &t, n_expert, &idb, &xb, per_slot, &yb, k, MAXT).unwrap();
-                for nt in [1, ntok] {
-                    gpu.run(Step { ntok: nt as u32, pos: 0 }, |enc| op.encode(enc)).unwrap();
+                let slot_op = ExpertMatVec::new(&gpu, &t, n_expert, &idb, &xb, per_slot, &yb, k, MAXT).unwrap();
+                let tile_op = ExpertMatVec::grouped(&gpu, &t, &groups, &xb, per_slot, &yb, MAXT).unwrap();
+                for (walk, nt) in [("per slot", 1), ("per slot", 3), ("grouped", 2), ("grouped", 8)] {
+                    yb.write(&gpu, &vec![f32::NAN; MAXT as usize * k * r]).unwrap();
+                    gpu.run(Step { ntok: nt as u32, pos: 0 }, |enc| {
+                        if walk == "grouped" {
+                            groups.encode(enc)?;
+                            tile_op.encode(enc)
+                        } else {
+                            slot_op.encode(enc)
+                        }
+                    })
+                    .unwrap();
                     let y = yb.read(&gpu, nt * k * r).unwrap();
                     for slot in 0..nt * k {
                         let xr = if per_slot { slot } else { slot / k };
@@ -389,7 +401,7 @@ fn expert_products_every_type_straddling_parts() {
                             let (want, mag) = st.dot(ids[slot] as usize * r + row, &x[xr * cols..(xr + 1) * cols]);
                             let err = (y[slot * r + row] as f64 - want).abs() / (1e-5 * mag + 1e-30);
                             worst = worst.max(err);
-                            assert!(err <= 1.0, "{ty:?} fallback={fallback} per_slot={per_slot} slot {slot} row {row}: {} vs {want}", y[slot * r + row]);
+                            assert!(err <= 1.0, "{ty:?} {walk} fallback={fallback} per_slot={per_slot} slot {slot} row {row}: {} vs {want}", y[slot * r + row]);
                         }
                     }
                 }

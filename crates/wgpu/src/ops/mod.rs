@@ -15,7 +15,7 @@ pub use argmax::{Argmax, Pick};
 pub use embed::Embed;
 pub use hc::{HcDims, HcHead, HcPost, HcPre, HeadRows, MAX_HC};
 pub use matvec::{MatVec, Product};
-pub use moe::{ExpertMatVec, Experts, Moe, MoeScratch};
+pub use moe::{ExpertGroups, ExpertMatVec, Experts, Moe, MoeScratch};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use router::{RouteConfig, Router, Routing, MAX_EXPERTS, MAX_EXPERTS_PER_TOKEN};
