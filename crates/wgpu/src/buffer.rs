@@ -72,6 +72,10 @@ impl GpuBuffer {
 
     /// The first `n` values read back as u32 words (ids written by a kernel).
     pub fn read_u32(&self, gpu: &Gpu, n: usize) -> Result<Vec<u32>, WgpuError> {
-        Ok(self.read(gpu, n)?.into_iter().map(f32::to_bits).collect())
+        if n > self.len {
+            return Err(WgpuError::BadShape { what: "buffer read".into(), reason: format!("{n} words from a buffer of {}", self.len) });
+        }
+        let bytes = gpu.read_bytes(&self.buffer, 0, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 }
