@@ -1,4 +1,4 @@
-//! f32 activation / work buffers.
+//! f32 activation / work buffers (also used for u32 ids: token ids, expert ids).
 use crate::counters::Counters;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
@@ -55,6 +55,25 @@ impl GpuBuffer {
     pub fn read(&self, gpu: &Gpu, n: usize) -> Result<Vec<f32>, WgpuError> {
         if n > self.len {
             return Err(WgpuError::BadShape { what: "buffer read".into(), reason: format!("{n} floats from a buffer of {}", self.len) });
+        }
+        let bytes = gpu.read_bytes(&self.buffer, 0, n as u64 * 4)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Host -> device write of u32 words (token ids, expert ids) at the start (an activation write).
+    pub fn write_u32(&self, gpu: &Gpu, data: &[u32]) -> Result<(), WgpuError> {
+        if data.len() > self.len {
+            return Err(WgpuError::BadShape { what: "buffer write".into(), reason: format!("{} words into a buffer of {}", data.len(), self.len) });
+        }
+        gpu.queue.write_buffer(&self.buffer, 0, bytemuck::cast_slice(data));
+        Counters::add(&gpu.counters.activation_writes, 1);
+        gpu.check("buffer write")
+    }
+
+    /// The first `n` values read back as u32 words (ids written by a kernel).
+    pub fn read_u32(&self, gpu: &Gpu, n: usize) -> Result<Vec<u32>, WgpuError> {
+        if n > self.len {
+            return Err(WgpuError::BadShape { what: "buffer read".into(), reason: format!("{n} words from a buffer of {}", self.len) });
         }
         let bytes = gpu.read_bytes(&self.buffer, 0, n as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))

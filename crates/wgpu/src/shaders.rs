@@ -23,6 +23,17 @@ pub const INDEXER_SCORES: &str = include_str!("shaders/indexer_scores.wgsl");
 pub const TOP_K: &str = include_str!("shaders/top_k.wgsl");
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
 pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const MATVEC_EXPERT_MAIN: &str = include_str!("shaders/matvec_expert_main.wgsl");
+const EMBED: &str = include_str!("shaders/embed.wgsl");
+const HC_REDUCE: &str = include_str!("shaders/hc_reduce.wgsl");
+const HC_PRE: &str = include_str!("shaders/hc_pre.wgsl");
+const HC_HEAD: &str = include_str!("shaders/hc_head.wgsl");
+pub const HC_POST: &str = include_str!("shaders/hc_post.wgsl");
+pub const ROUTE: &str = include_str!("shaders/route.wgsl");
+pub const MOE_SWIGLU: &str = include_str!("shaders/moe_swiglu.wgsl");
+
+const MATVEC_EXPERT_GROUPED_MAIN: &str = include_str!("shaders/matvec_expert_grouped_main.wgsl");
+pub const EXPERT_GROUPS: &str = include_str!("shaders/expert_groups.wgsl");
 
 /// The weight types with mat-vec kernels.
 pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
@@ -86,6 +97,64 @@ pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> O
     Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
 }
 
+/// How the routed-expert product walks the step's (token, slot) pairs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpertWalk {
+    /// One workgroup per (row, slot) (decode).
+    PerSlot,
+    /// One workgroup per (row, tile of up to BATCH_TILE slots of one expert) (prefill).
+    Grouped,
+}
+
+/// Binding of the IQ2_XXS grid table in the routed-expert modules (the expert uniform and the ids,
+/// or the tiles and the order, come before it).
+pub fn expert_table_binding(walk: ExpertWalk) -> u32 {
+    match walk {
+        ExpertWalk::PerSlot => 7,
+        ExpertWalk::Grouped => 8,
+    }
+}
+
+/// The module of the routed-expert product over stacked `ty` expert tensors (expert ids from the
+/// router's output).
+pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> Option<String> {
+    let load = load8_source(ty)?.replace("@binding(5)", &format!("@binding({})", expert_table_binding(walk)));
+    let (red, params, call) = match reduce {
+        Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
+        Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
+    };
+    let (main, tb) = match walk {
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1),
+        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE),
+    };
+    let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
+    let unpack = match f16 {
+        F16Unpack::Native => F16_NATIVE,
+        F16Unpack::Bits => F16_BITS,
+    };
+    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+}
+
+/// The pipeline-cache key of a routed-expert module.
+pub fn expert_matvec_key(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("expert_matvec_{}_{walk:?}_{reduce:?}_{f16:?}", ty.name())
+}
+
+/// The embedding module (f16 by the exact integer decode: one row per token, speed is no concern).
+pub fn embed_source() -> String {
+    format!("{F16_BITS}\n{EMBED}")
+}
+
+/// The hyper-connection entry module.
+pub fn hc_pre_source() -> String {
+    format!("{HC_REDUCE}\n{HC_PRE}")
+}
+
+/// The output-head collapse module.
+pub fn hc_head_source() -> String {
+    format!("{HC_REDUCE}\n{HC_HEAD}")
+}
+
 /// The pipeline-cache key of a mat-vec module.
 pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> String {
     format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
@@ -138,20 +207,44 @@ pub fn all_modules() -> Vec<ModuleSource> {
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
         out.push(ModuleSource { name: format!("attention_{reduce:?}"), wgsl: attention_source(reduce), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false });
     }
-    for (name, src) in [
-        ("rms_norm", RMS_NORM),
-        ("rope", ROPE),
-        ("swiglu", SWIGLU),
-        ("argmax", ARGMAX),
-        ("kv_row", KV_ROW),
-        ("compressor_pool", COMPRESSOR_POOL),
-        ("compressor_state", COMPRESSOR_STATE),
-        ("attention_merge", ATTENTION_MERGE),
-        ("ring_store", RING_STORE),
-        ("indexer_scores", INDEXER_SCORES),
-        ("top_k", TOP_K),
-    ] {
-        out.push(ModuleSource { name: name.to_string(), wgsl: src.to_string(), subgroup: false, f16_in_f32: false });
+    for ty in MATVEC_TYPES {
+        for walk in [ExpertWalk::PerSlot, ExpertWalk::Grouped] {
+            for reduce in [Reduce::Tree, Reduce::Subgroup] {
+                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                    if let Some(wgsl) = expert_matvec_source(ty, walk, reduce, f16) {
+                        out.push(ModuleSource {
+                            name: expert_matvec_key(ty, walk, reduce, f16),
+                            wgsl,
+                            subgroup: reduce == Reduce::Subgroup,
+                            f16_in_f32: f16 == F16Unpack::Native,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let plain = [
+        ("rms_norm", RMS_NORM.to_string()),
+        ("rope", ROPE.to_string()),
+        ("swiglu", SWIGLU.to_string()),
+        ("argmax", ARGMAX.to_string()),
+        ("embed", embed_source()),
+        ("hc_pre", hc_pre_source()),
+        ("hc_head", hc_head_source()),
+        ("hc_post", HC_POST.to_string()),
+        ("route", ROUTE.to_string()),
+        ("moe_swiglu", MOE_SWIGLU.to_string()),
+        ("expert_groups", EXPERT_GROUPS.to_string()),
+        ("kv_row", KV_ROW.to_string()),
+        ("compressor_pool", COMPRESSOR_POOL.to_string()),
+        ("compressor_state", COMPRESSOR_STATE.to_string()),
+        ("attention_merge", ATTENTION_MERGE.to_string()),
+        ("ring_store", RING_STORE.to_string()),
+        ("indexer_scores", INDEXER_SCORES.to_string()),
+        ("top_k", TOP_K.to_string()),
+    ];
+    for (name, wgsl) in plain {
+        out.push(ModuleSource { name: name.to_string(), wgsl, subgroup: false, f16_in_f32: false });
     }
     out
 }

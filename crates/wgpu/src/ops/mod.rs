@@ -5,9 +5,14 @@ mod attention;
 mod compressor;
 mod indexer;
 mod kv_row;
+mod embed;
+mod hc;
 mod matvec;
+mod moe;
 mod norm;
 mod rope;
+mod router;
+mod step_matvec;
 mod swiglu;
 
 pub use argmax::{Argmax, Pick};
@@ -15,12 +20,37 @@ pub use attention::{Attention, AttentionBuffers, AttentionShape, ATTENTION_MAX_H
 pub use compressor::{Compressor, CompressorShape};
 pub use indexer::{Indexer, IndexerBuffers, IndexerShape, INDEXER_MAX_DIM};
 pub use kv_row::{KvRow, KvRowSpec, RowNorm, RowPos, RowQat, KV_ROW_MAX_DIM};
+pub use embed::Embed;
+pub use hc::{HcDims, HcHead, HcPost, HcPre, HeadRows, MAX_HC};
 pub use matvec::{MatVec, Product};
+pub use moe::{ExpertGroups, ExpertMatVec, Experts, Moe, MoeScratch};
 pub use norm::RmsNorm;
 pub use rope::Rope;
+pub use router::{RouteConfig, Router, Routing, MAX_EXPERTS, MAX_EXPERTS_PER_TOKEN};
+pub use step_matvec::StepMatVec;
 pub use swiglu::SwiGlu;
 
+use crate::counters::Counters;
 use crate::error::WgpuError;
+use crate::gpu::Gpu;
+
+/// A small constant table (norm weights, HC scale/base, routing bias) uploaded once at load.
+pub(crate) fn upload_f32(gpu: &Gpu, label: &str, data: &[f32]) -> Result<wgpu::Buffer, WgpuError> {
+    upload_words(gpu, label, bytemuck::cast_slice(data))
+}
+
+/// A small u32 table (the hash routing table) uploaded once at load.
+pub(crate) fn upload_u32(gpu: &Gpu, label: &str, data: &[u32]) -> Result<wgpu::Buffer, WgpuError> {
+    upload_words(gpu, label, bytemuck::cast_slice(data))
+}
+
+fn upload_words(gpu: &Gpu, label: &str, bytes: &[u8]) -> Result<wgpu::Buffer, WgpuError> {
+    gpu.check_binding(label, bytes.len() as u64)?;
+    let b = gpu.buffer_with(label, bytes, bytes.len() as u64, wgpu::BufferUsages::STORAGE)?;
+    Counters::add(&gpu.counters.weight_uploads, 1);
+    Counters::add(&gpu.counters.weight_bytes, bytes.len() as u64);
+    Ok(b)
+}
 
 /// Workgroup grid (x, y) covering `n` workgroups with x <= 65535 (the per-dimension limit).
 pub(crate) fn grid(n: u32) -> (u32, u32) {
