@@ -15,6 +15,7 @@ mod loader;
 pub mod ops;
 mod resident;
 pub mod shaders;
+mod stage;
 
 pub use buffer::GpuBuffer;
 pub use counters::CounterSnapshot;
@@ -23,4 +24,5 @@ pub use error::WgpuError;
 pub use gpu::{BackendChoice, Caps, Gpu, GpuOptions, Step, OPTIONAL_FEATURES};
 pub use loader::{library_present, VULKAN_LOADER};
 pub use resident::{ResidentTensor, TensorPart};
+pub use stage::{plan_bytes, WgpuOps, WgpuStage};
 pub use wgpu;
