@@ -28,8 +28,13 @@ impl Encoder {
 
     /// Records a buffer copy (ends the open compute pass first).
     pub(crate) fn copy(&mut self, src: &wgpu::Buffer, dst: &wgpu::Buffer, size: u64) {
+        self.copy_at(src, 0, dst, 0, size);
+    }
+
+    /// Records a copy of `size` bytes between offsets (ends the open compute pass first).
+    pub(crate) fn copy_at(&mut self, src: &wgpu::Buffer, src_off: u64, dst: &wgpu::Buffer, dst_off: u64, size: u64) {
         self.pass = None;
-        self.enc.copy_buffer_to_buffer(src, 0, dst, 0, size);
+        self.enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, size);
     }
 
     pub(crate) fn finish(self) -> wgpu::CommandBuffer {

@@ -33,6 +33,12 @@ pub enum WgpuError {
     )]
     BindingOverLimit { what: String, bytes: u64, limit: u64 },
 
+    #[error(
+        "the model needs {need} bytes of GPU memory on '{adapter}' ({detail}), the device has {have}: \
+         use a smaller --ctx or --prefill-chunk, split the layers over machines, or use --backend cpu"
+    )]
+    OutOfMemory { adapter: String, need: u64, have: u64, detail: String },
+
     #[error("{what}: {reason}")]
     BadShape { what: String, reason: String },
 

@@ -219,6 +219,12 @@ impl Gpu {
         Ok(gpu)
     }
 
+    /// The device memory the driver reports (the largest device-local heap; on Metal the
+    /// recommended working set), None where it reports none.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        crate::host_import::device_local_bytes(&self.device)
+    }
+
     pub fn caps(&self) -> &Caps {
         &self.caps
     }
@@ -357,19 +363,31 @@ impl Gpu {
 
     /// Records work through `f` and runs it with `step` (one 16-byte uniform write), waiting for it.
     pub fn run(&self, step: Step, f: impl FnOnce(&mut Encoder) -> Result<(), WgpuError>) -> Result<(), WgpuError> {
+        let mut enc = self.begin(step);
+        f(&mut enc)?;
+        self.submit(enc)?;
+        self.wait()
+    }
+
+    /// Starts recording a step: writes its uniform (ordered before the step's commands, which are
+    /// submitted later by [`Gpu::submit`]).
+    pub fn begin(&self, step: Step) -> Encoder {
         self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&[step.ntok, step.pos, 0, 0]));
         Counters::add(&self.counters.step_writes, 1);
-        let mut enc = Encoder::new(self, step);
-        f(&mut enc)?;
+        Encoder::new(self, step)
+    }
+
+    /// Submits a recorded step without waiting for it.
+    pub fn submit(&self, enc: Encoder) -> Result<(), WgpuError> {
         // Errors recorded in passes surface when the encoder finishes.
         let cmd = self.scoped("recording", |_| enc.finish())?;
         self.scoped("submit", |_| self.queue.submit([cmd]))?;
         Counters::add(&self.counters.submits, 1);
-        self.wait()
+        Ok(())
     }
 
     /// Blocks until the queue is idle.
-    pub(crate) fn wait(&self) -> Result<(), WgpuError> {
+    pub fn wait(&self) -> Result<(), WgpuError> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| WgpuError::Device { op: "wait".into(), msg: e.to_string() })?;

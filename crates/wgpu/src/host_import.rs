@@ -65,6 +65,18 @@ pub(crate) fn import_alignment(device: &wgpu::Device) -> Option<u64> {
     }
 }
 
+/// The largest device-local memory heap of a Vulkan device (for unified memory: the host's share
+/// the driver reports).
+pub(crate) fn device_local_bytes(device: &wgpu::Device) -> Option<u64> {
+    // SAFETY: read-only query on live handles owned by the device.
+    unsafe {
+        let hal = device.as_hal::<Vulkan>()?;
+        let props = hal.shared_instance().raw_instance().get_physical_device_memory_properties(hal.raw_physical_device());
+        let heaps = &props.memory_heaps[..props.memory_heap_count as usize];
+        heaps.iter().filter(|h| h.flags.contains(vk::MemoryHeapFlags::DEVICE_LOCAL)).map(|h| h.size).max()
+    }
+}
+
 /// A storage buffer over `len` bytes at `ptr` (aligned to `import_alignment`, inside a mapping that
 /// `owner` keeps alive and that nobody writes while the device reads it).
 pub(crate) fn import(device: &wgpu::Device, label: &str, ptr: *const u8, len: u64, owner: Arc<dyn Send + Sync>) -> Result<wgpu::Buffer, String> {

@@ -17,6 +17,12 @@ pub(crate) fn import_alignment(device: &wgpu::Device) -> Option<u64> {
     unsafe { device.as_hal::<Metal>() }.map(|_| PAGE)
 }
 
+/// The memory Metal recommends a process keep resident on the device (its working-set size).
+pub(crate) fn device_local_bytes(device: &wgpu::Device) -> Option<u64> {
+    // SAFETY: a read-only query on the live device. Compile-checked only.
+    unsafe { device.as_hal::<Metal>() }.map(|hal| hal.raw_device().recommendedMaxWorkingSetSize())
+}
+
 /// A storage buffer over `len` bytes at `ptr` (page aligned, inside a mapping that `owner` keeps
 /// alive and that nobody writes while the device reads it).
 pub(crate) fn import(device: &wgpu::Device, label: &str, ptr: *const u8, len: u64, owner: Arc<dyn Send + Sync>) -> Result<wgpu::Buffer, String> {

@@ -24,5 +24,5 @@ pub use error::WgpuError;
 pub use gpu::{BackendChoice, Caps, Gpu, GpuOptions, Step, OPTIONAL_FEATURES};
 pub use loader::{library_present, VULKAN_LOADER};
 pub use resident::{ResidentTensor, TensorPart};
-pub use stage::{plan_bytes, WgpuOps, WgpuStage};
+pub use stage::{plan, plan_bytes, PlanBytes, WgpuOps, WgpuStage};
 pub use wgpu;

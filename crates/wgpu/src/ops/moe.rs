@@ -139,7 +139,8 @@ impl ExpertMatVec {
         let wg = grid(u32_of("rows per expert", r)?);
         let mut parts = Vec::with_capacity(w.parts.len());
         for (i, part) in w.parts.iter().enumerate() {
-            let params: [u32; 8] = [u32_of("rows", part.rows)?, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, u32_of("rows", r)?, part.byte_offset];
+            // The mat-vec `Params` layout (matvec_common.wgsl); no row groups (x_off4 0).
+            let params: [u32; 12] = [u32_of("rows", part.rows)?, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, u32_of("rows", r)?, part.byte_offset, 0, 0, 0, 0];
             let label = format!("{}#{i}", w.name);
             let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
             let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step, &ex_uni];

@@ -20,6 +20,13 @@ impl StepMatVec {
         Ok(Self { one, many })
     }
 
+    /// The grouped product (`MatVec::grouped`) for one token or the step's tokens.
+    pub fn grouped(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, max_tokens: u32, group_rows: usize, x_stride: usize) -> Result<Self, WgpuError> {
+        let one = MatVec::grouped(gpu, w, x, y, Product::Vec, group_rows, x_stride)?;
+        let many = if max_tokens > 1 { Some(MatVec::grouped(gpu, w, x, y, Product::Batched { max_tokens }, group_rows, x_stride)?) } else { None };
+        Ok(Self { one, many })
+    }
+
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         match &self.many {
             Some(m) if enc.step().ntok > 1 => m.encode(enc),

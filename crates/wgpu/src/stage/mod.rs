@@ -1,54 +1,173 @@
 //! `WgpuStage`: the GPU stage (`ds4_gpu::GpuStage`, the forward pass written once) over this crate's
 //! ops. `WgpuOps` implements `ds4_gpu::DeviceOps`: weights resident once, one op instance per layer
-//! built at load over fixed buffers, a step recorded into one command encoder and submitted at `sync`.
-use ds4_model::{KvState, LayerRange, Logits, ModelError, Stage};
+//! built at load over fixed buffers (`work`), a step recorded into one command encoder and
+//! submitted at `sync`. Nothing is allocated, uploaded or bound per step: a step writes its uniform
+//! and its token ids.
+mod device_ops;
+mod head;
+mod kv;
+mod layer;
+mod plan;
+mod work;
 
-use crate::gpu::GpuOptions;
+use std::ops::{Deref, DerefMut};
+
+use ds4_gpu::{GpuError, GpuStage};
+use ds4_model::{Config, KvState, LayerRange, Logits, ModelError, Stage};
+
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::{Gpu, GpuOptions};
+use head::{EmbedOps, HeadOps, HeadPick};
+use layer::{Build, Layer};
+use work::Work;
+
+pub use plan::{plan, plan_bytes, PlanBytes};
 
 /// The device side of a stage (see the module doc).
 pub struct WgpuOps {
-    _private: (),
+    gpu: Gpu,
+    cfg: Config,
+    range: LayerRange,
+    work: Work,
+    layers: Vec<Layer>,
+    embed: Option<EmbedOps>,
+    head: Option<HeadOps>,
+    hash_routed: bool,
+    /// The step being recorded (between `begin_step` and `sync`).
+    enc: Option<Encoder>,
+    step_n: usize,
+    head_pick: HeadPick,
+    /// Logits rows the last step produced.
+    head_rows: usize,
+    /// Reused staging buffer for one logits row (sampling reads a row per token).
+    row_staging: wgpu::Buffer,
+}
+
+impl WgpuOps {
+    /// Builds the layers `part` of `stage` on `gpu`: uploads their weights once, allocates the KV
+    /// state for `ctx` and the work buffers for `nmax` tokens, and builds every op.
+    pub fn build(gpu: Gpu, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> Result<Self, WgpuError> {
+        let cfg = stage.cfg.clone();
+        let w = &stage.w;
+        let work = Work::new(&gpu, &cfg, nmax, ctx)?;
+        let b = Build { gpu: &gpu, cfg: &cfg, w, work: &work, nmax: nmax as u32, ctx, qat: stage.opts.qat };
+        let layers = (part.first..=part.last).map(|il| Layer::new(&b, il)).collect::<Result<Vec<_>, _>>()?;
+        let embed = if part.embed { EmbedOps::new(&gpu, &cfg, w, &work, nmax as u32)? } else { None };
+        let head = if part.head { HeadOps::new(&gpu, &cfg, w, &work, nmax as u32)? } else { None };
+        let hash_routed = (part.first..=part.last).any(|il| w.layer(il).tid2eid.is_some());
+        let bytes = cfg.n_vocab as u64 * 4;
+        let row_staging = gpu.scoped("logits staging", |d| {
+            d.create_buffer(&wgpu::BufferDescriptor { label: Some("logits staging"), size: bytes, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false })
+        })?;
+        gpu.wait()?;
+        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging })
+    }
+
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// `dst.len()` floats of the logits: one row through the reused staging buffer, more through a
+    /// one-off read.
+    fn read_floats(&mut self, dst: &mut [f32]) -> ds4_gpu::Result<()> {
+        let bytes = dst.len() as u64 * 4;
+        if dst.len() > self.work.logits.len() {
+            return Err(format!("wgpu: {} logits asked, {} held", dst.len(), self.work.logits.len()).into());
+        }
+        if bytes > self.row_staging.size() {
+            let v = self.work.logits.read(&self.gpu, dst.len()).map_err(device_ops::err)?;
+            dst.copy_from_slice(&v);
+            return Ok(());
+        }
+        let mut enc = Encoder::new(&self.gpu, crate::gpu::Step::default());
+        enc.copy_at(&self.work.logits.buffer, 0, &self.row_staging, 0, bytes);
+        self.gpu.submit(enc).map_err(device_ops::err)?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.row_staging.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu.wait().map_err(device_ops::err)?;
+        rx.recv().map_err(|e| format!("wgpu: logits readback: {e}"))?.map_err(|e| format!("wgpu: logits readback: {e}"))?;
+        {
+            let view = self.row_staging.slice(..bytes).get_mapped_range().map_err(|e| format!("wgpu: logits readback: {e}"))?;
+            dst.copy_from_slice(bytemuck::cast_slice(&view[..]));
+        }
+        self.row_staging.unmap();
+        Ok(())
+    }
 }
 
 /// The GPU stage on a wgpu device (Vulkan or Metal).
-pub struct WgpuStage(WgpuOps);
+pub struct WgpuStage(GpuStage<WgpuOps>);
 
-fn todo_err() -> ModelError { ModelError::Invalid("wgpu: the GPU stage is not built yet".into()) }
+impl Deref for WgpuStage {
+    type Target = GpuStage<WgpuOps>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl DerefMut for WgpuStage {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.0
+    }
+}
+
+fn ge(e: GpuError) -> ModelError {
+    ModelError::Invalid(format!("wgpu: {e}"))
+}
+
+fn we(e: WgpuError) -> ModelError {
+    ModelError::Invalid(format!("wgpu: {e}"))
+}
 
 impl WgpuStage {
     /// The layers `part` of `stage` (a sub-range of `stage.w.range`) on the device `opts` selects, sized
-    /// for a context of `ctx` and batches of up to `nmax` tokens. Refused before anything is allocated
-    /// when the plan does not fit the device.
+    /// for a context of `ctx` and batches of up to `nmax` tokens. Refused before any weight is
+    /// uploaded when the plan does not fit the device.
     pub fn new(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, opts: &GpuOptions) -> Result<Self, ModelError> {
-        let _ = (stage, ctx, nmax, part, opts);
-        Err(ModelError::Invalid("wgpu: the GPU stage is not built yet".into()))
+        let r = stage.w.range;
+        if part.first < r.first || part.last > r.last || part.first > part.last || (part.embed && !r.embed) || (part.head && !r.head) {
+            return Err(ModelError::Invalid(format!("wgpu: layers {}..={} are not all loaded (the stage holds {}..={})", part.first, part.last, r.first, r.last)));
+        }
+        let nmax = nmax.max(1);
+        let gpu = Gpu::new(opts).map_err(we)?;
+        plan::check_fits(&gpu, &plan(stage, ctx, nmax, part)).map_err(we)?;
+        let ops = WgpuOps::build(gpu, stage, ctx, nmax, part).map_err(we)?;
+        let cfg = stage.cfg.clone();
+        Ok(Self(GpuStage::new(cfg, ops, part, nmax, ctx).map_err(ge)?))
     }
 
     /// The adapter's name and API (for logs).
-    pub fn device_name(&self) -> String { String::new() }
+    pub fn device_name(&self) -> String {
+        let c = self.0.ops.gpu.caps();
+        format!("{} ({:?})", c.adapter, c.backend)
+    }
 
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], ModelError> {
-        { let _ = (&self.0, kv, tokens, hidden_in, want); Err(todo_err()) }
+        self.0.forward(kv, tokens, hidden_in, want).map_err(ge)
     }
 
     /// Greedy pick of the last row on the device (index, log-probability).
     pub fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<(u32, f32), ModelError> {
-        { let _ = (&self.0, kv, tokens, hidden_in); Err(todo_err()) }
+        self.0.forward_argmax(kv, tokens, hidden_in).map_err(ge)
     }
 
-    pub fn last_logits(&mut self) -> Result<&[f32], ModelError> { { let _ = (&self.0, ); Err(todo_err()) } }
+    pub fn last_logits(&mut self) -> Result<&[f32], ModelError> {
+        self.0.last_logits().map_err(ge)
+    }
 
-    pub fn hidden(&mut self, n: usize) -> Result<&[f32], ModelError> { { let _ = (&self.0, n); Err(todo_err()) } }
+    pub fn hidden(&mut self, n: usize) -> Result<&[f32], ModelError> {
+        self.0.hidden(n).map_err(ge)
+    }
 
-    pub fn download_kv(&mut self, kv: &mut KvState) -> Result<(), ModelError> { { let _ = (&self.0, kv); Err(todo_err()) } }
+    pub fn download_kv(&mut self, kv: &mut KvState) -> Result<(), ModelError> {
+        self.0.download_kv(kv).map_err(ge)
+    }
 
-    pub fn upload_kv(&mut self, kv: &KvState) -> Result<(), ModelError> { { let _ = (&self.0, kv); Err(todo_err()) } }
-}
-
-/// Bytes of device memory a stage of `part` needs at `ctx` / `nmax` (weights, KV, work buffers): the
-/// memory plan's GPU line for this backend.
-pub fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> u64 {
-    let _ = (stage, ctx, nmax, part);
-    0
+    pub fn upload_kv(&mut self, kv: &KvState) -> Result<(), ModelError> {
+        self.0.upload_kv(kv).map_err(ge)
+    }
 }

@@ -1,0 +1,252 @@
+//! `DeviceOps` for wgpu: each op records its dispatches into the step's encoder (opened by
+//! `begin_step`, submitted by `sync`). One queue, so lanes are ignored; the shared expert, the expert
+//! sum and the FFN exit are one op (`Moe`), recorded at `experts`.
+use ds4_gpu::{Compressor as Which, DeviceOps, LayerInfo, Result, Step, Sub};
+use ds4_model::KvState;
+
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Step as GpuStep;
+
+use super::head::HeadPick;
+use super::WgpuOps;
+
+pub(super) fn err(e: WgpuError) -> ds4_gpu::GpuError {
+    ds4_gpu::GpuError::Device(e.to_string())
+}
+
+impl WgpuOps {
+    /// Records `f` on layer `li` into the open step.
+    fn on_layer(&mut self, li: usize, f: impl FnOnce(&super::layer::Layer, &mut Encoder) -> std::result::Result<(), WgpuError>) -> Result<()> {
+        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        let layer = self.layers.get(li).ok_or("wgpu: no such resident layer")?;
+        f(layer, enc).map_err(err)
+    }
+
+    fn head_ops(&self) -> Result<&super::head::HeadOps> {
+        self.head.as_ref().ok_or_else(|| "wgpu: this stage has no output head".into())
+    }
+}
+
+impl DeviceOps for WgpuOps {
+    fn bind(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn layer(&self, li: usize) -> LayerInfo {
+        self.layers[li].info
+    }
+
+    fn has_embed(&self) -> bool {
+        self.embed.is_some()
+    }
+
+    fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    fn embed_rows(&self) -> usize {
+        self.embed.as_ref().map_or(0, |e| e.rows)
+    }
+
+    fn hash_routed(&self) -> bool {
+        self.hash_routed
+    }
+
+    fn begin_step(&mut self, step: Step, tokens: &[u32]) -> Result<()> {
+        if self.enc.is_some() {
+            return Err("wgpu: a step began before the previous one was submitted".into());
+        }
+        let (ntok, pos) = (u32::try_from(step.n).map_err(|_| "wgpu: step too large")?, u32::try_from(step.pos0).map_err(|_| "wgpu: position too large")?);
+        self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
+        self.enc = Some(self.gpu.begin(GpuStep { ntok, pos }));
+        self.step_n = step.n;
+        self.head_rows = 0;
+        Ok(())
+    }
+
+    fn load_hidden(&mut self, h: &[f32]) -> Result<()> {
+        self.work.x.write(&self.gpu, h).map_err(err)
+    }
+
+    fn embed(&mut self, _step: Step) -> Result<()> {
+        let e = self.embed.as_ref().ok_or("wgpu: this stage has no embedding")?;
+        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        e.op.encode(enc).map_err(err)
+    }
+
+    fn hc_entry(&mut self, li: usize, sub: Sub, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| match sub {
+            Sub::Attn => l.hc_attn.encode(enc),
+            Sub::Ffn => l.hc_ffn.encode(enc),
+        })
+    }
+
+    fn kv_row(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.kv_row(enc))
+    }
+
+    fn compress(&mut self, li: usize, which: Which, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| match which {
+            Which::Kv => l.comp.as_ref().map_or(Ok(()), |c| c.encode(enc)),
+            Which::Indexer => l.idx.as_ref().map_or(Ok(()), |i| i.comp.encode(enc)),
+        })
+    }
+
+    fn indexer_weights(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.indexer_weights(enc))
+    }
+
+    fn q_lora(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.q_lora(enc))
+    }
+
+    fn indexer_query(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.indexer_query(enc))
+    }
+
+    fn q_heads(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.q_heads(enc))
+    }
+
+    fn indexer_select(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.indexer_select(enc))
+    }
+
+    /// The attention op picks per token: the indexer's rows when the token sees more than top-k.
+    fn attend(&mut self, li: usize, _step: Step, _selected: bool) -> Result<()> {
+        self.on_layer(li, |l, enc| l.attend(enc))
+    }
+
+    fn attn_out(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.attn_out(enc))
+    }
+
+    /// Recorded with the routed experts (`Moe`).
+    fn shared_expert(&mut self, _li: usize, _step: Step) -> Result<()> {
+        Ok(())
+    }
+
+    fn route(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.route(enc))
+    }
+
+    fn experts(&mut self, li: usize, _step: Step) -> Result<()> {
+        self.on_layer(li, |l, enc| l.moe(enc))
+    }
+
+    /// Done by `Moe` with the experts.
+    fn ffn_exit(&mut self, _li: usize, _step: Step) -> Result<()> {
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn head_norm(&mut self, r0: usize, m: usize) -> Result<()> {
+        let n = self.step_n;
+        let pick = if m == 1 && r0 + 1 == n {
+            HeadPick::Last
+        } else if r0 == 0 && m == n {
+            HeadPick::All
+        } else {
+            return Err(format!("wgpu: head rows {r0}..{} of a {n}-token step (every row or the last)", r0 + m).into());
+        };
+        if pick == HeadPick::All && m > self.work.logit_rows {
+            return Err(format!("wgpu: logits of {m} rows do not fit one binding ({} rows of {} floats): use a smaller prefill chunk", self.work.logit_rows, self.cfg.n_vocab).into());
+        }
+        self.head_pick = pick;
+        let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
+        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        head.norm(enc, pick).map_err(err)
+    }
+
+    fn logits(&mut self, m: usize) -> Result<()> {
+        let pick = self.head_pick;
+        let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
+        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        head.logits(enc, pick).map_err(err)?;
+        self.head_rows = m;
+        Ok(())
+    }
+
+    fn argmax(&mut self) -> Result<()> {
+        if self.head_rows != 1 {
+            return Err("wgpu: the device pick takes one logits row".into());
+        }
+        self.head_ops()?;
+        let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
+        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        head.argmax.encode(enc).map_err(err)
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        if let Some(enc) = self.enc.take() {
+            self.gpu.submit(enc).map_err(err)?;
+        }
+        self.gpu.wait().map_err(err)
+    }
+
+    fn read_logits(&mut self, dst: &mut [f32]) -> Result<()> {
+        self.sync()?;
+        self.read_floats(dst)
+    }
+
+    fn read_hidden(&mut self, dst: &mut [f32]) -> Result<()> {
+        self.sync()?;
+        let v = self.work.x.read(&self.gpu, dst.len()).map_err(err)?;
+        dst.copy_from_slice(&v);
+        Ok(())
+    }
+
+    fn read_top1(&mut self) -> Result<(u32, f32)> {
+        self.sync()?;
+        let head = self.head_ops()?;
+        let p = head.argmax.result(&self.gpu).map_err(err)?;
+        Ok((p.index, p.logprob))
+    }
+
+    fn reset_state(&mut self) -> Result<()> {
+        self.sync()?;
+        for l in &self.layers {
+            for c in l.compressors() {
+                c.reset(&self.gpu).map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot(&mut self, restore: bool) -> Result<()> {
+        let opened = self.enc.is_none();
+        if opened {
+            self.enc = Some(Encoder::new(&self.gpu, GpuStep::default()));
+        }
+        let enc = self.enc.as_mut().expect("opened above");
+        for l in &self.layers {
+            let mut pairs = vec![(&l.ring, &l.snap.ring)];
+            for (c, (k, s)) in l.compressors().zip(&l.snap.frontiers) {
+                pairs.push((&c.st_kv, k));
+                pairs.push((&c.st_sc, s));
+            }
+            for (live, saved) in pairs {
+                let (src, dst) = if restore { (saved, live) } else { (live, saved) };
+                enc.copy_at(&src.buffer, 0, &dst.buffer, 0, src.len() as u64 * 4);
+            }
+        }
+        if opened {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {
+        self.sync()?;
+        super::kv::download(self, kv)
+    }
+
+    fn upload_kv(&mut self, kv: &KvState) -> Result<()> {
+        self.sync()?;
+        super::kv::upload(self, kv)
+    }
+}

@@ -1,0 +1,105 @@
+//! The memory plan of a wgpu stage: device bytes for the weights (uploaded once), the KV state and
+//! its snapshot, and the work buffers; checked against the device's memory before anything is
+//! uploaded.
+use ds4_model::kv::{compressed_capacity, compressor_rows};
+use ds4_model::weights::{LayerWeights, Mat};
+use ds4_model::{LayerRange, Stage};
+
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+
+use super::work::{logit_rows, moe_floats, sizes};
+
+/// Device bytes of a stage, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PlanBytes {
+    pub weights: u64,
+    pub kv: u64,
+    pub work: u64,
+}
+
+impl PlanBytes {
+    pub fn total(&self) -> u64 {
+        self.weights + self.kv + self.work
+    }
+}
+
+fn mats(lw: &LayerWeights) -> Vec<&Mat> {
+    let mut v = vec![&lw.hc_attn.fn_, &lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.hc_ffn.fn_, &lw.gate_inp, &lw.gate_exps, &lw.up_exps, &lw.down_exps];
+    if let Some(c) = &lw.comp {
+        v.extend([&c.kv, &c.gate]);
+    }
+    if let Some(i) = &lw.indexer {
+        v.extend([&i.q_b, &i.proj, &i.comp.kv, &i.comp.gate]);
+    }
+    if let Some(s) = &lw.shared {
+        v.extend(s.iter());
+    }
+    v
+}
+
+/// Small f32 tables of a layer (norms, APE, sinks, HC scale/base, routing bias and hash table).
+fn consts(lw: &LayerWeights) -> usize {
+    let mut n = lw.attn_norm.len() + lw.q_a_norm.len() + lw.kv_norm.len() + lw.sinks.len() + lw.ffn_norm.len();
+    n += lw.hc_attn.scale.len() + lw.hc_attn.base.len() + lw.hc_ffn.scale.len() + lw.hc_ffn.base.len();
+    n += lw.exp_bias.as_ref().map_or(0, |b| b.len()) + lw.tid2eid.as_ref().map_or(0, |t| t.len());
+    for c in lw.comp.iter().chain(lw.indexer.iter().map(|i| &i.comp)) {
+        n += c.ape.len() + c.norm.len();
+    }
+    n
+}
+
+/// The plan of layers `part` of `stage` at `ctx` / `nmax`.
+pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanBytes {
+    let (cfg, w) = (&stage.cfg, &stage.w);
+    let nmax = nmax.max(1);
+    let mut weights = 0u64;
+    let mut kv = 0usize;
+    for il in part.first..=part.last {
+        let lw = w.layer(il);
+        weights += mats(lw).iter().map(|m| m.len as u64).sum::<u64>() + consts(lw) as u64 * 4;
+        let ratio = cfg.ratio(il);
+        let cap = compressed_capacity(ctx, ratio);
+        // Ring and its snapshot; compressed / indexer rows; frontiers (kv + score) and their snapshot.
+        kv += 2 * cfg.swa * cfg.head_dim;
+        if ratio != 0 {
+            let front = |d: usize| 4 * compressor_rows(ratio) * cfg.compress_coff(il) * d;
+            kv += cap * cfg.head_dim + front(cfg.head_dim);
+            if lw.indexer.is_some() {
+                kv += cap * cfg.idx_dim + front(cfg.idx_dim);
+            }
+        }
+    }
+    if part.embed {
+        weights += w.embed.as_ref().map_or(0, |m| m.len as u64);
+    }
+    if let (true, Some(h)) = (part.head, &w.head) {
+        weights += (h.hc_fn.len + h.output.len) as u64 + 4 * (h.hc_scale.len() + h.hc_base.len() + h.norm.len()) as u64;
+    }
+    // The logits rows as a device with a 2 GiB binding limit keeps them (the most any adapter keeps).
+    let rows = logit_rows(cfg, nmax, (2u64 << 30) - 1);
+    let work: usize = sizes(cfg, nmax, ctx, rows).iter().map(|(_, n)| n).sum::<usize>() + moe_floats(cfg, nmax) + cfg.n_vocab;
+    PlanBytes { weights, kv: kv as u64 * 4, work: work as u64 * 4 }
+}
+
+/// Device bytes the stage of `part` needs (see [`plan`]): the memory plan's GPU line.
+pub fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> u64 {
+    plan(stage, ctx, nmax, part).total()
+}
+
+/// Refuses a plan larger than the device's memory (where the device reports it).
+pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes) -> Result<(), WgpuError> {
+    match gpu.memory_bytes() {
+        Some(have) if p.total() > have => Err(WgpuError::OutOfMemory {
+            adapter: gpu.caps().adapter.clone(),
+            need: p.total(),
+            have,
+            detail: format!("weights {:.2} GiB, KV {:.2} GiB, work buffers {:.2} GiB", gib(p.weights), gib(p.kv), gib(p.work)),
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn gib(b: u64) -> f64 {
+    b as f64 / (1u64 << 30) as f64
+}

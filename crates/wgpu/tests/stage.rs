@@ -1,0 +1,206 @@
+//! The whole stage on the test adapter (lavapipe in CI) against the CPU stage: tiny synthetic q2 and
+//! q4 models in the ds4 layout, prefill (one chunk, several chunks), 32 greedy decode steps, the
+//! device pick, rewind to the prefill snapshot, the KV state through the host and back, nothing
+//! allocated or bound per step, and bad steps refused. The CPU runs `Precision::Exact` (dequantized
+//! weights, f64 dots); the GPU sums in f32.
+mod common;
+
+use std::sync::Arc;
+
+use ds4_gguf::GgufFile;
+use ds4_model::synth::{self, Mix, SynthSpec};
+use ds4_model::{Config, LayerRange, Logits, Options, Stage, Weights};
+use ds4_quant::Precision;
+use ds4_wgpu::{GpuOptions, WgpuStage};
+
+fn load(mix: Mix, seed: u64, qat: bool) -> Stage {
+    let dir = std::env::temp_dir().join(format!("ds4-wgpu-stage-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("tiny-{mix:?}-{seed}.gguf"));
+    if !path.exists() {
+        // Tests run in parallel: each writes its own file, the rename publishes it whole.
+        let tmp = dir.join(format!("tiny-{mix:?}-{seed}.{:?}.part", std::thread::current().id()));
+        synth::write(&SynthSpec { shape: "tiny", mix, seed, layers: None, vocab: None }, &tmp, |_, _| {}).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+    }
+    let f = Arc::new(GgufFile::open(&path).unwrap());
+    let cfg = Config::from_gguf(&f).unwrap();
+    let w = Weights::bind(f, &cfg, LayerRange::full(&cfg)).unwrap();
+    Stage::new(cfg, w, Options { precision: Precision::Exact, qat })
+}
+
+fn opts() -> Option<GpuOptions> {
+    // Probe first: with DS4_WGPU_SKIP=1 and no adapter the test is skipped.
+    common::gpu(GpuOptions::default()).map(|_| GpuOptions::default())
+}
+
+fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let m = b.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
+    a.iter().zip(b).fold(0f64, |w, (&x, &y)| w.max((x as f64 - y as f64).abs())) / m
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
+}
+
+fn prompt(cfg: &Config, n: usize) -> Vec<u32> {
+    let v = cfg.n_vocab as u32;
+    (0..n as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect()
+}
+
+/// Greedy decoding on both; returns (cpu tokens, gpu tokens, worst relative logits error).
+fn compare(cpu: &mut Stage, gpu: &mut WgpuStage, prompt: &[u32], chunk: usize, steps: usize, ctx: usize) -> (Vec<u32>, Vec<u32>, f64) {
+    let (mut kc, mut kg) = (cpu.new_kv(ctx), cpu.new_kv(ctx));
+    let (mut lc, mut lg) = (Vec::new(), Vec::new());
+    let mut worst = 0f64;
+    for c in prompt.chunks(chunk) {
+        lc = cpu.forward(&mut kc, c, None, Logits::Last).unwrap().to_vec();
+        lg = gpu.forward(&mut kg, c, None, Logits::Last).unwrap().to_vec();
+        worst = worst.max(rel_err(&lg, &lc));
+    }
+    let (mut tc, mut tg) = (Vec::new(), Vec::new());
+    let counters = gpu.ops.gpu().counters();
+    for _ in 0..steps {
+        let (a, b) = (argmax(&lc), argmax(&lg));
+        tc.push(a);
+        tg.push(b);
+        lc = cpu.forward(&mut kc, &[a], None, Logits::Last).unwrap().to_vec();
+        lg = gpu.forward(&mut kg, &[b], None, Logits::Last).unwrap().to_vec();
+        if a == b {
+            worst = worst.max(rel_err(&lg, &lc));
+        }
+    }
+    let after = gpu.ops.gpu().counters();
+    assert_eq!(
+        (after.weight_uploads, after.bind_groups, after.pipelines, after.buffers),
+        (counters.weight_uploads, counters.bind_groups, counters.pipelines, counters.buffers),
+        "a decode step uploaded, bound, compiled or allocated something"
+    );
+    assert_eq!(after.step_writes - counters.step_writes, steps as u64, "one step uniform per decode step");
+    (tc, tg, worst)
+}
+
+/// Measured on lavapipe: <= 3e-6 (q2) and <= 4e-6 (q4) of the largest logit; f32 sums against the
+/// CPU's f64 dots over 4 layers and the head.
+const LOGITS_BOUND: f64 = 2e-5;
+
+fn model_case(mix: Mix, prompt_len: usize, chunk: usize, steps: usize, qat: bool) {
+    let Some(o) = opts() else { return };
+    let mut cpu = load(mix, 11, qat);
+    let p = prompt(&cpu.cfg, prompt_len);
+    let ctx = prompt_len + steps + 8;
+    let mut gpu = WgpuStage::new(&cpu, ctx, chunk, cpu.w.range, &o).unwrap();
+    let (tc, tg, worst) = compare(&mut cpu, &mut gpu, &p, chunk, steps, ctx);
+    let same = tc.iter().zip(&tg).take_while(|(a, b)| a == b).count();
+    eprintln!("tiny {mix:?} (qat {qat}) on {}: prompt {prompt_len} in chunks of {chunk}, {same}/{steps} greedy tokens identical, worst logits rel err {worst:.2e}", gpu.device_name());
+    assert_eq!(tc, tg, "greedy tokens differ");
+    assert!(worst <= LOGITS_BOUND, "logits rel err {worst:.2e} over {LOGITS_BOUND:.0e}");
+}
+
+#[test]
+fn tiny_q2_greedy_32_matches_cpu() {
+    model_case(Mix::Q2, 40, 40, 32, true);
+}
+
+#[test]
+fn tiny_q4_chunked_prefill_greedy_32_matches_cpu() {
+    model_case(Mix::Q4, 100, 24, 32, true);
+}
+
+#[test]
+fn tiny_q2_without_qat_greedy_32_matches_cpu() {
+    model_case(Mix::Q2, 70, 32, 32, false);
+}
+
+/// The device pick equals the argmax of the downloaded logits (and their log-softmax); a rewind to the
+/// prefill snapshot decodes the same; the KV state downloaded into a host state and uploaded into a
+/// second stage continues with the same logits as the CPU holding that state.
+#[test]
+fn device_pick_rewind_and_kv_round_trip() {
+    let Some(o) = opts() else { return };
+    let mut cpu = load(Mix::Q2, 11, true);
+    let p = prompt(&cpu.cfg, 37);
+    let ctx = 96;
+    let mut gpu = WgpuStage::new(&cpu, ctx, 16, cpu.w.range, &o).unwrap();
+    let mut kg = cpu.new_kv(ctx);
+    for c in p.chunks(16) {
+        gpu.forward(&mut kg, c, None, Logits::Last).unwrap();
+    }
+    let mut t = argmax(gpu.last_logits().unwrap());
+    let mut picks = Vec::new();
+    for _ in 0..6 {
+        picks.push(t);
+        let (top1, logprob) = gpu.forward_argmax(&mut kg, &[t], None).unwrap();
+        let l = gpu.last_logits().unwrap();
+        assert_eq!(top1, argmax(l), "device pick vs argmax of the logits");
+        let m = l[top1 as usize] as f64;
+        let want = -l.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        assert!((logprob as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "log-probability {logprob} vs {want}");
+        t = top1;
+    }
+    // Rewind: the same position as after the prompt (the snapshot), the same tokens.
+    let mut kr = cpu.new_kv(ctx);
+    kr.pos = p.len();
+    let mut t2 = picks[0];
+    for (i, &want) in picks.iter().enumerate().skip(1) {
+        t2 = gpu.forward_argmax(&mut kr, &[t2], None).unwrap().0;
+        assert_eq!(t2, want, "rewound decode step {i}");
+    }
+    // KV through the host: download at the current position, upload into a fresh stage, continue.
+    let mut host = cpu.new_kv(ctx);
+    host.pos = kr.pos;
+    gpu.download_kv(&mut host).unwrap();
+    let mut kc = cpu.new_kv(ctx);
+    let mut all = p.clone();
+    all.extend(&picks[..picks.len() - 1]);
+    all.push(t2);
+    cpu.forward(&mut kc, &all[..all.len() - 1], None, Logits::None).unwrap();
+    assert_eq!(kc.pos, host.pos);
+    // The downloaded state is the CPU's (f32 sums vs f64: close, not equal).
+    let (hl, cl) = (&host.layers[1], &kc.layers[1]);
+    assert!(rel_err(&hl.raw, &cl.raw) < 1e-4, "window ring vs CPU: {:.2e}", rel_err(&hl.raw, &cl.raw));
+    if let (Some(h), Some(c)) = (&hl.comp, &cl.comp) {
+        assert_eq!(h.n, c.n);
+        assert!(rel_err(&h.data, &c.data) < 1e-4, "compressed rows vs CPU");
+    }
+    let mut gpu2 = WgpuStage::new(&cpu, ctx, 16, cpu.w.range, &o).unwrap();
+    gpu2.upload_kv(&host).unwrap();
+    let last = *all.last().unwrap();
+    let mut k1 = host.clone();
+    let a = gpu.forward(&mut kr, &[last], None, Logits::Last).unwrap().to_vec();
+    let b = gpu2.forward(&mut k1, &[last], None, Logits::Last).unwrap().to_vec();
+    assert_eq!(a, b, "a stage resumed from the downloaded KV state continues bit-identically");
+    let c = cpu.forward(&mut kc, &[last], None, Logits::Last).unwrap().to_vec();
+    assert!(rel_err(&b, &c) <= LOGITS_BOUND, "resumed stage vs CPU: {:.2e}", rel_err(&b, &c));
+}
+
+/// Steps the stage cannot take are errors naming the problem, and the stage keeps working after them.
+#[test]
+fn bad_steps_are_refused() {
+    let Some(o) = opts() else { return };
+    let cpu = load(Mix::Q2, 11, true);
+    let ctx = 40;
+    let mut gpu = WgpuStage::new(&cpu, ctx, 8, cpu.w.range, &o).unwrap();
+    let mut kv = cpu.new_kv(ctx);
+    let v = cpu.cfg.n_vocab as u32;
+    let e = gpu.forward(&mut kv, &[1; 9], None, Logits::Last).unwrap_err().to_string();
+    assert!(e.contains("exceeds the prefill chunk"), "{e}");
+    let e = gpu.forward(&mut kv, &[v], None, Logits::Last).unwrap_err().to_string();
+    assert!(e.contains("outside the vocabulary"), "{e}");
+    let e = gpu.forward(&mut kv, &[1], Some(&[0.0; 3]), Logits::Last).unwrap_err().to_string();
+    assert!(e.contains("hidden input"), "{e}");
+    kv.pos = 39;
+    let e = gpu.forward(&mut kv, &[1, 2], None, Logits::Last).unwrap_err().to_string();
+    assert!(e.contains("context full"), "{e}");
+    let mut kv = cpu.new_kv(ctx);
+    let l = gpu.forward(&mut kv, &[1, 2, 3], None, Logits::All).unwrap();
+    assert_eq!(l.len(), 3 * cpu.cfg.n_vocab);
+    // A KV state of another shape is refused before anything is written.
+    let mut other = cpu.new_kv(ctx);
+    other.layers[0].raw.pop();
+    assert!(gpu.upload_kv(&other).is_err());
+    // The device can refuse a plan it cannot hold: a context far beyond its memory.
+    let e = WgpuStage::new(&cpu, 1 << 40, 8, cpu.w.range, &o).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(!e.is_empty(), "a 2^40 context must be refused");
+}
