@@ -326,7 +326,6 @@ impl CudaOps {
             cur: f(n * e)?,
             xn: f(n * e)?,
             qr: f(n * cfg.q_lora)?,
-            qrn: f(cfg.q_lora)?,
             q: f(n * cfg.q_dim())?,
             kvb: f(n * d)?,
             ck: f(n * 2 * d.max(id))?,
