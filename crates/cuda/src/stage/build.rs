@@ -463,6 +463,9 @@ impl CudaOps {
             }
             g.sync()?;
         }
+        // Every kernel module loaded now: the first decode step's graph capture must only record
+        // launches (loading a module synchronises, which a capture forbids).
+        g.kernels_ready()?;
         let total = mat_bytes;
         let free2 = free_mem()?;
         eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax})", plan.describe(wplace), free2 as f64 / GIB);
