@@ -25,7 +25,6 @@ macro_rules! module {
 /// `tests/nvrtc_compile.rs` `compile_times`: 1.4 for the first, 0.02 for the last, ~12 in all).
 pub const MODULES: &[KernelModule] = &[
     module!("matvec_tiled_n4", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n4.cu", ["mv4_f16_n4", "mv4_q8s_n4", "mv4_q2_k_n4", "mv4_q4_k_n4", "mv4_iq2s_n4"]),
-    module!("matvec_q80_fused", ["matvec.cuh", "matvec_q80.cuh"], "matvec_q80_fused.cu", ["mvq8_q8p_r4f", "mvq8_q8p_r2f", "mvq8_q8p_r1f"]),
     module!("matvec_tiled_n1", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n1.cu", ["mv4_f16_n1", "mv4_q8s_n1", "mv4_q2_k_n1", "mv4_q4_k_n1", "mv4_iq2s_n1"]),
     module!("attention", [], "attention.cu", ["attn_h1", "attn_h4", "attn_h16", "ring_store"]),
     module!("attention_tc", ["tensor_core.cuh"], "attention_tc.cu", ["attn_tc64", "attn_tc32"]),
@@ -36,7 +35,7 @@ pub const MODULES: &[KernelModule] = &[
         "mv_q8_0_n1", "mv_q8_0_n4", "mv_q2_k_n1", "mv_q2_k_n4", "mv_q4_k_n1", "mv_q4_k_n4", "mv_iq2_xxs_n1", "mv_iq2_xxs_n4",
         "mv_f16_n1", "mv_f16_n4", "mv_bf16_n1", "mv_bf16_n4", "mv_f32_n1", "mv_f32_n4",
     ]),
-    module!("matvec_q8", ["matvec.cuh"], "matvec_q8.cu", ["q8k_quant", "mvq8_iq2s_n1", "mvq8_q2_k_n1", "mvq8_q2_k_n1x", "q80_quant", "mvq8_q8s_n1"]),
+    module!("matvec_q8", ["matvec.cuh"], "matvec_q8.cu", ["q8k_quant", "mvq8_iq2s_n1", "mvq8_q2_k_n1", "q80_quant", "mvq8_q8s_n1"]),
     module!("matvec_q80", ["matvec.cuh", "matvec_q80.cuh"], "matvec_q80.cu", ["mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1"]),
     module!("hc", ["hc.cuh"], "hc.cu", ["hc_post", "head_collapse", "hc_pre_norm", "hc_comb"]),
     module!("matvec_2bit", ["matvec.cuh"], "matvec_2bit.cu", ["mvq_iq2s_n1", "mvq_q2_k_n1"]),
@@ -74,13 +73,9 @@ mod matvec;
 #[cfg(feature = "cuda")]
 mod probe;
 #[cfg(feature = "cuda")]
-mod probe_fused;
-#[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
 pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
-#[cfg(feature = "cuda")]
-pub use probe_fused::fused_input_checks;
 #[cfg(feature = "cuda")]
 pub use stage::{CudaStage, CudaStats, GpuPlan};
 #[cfg(feature = "cuda")]

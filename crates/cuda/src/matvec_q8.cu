@@ -43,7 +43,6 @@ extern "C" __global__ void q8k_quant(const float* __restrict__ X, int x_z, int c
 
 #define MVQ8_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
     const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks
-#define MVQ8_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks
 
 // prmt.b32 in its generic form: a selector nibble with bit 3 set fills the byte with the sign (msb)
 // of the selected source byte (__byte_perm's documented semantics only promise the low 3 bits).
@@ -175,41 +174,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
 // dp2a; the min term likewise takes the four 4-bit mins against the lane's activation sums (|sum| <=
 // 1016), packed once per step. The integer sums per (row, superblock) equal the CPU's; the order of the
 // float sums differs (as every GPU mat-vec's does).
-// The SwiGLU form's prologue: slot z's activations h = silu(min(a, c)) * clamp(b, -c, c) * ew[z] (as
-// swiglu) quantized to Q8_K in shared memory (cols int8 values, then cols / 256 scales) as q8k_group
-// does (warp w takes blocks w, w + 8, ..; lane l values 8l .. 8l + 7; the key picks the same value).
-__device__ __forceinline__ void q2k_swiglu_prologue(const float* a, const float* b, float wz, float c, int cols, signed char* sq, float* sd) {
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    for (int blk = wid; blk < (cols >> 8); blk += blockDim.x >> 5) {
-        int j = 256 * blk + 8 * lane;
-        float4 a0 = *(const float4*)(a + j), a1 = *(const float4*)(a + j + 4);
-        float4 b0 = *(const float4*)(b + j), b1 = *(const float4*)(b + j + 4);
-        float av[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w}, bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w}, v[8];
-        u64 key = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            v[i] = siluf_(fminf(av[i], c)) * fminf(fmaxf(bv[i], -c), c) * wz;
-            u64 k = q8k_key(v[i], 8 * lane + i);
-            key = k > key ? k : key;
-        }
-        key = warp_max_u64(key);
-#pragma unroll
-        for (int i = 0; i < 8; i++) q8k_store(v[i], key, blk, 8 * lane + i, sq, sd);
-    }
-    __syncthreads();
-}
-
-// Activation loads: global (read-only path) or the block's own shared-memory copy.
-template <bool SX, typename T> __device__ __forceinline__ T ldx(const T* p) {
-    if constexpr (SX) return *p;
-    else return __ldg(p);
-}
-
-template <bool SX>
-__device__ __forceinline__ void mvq8_q2_k_impl(MVQ8_ARGS, const float* __restrict__ SA, const float* __restrict__ SB, const float* __restrict__ EW, float clampc) {
+extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
     PDL_ENTRY
     __shared__ float red[8][MVQ_R];
-    extern __shared__ __align__(16) u8 q2k_xs[];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
     int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
     int z = blockIdx.z;
@@ -217,11 +184,6 @@ __device__ __forceinline__ void mvq8_q2_k_impl(MVQ8_ARGS, const float* __restric
     const u8* wm = W + (u64)mat * w_mat_bytes;
     const signed char* xq = XQ + (u64)z * xq_z;
     const float* xd = XD + (u64)z * (xq_z >> 8);
-    if (SX) {
-        xq = (const signed char*)q2k_xs;
-        xd = (const float*)(q2k_xs + cols);
-        q2k_swiglu_prologue(SA + (u64)z * cols, SB + (u64)z * cols, EW ? EW[z] : 1.0f, clampc, cols, (signed char*)q2k_xs, (float*)(q2k_xs + cols));
-    }
     int nb = cols >> 8, nsteps = (nb + 3) >> 2;
     int sb = lane >> 3, h = (lane >> 2) & 1, t = lane & 3;
     u32 ro[MVQ_R];
@@ -257,12 +219,12 @@ __device__ __forceinline__ void mvq8_q2_k_impl(MVQ8_ARGS, const float* __restric
         const int2* xb = (const int2*)(xq + (u64)c * 256 + 128 * h + 8 * t);
         int2 xw[4];
 #pragma unroll
-        for (int s = 0; s < 4; s++) xw[s] = ldx<SX>(xb + 4 * s);
+        for (int s = 0; s < 4; s++) xw[s] = __ldg(xb + 4 * s);
         u32 xs[4];
 #pragma unroll
         for (int s = 0; s < 4; s++) xs[s] = (u32)__dp4a(xw[s].y, 0x01010101, __dp4a(xw[s].x, 0x01010101, 0));
         int xs01 = (int)prmt(xs[0], xs[1], 0x5410u), xs23 = (int)prmt(xs[2], xs[3], 0x5410u);
-        float dx = ldx<SX>(xd + c);
+        float dx = __ldg(xd + c);
 #pragma unroll
         for (int r = 0; r < MVQ_R; r++) {
             u32 sc = __byte_perm(c0[r], c1[r], sel);
@@ -277,13 +239,6 @@ __device__ __forceinline__ void mvq8_q2_k_impl(MVQ8_ARGS, const float* __restric
         }
     }
     mvq_store(acc, red, lane, wid, part, ks, r0, rows, Y + (u64)z * y_z);
-}
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) { mvq8_q2_k_impl<false>(MVQ8_CALL, nullptr, nullptr, nullptr, 0.0f); }
-// The down product of the routed experts with the SwiGLU of its slot's gate (SA) and up (SB) rows and
-// the slot's weight folded in (the prologue above); XQ / XD unused, xq_z = 0.
-extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1x(MVQ8_ARGS, const float* __restrict__ SA, const float* __restrict__ SB,
-                                                                 const float* __restrict__ EW, float c) {
-    mvq8_q2_k_impl<true>(MVQ8_CALL, SA, SB, EW, c);
 }
 
 // Q8_0 quantization of `gridDim.y` rows of `cols` floats (row stride `x_z`) as the CPU's

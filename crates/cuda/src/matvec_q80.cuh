@@ -30,87 +30,10 @@ template <int R> struct Q8pBuf {
     u16 d[R];
 };
 
-// The f32-input form (SX): the kernel quantizes its one input row itself, into shared memory (cols
-// int8 values, then cols / 32 scales), after an optional prologue: the RMS norm with weight NW (as
-// rms_rows, up to the order of its double sum), or the SwiGLU of X and X2 with clamp `fa` (as swiglu
-// without expert weights). One launch replaces two or three on the decode's dependent chain; the
-// first step's weights are already in flight while the block quantizes.
-struct Q8pPro {
-    const float* X;
-    const float* X2;
-    const float* NW;
-    float fa;
-};
-// Coalesced: in a pass, lane l of a warp holds 4 consecutive values (one float4 load; a warp reads
-// 512 contiguous bytes), 8 lanes one Q8_0 block; all passes' loads are issued before any arithmetic.
-// The quantization is q80_warp's: d = amax / 127, q = roundf(v * (1 / d)), the scale as the f16 kept.
-// cols % 256 == 0 and cols <= 32 * 256 (8 passes of the block's 256 threads at most).
-#define Q8P_PASSES 8
-__device__ __forceinline__ void q8p_load(const float* p, int cols, float4* v) {
-#pragma unroll
-    for (int u = 0; u < Q8P_PASSES; u++) {
-        int j = 4 * (threadIdx.x + u * blockDim.x);
-        if (j < cols) v[u] = *(const float4*)(p + j);
-    }
-}
-__device__ __forceinline__ void q8p_prologue(const Q8pPro& pr, int cols, signed char* sq, float* sd) {
-    __shared__ double redd[8];
-    float4 v[Q8P_PASSES];
-    q8p_load(pr.X, cols, v);
-    if (pr.X2) {
-        float4 g2[Q8P_PASSES];
-        q8p_load(pr.X2, cols, g2);
-        const float c = pr.fa;
-#pragma unroll
-        for (int u = 0; u < Q8P_PASSES; u++) {
-            if (4 * (threadIdx.x + u * blockDim.x) >= cols) break;
-            v[u].x = siluf_(fminf(v[u].x, c)) * fminf(fmaxf(g2[u].x, -c), c);
-            v[u].y = siluf_(fminf(v[u].y, c)) * fminf(fmaxf(g2[u].y, -c), c);
-            v[u].z = siluf_(fminf(v[u].z, c)) * fminf(fmaxf(g2[u].z, -c), c);
-            v[u].w = siluf_(fminf(v[u].w, c)) * fminf(fmaxf(g2[u].w, -c), c);
-        }
-    } else if (pr.NW) {
-        float4 wv[Q8P_PASSES];
-        q8p_load(pr.NW, cols, wv);
-        double ss = 0.0;
-#pragma unroll
-        for (int u = 0; u < Q8P_PASSES; u++) {
-            if (4 * (threadIdx.x + u * blockDim.x) >= cols) break;
-            ss += (double)v[u].x * v[u].x + (double)v[u].y * v[u].y + (double)v[u].z * v[u].z + (double)v[u].w * v[u].w;
-        }
-        ss = block_sum_d(ss, redd);
-        float inv = 1.0f / sqrtf((float)(ss / cols) + pr.fa);
-#pragma unroll
-        for (int u = 0; u < Q8P_PASSES; u++) {
-            v[u].x = v[u].x * inv * wv[u].x;
-            v[u].y = v[u].y * inv * wv[u].y;
-            v[u].z = v[u].z * inv * wv[u].z;
-            v[u].w = v[u].w * inv * wv[u].w;
-        }
-    }
-#pragma unroll
-    for (int u = 0; u < Q8P_PASSES; u++) {
-        int i = threadIdx.x + u * blockDim.x, j = 4 * i;
-        if (j >= cols) break;  // whole warps (cols % 128 == 0)
-        float amax = fmaxf(fmaxf(fabsf(v[u].x), fabsf(v[u].y)), fmaxf(fabsf(v[u].z), fabsf(v[u].w)));
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float d = amax / 127.0f;
-        float id = d != 0.0f ? 1.0f / d : 0.0f;
-        u32 w = ((u32)(int)roundf(v[u].x * id) & 0xffu) | (((u32)(int)roundf(v[u].y * id) & 0xffu) << 8) |
-                (((u32)(int)roundf(v[u].z * id) & 0xffu) << 16) | (((u32)(int)roundf(v[u].w * id) & 0xffu) << 24);
-        *(u32*)(sq + j) = w;
-        if ((i & 7) == 0) sd[j >> 5] = h2f(f2h(d));
-    }
-    __syncthreads();
-}
-
-template <int R, bool SX>
+template <int R>
 __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ,
-                                         const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz,
-                                         Q8pPro pro) {
+                                         const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz) {
     PDL_TRIGGER
-    extern __shared__ __align__(16) u8 q8p_xs[];
     __shared__ float red[2][8][R];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks, grp = wid / ks;
     const int rpt = (8 / ks) * R;  // rows per task
@@ -150,18 +73,10 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
             int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
             bool own = b0 + lb < nb;
             float dx = 0.0f;
-            if (SX) {
-                // The block's own quantized row (shared memory; xq_z is 0).
-                const signed char* xq = (const signed char*)q8p_xs + 32 * b0 + 16 * lane;
-                if (b0 + kb < nb) x0 = *(const int4*)xq;
-                if (b0 + 16 + kb < nb) x1 = *(const int4*)(xq + 512);
-                if (own) dx = ((const float*)(q8p_xs + cols))[b0 + lb];
-            } else {
-                const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
-                if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
-                if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
-                if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
-            }
+            const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
+            if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
+            if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
+            if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
@@ -217,7 +132,6 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     int t = blockIdx.x, j = 0, tn = t, jn = 0;
     if (t < ntasks) fetch(A, t, 0);
     PDL_WAIT  // before the activations are read and (all threads) before Y is written
-    if (SX) q8p_prologue(pro, cols, (signed char*)q8p_xs, (float*)(q8p_xs + cols));
     advance(tn, jn);
     while (t < ntasks) {
         if (tn < ntasks) fetch(B, tn, jn);
@@ -235,4 +149,3 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
 #define Q8P_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
     const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz
 #define Q8P_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks, nz
-#define Q8P_NOPRO Q8pPro{nullptr, nullptr, nullptr, 0.0f}

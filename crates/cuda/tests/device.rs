@@ -729,23 +729,6 @@ fn producer_int8_copies_equal_standalone_quantization() {
 }
 
 #[test]
-fn fused_input_products_equal_unfused_launches() {
-    if !gpu_present() {
-        return;
-    }
-    for c in ds4_cuda::fused_input_checks(31).unwrap() {
-        println!("op {}: {} outputs, {} differ in their bits from the unfused launches; rel err {:.2e}", c.what, c.values, c.mismatches, c.rel_err);
-        // Same quantization, same sums: bit-identical. The RMS-normed input sums its squares (in
-        // double) in another order than rms_rows: a value may round to a neighbouring int8 code.
-        if c.what.contains("RMS") {
-            assert!(c.rel_err < 1e-5, "{}: rel err {}", c.what, c.rel_err);
-        } else {
-            assert_eq!(c.mismatches, 0, "{}", c.what);
-        }
-    }
-}
-
-#[test]
 fn fused_decode_router_matches_matvec_and_route() {
     if !gpu_present() {
         return;

@@ -1,7 +1,7 @@
 //! The attention ops on CUDA: Q/KV projections, compressors, indexer selection, attention over the
 //! window and the compressed rows (split over candidates for one token), output projections.
 use super::*;
-use crate::matvec::{launch_mvq8, launch_mvq8_x, x_ok, xpro, XPro};
+use crate::matvec::launch_mvq8;
 use crate::dec_attn::DecAttn;
 use ds4_gpu::Compressor;
 use ds4_model::kv::compressed_capacity;
@@ -85,58 +85,40 @@ impl CudaOps {
         self.g.launch("scale_inplace", (cdiv(s.n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((s.n * ih) as u64), A::F(ws)])
     }
 
-    /// The low-rank query: q_a, then (unless q_b normalises it itself, one token) its norm in place
-    /// with the Q8_0 copy q_b takes.
+    /// The low-rank query: q_a, then its norm in place with the Q8_0 copy q_b takes.
     pub(super) fn q_lora(&mut self, li: usize, s: Step) -> Result<()> {
-        let cfg = &self.cfg;
         let (q_a, q_a_norm, q_b) = (self.layers[li].q_a, self.layers[li].q_a_norm, self.layers[li].q_b);
         let (xn, qr) = (self.wk.xn.ptr, self.wk.qr.ptr);
-        let q_b_norms = s.decode && self.takes_q80(&q_b, s.n) && x_ok(&self.g, &q_b) && xpro(2) && cfg.q_lora % 256 == 0 && q_a_norm % 16 == 0 && qr % 16 == 0;
-        let pre_qr = (!q_b_norms && self.takes_q80(&q_b, s.n)).then(|| self.wk.q8_qr.pair());
-        self.ls.q_b_norms = q_b_norms;
+        let pre_qr = self.takes_q80(&q_b, s.n).then(|| self.wk.q8_qr.pair());
         self.ls.pre_qr = pre_qr;
         let pre = self.pre_xn();
         self.mm_q(&q_a, xn, s.n, qr, pre)?;
-        if !q_b_norms {
-            let ql = self.cfg.q_lora;
-            self.rms_q(qr, ql, qr, ql, ql, q_a_norm, s.n, pre_qr)?;
-        }
-        Ok(())
+        let ql = self.cfg.q_lora;
+        self.rms_q(qr, ql, qr, ql, ql, q_a_norm, s.n, pre_qr)
     }
 
-    /// The indexer's queries from the normalised low-rank query (normalised here into its own copy
-    /// when q_b normalises qr itself), roped.
+    /// The indexer's queries from the normalised low-rank query, roped.
     pub(super) fn indexer_query(&mut self, li: usize, s: Step) -> Result<()> {
         let cfg = self.cfg.clone();
-        let (ih, id, ql) = (cfg.idx_heads, cfg.idx_dim, cfg.q_lora);
+        let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
         let l = &self.layers[li];
-        let (iqb, freqs, q_a_norm) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs, l.q_a_norm);
+        let (iqb, freqs) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs);
         let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
-        let qn = if self.ls.q_b_norms { self.wk.qrn.ptr } else { qr };
-        if self.ls.q_b_norms {
-            self.rms(qr, ql, qn, ql, ql, q_a_norm, s.n)?;
-        }
-        self.mm(&iqb, qn, s.n, iq)?;
+        self.mm(&iqb, qr, s.n, iq)?;
         let qat = self.qat_code(true);
         self.nrq(iq, id, iq, id, s.n * ih, id, false, 0, freqs, s.pos0 as i64, ih, 1, qat)
     }
 
-    /// The attention queries: q_b (one token: normalising qr itself where it can), then per-head norm
-    /// and rope (decode folds those into attn_dec: q is read nowhere else).
+    /// The attention queries: q_b, then per-head norm and rope (decode folds those into attn_dec: q
+    /// is read nowhere else).
     pub(super) fn q_heads(&mut self, li: usize, s: Step) -> Result<()> {
         let cfg = self.cfg.clone();
         let (d, nh) = (cfg.head_dim, cfg.n_head);
         let l = &self.layers[li];
-        let (q_b, q_a_norm, freqs) = (l.q_b, l.q_a_norm, l.freqs);
+        let (q_b, freqs) = (l.q_b, l.freqs);
         let (qr, q) = (self.wk.qr.ptr, self.wk.q.ptr);
-        if self.ls.q_b_norms {
-            if !launch_mvq8_x(&mut self.g, &q_b, q_b.ptr, qr, XPro::Rms { w: q_a_norm, eps: cfg.rms_eps }, q)? {
-                return Err("q_b product with the q_a norm: not launched".into());
-            }
-        } else {
-            let pre = self.ls.pre_qr;
-            self.mm_q(&q_b, qr, s.n, q, pre)?;
-        }
+        let pre = self.ls.pre_qr;
+        self.mm_q(&q_b, qr, s.n, q, pre)?;
         if !s.decode {
             self.nrq(q, d, q, d, s.n * nh, d, true, 0, freqs, s.pos0 as i64, nh, 1, 0)?;
         }

@@ -1,20 +1,15 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv, launch_mvq8, launch_mvq8_x, launch_q80, q80_ok, xpro, XPro};
+use crate::matvec::{launch_dq, launch_mv, launch_mvq8, launch_q80, q80_ok};
 
 impl CudaOps {
-
-    /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in kernels.cu).
-    #[allow(clippy::too_many_arguments)]
+    /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in matvec.cuh).
     /// One token under `Precision::Fast` takes Q8_0 activations for split Q8_0 matrices (as the
     /// CPU); the quantized copy goes to the current stream's own scratch (side streams run at once).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn mv(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
         let rows_in = if x_z == 0 { 1 } else { z };
-        // One shared input row: the product quantizes it itself (one launch).
-        if self.fast_q8 && n == 1 && z == 1 && eids == 0 && xpro(1) && launch_mvq8_x(&mut self.g, m, w, x, XPro::Plain, y)? {
-            return Ok(());
-        }
         if self.fast_q8 && n == 1 && q80_ok(m) && m.cols * rows_in <= self.wk.xq80_cap {
             let s = self.g.current();
             let q = self.wk.xq80.ptr + (s * self.wk.xq80_cap) as u64;

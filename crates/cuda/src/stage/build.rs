@@ -326,7 +326,6 @@ impl CudaOps {
             cur: f(n * e)?,
             xn: f(n * e)?,
             qr: f(n * cfg.q_lora)?,
-            qrn: f(cfg.q_lora)?,
             q: f(n * cfg.q_dim())?,
             kvb: f(n * d)?,
             ck: f(n * 2 * d.max(id))?,
@@ -464,6 +463,9 @@ impl CudaOps {
             }
             g.sync()?;
         }
+        // Every kernel module loaded now: the first decode step's graph capture must only record
+        // launches (loading a module synchronises, which a capture forbids).
+        g.kernels_ready()?;
         let total = mat_bytes;
         let free2 = free_mem()?;
         eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax})", plan.describe(wplace), free2 as f64 / GIB);

@@ -2,7 +2,7 @@
 //! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, launch_down_swiglu, launch_dq, launch_mvq8, launch_mvq8_x, launch_q8k, q8_ok, xpro, XPro};
+use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_q8k, q8_ok};
 
 impl CudaOps {
     /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
@@ -25,8 +25,7 @@ impl CudaOps {
         Ok(())
     }
 
-    /// The shared expert: gate and up products, SwiGLU, down (one token: the down product takes the
-    /// SwiGLU of its inputs itself where it can).
+    /// The shared expert: gate and up products, SwiGLU, down.
     pub(super) fn shared_expert(&mut self, li: usize, s: Step) -> Result<()> {
         let n = s.n;
         let ff = self.cfg.ff_exp;
@@ -36,14 +35,11 @@ impl CudaOps {
         let pre_xn = self.ls.xc.q80.then(|| self.wk.q8_xn.pair());
         self.mm_q(&sg, xn, n, sh_a, pre_xn)?;
         self.mm_q(&su, xn, n, sh_b, pre_xn)?;
-        let fused = self.takes_q80(&sd, n) && ff % 256 == 0 && xpro(4) && launch_mvq8_x(&mut self.g, &sd, sd.ptr, sh_a, XPro::Swiglu { b: sh_b, c: clamp }, sh_out)?;
-        if !fused {
-            // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
-            let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
-            let (q, qd) = pre_sh.unwrap_or((0, 0));
-            self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
-            self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
-        }
+        // The SwiGLU writes the Q8_0 copy the down product takes (one token, Precision::Fast).
+        let pre_sh = (self.takes_q80(&sd, n) && ff % 256 == 0).then(|| self.wk.q8_sh.pair());
+        let (q, qd) = pre_sh.unwrap_or((0, 0));
+        self.g.launch("swiglu", (cdiv(n * ff, 256), 1, 1), 256, 0, &[A::P(sh_a), A::P(sh_b), A::P((n * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(0), A::P(q), A::P(qd), A::P(0), A::P(0)])?;
+        self.mm_q(&sd, sh_a, n, sh_out, pre_sh)?;
         self.ls.shared_out = sh_out;
         Ok(())
     }
@@ -109,21 +105,17 @@ impl CudaOps {
         if dec {
             self.g.join(2)?;
         }
-        // The down product takes the SwiGLU itself (Q2_K down: mvq8_q2_k_n1x); else, with int8
-        // activations, the SwiGLU also writes the Q8_K copy the down product takes (the up product
-        // on the side stream has been joined: the buffer is free again).
-        let fused = q8 && ff % 256 == 0 && xpro(8) && launch_down_swiglu(&mut self.g, &down, eids, ex_a, ex_b, ew, clamp, ex_out, k)?;
-        if !fused {
-            let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
-            self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
-            if q8 {
-                if sq == 0 {
-                    launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
-                }
-                launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
-            } else {
-                self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
+        // With int8 activations the SwiGLU also writes the Q8_K copy the down product takes (the up
+        // product on the side stream has been joined: the buffer is free again).
+        let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
+        self.g.launch("swiglu", (cdiv(k * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((k * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
+        if q8 {
+            if sq == 0 {
+                launch_q8k(&mut self.g, ex_a, ff, ff, k, xq, xd)?;
             }
+            launch_mvq8(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, k)?;
+        } else {
+            self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
         }
         Ok(())
     }

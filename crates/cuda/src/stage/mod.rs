@@ -123,8 +123,6 @@ struct Work {
     cur: DBuf,
     xn: DBuf,
     qr: DBuf,
-    /// The normalised qr of one token for the indexer (decode, when q_b normalises qr itself).
-    qrn: DBuf,
     q: DBuf,
     kvb: DBuf,
     ck: DBuf,
@@ -235,8 +233,6 @@ pub struct CudaStats {
 struct LayerStep {
     /// The int8 copies of xn the sub-layer entry wrote.
     xc: XnCopies,
-    /// One token: q_b normalises the low-rank query itself (the indexer normalises its own copy).
-    q_b_norms: bool,
     /// The Q8_0 copy of the normalised low-rank query, when q_b takes it.
     pre_qr: Option<(u64, u64)>,
     /// The indexer's selection (0: every compressed row).
