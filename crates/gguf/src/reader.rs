@@ -200,6 +200,10 @@ impl GgufFile {
     /// Whole file bytes.
     pub fn bytes(&self) -> &[u8] { self.backing.bytes() }
 
+    /// Whether the bytes are a file mapping (whole pages, alive as long as the file is), rather than
+    /// owned bytes: a device may then wrap them without a copy.
+    pub fn is_mapped(&self) -> bool { matches!(self.backing, Backing::Mmap(_)) }
+
     fn require(&self, key: &str) -> Result<&MetaValue, GgufError> {
         self.get(key).ok_or_else(|| meta_err(key, "missing"))
     }

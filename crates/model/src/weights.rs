@@ -184,6 +184,15 @@ impl Weights {
     /// Number of mappings the stage's weights live in.
     pub fn n_mappings(&self) -> usize { self.regions.len() }
 
+    /// Where matrix `m` lies in the model file's own mapping, when the stage reads it there (weights
+    /// bound without a copy): its byte offset in `self.file.bytes()`.
+    pub fn file_offset(&self, m: &Mat) -> Option<usize> {
+        match &self.regions[m.map] {
+            Region::Window(r) if self.file.is_mapped() => Some(r.start + m.off),
+            _ => None,
+        }
+    }
+
     /// Bytes of all tensors the stage owns (what becomes resident).
     pub fn resident_bytes(&self) -> u64 { self.plan.bytes() }
 

@@ -23,6 +23,6 @@ pub use encoder::Encoder;
 pub use error::WgpuError;
 pub use gpu::{BackendChoice, Caps, Gpu, GpuOptions, Step, OPTIONAL_FEATURES};
 pub use loader::{library_present, VULKAN_LOADER};
-pub use resident::{ResidentTensor, TensorPart};
+pub use resident::{HostBytes, ResidentTensor, TensorPart};
 pub use stage::{plan, plan_bytes, PlanBytes, WgpuOps, WgpuStage};
 pub use wgpu;

@@ -24,6 +24,18 @@ pub struct TensorPart {
     pub imported: bool,
 }
 
+/// Host bytes a device may wrap without a copy: a read-only file mapping of whole pages, alive as
+/// long as its owner (the `Arc` the import keeps) and never written while mapped.
+pub trait HostBytes: Send + Sync + 'static {
+    fn host_bytes(&self) -> &[u8];
+}
+
+impl HostBytes for memmap2::Mmap {
+    fn host_bytes(&self) -> &[u8] {
+        self
+    }
+}
+
 /// A row-major quantized matrix (`rows` rows of `cols` elements of `ty`) resident on the device.
 pub struct ResidentTensor {
     pub name: String,
@@ -76,11 +88,11 @@ impl ResidentTensor {
     /// unified memory that can wrap host memory (Vulkan VK_EXT_external_memory_host: integrated GPUs,
     /// lavapipe; Metal newBufferWithBytesNoCopy: Apple Silicon) the mapping's pages become the binding
     /// without a copy; elsewhere (discrete GPUs) the bytes are uploaded once. `offset` must be a multiple of 4 (GGUF data is 32-byte aligned).
-    pub fn from_mapping(
+    pub fn from_mapping<M: HostBytes>(
         gpu: &Gpu,
         name: &str,
         ty: GgmlType,
-        map: Arc<memmap2::Mmap>,
+        map: Arc<M>,
         offset: usize,
         rows: usize,
         cols: usize,
@@ -91,23 +103,23 @@ impl ResidentTensor {
         if cols == 0 {
             return Err(WgpuError::BadShape { what: name.into(), reason: "zero columns".into() });
         }
-        let end = row_bytes.checked_mul(rows).and_then(|n| offset.checked_add(n)).filter(|&e| e <= map.len());
+        let end = row_bytes.checked_mul(rows).and_then(|n| offset.checked_add(n)).filter(|&e| e <= map.host_bytes().len());
         let Some(end) = end else {
-            return Err(WgpuError::BadShape { what: name.into(), reason: format!("{rows} rows x {row_bytes} bytes at {offset} run past the mapping ({} bytes)", map.len()) });
+            return Err(WgpuError::BadShape { what: name.into(), reason: format!("{rows} rows x {row_bytes} bytes at {offset} run past the mapping ({} bytes)", map.host_bytes().len()) });
         };
         let unified = matches!(gpu.caps().device_type, wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu);
         match gpu.caps().host_import_alignment {
             Some(align) if unified && offset.is_multiple_of(4) => Self::import(gpu, name, ty, map, offset, rows, cols, row_bytes, align),
-            _ => Self::upload(gpu, name, ty, &map[offset..end], rows, cols),
+            _ => Self::upload(gpu, name, ty, &map.host_bytes()[offset..end], rows, cols),
         }
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn import(
+    fn import<M: HostBytes>(
         gpu: &Gpu,
         name: &str,
         ty: GgmlType,
-        map: Arc<memmap2::Mmap>,
+        map: Arc<M>,
         offset: usize,
         rows: usize,
         cols: usize,
@@ -123,8 +135,9 @@ impl ResidentTensor {
                 return Err(WgpuError::BindingOverLimit { what: format!("one row of {name} (imported)"), bytes: (row_bytes + 2 * align) as u64, limit });
             }
             // The mapping covers whole pages: the last window may end past the file but not past them.
-            let mapped_end = map.len().next_multiple_of(align);
-            let base = map.as_ptr();
+            let bytes = map.host_bytes();
+            let mapped_end = bytes.len().next_multiple_of(align);
+            let base = bytes.as_ptr();
             let owner: Arc<dyn Send + Sync> = map.clone();
             let mut parts = Vec::new();
             let mut row0 = 0usize;
@@ -134,7 +147,7 @@ impl ResidentTensor {
                 let stop = start + n * row_bytes;
                 let (w0, w1) = (start / align * align, stop.next_multiple_of(align));
                 if w1 > mapped_end || !(base as usize).is_multiple_of(align) {
-                    return Self::upload(gpu, name, ty, &map[offset..offset + rows * row_bytes], rows, cols);
+                    return Self::upload(gpu, name, ty, &bytes[offset..offset + rows * row_bytes], rows, cols);
                 }
                 let label = format!("{name}[{row0}..{}] (host)", row0 + n);
                 // The window lies inside the mapping (checked above), which `owner` keeps alive.

@@ -1,5 +1,8 @@
 //! One resident layer: its weights (uploaded once), its KV state buffers (window ring, compressed and
 //! indexer rows, their snapshot), and its ops built once over them and the shared work buffers.
+use std::sync::Arc;
+
+use ds4_gguf::GgufFile;
 use ds4_gpu::LayerInfo;
 use ds4_model::kv::compressed_capacity;
 use ds4_model::rope::Rope as CpuRope;
@@ -13,14 +16,28 @@ use crate::ops::{
     Attention, AttentionBuffers, AttentionShape, Compressor, CompressorShape, Experts, HcPost, HcPre, Indexer, IndexerBuffers, IndexerShape, KvRow, KvRowSpec, Moe, RmsNorm,
     RouteConfig, Router, Routing, RowNorm, RowPos, RowQat, StepMatVec,
 };
-use crate::resident::ResidentTensor;
+use crate::resident::{HostBytes, ResidentTensor};
 
 use super::work::{hc_dims, Work};
 
-/// Uploads the matrix `m` of `w` once.
+/// The model file's mapping as host bytes a unified-memory device wraps without a copy.
+struct FileBytes(Arc<GgufFile>);
+
+impl HostBytes for FileBytes {
+    fn host_bytes(&self) -> &[u8] {
+        self.0.bytes()
+    }
+}
+
+/// Makes the matrix `m` of `w` resident once: wrapped in place where the stage reads it from the
+/// file's mapping and the device shares host memory (`ResidentTensor::from_mapping` decides), else
+/// uploaded.
 pub(crate) fn upload(gpu: &Gpu, w: &Weights, m: &Mat, name: &str) -> Result<ResidentTensor, WgpuError> {
     let r = w.mat(m);
-    ResidentTensor::upload(gpu, name, r.ty, r.data, r.rows, r.cols)
+    match w.file_offset(m) {
+        Some(off) => ResidentTensor::from_mapping(gpu, name, r.ty, Arc::new(FileBytes(w.file.clone())), off, r.rows, r.cols),
+        None => ResidentTensor::upload(gpu, name, r.ty, r.data, r.rows, r.cols),
+    }
 }
 
 /// A compressor: its projections, the pooling op (which owns the frontier state) and the finishing
