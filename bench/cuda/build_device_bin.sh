@@ -4,8 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 mkdir -p device-bin
-cargo build --release -p ds4-cli --features cuda --bin ds4-bench --bin ds4-gguf --bin ds4
-cargo build --release -p ds4-server --features cuda
+# Both GPU backends in one binary: bench/wgpu/h200.sh compares them in one call.
+cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf --bin ds4
+cargo build --release -p ds4-server --features "cuda wgpu"
 cargo build --release -p ds4-cuda --features cuda --example gpu_bench
 T=${CARGO_TARGET_DIR:-target}/release
 cp $T/ds4-bench $T/ds4-gguf $T/ds4 $T/ds4-server $T/examples/gpu_bench device-bin/
@@ -17,5 +18,7 @@ cp "$(exe -p ds4-cuda --features cuda --test device)" device-bin/device-tests
 cp "$(exe -p ds4-engine --features cuda --test cuda_pipeline)" device-bin/engine-tests
 # Per-module NVRTC compile times on the device's cores (bench/cuda/cold_start.sh runs it).
 cp "$(exe -p ds4-cuda --features cuda --test nvrtc_compile)" device-bin/nvrtc-tests
-strip device-bin/*
+# The wgpu ops and the whole stage against the CPU, on the GPU through Vulkan (bench/wgpu/h200.sh).
+for t in ops_matvec ops_attention ops_ffn stage; do cp "$(exe -p ds4-wgpu --test $t)" device-bin/wgpu-$t-tests; done
+strip device-bin/* 2>/dev/null || true
 ls -la device-bin
