@@ -19,6 +19,10 @@ pub enum GpuError {
     StateNotOnDevice { pos: usize, dev: usize, snap: Option<usize> },
     #[error("the KV state is at position {pos}, beyond the context {ctx} the stage was sized for")]
     KvBeyondContext { pos: usize, ctx: usize },
+    #[error("KV rollback to position {pos}: the journal covers {from}..={to}")]
+    RollbackOutOfRange { pos: usize, from: usize, to: usize },
+    #[error("{0}")]
+    Journal(&'static str),
     /// A failure inside the backend (a launch, a copy, an unsupported shape), in its words.
     #[error("{0}")]
     Device(String),

@@ -132,6 +132,12 @@ pub trait DeviceOps {
     /// Makes `kv` the device state of the resident layers.
     fn upload_kv(&mut self, kv: &KvState) -> Result<()>;
 
+    // Speculative verification: a second saved copy of the mutable state, taken before a verify
+    // step and restored when drafts are rejected.
+    fn can_checkpoint(&self) -> bool { false }
+    /// Saves (`restore` false) or restores the checkpoint (window ring, compressor frontiers).
+    fn checkpoint(&mut self, _restore: bool) -> Result<()> { Err("this backend cannot checkpoint its KV state".into()) }
+
     // Decode replay: a backend that can record a decode step's ops once and replay them.
     fn can_replay(&self) -> bool { false }
     fn has_replay(&self, _key: usize) -> bool { false }

@@ -22,6 +22,14 @@ pub struct GpuStage<D: DeviceOps> {
     pub trace: Option<Vec<Vec<f32>>>,
     /// Replay recorded decode steps (where the backend can); off, every step issues its ops.
     pub use_replay: bool,
+    /// While speculative verification runs: the position the checkpoint holds and the tokens fed since.
+    journal: Option<Journal>,
+}
+
+/// The device state saved at `from` and the tokens fed after it (a rollback re-runs a prefix of them).
+struct Journal {
+    from: usize,
+    tokens: Vec<u32>,
 }
 
 impl<D: DeviceOps> GpuStage<D> {
@@ -43,6 +51,7 @@ impl<D: DeviceOps> GpuStage<D> {
             hidden_host: Vec::new(),
             trace: None,
             use_replay: true,
+            journal: None,
         })
     }
 
@@ -128,6 +137,60 @@ impl<D: DeviceOps> GpuStage<D> {
         }
     }
 
+    /// Whether the backend can undo forward calls (`begin_journal` / `rollback`).
+    pub fn can_journal(&self) -> bool {
+        self.ops.can_checkpoint()
+    }
+
+    /// Starts speculative verification at `kv.pos`: the device state is checkpointed, and later
+    /// forward calls (token input only) can be undone by [`GpuStage::rollback`].
+    pub fn begin_journal(&mut self, kv: &KvState) -> Result<()> {
+        self.ops.bind()?;
+        if !self.ops.can_checkpoint() {
+            return Err(GpuError::Journal("this GPU backend cannot roll its KV state back"));
+        }
+        self.sync_state(kv.pos)?;
+        self.ops.checkpoint(false)?;
+        self.ops.sync()?;
+        self.journal = Some(Journal { from: kv.pos, tokens: Vec::new() });
+        Ok(())
+    }
+
+    /// Returns the device state and `kv.pos` to `pos`, between the journal's start and now: the
+    /// checkpoint is restored and the tokens fed up to `pos` run again. The backend's prefill and
+    /// decode rows are bit-identical, so the state is the one a forward of those tokens left.
+    pub fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<()> {
+        self.ops.bind()?;
+        let Some(j) = self.journal.as_ref() else { return Err(GpuError::Journal("rollback without a journal")) };
+        let to = j.from + j.tokens.len();
+        if pos < j.from || pos > to || kv.pos != to {
+            return Err(GpuError::RollbackOutOfRange { pos, from: j.from, to });
+        }
+        if pos == to {
+            return Ok(());
+        }
+        let (from, again) = (j.from, j.tokens[..pos - j.from].to_vec());
+        self.ops.checkpoint(true)?;
+        self.dev_pos = from;
+        kv.pos = from;
+        // The prefill snapshot may hold a position past the rollback: no longer on this sequence.
+        if self.snap_pos.is_some_and(|s| s > from) {
+            self.snap_pos = None;
+        }
+        self.journal = None;
+        if !again.is_empty() {
+            self.forward_dev(kv, &again, None, Logits::None, false)?;
+        }
+        self.ops.sync()?;
+        self.journal = Some(Journal { from, tokens: again });
+        Ok(())
+    }
+
+    /// Ends the journal, keeping the state.
+    pub fn end_journal(&mut self) {
+        self.journal = None;
+    }
+
     /// Brings the device state to `pos` (0 = fresh, the current position, or the last snapshot).
     fn sync_state(&mut self, pos: usize) -> Result<()> {
         if pos == 0 {
@@ -181,6 +244,11 @@ impl<D: DeviceOps> GpuStage<D> {
         }
         self.check(kv, tokens, hidden_in)?;
         self.sync_state(kv.pos)?;
+        if let Some(j) = self.journal.as_ref() {
+            if hidden_in.is_some() || kv.pos != j.from + j.tokens.len() {
+                return Err(GpuError::Journal("a journaled stage takes consecutive token input"));
+            }
+        }
         let d = self.cfg.head_dim;
         let step = Step { n, pos0: kv.pos, decode: n == 1 && d % 4 == 0 && d <= 1024 };
         self.ops.begin_step(step, tokens)?;
@@ -207,6 +275,9 @@ impl<D: DeviceOps> GpuStage<D> {
         }
         kv.pos += n;
         self.dev_pos = kv.pos;
+        if let Some(j) = self.journal.as_mut() {
+            j.tokens.extend_from_slice(tokens);
+        }
         if n > 1 {
             self.ops.snapshot(false)?;
             self.snap_pos = Some(kv.pos);

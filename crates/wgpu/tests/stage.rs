@@ -221,3 +221,99 @@ fn bad_steps_are_refused() {
     let e = WgpuStage::new(&cpu, 1 << 40, 8, cpu.w.range, &o).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(!e.is_empty(), "a 2^40 context must be refused");
 }
+
+/// A prefill step's rows are bit-identical to decode steps of the same tokens (each row's sums run in
+/// the same order): what speculative verification and its rollback rely on.
+#[test]
+fn prefill_rows_equal_decode_steps_bitwise() {
+    let Some(o) = opts() else { return };
+    let cpu = load(Mix::Q2, 11, true);
+    let p = prompt(&cpu.cfg, 30);
+    let ctx = 64;
+    let mut a = WgpuStage::new(&cpu, ctx, 32, cpu.w.range, &o).unwrap();
+    let mut ka = cpu.new_kv(ctx);
+    a.forward(&mut ka, &p[..25], None, Logits::None).unwrap();
+    let mut single = Vec::new();
+    for &t in &p[25..] {
+        single.extend_from_slice(a.forward(&mut ka, &[t], None, Logits::Last).unwrap());
+    }
+    let mut b = WgpuStage::new(&cpu, ctx, 32, cpu.w.range, &o).unwrap();
+    let mut kb = cpu.new_kv(ctx);
+    b.forward(&mut kb, &p[..25], None, Logits::None).unwrap();
+    let batch = b.forward(&mut kb, &p[25..], None, Logits::All).unwrap().to_vec();
+    let same = single.iter().zip(&batch).filter(|(x, y)| x.to_bits() == y.to_bits()).count();
+    assert_eq!(same, single.len(), "prefill rows vs decode steps: {same} of {} logits bit-identical", single.len());
+}
+
+/// Speculative verification on the device: every step checkpoints, verifies the token and up to
+/// three drafts in one forward call (some drafts right, some wrong), keeps the greedy prefix and rolls
+/// back past the first rejection. Tokens, the logits used and the final KV state are bit-identical
+/// to plain greedy decoding.
+#[test]
+fn journal_rollback_equals_plain_decode() {
+    let Some(o) = opts() else { return };
+    let cpu = load(Mix::Q4, 11, true);
+    let p = prompt(&cpu.cfg, 20);
+    let (ctx, steps, v) = (80, 24, cpu.cfg.n_vocab);
+    // Plain greedy decode.
+    let mut a = WgpuStage::new(&cpu, ctx, 20, cpu.w.range, &o).unwrap();
+    let mut ka = cpu.new_kv(ctx);
+    let mut l = a.forward(&mut ka, &p, None, Logits::Last).unwrap().to_vec();
+    let (mut plain, mut plain_logits) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        let t = argmax(&l);
+        plain.push(t);
+        l = a.forward(&mut ka, &[t], None, Logits::Last).unwrap().to_vec();
+        plain_logits.push(l.clone());
+    }
+    // Speculative: drafts from the plain run, every third draft wrong.
+    let mut b = WgpuStage::new(&cpu, ctx, 20, cpu.w.range, &o).unwrap();
+    let mut kb = cpu.new_kv(ctx);
+    let mut l = b.forward(&mut kb, &p, None, Logits::Last).unwrap().to_vec();
+    let (mut got, mut rolled) = (Vec::new(), 0);
+    let mut i = 0usize;
+    while got.len() < steps {
+        let t = argmax(&l);
+        got.push(t);
+        let k = (i % 4).min(steps - got.len());
+        let drafts: Vec<u32> = (0..k).map(|j| { let want = plain[got.len() + j]; if (i + j) % 3 == 2 { (want + 1) % v as u32 } else { want } }).collect();
+        let mut batch = vec![t];
+        batch.extend(&drafts);
+        let p0 = kb.pos;
+        b.begin_journal(&kb).unwrap();
+        let rows = b.forward(&mut kb, &batch, None, Logits::All).unwrap().to_vec();
+        let mut fed = 1;
+        for (j, &d) in drafts.iter().enumerate() {
+            if argmax(&rows[j * v..(j + 1) * v]) != d {
+                break;
+            }
+            got.push(d);
+            fed += 1;
+        }
+        if fed < batch.len() {
+            rolled += 1;
+        }
+        b.rollback(&mut kb, p0 + fed).unwrap();
+        b.end_journal();
+        assert_eq!(kb.pos, p0 + fed);
+        l = rows[(fed - 1) * v..fed * v].to_vec();
+        let at = got.len() - 1;
+        if at < steps {
+            assert!(l == plain_logits[at], "step {at}: verify logits differ from plain decode");
+        }
+        i += 1;
+    }
+    got.truncate(steps);
+    assert_eq!(got, plain, "speculative greedy tokens");
+    assert!(rolled > 3, "the case should roll back several times ({rolled})");
+    // The state left behind is the plain decode's, bit for bit.
+    let next = argmax(&l);
+    let x = a.forward(&mut ka, &[next], None, Logits::Last).unwrap().to_vec();
+    let y = b.forward(&mut kb, &[next], None, Logits::Last).unwrap().to_vec();
+    assert!(x == y, "after rollbacks the next step differs from plain decode");
+    // A rollback outside the journal is refused.
+    b.begin_journal(&kb).unwrap();
+    let past = kb.pos + 1;
+    assert!(b.rollback(&mut kb, past).is_err());
+    b.end_journal();
+}

@@ -23,6 +23,32 @@ impl WgpuOps {
         f(layer, enc).map_err(err)
     }
 
+    /// Copies every layer's mutable state (ring, compressor frontiers) into the saved copy `slot`
+    /// picks, or back (`restore`); recorded into the open step, or submitted alone.
+    fn save_state(&mut self, slot: impl Fn(&super::layer::Layer) -> &super::layer::Snapshot, restore: bool) -> Result<()> {
+        let opened = self.enc.is_none();
+        if opened {
+            self.enc = Some(Encoder::new(&self.gpu, GpuStep::default()));
+        }
+        let enc = self.enc.as_mut().expect("opened above");
+        for l in &self.layers {
+            let saved = slot(l);
+            let mut pairs = vec![(&l.ring, &saved.ring)];
+            for (c, (k, s)) in l.compressors().zip(&saved.frontiers) {
+                pairs.push((&c.st_kv, k));
+                pairs.push((&c.st_sc, s));
+            }
+            for (live, copy) in pairs {
+                let (src, dst) = if restore { (copy, live) } else { (live, copy) };
+                enc.copy_at(&src.buffer, 0, &dst.buffer, 0, src.len() as u64 * 4);
+            }
+        }
+        if opened {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
     fn head_ops(&self) -> Result<&super::head::HeadOps> {
         self.head.as_ref().ok_or_else(|| "wgpu: this stage has no output head".into())
     }
@@ -218,26 +244,15 @@ impl DeviceOps for WgpuOps {
     }
 
     fn snapshot(&mut self, restore: bool) -> Result<()> {
-        let opened = self.enc.is_none();
-        if opened {
-            self.enc = Some(Encoder::new(&self.gpu, GpuStep::default()));
-        }
-        let enc = self.enc.as_mut().expect("opened above");
-        for l in &self.layers {
-            let mut pairs = vec![(&l.ring, &l.snap.ring)];
-            for (c, (k, s)) in l.compressors().zip(&l.snap.frontiers) {
-                pairs.push((&c.st_kv, k));
-                pairs.push((&c.st_sc, s));
-            }
-            for (live, saved) in pairs {
-                let (src, dst) = if restore { (saved, live) } else { (live, saved) };
-                enc.copy_at(&src.buffer, 0, &dst.buffer, 0, src.len() as u64 * 4);
-            }
-        }
-        if opened {
-            self.sync()?;
-        }
-        Ok(())
+        self.save_state(|l| &l.snap, restore)
+    }
+
+    fn can_checkpoint(&self) -> bool {
+        true
+    }
+
+    fn checkpoint(&mut self, restore: bool) -> Result<()> {
+        self.save_state(|l| &l.ckpt, restore)
     }
 
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {

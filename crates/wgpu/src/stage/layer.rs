@@ -113,6 +113,8 @@ pub(crate) struct Layer {
     pub comp_rows: Option<GpuBuffer>,
     pub idx_rows: Option<GpuBuffer>,
     pub snap: Snapshot,
+    /// The speculative-verification checkpoint (a second saved copy).
+    pub ckpt: Snapshot,
     _w: Vec<ResidentTensor>,
     _consts: Vec<GpuBuffer>,
 }
@@ -173,7 +175,7 @@ impl Layer {
             let rows = GpuBuffer::new(gpu, &name("compressed rows"), cap * d)?;
             let shape = CompressorShape { ratio, d, max_tokens: m, capacity: cap };
             let c = CompressorOps::new(gpu, w, cw, &name("attn_compressor"), [&wk.xn, &wk.ck, &wk.cg], &rows, shape, fp8, fr, eps)?;
-            frontiers.push((GpuBuffer::new(gpu, "snapshot", c.op.st_kv.len())?, GpuBuffer::new(gpu, "snapshot", c.op.st_sc.len())?));
+            frontiers.push((c.op.st_kv.len(), c.op.st_sc.len()));
             comp = Some(c);
             comp_rows = Some(rows);
         }
@@ -182,7 +184,7 @@ impl Layer {
             let rows = GpuBuffer::new(gpu, &name("indexer rows"), cap * id)?;
             let shape = CompressorShape { ratio, d: id, max_tokens: m, capacity: cap };
             let c = CompressorOps::new(gpu, w, &iw.comp, &name("indexer_compressor"), [&wk.xn, &wk.ik, &wk.ig], &rows, shape, fp4, fr, eps)?;
-            frontiers.push((GpuBuffer::new(gpu, "snapshot", c.op.st_kv.len())?, GpuBuffer::new(gpu, "snapshot", c.op.st_sc.len())?));
+            frontiers.push((c.op.st_kv.len(), c.op.st_sc.len()));
             let (iqw, ipw) = (upload(gpu, w, &iw.q_b, &name("indexer.attn_q_b"))?, upload(gpu, w, &iw.proj, &name("indexer.proj"))?);
             let q_b = StepMatVec::new(gpu, &iqw, &wk.qr, &wk.iq, m)?;
             let q_row = KvRow::new(gpu, &wk.iq, &KvRowSpec { dim: id, norm: RowNorm::None, eps, freqs: fr, qat: fp4, rows: tokens(ih) })?;
@@ -210,7 +212,12 @@ impl Layer {
         let experts = Experts { gate: &ws[ge], up: &ws[ue], down: &ws[de], n_expert: ne };
         let sh = shared.map(|[g, u, dn]| [&ws[g], &ws[u], &ws[dn]]);
         let moe = Moe::new(gpu, &dims, experts, sh, Some(cfg.swiglu_clamp[il]), k, &wk.xn, &wk.ids, &wk.wts, &wk.moe, &wk.x, &wk.coef, m)?;
-        let snap = Snapshot { ring: GpuBuffer::new(gpu, "snapshot", cfg.swa * d)?, frontiers };
+        let saved = |label: &str| -> Result<Snapshot, WgpuError> {
+            let ring = GpuBuffer::new(gpu, label, cfg.swa * d)?;
+            let frontiers = frontiers.iter().map(|&(k, s)| Ok((GpuBuffer::new(gpu, label, k)?, GpuBuffer::new(gpu, label, s)?))).collect::<Result<Vec<_>, WgpuError>>()?;
+            Ok(Snapshot { ring, frontiers })
+        };
+        let (snap, ckpt) = (saved("snapshot")?, saved("checkpoint")?);
         let info = LayerInfo { ratio: if comp.is_some() { ratio } else { 0 }, indexer: idx.is_some(), shared_expert: lw.shared.is_some() };
         Ok(Self {
             info,
@@ -234,6 +241,7 @@ impl Layer {
             comp_rows,
             idx_rows,
             snap,
+            ckpt,
             _w: ws,
             _consts: vec![q_a_norm_w, kv_norm_w, sinks],
         })

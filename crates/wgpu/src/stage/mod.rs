@@ -170,4 +170,18 @@ impl WgpuStage {
     pub fn upload_kv(&mut self, kv: &KvState) -> Result<(), ModelError> {
         self.0.upload_kv(kv).map_err(ge)
     }
+
+    /// Starts speculative verification at `kv.pos` (see `GpuStage::begin_journal`).
+    pub fn begin_journal(&mut self, kv: &KvState) -> Result<(), ModelError> {
+        self.0.begin_journal(kv).map_err(ge)
+    }
+
+    /// Back to `pos` within the journal (see `GpuStage::rollback`).
+    pub fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<(), ModelError> {
+        self.0.rollback(kv, pos).map_err(ge)
+    }
+
+    pub fn end_journal(&mut self) {
+        self.0.end_journal()
+    }
 }

@@ -60,10 +60,11 @@ pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanByt
         weights += mats(lw).iter().map(|m| m.len as u64).sum::<u64>() + consts(lw) as u64 * 4;
         let ratio = cfg.ratio(il);
         let cap = compressed_capacity(ctx, ratio);
-        // Ring and its snapshot; compressed / indexer rows; frontiers (kv + score) and their snapshot.
-        kv += 2 * cfg.swa * cfg.head_dim;
+        // Ring, its snapshot and checkpoint; compressed / indexer rows; frontiers (kv + score), their
+        // snapshot and checkpoint.
+        kv += 3 * cfg.swa * cfg.head_dim;
         if ratio != 0 {
-            let front = |d: usize| 4 * compressor_rows(ratio) * cfg.compress_coff(il) * d;
+            let front = |d: usize| 6 * compressor_rows(ratio) * cfg.compress_coff(il) * d;
             kv += cap * cfg.head_dim + front(cfg.head_dim);
             if lw.indexer.is_some() {
                 kv += cap * cfg.idx_dim + front(cfg.idx_dim);
