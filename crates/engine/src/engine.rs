@@ -414,7 +414,7 @@ impl LoadPlan {
     /// Brings the weights in (copied or mapped as planned, with a progress bar on a terminal) and
     /// builds the engine: its backend, and the CPU's work buffers sized by the plan.
     pub fn load(self) -> Result<Engine, EngineError> {
-        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, budget, place } = self;
+        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, .. } = self;
         residency::set_phase(residency::Phase::Load);
         let mem = memory.memory;
         let reads = mem == WeightMemory::Copy || opts.warm_weights;
@@ -428,7 +428,7 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        let gpu = load_device(&stage, &opts, &mut memory, budget, place)?;
+        let gpu = load_device(&stage, &opts, &mut memory, place)?;
         if opts.backend == Backend::Cpu {
             // A verify step runs 1 + draft tokens with a logit row each.
             let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
@@ -456,10 +456,9 @@ fn load_device(
     stage: &Stage,
     opts: &LoadOptions,
     memory: &mut MemoryPlan,
-    budget: u64,
     place: CudaPlace,
 ) -> Result<Option<Box<dyn DeviceStage>>, EngineError> {
-    let _ = (stage, &memory, budget, place);
+    let _ = (stage, &memory, place);
     match opts.backend {
         Backend::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
@@ -470,7 +469,14 @@ fn load_device(
         #[cfg(feature = "wgpu")]
         b @ (Backend::Vulkan | Backend::Metal) => {
             memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk);
-            eprintln!("{}", memory.describe(budget));
+            eprintln!(
+                "{}: device plan {:.2} GiB (weights, KV and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
+                b.name(),
+                memory.device as f64 / (1u64 << 30) as f64,
+                stage.w.range.label(),
+                opts.ctx,
+                opts.prefill_chunk
+            );
             Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b)?))
         }
         // `LoadOptions::validate` refused it before anything was read.
