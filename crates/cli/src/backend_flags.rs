@@ -1,21 +1,25 @@
-//! Backend choice as ds4 spells it: `--backend auto|cpu|cuda` and the switches `--cpu`, `--cuda`,
-//! `--metal`, `--rocm`. `auto` (the default) is CUDA when this binary was built with it and an NVIDIA
-//! device is present, else the CPU, as ds4 picks its GPU backend when it has one.
+//! Backend choice as ds4 spells it: `--backend auto|cpu|cuda|vulkan|metal|wgpu` and the switches
+//! `--cpu`, `--cuda`, `--metal`, `--vulkan`, `--rocm`. `auto` (the default) is the best backend built in
+//! and present (`ds4_engine::Backend::auto`: CUDA, then a wgpu GPU, then the CPU), as ds4 picks its
+//! GPU backend when it has one.
 use ds4_engine::Backend;
 
 /// ds4's backend switches: aliases of `--backend NAME` (give at most one of them, and not with --backend).
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct BackendSwitches {
     /// Same as --backend cpu.
-    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "rocm", "backend"])]
+    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "vulkan", "rocm", "backend"])]
     pub cpu: bool,
     /// Same as --backend cuda.
-    #[arg(long = "cuda", conflicts_with_all = ["metal", "rocm", "backend"])]
+    #[arg(long = "cuda", conflicts_with_all = ["metal", "vulkan", "rocm", "backend"])]
     pub cuda: bool,
-    /// Metal (Apple GPUs): not built here.
-    #[arg(long = "metal", conflicts_with_all = ["rocm", "backend"])]
+    /// Same as --backend metal (Apple GPUs through wgpu; binary built with --features wgpu).
+    #[arg(long = "metal", conflicts_with_all = ["vulkan", "rocm", "backend"])]
     pub metal: bool,
-    /// ROCm (AMD GPUs): not built here.
+    /// Same as --backend vulkan (GPUs through wgpu; binary built with --features wgpu).
+    #[arg(long = "vulkan", conflicts_with_all = ["rocm", "backend"])]
+    pub vulkan: bool,
+    /// ROCm (AMD GPUs): not built here (AMD GPUs run through --vulkan).
     #[arg(long = "rocm", conflicts_with = "backend")]
     pub rocm: bool,
 }
@@ -35,7 +39,8 @@ pub struct EngineSwitches {
     /// Duty-cycle target in percent (1..100): sleeps between prefill chunks and decoded tokens; same output.
     #[arg(long = "power", default_value_t = 100)]
     pub power: u32,
-    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    /// Compute backend: auto (CUDA, else a wgpu GPU, when built with them and present; else CPU), cpu,
+    /// cuda (--features cuda), vulkan or metal (--features wgpu; wgpu = this platform's one).
     #[arg(id = "backend", long = "backend")]
     pub backend_name: Option<String>,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
@@ -129,10 +134,11 @@ impl BackendSwitches {
     /// The backend name the switches or `--backend` ask for (`auto` when neither is given), and
     /// how the user spelled it (for messages).
     fn requested(&self, backend: Option<&str>) -> (String, String) {
-        let name = match (self.cpu, self.cuda, self.metal, self.rocm) {
+        let name = match (self.cpu, self.cuda, self.metal, self.vulkan, self.rocm) {
             (true, ..) => "cpu",
             (_, true, ..) => "cuda",
-            (_, _, true, _) => "metal",
+            (_, _, true, ..) => "metal",
+            (_, _, _, true, _) => "vulkan",
             (.., true) => "rocm",
             _ => return (backend.unwrap_or("auto").to_string(), format!("--backend {}", backend.unwrap_or("auto"))),
         };
@@ -142,38 +148,96 @@ impl BackendSwitches {
     /// Resolves the switches and `--backend` to a backend this binary can run, or a usage error.
     pub fn resolve(&self, backend: Option<&str>) -> Result<Backend, BackendUsage> {
         let (name, given) = self.requested(backend);
-        match name.as_str() {
-            "auto" => Ok(auto()),
-            "cpu" => Ok(Backend::Cpu),
-            "cuda" if cfg!(feature = "cuda") => Ok(Backend::Cuda),
-            "cuda" => Err(BackendUsage(format!("{given}: this binary was built without CUDA (cargo build --release --features cuda); use --backend cpu"))),
-            "metal" | "wgpu" | "rocm" => Err(BackendUsage(format!("{given}: not built yet: use --backend cpu or --backend cuda (--cpu, --cuda)"))),
-            _ => Err(BackendUsage(format!("{given}: unknown backend (expected auto, cpu or cuda)"))),
+        if name == "rocm" {
+            return Err(BackendUsage(format!("{given}: ROCm is not built: AMD GPUs run through --backend vulkan (cargo build --release --features wgpu), or use --backend cpu")));
         }
+        let b = Backend::parse(&name).map_err(|_| BackendUsage(format!("{given}: unknown backend (expected auto, cpu, cuda, vulkan, metal or wgpu)")))?;
+        // The engine's refusal names the backend as `--backend NAME`; say it as the user spelled it.
+        b.built().map_err(|e| BackendUsage(e.to_string().replacen(&format!("--backend {}", b.name()), &given, 1)))?;
+        Ok(b)
     }
 }
 
-/// `auto`: CUDA in a CUDA build when the NVIDIA driver lists a device, else the CPU.
-pub fn auto() -> Backend { Backend::auto() }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    fn auto() -> Backend { Backend::auto() }
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        sw: EngineSwitches,
+    }
+
+    /// The backend a command line picks, or clap's or the resolver's error message.
+    fn pick(args: &[&str]) -> Result<Backend, String> {
+        let cli = Cli::try_parse_from(std::iter::once("ds4").chain(args.iter().copied())).map_err(|e| e.to_string())?;
+        cli.sw.resolve_backend().map_err(|e| e.0)
+    }
 
     #[test]
-    fn switches_and_names() {
-        let s = BackendSwitches { cpu: true, ..Default::default() };
-        assert_eq!(s.resolve(None).unwrap(), Backend::Cpu);
-        let s = BackendSwitches { cuda: true, ..Default::default() };
-        assert_eq!(s.resolve(None).is_ok(), cfg!(feature = "cuda"));
-        let s = BackendSwitches { metal: true, ..Default::default() };
-        assert!(s.resolve(None).unwrap_err().0.contains("not built yet"));
-        let none = BackendSwitches::default();
-        assert_eq!(none.resolve(Some("auto")).unwrap(), auto());
-        assert_eq!(none.resolve(None).unwrap(), auto());
-        assert!(none.resolve(Some("vulkan")).is_err());
-        if !cfg!(feature = "cuda") {
-            assert_eq!(auto(), Backend::Cpu, "a CPU-only build never picks CUDA");
+    fn every_spelling_resolves_or_names_the_cargo_feature() {
+        assert_eq!(pick(&["--cpu"]).unwrap(), Backend::Cpu);
+        assert_eq!(pick(&["--backend", "cpu"]).unwrap(), Backend::Cpu);
+        assert_eq!(pick(&[]).unwrap(), auto());
+        assert_eq!(pick(&["--backend", "auto"]).unwrap(), auto());
+        for args in [&["--cuda"][..], &["--backend", "cuda"]] {
+            match pick(args) {
+                Ok(b) => assert!(cfg!(feature = "cuda") && b == Backend::Cuda),
+                Err(e) => assert!(!cfg!(feature = "cuda") && e.contains("--features cuda") && e.starts_with(args[0]), "{e}"),
+            }
+        }
+        let apple = cfg!(target_vendor = "apple");
+        let wgpu = cfg!(feature = "wgpu");
+        let native = if apple { Backend::Metal } else { Backend::Vulkan };
+        for (args, want, runs) in [
+            (&["--vulkan"][..], Backend::Vulkan, wgpu),
+            (&["--backend", "vulkan"], Backend::Vulkan, wgpu),
+            (&["--metal"], Backend::Metal, wgpu && apple),
+            (&["--backend", "metal"], Backend::Metal, wgpu && apple),
+            (&["--backend", "wgpu"], native, wgpu),
+        ] {
+            match pick(args) {
+                Ok(b) => assert!(runs && b == want, "{args:?} gave {b:?}"),
+                Err(e) => {
+                    assert!(!runs, "{args:?}: {e}");
+                    assert!(e.starts_with(args[0]), "names the flag as given: {e}");
+                    assert!(e.contains(if wgpu { "Apple" } else { "--features wgpu" }), "{e}");
+                }
+            }
+        }
+        assert!(pick(&["--rocm"]).unwrap_err().contains("--backend vulkan"));
+    }
+
+    #[test]
+    fn bad_values_and_conflicts_are_usage_errors() {
+        let e = pick(&["--backend", "opencl"]).unwrap_err();
+        assert!(e.contains("--backend opencl: unknown backend") && e.contains("vulkan"), "{e}");
+        for args in [
+            &["--cpu", "--cuda"][..],
+            &["--cpu", "--vulkan"],
+            &["--cuda", "--metal"],
+            &["--metal", "--vulkan"],
+            &["--vulkan", "--backend", "cpu"],
+            &["--metal", "--backend", "metal"],
+            &["--cpu", "--rocm"],
+        ] {
+            let e = pick(args).unwrap_err();
+            assert!(e.contains("cannot be used with"), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_cpu_only_build_auto_picks_the_cpu() {
+        if !cfg!(feature = "cuda") && !cfg!(feature = "wgpu") {
+            assert_eq!(auto(), Backend::Cpu);
+        }
+        // Never a CPU-type adapter (lavapipe in CI): that is slower than the CPU backend.
+        if ds4_engine::probe_wgpu() == Some(ds4_engine::AdapterKind::Cpu) {
+            assert!(!auto().is_wgpu(), "auto chose {:?} over a CPU-type adapter", auto());
         }
     }
 }

@@ -53,10 +53,9 @@ fn mtp_file(dir: &Path) -> String {
 }
 
 /// ds4's flags not built here, each with a value where it takes one.
+/// (`--metal`/`--vulkan` are built with `--features wgpu`: tests/backend_choice.rs.)
 const DS4_NOT_YET: &[&[&str]] = &[
-    &["--metal"],
     &["--rocm"],
-    &["--backend", "metal"],
     &["--mtp-model", "support.gguf"],
     &["--mtp-exact-sampling"],
     &["--mtp-timing"],
@@ -221,7 +220,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         assert_known(&args, &o);
         assert!(o.status.success(), "{args:?} should run: {}", stderr(&o));
     }
-    for flag in [&["--metal"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
+    for flag in [&["--rocm"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
         let mut args = owned(flag);
         args.extend(owned(&["--prompt-file", &text]));
         let o = run(bench(), &args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -45,8 +45,8 @@ pub struct DistArgs {
     pub dist_token: Option<String>,
     /// Microseconds a waiting thread busy-polls for a hop's reply (coordinator) or the next request
     /// (worker) before it blocks: trades an otherwise idle CPU core for the kernel's wake-up
-    /// latency per hop. Default: 5000 with --backend cuda (a stage's decode step takes a few ms and
-    /// the host cores are idle meanwhile), 0 (block at once) on the CPU backend.
+    /// latency per hop. Default: 5000 on a GPU backend (cuda, vulkan, metal: a stage's decode step takes
+    /// a few ms and the host cores are idle meanwhile), 0 (block at once) on the CPU backend.
     #[arg(long = "dist-spin-us", env = "DS4_DIST_SPIN_US")]
     pub dist_spin_us: Option<u64>,
     /// Seconds without a heartbeat or reply after which a peer is dead.
@@ -70,7 +70,7 @@ fn addr(v: &[String], flag: &str) -> Result<String> {
 impl DistArgs {
     /// The busy-poll budget per wait (`--dist-spin-us`, or the backend's default).
     pub fn spin(&self, backend: ds4_engine::Backend) -> std::time::Duration {
-        let us = self.dist_spin_us.unwrap_or(if backend == ds4_engine::Backend::Cuda { 5000 } else { 0 });
+        let us = self.dist_spin_us.unwrap_or(if backend.is_gpu() { 5000 } else { 0 });
         std::time::Duration::from_micros(us)
     }
 
@@ -220,6 +220,7 @@ mod tests {
         let w = ["--role", "worker", "--layers", "3:5", "--coordinator", "h", "1"];
         assert_eq!(p(&w).spin(Backend::Cpu), std::time::Duration::ZERO);
         assert_eq!(p(&w).spin(Backend::Cuda), std::time::Duration::from_millis(5));
+        assert_eq!(p(&w).spin(Backend::Vulkan), std::time::Duration::from_millis(5));
         let mut set = w.to_vec();
         set.extend(["--dist-spin-us", "0"]);
         assert_eq!(p(&set).spin(Backend::Cuda), std::time::Duration::ZERO);

@@ -1,6 +1,8 @@
 //! The CUDA backend of an engine: the stage's layers on one GPU, or split into contiguous parts over
 //! several GPUs (`--cuda-devices 0,1,...`), each part owning its layers' weights and KV; the hidden state
 //! passes from one part to the next through a reused host buffer (no allocation per token).
+use crate::backend::Backend;
+use crate::device_stage::DeviceStage;
 use crate::engine::CudaWeights;
 use ds4_cuda::{CudaStage, WeightPlace};
 use ds4_model::{KvState, LayerRange, Logits, ModelError, Result, Stage};
@@ -109,6 +111,38 @@ impl CudaPipeline {
     pub fn profile_report(&mut self) -> Option<String> {
         let reports: Vec<String> = self.stages.iter_mut().filter_map(|s| s.profile_report()).collect();
         (!reports.is_empty()).then(|| reports.join("\n"))
+    }
+}
+
+impl DeviceStage for CudaPipeline {
+    fn backend(&self) -> Backend { Backend::Cuda }
+
+    fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        CudaPipeline::forward(self, kv, tokens, hidden_in, want)
+    }
+
+    fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<(u32, f32)> {
+        CudaPipeline::forward_argmax(self, kv, tokens, hidden_in)
+    }
+
+    fn last_logits(&mut self) -> Result<&[f32]> { CudaPipeline::last_logits(self) }
+
+    fn hidden(&mut self, n: usize) -> Result<&[f32]> { CudaPipeline::hidden(self, n) }
+
+    fn download_kv(&mut self, kv: &mut KvState) -> Result<()> { CudaPipeline::download_kv(self, kv) }
+
+    fn upload_kv(&mut self, kv: &KvState) -> Result<()> { CudaPipeline::upload_kv(self, kv) }
+
+    /// Device allocations and weight uploads so far, and the per-kernel profile when enabled
+    /// (DS4_CUDA_PROFILE=1).
+    fn report(&mut self) -> Option<String> {
+        let s = CudaStage::stats();
+        let mut r = format!("cuda: {} device allocations, {} weight uploads so far", s.device_allocs, s.weight_uploads);
+        if let Some(p) = self.profile_report() {
+            r.push('\n');
+            r.push_str(&p);
+        }
+        Some(r)
     }
 }
 

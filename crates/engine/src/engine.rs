@@ -1,4 +1,6 @@
 //! A loaded model: the stage that runs it, its tokenizer, and the thread pool set-up.
+use crate::backend::Backend;
+use crate::device_stage::DeviceStage;
 use crate::error::EngineError;
 use ds4_gguf::GgufFile;
 use crate::progress::Progress;
@@ -9,42 +11,6 @@ use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, 
 use ds4_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-/// Which device runs the forward pass.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Backend {
-    #[default]
-    Cpu,
-    /// NVIDIA GPU (needs the `cuda` cargo feature).
-    Cuda,
-}
-
-impl Backend {
-    /// `auto`, `cpu` or `cuda`.
-    pub fn parse(s: &str) -> Result<Self, EngineError> {
-        match s {
-            "auto" => Ok(Self::auto()),
-            "cpu" => Ok(Self::Cpu),
-            "cuda" => Ok(Self::Cuda),
-            o => Err(EngineError::Invalid(format!("unknown backend `{o}` (expected auto, cpu or cuda)"))),
-        }
-    }
-
-    /// The best backend built in and present: CUDA in a CUDA build when the NVIDIA driver lists a
-    /// device (checked without loading any CUDA library), else the CPU.
-    pub fn auto() -> Self {
-        let nvidia = std::fs::read_dir("/proc/driver/nvidia/gpus").map(|mut d| d.next().is_some()).unwrap_or(false)
-            || std::path::Path::new("/dev/nvidia0").exists();
-        if cfg!(feature = "cuda") && nvidia { Self::Cuda } else { Self::Cpu }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Cpu => "cpu",
-            Self::Cuda => "cuda",
-        }
-    }
-}
 
 /// Where the CUDA backend keeps the weights (`--cuda-weights`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -141,10 +107,7 @@ impl LoadOptions {
                 return Err(EngineError::Invalid(format!("--mem-limit-gb must be a positive number, got {g}")));
             }
         }
-        #[cfg(not(feature = "cuda"))]
-        if self.backend == Backend::Cuda {
-            return bad("--backend cuda: this binary was built without CUDA support (cargo build --features cuda)");
-        }
+        self.backend.built()?;
         if self.backend == Backend::Cuda && self.cuda_devices.is_empty() {
             return bad("--cuda-devices must name at least one device");
         }
@@ -170,6 +133,9 @@ impl LoadOptions {
 }
 
 pub struct Engine {
+    /// The device copy of the stage when loaded with a GPU backend (then it runs every forward call).
+    /// Declared first so it is dropped first: a device stage may read `stage`'s mapped weights in place.
+    gpu: Option<Box<dyn DeviceStage>>,
     pub stage: Stage,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub ctx: usize,
@@ -177,9 +143,6 @@ pub struct Engine {
     pub plan: MemoryPlan,
     /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
     pub mtp: Option<crate::speculative::MtpEngine>,
-    /// The GPU copy of the stage when loaded with `Backend::Cuda` (then it runs every forward call).
-    #[cfg(feature = "cuda")]
-    cuda: Option<crate::cuda_pipeline::CudaPipeline>,
 }
 
 /// A model file planned for loading: its metadata, tokenizer and memory plan, admitted by the budget,
@@ -196,9 +159,14 @@ pub struct LoadPlan {
     pub budget: u64,
     spans: MapPlan,
     /// Where the CUDA backend keeps the weights (resolved from `--cuda-weights` and the device).
-    #[cfg(feature = "cuda")]
-    place: Option<ds4_cuda::WeightPlace>,
+    place: CudaPlace,
 }
+
+/// Where the CUDA backend keeps the weights, resolved at plan time (nothing without the `cuda` feature).
+#[cfg(feature = "cuda")]
+type CudaPlace = Option<ds4_cuda::WeightPlace>;
+#[cfg(not(feature = "cuda"))]
+type CudaPlace = ();
 
 /// The plan of weights a GPU reads in place from the host mapping: counted once, as host memory that
 /// stays resident (pinned), and not on the device.
@@ -245,18 +213,18 @@ impl Engine {
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
         }
-        let placement = if opts.backend == Backend::Cpu { Placement::Cpu } else { Placement::Accelerator };
+        let placement = if opts.backend.is_gpu() { Placement::Accelerator } else { Placement::Cpu };
         // `--cuda-weights host`: the GPU reads the mapping in place, so the plan counts the weights once,
         // on the host (planned as a copy, then mapped: `host_weights_plan`), and none on the device.
         #[cfg(feature = "cuda")]
         let place = match opts.backend {
             Backend::Cuda => Some(crate::cuda_pipeline::weight_place(opts.cuda_weights, &opts.cuda_devices)?),
-            Backend::Cpu => None,
+            _ => None,
         };
         #[cfg(feature = "cuda")]
         let host_weights = place == Some(ds4_cuda::WeightPlace::Host);
         #[cfg(not(feature = "cuda"))]
-        let host_weights = false;
+        let (host_weights, place) = (false, ());
         let input = PlanInput {
             cfg: &cfg,
             range,
@@ -287,7 +255,6 @@ impl Engine {
             memory,
             budget,
             spans,
-            #[cfg(feature = "cuda")]
             place,
         })
     }
@@ -307,16 +274,7 @@ impl Engine {
             placement: Placement::Cpu,
         };
         let plan = MemoryPlan::new(&input);
-        Self {
-            stage,
-            tokenizer: None,
-            ctx,
-            prefill_chunk: usize::MAX,
-            plan,
-            mtp: None,
-            #[cfg(feature = "cuda")]
-            cuda: None,
-        }
+        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None }
     }
 
     /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it.
@@ -341,13 +299,12 @@ impl Engine {
     pub fn range(&self) -> LayerRange { self.stage.w.range }
 
     /// True when the backend holds one KV state (on the device): a second sequence replaces the first.
-    pub fn single_kv(&self) -> bool { self.backend() == Backend::Cuda }
+    pub fn single_kv(&self) -> bool { self.backend().is_gpu() }
 
     /// The HC streams after the last forward call (n × hc_dim): what a stage without the head hands on.
     pub fn hidden(&mut self, n: usize) -> Result<&[f32], EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            return Ok(c.hidden(n)?);
+        if let Some(g) = self.gpu.as_mut() {
+            return Ok(g.hidden(n)?);
         }
         Ok(self.stage.hidden(n))
     }
@@ -381,9 +338,8 @@ impl Engine {
 
     /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            return Ok(c.forward(kv, tokens, hidden_in, want)?);
+        if let Some(g) = self.gpu.as_mut() {
+            return Ok(g.forward(kv, tokens, hidden_in, want)?);
         }
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
@@ -394,10 +350,10 @@ impl Engine {
 
     /// One decode step for several sequences at once: `tokens[s]` is fed to `kvs[s]` at its own position,
     /// reading every weight once for the batch. Returns one logit row per sequence, each bit-identical
-    /// to a `forward` of that token alone. Not yet on the CUDA backend (an error: step them one at a time).
+    /// to a `forward` of that token alone. Not yet on a GPU backend (an error: step them one at a time).
     pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
         if !self.batched_decode() {
-            return Err(EngineError::Unsupported("batched decode is not yet available on the CUDA backend: decode one sequence at a time".into()));
+            return Err(EngineError::Unsupported(format!("batched decode is not yet available on the {} backend: decode one sequence at a time", self.backend().name())));
         }
         Ok(self.stage.forward_batch(kvs, tokens, None)?)
     }
@@ -406,72 +362,46 @@ impl Engine {
     /// log-probability, taken on the GPU (8 bytes come back instead of the logits row, and the host
     /// scans nothing). None on the CPU backend, without running anything: use `forward` there.
     pub fn forward_top1(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<Option<(u32, f32)>, EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            return Ok(Some(c.forward_argmax(kv, tokens, hidden_in)?));
+        match self.gpu.as_mut() {
+            Some(g) => Ok(Some(g.forward_argmax(kv, tokens, hidden_in)?)),
+            None => Ok(None),
         }
-        let _ = (kv, tokens, hidden_in);
-        Ok(None)
     }
 
     /// Copies the logits of the last `forward_top1` call into `out` (the GPU keeps them).
     pub fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
+        if let Some(g) = self.gpu.as_mut() {
             out.clear();
-            out.extend_from_slice(c.last_logits()?);
+            out.extend_from_slice(g.last_logits()?);
             return Ok(());
         }
-        let _ = out;
         Err(EngineError::Invalid("no device logits to fetch on the CPU backend".into()))
     }
 
     /// Brings `kv` up to date with the backend's state at `kv.pos` (on a GPU backend the state lives on
     /// the device: this downloads it, e.g. before saving it to a file). A no-op on the CPU.
     pub fn kv_to_host(&mut self, kv: &mut KvState) -> Result<(), EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            return Ok(c.download_kv(kv)?);
+        match self.gpu.as_mut() {
+            Some(g) => Ok(g.download_kv(kv)?),
+            None => Ok(()),
         }
-        let _ = kv;
-        Ok(())
     }
 
     /// Makes `kv` (e.g. loaded from a file) the backend's state: the next forward call continues from
     /// `kv.pos`. Uploads it on a GPU backend; a no-op on the CPU, which reads `kv` itself.
     pub fn kv_to_device(&mut self, kv: &KvState) -> Result<(), EngineError> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            return Ok(c.upload_kv(kv)?);
+        match self.gpu.as_mut() {
+            Some(g) => Ok(g.upload_kv(kv)?),
+            None => Ok(()),
         }
-        let _ = kv;
-        Ok(())
     }
 
     /// Which backend runs the forward pass.
-    pub fn backend(&self) -> Backend {
-        #[cfg(feature = "cuda")]
-        if self.cuda.is_some() {
-            return Backend::Cuda;
-        }
-        Backend::Cpu
-    }
+    pub fn backend(&self) -> Backend { self.gpu.as_ref().map_or(Backend::Cpu, |g| g.backend()) }
 
-    /// Backend counters for benchmark output: device allocations and weight uploads so far, and the
-    /// per-kernel profile when enabled (DS4_CUDA_PROFILE=1). None on the CPU backend.
-    pub fn backend_report(&mut self) -> Option<String> {
-        #[cfg(feature = "cuda")]
-        if let Some(c) = self.cuda.as_mut() {
-            let s = ds4_cuda::CudaStage::stats();
-            let mut r = format!("cuda: {} device allocations, {} weight uploads so far", s.device_allocs, s.weight_uploads);
-            if let Some(p) = c.profile_report() {
-                r.push('\n');
-                r.push_str(&p);
-            }
-            return Some(r);
-        }
-        None
-    }
+    /// Backend counters for benchmark output: for CUDA device allocations and weight uploads so far, and
+    /// the per-kernel profile when enabled (DS4_CUDA_PROFILE=1); for wgpu the device. None on the CPU.
+    pub fn backend_report(&mut self) -> Option<String> { self.gpu.as_mut().and_then(|g| g.report()) }
 
     pub fn cfg(&self) -> &Config { &self.stage.cfg }
 
@@ -484,9 +414,7 @@ impl LoadPlan {
     /// Brings the weights in (copied or mapped as planned, with a progress bar on a terminal) and
     /// builds the engine: its backend, and the CPU's work buffers sized by the plan.
     pub fn load(self) -> Result<Engine, EngineError> {
-        #[cfg(feature = "cuda")]
-        let place = self.place;
-        let LoadPlan { path, opts, file, cfg, range, tokenizer, memory, spans, .. } = self;
+        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, .. } = self;
         residency::set_phase(residency::Phase::Load);
         let mem = memory.memory;
         let reads = mem == WeightMemory::Copy || opts.warm_weights;
@@ -500,11 +428,7 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        #[cfg(feature = "cuda")]
-        let cuda = match opts.backend {
-            Backend::Cuda => Some(crate::cuda_pipeline::CudaPipeline::load(&stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?),
-            Backend::Cpu => None,
-        };
+        let gpu = load_device(&stage, &opts, &mut memory, place)?;
         if opts.backend == Backend::Cpu {
             // A verify step runs 1 + draft tokens with a logit row each.
             let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
@@ -520,15 +444,43 @@ impl LoadPlan {
             }
             None => None,
         };
-        Ok(Engine {
-            stage,
-            tokenizer,
-            ctx: opts.ctx,
-            prefill_chunk: opts.prefill_chunk,
-            plan: memory,
-            mtp,
-            #[cfg(feature = "cuda")]
-            cuda,
-        })
+        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk: opts.prefill_chunk, plan: memory, mtp })
+    }
+}
+
+/// Builds the device stage of a GPU backend (None on the CPU). The wgpu stage's own device plan
+/// (`ds4_wgpu::plan_bytes`, known once the stage's tensors are bound) replaces the plan's estimate of
+/// the device bytes and is printed before anything is uploaded; the stage refuses itself when it does
+/// not fit the device.
+fn load_device(
+    stage: &Stage,
+    opts: &LoadOptions,
+    memory: &mut MemoryPlan,
+    place: CudaPlace,
+) -> Result<Option<Box<dyn DeviceStage>>, EngineError> {
+    let _ = (stage, &memory, place);
+    match opts.backend {
+        Backend::Cpu => Ok(None),
+        #[cfg(feature = "cuda")]
+        Backend::Cuda => {
+            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?;
+            Ok(Some(Box::new(p)))
+        }
+        #[cfg(feature = "wgpu")]
+        b @ (Backend::Vulkan | Backend::Metal) => {
+            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk);
+            eprintln!(
+                "{}: device plan {:.2} GiB (weights, KV and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
+                b.name(),
+                memory.device as f64 / (1u64 << 30) as f64,
+                stage.w.range.label(),
+                opts.ctx,
+                opts.prefill_chunk
+            );
+            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b)?))
+        }
+        // `LoadOptions::validate` refused it before anything was read.
+        #[allow(unreachable_patterns)]
+        b => Err(b.built().err().unwrap_or_else(|| EngineError::Unsupported(format!("--backend {}: not available", b.name())))),
     }
 }

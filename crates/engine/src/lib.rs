@@ -1,7 +1,9 @@
 //! Engine: model loading (with the embedded default), sessions, prefill/decode/generation, statistics.
+mod backend;
 #[cfg(feature = "cuda")]
 mod cuda_pipeline;
 mod default_model;
+mod device_stage;
 mod engine;
 mod error;
 pub mod logprobs;
@@ -9,10 +11,13 @@ pub mod membw;
 mod progress;
 mod session;
 pub mod speculative;
+#[cfg(feature = "wgpu")]
+mod wgpu_stage;
 
 pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};
 pub use ds4_model::hostload::WeightMemory;
-pub use engine::{Backend, CudaWeights, Engine, LoadOptions, LoadPlan};
+pub use backend::{probe_wgpu, AdapterKind, Backend};
+pub use engine::{CudaWeights, Engine, LoadOptions, LoadPlan};
 pub use error::EngineError;
 pub use session::{GenStats, Session, SessionSnapshot, StopReason};
 pub use speculative::{MtpEngine, MtpOptions, SpecSampler};

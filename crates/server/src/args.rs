@@ -68,7 +68,8 @@ pub struct Args {
     /// first-use stalls; --weights copy reads them all anyway.
     #[arg(long = "warm-weights")]
     pub warm_weights: bool,
-    /// Compute backend: auto (CUDA when built with it and a GPU is present, else CPU), cpu or cuda.
+    /// Compute backend: auto (CUDA, else a wgpu GPU, when built with them and present; else CPU), cpu,
+    /// cuda (--features cuda), vulkan or metal (--features wgpu; wgpu = this platform's one).
     #[arg(long = "backend", default_value = "auto")]
     pub backend: String,
     /// With --backend cuda: GPUs the layers are spread over, in contiguous parts (e.g. 0,1,2,3).
@@ -218,7 +219,7 @@ impl Args {
         }
         self.dist.validate().map_err(|e| e.to_string())?;
         if self.dist.active() && self.backend != "cpu" {
-            return Err("--backend cuda is not available on a coordinator: its own layers run on the CPU".into());
+            return Err(format!("--backend {} is not available on a coordinator: its own layers run on the CPU", self.backend));
         }
         if self.ds4.mtp_options()?.is_some() {
             if self.dist.active() {

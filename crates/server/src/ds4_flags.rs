@@ -10,12 +10,16 @@ pub struct Ds4Flags {
     #[arg(long = "chdir", value_name = "DIR")]
     pub chdir: Option<PathBuf>,
     /// Backend shorthands as in ds4: --cpu is --backend cpu, --cuda is --backend cuda.
-    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "rocm"])]
+    #[arg(long = "cpu", conflicts_with_all = ["cuda", "metal", "vulkan", "rocm"])]
     pub cpu: bool,
-    #[arg(long = "cuda", conflicts_with_all = ["metal", "rocm"])]
+    #[arg(long = "cuda", conflicts_with_all = ["metal", "vulkan", "rocm"])]
     pub cuda: bool,
-    #[arg(long = "metal", hide = true)]
+    /// --backend metal (Apple GPUs through wgpu; built with --features wgpu).
+    #[arg(long = "metal", conflicts_with_all = ["vulkan", "rocm"])]
     pub metal: bool,
+    /// --backend vulkan (GPUs through wgpu; built with --features wgpu).
+    #[arg(long = "vulkan", conflicts_with = "rocm")]
+    pub vulkan: bool,
     #[arg(long = "rocm", hide = true)]
     pub rocm: bool,
     /// Exact kernels (f32 activations) instead of the fast int8-activation mat-vecs.
@@ -95,6 +99,10 @@ impl Ds4Flags {
             Some("cpu")
         } else if self.cuda {
             Some("cuda")
+        } else if self.metal {
+            Some("metal")
+        } else if self.vulkan {
+            Some("vulkan")
         } else {
             None
         }
@@ -118,9 +126,8 @@ impl Ds4Flags {
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 26] = [
-            (self.metal, "--metal", "the Metal backend is not built; use --backend cpu or --backend cuda"),
-            (self.rocm, "--rocm", "the ROCm backend is not built; use --backend cpu or --backend cuda"),
+        let checks: [(bool, &str, &str); 25] = [
+            (self.rocm, "--rocm", "the ROCm backend is not built; AMD GPUs run through --backend vulkan (built with --features wgpu), or use --backend cpu"),
             (set(&self.mtp_model), "--mtp-model", "DSpark speculative decoding is not built; use the MTP drafter (--mtp FILE) or run without it"),
             (self.mtp_exact_sampling, "--mtp-exact-sampling", "DSpark exact sampling is not built; MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
             (self.mtp_timing, "--mtp-timing", "MTP timing output is not built; /metrics and the request log count drafted and accepted tokens"),

@@ -38,9 +38,11 @@ fn main() -> ExitCode {
     if let Some(b) = args.ds4.backend() {
         args.backend = b.to_string();
     }
-    if args.backend == "auto" {
-        // Resolved once here: the rest of the start-up reads the backend by name.
-        args.backend = ds4_engine::Backend::auto().name().to_string();
+    // `auto` and `wgpu` resolved once here: the rest of the start-up reads the backend by its name. A
+    // backend this binary was not built with is refused when the model loads (exit 1, naming the
+    // cargo feature); an unknown name by `validate` (exit 2).
+    if let Ok(b) = ds4_engine::Backend::parse(&args.backend) {
+        args.backend = b.name().to_string();
     }
     // Bad flag values are usage errors, as clap's own (exit 2).
     if let Err(e) = args.validate() {
@@ -204,9 +206,9 @@ fn load(
         }
         _ => None,
     };
-    // Rewinds restore host KV snapshots; with the CUDA backend the state lives on the device.
-    let snapshots = if args.backend == "cuda" && args.kv_snapshots > 0 {
-        eprintln!("ds4-server: KV snapshots (rewinds to a common prefix) are off with --backend cuda; a new conversation prefills from the start");
+    // Rewinds restore host KV snapshots; with a GPU backend the state lives on the device.
+    let snapshots = if backend.is_gpu() && args.kv_snapshots > 0 {
+        eprintln!("ds4-server: KV snapshots (rewinds to a common prefix) are off with --backend {}; a new conversation prefills from the start", args.backend);
         0
     } else {
         args.kv_snapshots
@@ -225,7 +227,7 @@ fn load(
 /// KV states the server can hold at once, for the memory plan: every session (`--batched-session`) and
 /// its rewind snapshots (kept on the CPU backend only).
 fn kv_states(args: &args::Args) -> usize {
-    args.batched_session * (1 + if args.backend == "cuda" { 0 } else { args.kv_snapshots })
+    args.batched_session * (1 + if args.backend != "cpu" { 0 } else { args.kv_snapshots })
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM.

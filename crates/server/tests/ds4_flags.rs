@@ -36,6 +36,7 @@ const DS4_SERVER_FLAGS: &[(&str, &str)] = &[
     ("--cpu", ""),
     ("--cuda", ""),
     ("--metal", ""),
+    ("--vulkan", ""),
     ("--rocm", ""),
     ("--backend", "cpu"),
     ("-t", "1"),
@@ -157,4 +158,29 @@ fn chdir_changes_the_directory_before_the_model_is_resolved() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot listen"), "{err}");
+}
+
+#[test]
+fn a_gpu_backend_not_built_names_the_cargo_feature() {
+    // Flags are checked before the port is bound; the backend when the model loads (exit 1, as for
+    // --backend cuda in a build without CUDA), with one line naming `--features wgpu`.
+    let mut cases: Vec<(&[&str], &str)> = Vec::new();
+    if !cfg!(feature = "wgpu") {
+        for a in [&["--vulkan"][..], &["--metal"], &["--backend", "vulkan"], &["--backend", "metal"], &["--backend", "wgpu"]] {
+            cases.push((a, "--features wgpu"));
+        }
+    } else if !cfg!(target_vendor = "apple") {
+        cases.push((&["--metal"], "Apple"));
+    }
+    for (args, want) in cases {
+        let out = Command::new(BIN).args(args).args(["--port", "0"]).env("XDG_RUNTIME_DIR", std::env::temp_dir()).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    // Two backend switches at once, or an unknown name, are usage errors.
+    for args in [&["--cpu", "--vulkan"][..], &["--metal", "--vulkan"], &["--backend", "opencl"]] {
+        let out = Command::new(BIN).args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
 }

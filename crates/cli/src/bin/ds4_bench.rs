@@ -68,7 +68,7 @@ struct Args {
     /// Write the CSV here instead of stdout.
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
-    /// With --backend cuda: report decode as a fraction of this memory bandwidth (GB/s).
+    /// With a GPU backend (cuda, vulkan, metal): report decode as a fraction of this memory bandwidth (GB/s).
     #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
     gpu_bw_gbps: f64,
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
@@ -191,7 +191,7 @@ fn run(a: Args) -> Result<(), String> {
     let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) };
     if a.concurrency > 1 && backend != ds4_engine::Backend::Cpu {
-        return Err(usage("--concurrency > 1: batched decode is not yet available on the CUDA backend; use --backend cpu"));
+        return Err(usage(&format!("--concurrency > 1: batched decode is not yet available on the {} backend; use --backend cpu", backend.name())));
     }
     if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
         return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));
@@ -328,7 +328,7 @@ fn run(a: Args) -> Result<(), String> {
                 eff / bw
             );
         }
-        if eng.backend() == ds4_engine::Backend::Cuda {
+        if eng.backend().is_gpu() {
             let cfg = eng.cfg().clone();
             let bpt = eng.stage.w.decode_bytes(cfg.n_expert_used, f / 4 > cfg.idx_topk) as f64;
             let eff = bpt * st.gen_tps() / 1e9;

@@ -25,7 +25,8 @@ struct Args {
     /// first-use stalls; --weights copy reads them all anyway.
     #[arg(long = "warm-weights")]
     warm_weights: bool,
-    /// Compute backend: cpu, or cuda (binary built with --features cuda).
+    /// Compute backend: cpu, cuda (binary built with --features cuda), vulkan or metal (built with
+    /// --features wgpu), or auto (the best one built in and present).
     #[arg(long = "backend", default_value = "cpu")]
     backend: String,
     #[arg(long = "debug")]
@@ -40,7 +41,7 @@ fn main() -> ExitCode {
     if d.role.is_none() {
         d.role = Some(ds4_dist::Role::Worker);
     }
-    let backend = match ds4_engine::Backend::parse(&a.backend) {
+    let backend = match ds4_engine::Backend::parse(&a.backend).and_then(|b| b.built().map(|()| b)) {
         Ok(b) => b,
         Err(e) => {
             eprintln!("ds4-dist-worker: {e}");

@@ -1,0 +1,56 @@
+//! The wgpu backend of an engine (`--backend vulkan|metal`, cargo feature `wgpu`): the stage's layers
+//! on one wgpu device (`ds4_wgpu::WgpuStage`), its device plan, and the adapter probe `auto` uses.
+use crate::backend::{AdapterKind, Backend};
+use crate::device_stage::DeviceStage;
+use ds4_model::{KvState, Logits, Result, Stage};
+use ds4_wgpu::{BackendChoice, GpuOptions, WgpuStage};
+
+/// How to open the device for `backend` (Vulkan or Metal).
+pub(crate) fn options(backend: Backend) -> GpuOptions {
+    let choice = if backend == Backend::Metal { BackendChoice::Metal } else { BackendChoice::Vulkan };
+    GpuOptions { backend: choice, ..GpuOptions::default() }
+}
+
+/// Device bytes the stage of `stage`'s layers needs at `ctx` / `nmax` (the memory plan's device line).
+pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize) -> u64 { ds4_wgpu::plan_bytes(stage, ctx, nmax, stage.w.range) }
+
+/// Builds the stage on the device `backend` names; it refuses itself, before allocating, when its
+/// plan does not fit the device.
+pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend) -> Result<Box<dyn DeviceStage>> {
+    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend))?;
+    Ok(Box::new(WgpuDevice { stage: s, backend }))
+}
+
+/// The kind of the best adapter of the platform's wgpu API (opening it, as the stage would); None when
+/// none opens.
+pub(crate) fn probe() -> Option<AdapterKind> {
+    let gpu = ds4_wgpu::Gpu::new(&options(Backend::wgpu_default())).ok()?;
+    Some(if gpu.caps().device_type == ds4_wgpu::wgpu::DeviceType::Cpu { AdapterKind::Cpu } else { AdapterKind::Gpu })
+}
+
+struct WgpuDevice {
+    stage: WgpuStage,
+    backend: Backend,
+}
+
+impl DeviceStage for WgpuDevice {
+    fn backend(&self) -> Backend { self.backend }
+
+    fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
+        self.stage.forward(kv, tokens, hidden_in, want)
+    }
+
+    fn forward_argmax(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<(u32, f32)> {
+        self.stage.forward_argmax(kv, tokens, hidden_in)
+    }
+
+    fn last_logits(&mut self) -> Result<&[f32]> { self.stage.last_logits() }
+
+    fn hidden(&mut self, n: usize) -> Result<&[f32]> { self.stage.hidden(n) }
+
+    fn download_kv(&mut self, kv: &mut KvState) -> Result<()> { self.stage.download_kv(kv) }
+
+    fn upload_kv(&mut self, kv: &KvState) -> Result<()> { self.stage.upload_kv(kv) }
+
+    fn report(&mut self) -> Option<String> { Some(format!("{}: {}", self.backend.name(), self.stage.device_name())) }
+}
