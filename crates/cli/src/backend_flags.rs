@@ -158,7 +158,6 @@ impl BackendSwitches {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
