@@ -94,7 +94,7 @@ pub fn run(a: &DownloadArgs) -> Result<()> {
         println!("Linked ./{DEFAULT_LINK} -> {}", dest.display());
     } else {
         // As in ds4, the drafter is enabled with `--mtp FILE`.
-        println!("The MTP file is optional: speculative decoding with --mtp {} (CPU backend for now).", dest.display());
+        println!("The MTP file is optional: speculative decoding with --mtp {} (CPU and wgpu backends for now).", dest.display());
     }
     Ok(())
 }

@@ -1,7 +1,9 @@
 //! End to end on the wgpu backend (`--features wgpu`; lavapipe in CI, `XDG_RUNTIME_DIR` set): `ds4
-//! --backend vulkan` prints the same greedy text as `--backend cpu` on the tiny model the other cli
-//! tests use (the embedded default, `ds4_engine::resolve_model(None)`). Fails until
-//! `ds4_wgpu::WgpuStage` is implemented (its skeleton refuses to load).
+//! --backend vulkan` prints the same greedy text as the CPU on the tiny model the other cli tests use
+//! (the embedded default, `ds4_engine::resolve_model(None)`). The GPU computes with f32 activations,
+//! as the CPU does under `--quality`; the CPU's default int8 fast path rounds activations, and on this
+//! random-weight model (chaotic: tiny margins) that alone changes the text after 10 tokens. On a
+//! trained model the fast path and the GPU agree (engine test `wgpu_trained`).
 #![cfg(feature = "wgpu")]
 use std::process::{Command, Output};
 
@@ -16,10 +18,10 @@ fn ds4(args: &[&str]) -> Output {
 #[test]
 fn vulkan_greedy_text_matches_cpu() {
     let model = ds4_engine::resolve_model(None).unwrap().path().to_str().unwrap().to_string();
-    let run = |backend: &str| ds4(&["-m", &model, "--backend", backend, "-p", "Ciao", "-n", "16", "--temp", "0"]);
-    let cpu = run("cpu");
+    let run = |backend: &[&str]| ds4(&[&["-m", &model, "-p", "Ciao", "-n", "16", "--temp", "0", "--backend"][..], backend].concat());
+    let cpu = run(&["cpu", "--quality"]);
     assert!(cpu.status.success(), "cpu: {}", String::from_utf8_lossy(&cpu.stderr));
-    let gpu = run("vulkan");
+    let gpu = run(&["vulkan"]);
     let err = String::from_utf8_lossy(&gpu.stderr);
     assert!(gpu.status.success(), "vulkan: {err}");
     assert!(!cpu.stdout.is_empty());

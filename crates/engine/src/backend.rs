@@ -59,6 +59,17 @@ impl Backend {
     /// True for the backends that run through the `wgpu` feature (`ds4-wgpu`).
     pub fn is_wgpu(self) -> bool { matches!(self, Self::Vulkan | Self::Metal) }
 
+    /// Ok when MTP speculative decoding runs on this backend: the CPU, and wgpu (its multi-token verify
+    /// reproduces decode steps bit for bit, so greedy output is unchanged); else the refusal for `--mtp`.
+    pub fn speculative(self) -> Result<(), String> {
+        match self {
+            Self::Cuda => Err(format!(
+                "--mtp: MTP speculative decoding does not run on the CUDA backend yet (its multi-token verify does not yet reproduce decode steps bit for bit); use --backend cpu or vulkan/metal, or run without --mtp (same greedy output)"
+            )),
+            _ => Ok(()),
+        }
+    }
+
     /// Ok when this binary can run the backend; else the refusal naming the cargo feature to build with
     /// (or the platform it needs).
     pub fn built(self) -> Result<(), EngineError> {

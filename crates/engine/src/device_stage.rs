@@ -28,6 +28,20 @@ pub(crate) trait DeviceStage: Send {
     /// Makes `kv` the device state: the next forward call continues from `kv.pos`.
     fn upload_kv(&mut self, kv: &KvState) -> Result<()>;
 
+    /// Starts speculative verification at `kv.pos` (later forward calls can be undone). Backends whose
+    /// multi-token forward does not reproduce decode steps bit for bit refuse it.
+    fn begin_journal(&mut self, _kv: &KvState) -> Result<()> {
+        Err(ds4_model::ModelError::Invalid(format!("KV rollback is not available on the {} backend", self.backend().name())))
+    }
+
+    /// Back to `pos` within the journal.
+    fn rollback(&mut self, _kv: &mut KvState, _pos: usize) -> Result<()> {
+        Err(ds4_model::ModelError::Invalid(format!("KV rollback is not available on the {} backend", self.backend().name())))
+    }
+
+    /// Ends the journal, keeping the state.
+    fn end_journal(&mut self) {}
+
     /// Counters for benchmark output (None when the backend has none).
     fn report(&mut self) -> Option<String>;
 }

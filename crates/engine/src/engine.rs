@@ -113,12 +113,7 @@ impl LoadOptions {
         }
         if let Some(m) = &self.mtp {
             m.validate()?;
-            if self.backend != Backend::Cpu {
-                return Err(EngineError::Unsupported(format!(
-                    "--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)",
-                    self.backend.name()
-                )));
-            }
+            self.backend.speculative().map_err(EngineError::Unsupported)?;
         }
         Ok(())
     }
@@ -280,9 +275,7 @@ impl Engine {
     /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it.
     pub fn attach_mtp(&mut self, model: ds4_model::mtp::Mtp, opts: crate::speculative::MtpOptions) -> Result<(), EngineError> {
         opts.validate()?;
-        if self.backend() != Backend::Cpu {
-            return Err(EngineError::Unsupported("MTP speculative decoding runs on the CPU backend only for now".into()));
-        }
+        self.backend().speculative().map_err(EngineError::Unsupported)?;
         let r = self.range();
         if !(r.embed && r.head) {
             return Err(EngineError::Unsupported("MTP drafting needs the embedding and the output head on this stage".into()));
@@ -310,30 +303,29 @@ impl Engine {
     }
 
     /// Starts an undo journal on `kv` (speculative verification): later forward calls can be undone
-    /// with `kv_rollback`. CPU only for now: a GPU stage must journal its device state the same way.
+    /// with `kv_rollback`. On a GPU backend the device checkpoints its state (where it can).
     pub fn kv_begin_journal(&mut self, kv: &mut KvState) -> Result<(), EngineError> {
-        self.cpu_only("KV rollback")?;
+        if let Some(g) = self.gpu.as_mut() {
+            return Ok(g.begin_journal(kv)?);
+        }
         kv.begin_journal();
         Ok(())
     }
 
     /// Returns `kv` to position `pos` of its journal (see `KvState::rollback`).
     pub fn kv_rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<(), EngineError> {
-        self.cpu_only("KV rollback")?;
+        if let Some(g) = self.gpu.as_mut() {
+            return Ok(g.rollback(kv, pos)?);
+        }
         kv.rollback(pos).map_err(EngineError::Invalid)
     }
 
     /// Stops the journal on `kv`, keeping the state.
     pub fn kv_end_journal(&mut self, kv: &mut KvState) {
-        kv.end_journal();
-    }
-
-    fn cpu_only(&self, what: &str) -> Result<(), EngineError> {
-        if self.backend() == Backend::Cpu {
-            Ok(())
-        } else {
-            Err(EngineError::Unsupported(format!("{what} is not yet available on the {} backend", self.backend().name())))
+        if let Some(g) = self.gpu.as_mut() {
+            g.end_journal();
         }
+        kv.end_journal();
     }
 
     /// Runs the forward pass on the loaded backend (same contract as `Stage::forward`).
@@ -469,14 +461,16 @@ fn load_device(
         #[cfg(feature = "wgpu")]
         b @ (Backend::Vulkan | Backend::Metal) => {
             memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk);
-            eprintln!(
+            if !opts.quiet {
+                eprintln!(
                 "{}: device plan {:.2} GiB (weights, KV and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
                 b.name(),
                 memory.device as f64 / (1u64 << 30) as f64,
                 stage.w.range.label(),
                 opts.ctx,
                 opts.prefill_chunk
-            );
+                );
+            }
             Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b)?))
         }
         // `LoadOptions::validate` refused it before anything was read.

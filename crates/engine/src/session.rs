@@ -84,9 +84,15 @@ impl Session {
 
     /// Feeds the main model's hidden rows of the tokens just consumed to the MTP drafter (if any).
     fn mtp_observe(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<(), EngineError> {
-        let (Some(st), Some(m)) = (self.mtp.as_mut(), engine.mtp.as_mut()) else { return Ok(()) };
-        let hidden = engine.stage.hidden(tokens.len());
-        st.observe(&mut m.model, &engine.stage, hidden, tokens, self.kv.pos, false)
+        let (Some(st), true) = (self.mtp.as_mut(), engine.mtp.is_some()) else { return Ok(()) };
+        // The rows come from the backend that ran the step (the device on a GPU backend).
+        let mut h = std::mem::take(&mut st.scratch);
+        h.clear();
+        h.extend_from_slice(engine.hidden(tokens.len())?);
+        let m = engine.mtp.as_mut().expect("checked above");
+        let r = st.observe(&mut m.model, &engine.stage, &h, tokens, self.kv.pos, false);
+        st.scratch = h;
+        r
     }
 
     /// Makes the session hold exactly `prompt`: keeps a common prefix when `prompt` extends the history,

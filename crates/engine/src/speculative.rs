@@ -119,11 +119,13 @@ pub(crate) struct MtpState {
     /// The main model's position the pending row leads to.
     pub at: usize,
     pub ctx: usize,
+    /// Reused copy of the main model's hidden rows (read from the backend before observing them).
+    pub scratch: Vec<f32>,
 }
 
 impl MtpState {
     pub fn new(m: &Mtp, ctx: usize) -> Self {
-        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx }
+        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx, scratch: Vec::new() }
     }
 
     pub fn reset(&mut self, m: &Mtp) {

@@ -52,5 +52,11 @@ impl DeviceStage for WgpuDevice {
 
     fn upload_kv(&mut self, kv: &KvState) -> Result<()> { self.stage.upload_kv(kv) }
 
+    fn begin_journal(&mut self, kv: &KvState) -> Result<()> { self.stage.begin_journal(kv) }
+
+    fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<()> { self.stage.rollback(kv, pos) }
+
+    fn end_journal(&mut self) { self.stage.end_journal() }
+
     fn report(&mut self) -> Option<String> { Some(format!("{}: {}", self.backend.name(), self.stage.device_name())) }
 }

@@ -2,130 +2,16 @@
 //! length accepted and rejected, KV rolled back across ratio-4 and ratio-128 compressor boundaries and
 //! after chunked prefills); the acceptance rule keeps the sampler's distribution (χ² test, and an
 //! injected wrong rule fails it); bad MTP inputs are refused before anything runs.
-use ds4_engine::speculative::{accept, draw, SpecSampler};
+use ds4_engine::speculative::{accept, draw};
 use ds4_engine::{Engine, GenStats, LoadOptions, MtpOptions, Session, StopReason};
-use ds4_model::synth::{self, Mix, SynthSpec};
-use ds4_tokenizer::sampling::{argmax, Sampler, SamplerConfig};
+use ds4_model::synth::Mix;
+use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::atomic::AtomicBool;
 
-const CTX: usize = 1024;
-
-/// A tiny model and its MTP file (written once per test binary run).
-fn files(mix: Mix, tag: &str) -> (PathBuf, PathBuf) {
-    let dir = std::env::temp_dir().join(format!("ds4-mtp-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (m, t) = (dir.join(format!("tiny-{tag}.gguf")), dir.join(format!("tiny-{tag}-mtp.gguf")));
-    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    if !m.exists() {
-        let spec = SynthSpec { shape: "tiny", mix, seed: 7, layers: None, vocab: None };
-        synth::write(&spec, &m, |_, _| {}).unwrap();
-        synth::write_mtp(&spec, &t, |_, _| {}).unwrap();
-    }
-    (m, t)
-}
-
-fn load(model: &PathBuf, mtp: Option<MtpOptions>, chunk: usize) -> Engine {
-    let opts = LoadOptions { ctx: CTX, prefill_chunk: chunk, quiet: true, mtp, ..LoadOptions::default() };
-    Engine::load(model, &opts).unwrap()
-}
-
-fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
-
-/// Greedy sampler whose drafts are chosen by the test: `oracle` gives the token it proposes for the
-/// n-th generated token (counted by `emitted`). Greedy targets are one-hot, so acceptance is exact.
-struct Oracle {
-    emitted: Rc<Cell<usize>>,
-    seen: usize,
-    i: usize,
-    oracle: Box<dyn FnMut(usize) -> u32>,
-}
-
-impl SpecSampler for Oracle {
-    fn pick(&mut self, l: &[f32]) -> u32 { argmax(l) }
-    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) {
-        out.clear();
-        out.push((argmax(l), 1.0));
-    }
-    fn proposal(&mut self, _l: &[f32], out: &mut Vec<(u32, f32)>) {
-        let n = self.emitted.get();
-        if n != self.seen {
-            self.seen = n;
-            self.i = 0;
-        }
-        out.clear();
-        out.push(((self.oracle)(n + self.i), 1.0));
-        self.i += 1;
-    }
-    fn uniform(&mut self) -> f64 { 0.5 }
-}
-
-/// Greedy with the MTP block's own proposals.
-struct Greedy;
-impl SpecSampler for Greedy {
-    fn pick(&mut self, l: &[f32]) -> u32 { argmax(l) }
-    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) {
-        out.clear();
-        out.push((argmax(l), 1.0));
-    }
-    fn uniform(&mut self) -> f64 { 0.5 }
-}
-
-/// Two turns: prompt, `n` tokens, the history plus `extra`, `n` more tokens (prefill in chunks).
-fn plain_turns(eng: &mut Engine, prompt: &[u32], extra: &[u32], n: usize) -> Vec<Vec<u32>> {
-    let mut s = Session::new(eng);
-    let mut out = Vec::new();
-    let mut history = prompt.to_vec();
-    for turn in 0..2 {
-        if turn == 1 {
-            history.extend_from_slice(extra);
-        }
-        s.sync(eng, &history, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
-        let mut got = Vec::new();
-        let mut st = GenStats::default();
-        let r = s.generate(eng, n, None, true, &mut |l| argmax(l), &mut |t| { got.push(t); true }, &AtomicBool::new(false), &mut st).unwrap();
-        assert_eq!(r, StopReason::MaxTokens);
-        history.extend_from_slice(&got);
-        assert_eq!(s.tokens, history);
-        out.push(got);
-    }
-    out
-}
-
-fn spec_turns(eng: &mut Engine, prompt: &[u32], extra: &[u32], n: usize, sampler: &mut dyn SpecSampler, emitted: &Rc<Cell<usize>>, stats: &mut GenStats) -> Vec<Vec<u32>> {
-    let mut s = Session::new(eng);
-    assert!(s.speculative());
-    let mut out = Vec::new();
-    let mut history = prompt.to_vec();
-    for turn in 0..2 {
-        if turn == 1 {
-            history.extend_from_slice(extra);
-        }
-        s.sync(eng, &history, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
-        let mut got = Vec::new();
-        let e = emitted.clone();
-        let base = e.get();
-        let r = s
-            .generate_speculative(eng, n, None, sampler, &mut |t| { got.push(t); e.set(base + got.len()); true }, &AtomicBool::new(false), stats)
-            .unwrap();
-        assert_eq!(r, StopReason::MaxTokens);
-        history.extend_from_slice(&got);
-        assert_eq!(s.tokens, history, "the session holds exactly the emitted tokens");
-        out.push(got);
-    }
-    out
-}
+mod common;
+use common::*;
 
 /// Greedy identity on one quant mix: prompt 100 (the first turn's 64 tokens cross the ratio-128 window
 /// end at position 127 and many ratio-4 ones), prefill chunks of 32, a second turn crossing 255.

@@ -228,8 +228,8 @@ impl Args {
             if self.batched_session > 1 {
                 return Err("--mtp with --batched-session > 1: batched decode does not draft; use one or the other".into());
             }
-            if self.backend != "cpu" {
-                return Err(format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)", self.backend));
+            if let Ok(b) = ds4_engine::Backend::parse(&self.backend) {
+                b.speculative()?;
             }
         }
         if self.dist.is_worker() {

@@ -188,8 +188,8 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
         if d.dump_logprobs.is_some() || d.logprobs_top_k.is_some() {
             usage("--mtp with --dump-logprobs/--logprobs-top-k: accepted drafts skip the per-token logprob output; run without --mtp");
         }
-        if backend != ds4_engine::Backend::Cpu {
-            usage(&format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu, or run without --mtp (same greedy output)", backend.name()));
+        if let Err(e) = backend.speculative() {
+            usage(&e);
         }
     }
     backend

@@ -204,9 +204,7 @@ fn run(a: Args) -> Result<(), String> {
         if a.concurrency > 1 {
             return Err(usage("--mtp with --concurrency > 1: batched decode does not draft; use one or the other"));
         }
-        if backend != ds4_engine::Backend::Cpu {
-            return Err(usage(&format!("--mtp: MTP speculative decoding runs on the CPU backend only for now (not --backend {}); use --backend cpu", backend.name())));
-        }
+        backend.speculative().map_err(|e| usage(&e))?;
     }
     if let Err(e) = load.validate() {
         eprintln!("ds4-bench: {e}");

@@ -1,0 +1,52 @@
+//! MTP speculative decoding on the wgpu backend (`--features wgpu`; lavapipe in CI): the device
+//! checkpoints its KV state before each verify step and rolls back past the first rejected draft
+//! (`GpuStage::rollback`). Greedy output with MTP is token-for-token the output without it, on the
+//! device and against the CPU, with drafts accepted and rejected at every depth, across the ratio-4
+//! and ratio-128 compressor boundaries (prompt 100 + 32 crosses 127) and a second turn after a chunked
+//! prefill. (Draft lengths 1..4 on the CPU: `tests/mtp.rs`; the device path is the same rollback.)
+#![cfg(feature = "wgpu")]
+use ds4_engine::{Backend, GenStats, MtpOptions};
+use ds4_model::synth::Mix;
+use std::cell::Cell;
+use std::rc::Rc;
+
+mod common;
+use common::*;
+
+#[test]
+fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    let (model, mtp) = files(Mix::Q2, "q2-wgpu");
+    // The CPU with f32 activations, as the GPU computes (its default int8 fast path rounds
+    // activations: on this random-weight model that alone changes the first token).
+    let exact = ds4_model::Options { precision: ds4_quant::Precision::Exact, ..Default::default() };
+    let mut cpu = load_with(&model, None, 32, Backend::Cpu, exact);
+    let v = cpu.cfg().n_vocab;
+    let (prompt, extra) = (tokens(100, 11, v), tokens(37, 12, v));
+    let want = plain_turns(&mut cpu, &prompt, &extra, 32);
+    drop(cpu);
+    let mut plain = load_on(&model, None, 32, Backend::Vulkan);
+    assert_eq!(plain_turns(&mut plain, &prompt, &extra, 32), want, "plain greedy on the device differs from the CPU");
+    drop(plain);
+    let flat: Vec<u32> = want.concat();
+    for draft in [3] {
+        let mut eng = load_on(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 }), 32, Backend::Vulkan);
+        // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
+        let mut x = 7u64 + draft as u64;
+        let truth = flat.clone();
+        let oracle = move |n: usize| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let t = truth.get(n).copied().unwrap_or(0);
+            if (x >> 33) % 10 < 7 { t } else { (t + 1) % v as u32 }
+        };
+        let emitted = Rc::new(Cell::new(0));
+        let mut s = Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) };
+        let mut st = GenStats::default();
+        let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
+        eprintln!("vulkan draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());
+        assert_eq!(got, want, "vulkan draft {draft}: MTP greedy differs from plain greedy");
+        assert!(st.accepted > 0 && st.accepted < st.drafted, "vulkan draft {draft}: {st:?}");
+    }
+}
