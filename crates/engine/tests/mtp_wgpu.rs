@@ -27,9 +27,8 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
     let (prompt, extra) = (tokens(100, 11, v), tokens(37, 12, v));
     let want = plain_turns(&mut cpu, &prompt, &extra, 32);
     drop(cpu);
-    let mut plain = load_on(&model, None, 32, Backend::Vulkan);
-    assert_eq!(plain_turns(&mut plain, &prompt, &extra, 32), want, "plain greedy on the device differs from the CPU");
-    drop(plain);
+    // (Plain greedy on the device equals the CPU: ds4-wgpu tests/stage.rs; here MTP on the device must
+    // give the CPU's plain tokens, which it can only do if it also equals the device's plain decode.)
     let flat: Vec<u32> = want.concat();
     for draft in [3] {
         let mut eng = load_on(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 }), 32, Backend::Vulkan);
@@ -46,7 +45,7 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
         eprintln!("vulkan draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());
-        assert_eq!(got, want, "vulkan draft {draft}: MTP greedy differs from plain greedy");
+        assert_eq!(got, want, "vulkan draft {draft}: MTP greedy differs from plain greedy on the CPU");
         assert!(st.accepted > 0 && st.accepted < st.drafted, "vulkan draft {draft}: {st:?}");
     }
 }
