@@ -63,9 +63,7 @@ impl Backend {
     /// reproduces decode steps bit for bit, so greedy output is unchanged); else the refusal for `--mtp`.
     pub fn speculative(self) -> Result<(), String> {
         match self {
-            Self::Cuda => Err(format!(
-                "--mtp: MTP speculative decoding does not run on the CUDA backend yet (its multi-token verify does not yet reproduce decode steps bit for bit); use --backend cpu or vulkan/metal, or run without --mtp (same greedy output)"
-            )),
+            Self::Cuda => Err("--mtp: MTP speculative decoding does not run on the CUDA backend yet (its multi-token verify does not yet reproduce decode steps bit for bit); use --backend cpu or vulkan/metal, or run without --mtp (same greedy output)".into()),
             _ => Ok(()),
         }
     }

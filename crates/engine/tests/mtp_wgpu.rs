@@ -30,7 +30,8 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
     // (Plain greedy on the device equals the CPU: ds4-wgpu tests/stage.rs; here MTP on the device must
     // give the CPU's plain tokens, which it can only do if it also equals the device's plain decode.)
     let flat: Vec<u32> = want.concat();
-    for draft in [3] {
+    {
+        let draft = 3;
         let mut eng = load_on(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 }), 32, Backend::Vulkan);
         // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
         let mut x = 7u64 + draft as u64;

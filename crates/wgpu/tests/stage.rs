@@ -52,7 +52,7 @@ fn argmax(l: &[f32]) -> u32 {
 
 fn prompt(cfg: &Config, n: usize) -> Vec<u32> {
     let v = cfg.n_vocab as u32;
-    (0..n as u32).map(|i| (i * 2654435761u32 >> 7) % v).collect()
+    (0..n as u32).map(|i| ((i * 2654435761u32) >> 7) % v).collect()
 }
 
 /// Greedy decoding on both; returns (cpu tokens, gpu tokens, worst relative logits error).
@@ -217,6 +217,12 @@ fn bad_steps_are_refused() {
     let mut other = cpu.new_kv(ctx);
     other.layers[0].raw.pop();
     assert!(gpu.upload_kv(&other).is_err());
+    // A work buffer over one binding names the prefill chunk (lavapipe's 128 MiB binding: the indexer
+    // scores of 1024-token steps at ctx 200000 need 205 MB).
+    if gpu.ops.gpu().caps().max_binding <= 256 << 20 {
+        let e = WgpuStage::new(&cpu, 200_000, 1024, cpu.w.range, &o).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(e.contains("--prefill-chunk"), "{e}");
+    }
     // The device can refuse a plan it cannot hold: a context far beyond its memory.
     let e = WgpuStage::new(&cpu, 1 << 40, 8, cpu.w.range, &o).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(!e.is_empty(), "a 2^40 context must be refused");

@@ -103,7 +103,15 @@ pub(crate) fn hc_dims(cfg: &Config) -> HcDims {
 impl Work {
     pub fn new(gpu: &Gpu, cfg: &Config, nmax: usize, ctx: usize) -> Result<Self, WgpuError> {
         let logit_rows = logit_rows(cfg, nmax, gpu.caps().max_binding);
-        let mut b = sizes(cfg, nmax, ctx, logit_rows).into_iter().map(|(name, n)| GpuBuffer::new(gpu, name, n));
+        // A work buffer over one binding is the prefill chunk's (or the context's) doing: say so.
+        let sized = |e: WgpuError| match e {
+            WgpuError::BindingOverLimit { what, bytes, limit } => WgpuError::BadShape {
+                what,
+                reason: format!("{bytes} bytes for {nmax}-token steps at --ctx {ctx} exceed one binding of this adapter ({limit} bytes): use a smaller --prefill-chunk (or --ctx)"),
+            },
+            e => e,
+        };
+        let mut b = sizes(cfg, nmax, ctx, logit_rows).into_iter().map(|(name, n)| GpuBuffer::new(gpu, name, n).map_err(sized));
         let mut next = || b.next().expect("one size per buffer");
         Ok(Self {
             tokens: next()?,
@@ -130,7 +138,7 @@ impl Work {
             wts: next()?,
             head: next()?,
             logits: next()?,
-            moe: MoeScratch::new(gpu, cfg.n_embd, cfg.ff_exp, cfg.n_expert_used, nmax as u32)?,
+            moe: MoeScratch::new(gpu, cfg.n_embd, cfg.ff_exp, cfg.n_expert_used, nmax as u32).map_err(sized)?,
             logit_rows,
         })
     }
