@@ -27,54 +27,70 @@ const MAX_HC: u32 = 8u;
 var<workgroup> pre: array<f32, MAX_HC>;
 var<workgroup> c: array<f32, 64>;   // comb, row-major [r][k]
 
-fn row_norm(n: u32, eps: f32) {
-    for (var r = 0u; r < n; r++) {
-        var s = 0.0;
-        for (var k = 0u; k < n; k++) { s += c[r * n + k]; }
-        s += eps;
-        for (var k = 0u; k < n; k++) { c[r * n + k] /= s; }
+// The comb matrix, one thread per element (r, k) (n x n <= 64 threads; the others only join the
+// barriers). Each thread sums its row or column in index order, as the CPU does, so the result is
+// the serial one bit for bit; a single thread running the whole Sinkhorn loop is a long serial chain.
+
+// Row sums (normalise = false: row softmax) of the element's row, then the new value; a barrier
+// between reading and writing.
+fn row_step(lid: u32, n: u32, eps: f32, softmax: bool) {
+    let owns = lid < n * n;
+    let r = lid / n;
+    var v = 0.0;
+    if (owns) {
+        v = c[lid];
+        if (softmax) {
+            var mx = c[r * n];
+            for (var k = 1u; k < n; k++) { mx = max(mx, c[r * n + k]); }
+            var s = 0.0;
+            for (var k = 0u; k < n; k++) { s += exp(c[r * n + k] - mx); }
+            v = exp(v - mx) / s + eps;
+        } else {
+            var s = 0.0;
+            for (var k = 0u; k < n; k++) { s += c[r * n + k]; }
+            v = v / (s + eps);
+        }
     }
+    workgroupBarrier();
+    if (owns) { c[lid] = v; }
+    workgroupBarrier();
 }
 
-fn col_norm(n: u32, eps: f32) {
-    for (var k = 0u; k < n; k++) {
+fn col_step(lid: u32, n: u32, eps: f32) {
+    let owns = lid < n * n;
+    let k = lid % n;
+    var v = 0.0;
+    if (owns) {
         var s = 0.0;
         for (var r = 0u; r < n; r++) { s += c[r * n + k]; }
-        s += eps;
-        for (var r = 0u; r < n; r++) { c[r * n + k] /= s; }
+        v = c[lid] / (s + eps);
     }
+    workgroupBarrier();
+    if (owns) { c[lid] = v; }
+    workgroupBarrier();
 }
 
-// Thread 0: pre, post and the Sinkhorn matrix of token t from its scaled mix (as hc::pre_from_mix).
-fn mix_weights(t: u32, inv: f32) {
+// pre, post and the Sinkhorn matrix of token t from its scaled mix (as hc::pre_from_mix).
+fn mix_weights(lid: u32, t: u32, inv: f32) {
     let n = p.n_hc;
     let mb = t * p.nm;
     let cb = t * (n + n * n);
     let eps = p.hc_eps;
-    for (var i = 0u; i < n; i++) {
-        pre[i] = sigmoid(mix[mb + i] * inv * hw[0] + hw[3u + i]) + eps;
-        coef[cb + i] = 2.0 * sigmoid(mix[mb + n + i] * inv * hw[1] + hw[3u + n + i]);
+    if (lid < n) {
+        pre[lid] = sigmoid(mix[mb + lid] * inv * hw[0] + hw[3u + lid]) + eps;
+        coef[cb + lid] = 2.0 * sigmoid(mix[mb + n + lid] * inv * hw[1] + hw[3u + n + lid]);
     }
-    for (var i = 0u; i < n * n; i++) {
-        c[i] = mix[mb + 2u * n + i] * inv * hw[2] + hw[3u + 2u * n + i];
+    if (lid < n * n) {
+        c[lid] = mix[mb + 2u * n + lid] * inv * hw[2] + hw[3u + 2u * n + lid];
     }
-    for (var r = 0u; r < n; r++) {
-        var mx = c[r * n];
-        for (var k = 1u; k < n; k++) { mx = max(mx, c[r * n + k]); }
-        var s = 0.0;
-        for (var k = 0u; k < n; k++) {
-            let v = exp(c[r * n + k] - mx);
-            c[r * n + k] = v;
-            s += v;
-        }
-        for (var k = 0u; k < n; k++) { c[r * n + k] = c[r * n + k] / s + eps; }
-    }
-    col_norm(n, eps);
+    workgroupBarrier();
+    row_step(lid, n, eps, true);
+    col_step(lid, n, eps);
     for (var it = 1u; it < p.iters; it++) {
-        row_norm(n, eps);
-        col_norm(n, eps);
+        row_step(lid, n, eps, false);
+        col_step(lid, n, eps);
     }
-    for (var i = 0u; i < n * n; i++) { coef[cb + n + i] = c[i]; }
+    if (lid < n * n) { coef[cb + n + lid] = c[lid]; }
 }
 
 @compute @workgroup_size(256)
@@ -91,8 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         ss += v * v;
     }
     let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(hd) + p.rms_eps);
-    if (lid == 0u) { mix_weights(t, inv); }
-    workgroupBarrier();
+    mix_weights(lid, t, inv);
     // Collapse into xn (each thread keeps its own columns), then the weighted RMS norm.
     let ob = t * e;
     var ss2 = 0.0;
