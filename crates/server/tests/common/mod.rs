@@ -21,8 +21,41 @@ pub struct Server {
 impl Server {
     /// Starts the server; with `wait` returns once /health answers 200.
     pub fn start(args: &[&str], wait: bool) -> Server {
+        // Tests run in parallel: a port found free can be taken by another test's server before this
+        // one binds it. Such a start is retried on a new port.
+        for _ in 0..4 {
+            let mut s = Self::spawn(args);
+            if !wait || s.ready_or_bind_failure() {
+                return s;
+            }
+        }
+        panic!("ds4-server could not bind a free port in 4 tries");
+    }
+
+    /// Waits for /health; false when the server exited because its port was taken.
+    fn ready_or_bind_failure(&mut self) -> bool {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                let log = self.log_text();
+                if log.contains("cannot listen on") {
+                    return false;
+                }
+                panic!("ds4-server exited with {st}: {log}");
+            }
+            if let Ok((200, _)) = try_request(self.port, "GET", "/health", b"", &[]) {
+                return true;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "server not ready: {}", self.log_text());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn spawn(args: &[&str]) -> Server {
+        static STARTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let port = free_port();
-        let log = std::env::temp_dir().join(format!("ds4-server-test-{}-{port}.log", std::process::id()));
+        let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log = std::env::temp_dir().join(format!("ds4-server-test-{}-{port}-{n}.log", std::process::id()));
         let f = std::fs::File::create(&log).unwrap();
         let mut cmd = Command::new(BIN);
         cmd.args(["--host", "127.0.0.1", "--port", &port.to_string(), "--threads", "1"]);
@@ -35,25 +68,11 @@ impl Server {
             .stderr(f)
             .spawn()
             .expect("start ds4-server");
-        let mut s = Server { child, port, log };
-        if wait {
-            s.wait_ready();
-        }
-        s
+        Server { child, port, log }
     }
 
     pub fn wait_ready(&mut self) {
-        let t0 = Instant::now();
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                panic!("ds4-server exited with {st}: {}", self.log_text());
-            }
-            if let Ok((200, _)) = try_request(self.port, "GET", "/health", b"", &[]) {
-                return;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "server not ready: {}", self.log_text());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        assert!(self.ready_or_bind_failure(), "ds4-server could not bind port {}: {}", self.port, self.log_text());
     }
 
     pub fn log_text(&self) -> String {
