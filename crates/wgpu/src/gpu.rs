@@ -394,6 +394,24 @@ impl Gpu {
         self.check("GPU work")
     }
 
+    /// Maps the first `size` bytes of a MAP_READ buffer (its copy recorded and submitted), waits, and
+    /// hands them to `f`; unmaps after.
+    pub(crate) fn map_read<R>(&self, staging: &wgpu::Buffer, size: u64, f: impl FnOnce(&[u8]) -> R) -> Result<R, WgpuError> {
+        let err = |e: String| WgpuError::Device { op: "readback".into(), msg: e };
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..size).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        rx.recv().map_err(|e| err(e.to_string()))?.map_err(|e| err(e.to_string()))?;
+        let r = {
+            let view = staging.slice(..size).get_mapped_range().map_err(|e| err(e.to_string()))?;
+            f(&view)
+        };
+        staging.unmap();
+        Ok(r)
+    }
+
     /// Copies `size` bytes of `src` from `offset` back to the host (a staging buffer per call: for
     /// tests and one-off reads, not for the per-token path).
     pub(crate) fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, size: u64) -> Result<Vec<u8>, WgpuError> {
@@ -413,21 +431,6 @@ impl Gpu {
         enc.copy_buffer_to_buffer(src, offset, &staging, 0, size4);
         self.scoped("readback copy", |_| self.queue.submit([enc.finish()]))?;
         Counters::add(&self.counters.submits, 1);
-        let (tx, rx) = std::sync::mpsc::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.wait()?;
-        rx.recv()
-            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?
-            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?;
-        let view = staging
-            .slice(..)
-            .get_mapped_range()
-            .map_err(|e| WgpuError::Device { op: "readback".into(), msg: e.to_string() })?;
-        let out = view[..size as usize].to_vec();
-        drop(view);
-        staging.unmap();
-        Ok(out)
+        self.map_read(&staging, size4, |v| v[..size as usize].to_vec())
     }
 }

@@ -57,20 +57,11 @@ impl Argmax {
 
     /// The result of the last run (after `Gpu::run` returned).
     pub fn result(&self, gpu: &Gpu) -> Result<Pick, WgpuError> {
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        gpu.wait()?;
-        let err = |e: String| WgpuError::Device { op: "argmax readback".into(), msg: e };
-        rx.recv().map_err(|e| err(e.to_string()))?.map_err(|e| err(e.to_string()))?;
-        let words: [u32; 4] = {
-            let view = self.staging.slice(..).get_mapped_range().map_err(|e| err(e.to_string()))?;
+        let words: [u32; 4] = gpu.map_read(&self.staging, 16, |v| {
             let mut w = [0u32; 4];
-            w.copy_from_slice(bytemuck::cast_slice(&view[..16]));
+            w.copy_from_slice(bytemuck::cast_slice(&v[..16]));
             w
-        };
-        self.staging.unmap();
+        })?;
         Ok(Pick { index: words[0], logprob: f32::from_bits(words[1]), max: f32::from_bits(words[2]), lse: f32::from_bits(words[3]) })
     }
 }

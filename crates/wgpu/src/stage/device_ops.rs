@@ -201,7 +201,6 @@ impl DeviceOps for WgpuOps {
         if self.head_rows != 1 {
             return Err("wgpu: the device pick takes one logits row".into());
         }
-        self.head_ops()?;
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
         head.argmax.encode(enc).map_err(err)

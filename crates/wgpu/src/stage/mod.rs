@@ -83,18 +83,7 @@ impl WgpuOps {
         let mut enc = Encoder::new(&self.gpu, crate::gpu::Step::default());
         enc.copy_at(&self.work.logits.buffer, 0, &self.row_staging, 0, bytes);
         self.gpu.submit(enc).map_err(device_ops::err)?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        self.row_staging.slice(..bytes).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu.wait().map_err(device_ops::err)?;
-        rx.recv().map_err(|e| format!("wgpu: logits readback: {e}"))?.map_err(|e| format!("wgpu: logits readback: {e}"))?;
-        {
-            let view = self.row_staging.slice(..bytes).get_mapped_range().map_err(|e| format!("wgpu: logits readback: {e}"))?;
-            dst.copy_from_slice(bytemuck::cast_slice(&view[..]));
-        }
-        self.row_staging.unmap();
-        Ok(())
+        self.gpu.map_read(&self.row_staging, bytes, |v| dst.copy_from_slice(bytemuck::cast_slice(v))).map_err(device_ops::err)
     }
 }
 

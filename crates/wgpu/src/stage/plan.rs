@@ -2,8 +2,7 @@
 //! its snapshot, and the work buffers; checked against the device's memory before anything is
 //! uploaded.
 use ds4_model::kv::{compressed_capacity, compressor_rows};
-use ds4_model::weights::{LayerWeights, Mat};
-use ds4_model::{LayerRange, Stage};
+use ds4_model::{LayerRange, Stage, Weights};
 
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
@@ -24,40 +23,16 @@ impl PlanBytes {
     }
 }
 
-fn mats(lw: &LayerWeights) -> Vec<&Mat> {
-    let mut v = vec![&lw.hc_attn.fn_, &lw.q_a, &lw.q_b, &lw.kv, &lw.out_a, &lw.out_b, &lw.hc_ffn.fn_, &lw.gate_inp, &lw.gate_exps, &lw.up_exps, &lw.down_exps];
-    if let Some(c) = &lw.comp {
-        v.extend([&c.kv, &c.gate]);
-    }
-    if let Some(i) = &lw.indexer {
-        v.extend([&i.q_b, &i.proj, &i.comp.kv, &i.comp.gate]);
-    }
-    if let Some(s) = &lw.shared {
-        v.extend(s.iter());
-    }
-    v
-}
-
-/// Small f32 tables of a layer (norms, APE, sinks, HC scale/base, routing bias and hash table).
-fn consts(lw: &LayerWeights) -> usize {
-    let mut n = lw.attn_norm.len() + lw.q_a_norm.len() + lw.kv_norm.len() + lw.sinks.len() + lw.ffn_norm.len();
-    n += lw.hc_attn.scale.len() + lw.hc_attn.base.len() + lw.hc_ffn.scale.len() + lw.hc_ffn.base.len();
-    n += lw.exp_bias.as_ref().map_or(0, |b| b.len()) + lw.tid2eid.as_ref().map_or(0, |t| t.len());
-    for c in lw.comp.iter().chain(lw.indexer.iter().map(|i| &i.comp)) {
-        n += c.ape.len() + c.norm.len();
-    }
-    n
-}
-
 /// The plan of layers `part` of `stage` at `ctx` / `nmax`.
 pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanBytes {
     let (cfg, w) = (&stage.cfg, &stage.w);
     let nmax = nmax.max(1);
-    let mut weights = 0u64;
+    // The bytes of the part's tensors, as the CPU stage maps them (the stage binds without error, so its
+    // parts do too).
+    let weights = Weights::map_plan(&w.file, cfg, part).map_or(0, |p| p.bytes());
     let mut kv = 0usize;
     for il in part.first..=part.last {
         let lw = w.layer(il);
-        weights += mats(lw).iter().map(|m| m.len as u64).sum::<u64>() + consts(lw) as u64 * 4;
         let ratio = cfg.ratio(il);
         let cap = compressed_capacity(ctx, ratio);
         // Ring, its snapshot and checkpoint; compressed / indexer rows; frontiers (kv + score), their
@@ -70,12 +45,6 @@ pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanByt
                 kv += cap * cfg.idx_dim + front(cfg.idx_dim);
             }
         }
-    }
-    if part.embed {
-        weights += w.embed.as_ref().map_or(0, |m| m.len as u64);
-    }
-    if let (true, Some(h)) = (part.head, &w.head) {
-        weights += (h.hc_fn.len + h.output.len) as u64 + 4 * (h.hc_scale.len() + h.hc_base.len() + h.norm.len()) as u64;
     }
     // The logits rows as a device with a 2 GiB binding limit keeps them (the most any adapter keeps).
     let rows = logit_rows(cfg, nmax, (2u64 << 30) - 1);
