@@ -169,7 +169,9 @@ impl<D: DeviceOps> GpuStage<D> {
         if pos == to {
             return Ok(());
         }
-        let (from, again) = (j.from, j.tokens[..pos - j.from].to_vec());
+        let mut j = self.journal.take().expect("checked above");
+        let from = j.from;
+        j.tokens.truncate(pos - from);
         self.ops.checkpoint(true)?;
         self.dev_pos = from;
         kv.pos = from;
@@ -177,12 +179,12 @@ impl<D: DeviceOps> GpuStage<D> {
         if self.snap_pos.is_some_and(|s| s > from) {
             self.snap_pos = None;
         }
-        self.journal = None;
-        if !again.is_empty() {
-            self.forward_dev(kv, &again, None, Logits::None, false)?;
+        // Re-run without the journal (it would record the tokens again), then keep them in it.
+        if !j.tokens.is_empty() {
+            self.forward_dev(kv, &j.tokens, None, Logits::None, false)?;
         }
         self.ops.sync()?;
-        self.journal = Some(Journal { from, tokens: again });
+        self.journal = Some(j);
         Ok(())
     }
 
