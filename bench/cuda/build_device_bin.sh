@@ -21,4 +21,8 @@ cp "$(exe -p ds4-cuda --features cuda --test nvrtc_compile)" device-bin/nvrtc-te
 # The wgpu ops and the whole stage against the CPU, on the GPU through Vulkan (bench/wgpu/h200.sh).
 for t in ops_matvec ops_attention ops_ffn stage; do cp "$(exe -p ds4-wgpu --test $t)" device-bin/wgpu-$t-tests; done
 strip device-bin/* 2>/dev/null || true
+# One compressed file to carry (the device call carries at most 64 MiB with the tree): unpack there
+# with `tar -xJf device-bin/bins.tar.xz`.
+rm -f device-bin/bins.tar.xz
+tar -cJf /tmp/ds4-bins.tar.xz device-bin/* && mv /tmp/ds4-bins.tar.xz device-bin/bins.tar.xz
 ls -la device-bin

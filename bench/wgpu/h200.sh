@@ -35,4 +35,11 @@ for round in ${ROUNDS:-1 2}; do
   done
 done
 head -1 /tmp/run.csv 2>/dev/null
+# Per-op GPU time and host time per step (DS4_WGPU_PROFILE=1) on a 6-layer Flash (same per-layer shapes).
+if [ -n "${PROFILE:-}" ]; then
+  [ -f /dev/shm/flash6.gguf ] || timeout 120 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 2>&1 | tail -1
+  DS4_WGPU_PROFILE=1 timeout 200 $B/ds4-bench -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --backend vulkan --ctx-start 4096 --ctx-max 4096 \
+    --gen-tokens 32 --prefill-chunk 4096 --mem-limit-gb 200 > $OUT/profile_vulkan.log 2>&1
+  grep -v "uploading" $OUT/profile_vulkan.log | tail -80
+fi
 cat $OUT/vulkan_vs_cuda.csv

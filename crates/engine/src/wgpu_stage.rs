@@ -58,5 +58,8 @@ impl DeviceStage for WgpuDevice {
 
     fn end_journal(&mut self) { self.stage.end_journal() }
 
-    fn report(&mut self) -> Option<String> { Some(format!("{}: {}", self.backend.name(), self.stage.device_name())) }
+    fn report(&mut self) -> Option<String> {
+        let profile = self.stage.profile_report().unwrap_or_default();
+        Some(format!("{}: {}{profile}", self.backend.name(), self.stage.device_name()))
+    }
 }

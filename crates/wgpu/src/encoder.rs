@@ -1,16 +1,36 @@
 //! One step's command recording: compute passes opened on demand, ended before a copy.
+use std::sync::Arc;
+use std::time::Instant;
+
 use crate::gpu::{Gpu, Step};
+use crate::profile::Profiler;
 
 pub struct Encoder {
     pub(crate) step: Step,
     enc: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
+    /// Profiling (`DS4_WGPU_PROFILE`): the op names of the timestamps written so far, and when
+    /// recording began.
+    profiler: Option<Arc<Profiler>>,
+    marks: Vec<&'static str>,
+    pub(crate) begun: Instant,
 }
 
 impl Encoder {
     pub(crate) fn new(gpu: &Gpu, step: Step) -> Self {
         let enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        Self { step, enc, pass: None }
+        let mut e = Self { step, enc, pass: None, profiler: gpu.profiler.clone(), marks: Vec::new(), begun: Instant::now() };
+        e.mark("start");
+        e
+    }
+
+    /// Under the profiler, a timestamp after the work recorded so far: the GPU time since the
+    /// previous mark is counted as `op`'s. Nothing otherwise.
+    pub(crate) fn mark(&mut self, op: &'static str) {
+        let Some(p) = self.profiler.clone() else { return };
+        let Some(i) = Profiler::slot(self.marks.len()) else { return };
+        self.pass().write_timestamp(&p.queries, i);
+        self.marks.push(op);
     }
 
     /// The step this recording runs with.
@@ -37,9 +57,13 @@ impl Encoder {
         self.enc.copy_buffer_to_buffer(src, src_off, dst, dst_off, size);
     }
 
-    pub(crate) fn finish(self) -> wgpu::CommandBuffer {
-        let Self { enc, pass, .. } = self;
+    /// The recorded commands, and under the profiler the names of the step's timestamps.
+    pub(crate) fn finish(self) -> (wgpu::CommandBuffer, Vec<&'static str>) {
+        let Self { mut enc, pass, profiler, marks, .. } = self;
         drop(pass);
-        enc.finish()
+        if let Some(p) = profiler.filter(|_| marks.len() > 1) {
+            p.resolve(&mut enc, marks.len() as u32);
+        }
+        (enc.finish(), marks)
     }
 }

@@ -31,6 +31,10 @@ pub struct GpuOptions {
     pub disable: wgpu::Features,
     /// Features the caller cannot do without: an adapter lacking one is an error.
     pub require: wgpu::Features,
+    /// Time every op of a step on the GPU (timestamps) and the host's recording and waiting, for
+    /// [`Gpu::profile_report`]; also on with `DS4_WGPU_PROFILE=1`. Ignored where the adapter has no
+    /// timestamps inside passes.
+    pub profile: bool,
     /// Do not open the device with host-memory import (zero-copy weights) even where it is available.
     pub no_host_import: bool,
     /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
@@ -90,6 +94,8 @@ pub struct Gpu {
     pub(crate) step: wgpu::Buffer,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     iq2_grid: Mutex<Option<Arc<wgpu::Buffer>>>,
+    /// Per-op GPU timestamps and host times (`DS4_WGPU_PROFILE=1`, where the adapter has timestamps).
+    pub(crate) profiler: Option<Arc<crate::profile::Profiler>>,
 }
 
 fn backends_for(choice: BackendChoice) -> wgpu::Backends {
@@ -152,7 +158,11 @@ impl Gpu {
         if !missing.is_empty() {
             return Err(WgpuError::MissingFeature { adapter: info.name.clone(), feature: feature_name(missing) });
         }
-        let features = (have & OPTIONAL_FEATURES) | (opts.require & have);
+        let mut features = (have & OPTIONAL_FEATURES) | (opts.require & have);
+        let profile = (opts.profile || crate::profile::wanted()) && have.contains(crate::profile::FEATURES);
+        if profile {
+            features |= crate::profile::FEATURES;
+        }
         let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("ds4-wgpu"),
@@ -214,7 +224,9 @@ impl Gpu {
             step,
             pipelines: Mutex::new(HashMap::new()),
             iq2_grid: Mutex::new(None),
+            profiler: None,
         };
+        let gpu = Self { profiler: profile.then(|| Arc::new(crate::profile::Profiler::new(&gpu.device, &gpu.queue))), ..gpu };
         Counters::add(&gpu.counters.buffers, 1);
         Ok(gpu)
     }
@@ -380,18 +392,31 @@ impl Gpu {
     /// Submits a recorded step without waiting for it.
     pub fn submit(&self, enc: Encoder) -> Result<(), WgpuError> {
         // Errors recorded in passes surface when the encoder finishes.
-        let cmd = self.scoped("recording", |_| enc.finish())?;
+        let (decode, begun) = (enc.step.ntok == 1, enc.begun);
+        let (cmd, marks) = self.scoped("recording", |_| enc.finish())?;
         self.scoped("submit", |_| self.queue.submit([cmd]))?;
+        if let Some(p) = &self.profiler {
+            p.submitted(decode, marks, begun.elapsed());
+        }
         Counters::add(&self.counters.submits, 1);
         Ok(())
     }
 
     /// Blocks until the queue is idle.
     pub fn wait(&self) -> Result<(), WgpuError> {
+        let t = std::time::Instant::now();
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| WgpuError::Device { op: "wait".into(), msg: e.to_string() })?;
+        if let Some(p) = &self.profiler {
+            p.waited(&self.device, t);
+        }
         self.check("GPU work")
+    }
+
+    /// The profile since the last call (`DS4_WGPU_PROFILE=1`), None when not profiling.
+    pub fn profile_report(&self) -> Option<String> {
+        self.profiler.as_ref().and_then(|p| p.report())
     }
 
     /// Maps the first `size` bytes of a MAP_READ buffer (its copy recorded and submitted), waits, and

@@ -12,6 +12,7 @@ mod host_import;
 #[path = "host_import_metal.rs"]
 mod host_import;
 mod loader;
+mod profile;
 pub mod ops;
 mod resident;
 pub mod shaders;

@@ -323,3 +323,36 @@ fn journal_rollback_equals_plain_decode() {
     assert!(b.rollback(&mut kb, past).is_err());
     b.end_journal();
 }
+
+/// The profile (`GpuOptions::profile`, `DS4_WGPU_PROFILE=1`): every op of a decode step is timed on the
+/// device, the times add up to the step, and the results do not change.
+#[test]
+fn profile_times_every_op_and_changes_nothing() {
+    let Some(o) = opts() else { return };
+    let cpu = load(Mix::Q2, 11, true);
+    let p = prompt(&cpu.cfg, 12);
+    let ctx = 32;
+    let run = |o: &GpuOptions| {
+        let mut g = WgpuStage::new(&cpu, ctx, 16, cpu.w.range, o).unwrap();
+        let mut kv = cpu.new_kv(ctx);
+        g.forward(&mut kv, &p[..8], None, Logits::None).unwrap();
+        let mut out = Vec::new();
+        for &t in &p[8..] {
+            out.extend_from_slice(g.forward(&mut kv, &[t], None, Logits::Last).unwrap());
+        }
+        (out, g.profile_report())
+    };
+    let (plain, none) = run(&o);
+    assert!(none.is_none() || std::env::var_os("DS4_WGPU_PROFILE").is_some());
+    let (profiled, report) = run(&GpuOptions { profile: true, ..o.clone() });
+    assert!(plain.iter().zip(&profiled).all(|(a, b)| a.to_bits() == b.to_bits()), "profiling changed the logits");
+    let Some(report) = report else {
+        eprintln!("the adapter has no timestamps inside passes: profile not checked");
+        return;
+    };
+    eprintln!("{report}");
+    assert!(report.contains("one-token steps (4)"), "{report}");
+    for op in ["hc_entry_attn", "q_lora", "q_heads", "kv_row", "attend", "attn_out", "hc_entry_ffn", "route", "moe_gate_up", "moe_down", "moe_shared", "ffn_exit", "logits"] {
+        assert!(report.contains(op), "{op} missing from the profile:\n{report}");
+    }
+}

@@ -270,7 +270,11 @@ fn run(a: Args) -> Result<(), String> {
         power.restart();
         let n = s.sync(&mut eng, &toks[..f], &mut |_, _| power.tick(), &never).map_err(|e| e.to_string())?;
         let pt = t0.elapsed().as_secs_f64();
-        if eng.backend() == ds4_engine::Backend::Cuda && std::env::var_os("DS4_CUDA_PROFILE").is_some() {
+        let profiled = match eng.backend() {
+            ds4_engine::Backend::Cuda => std::env::var_os("DS4_CUDA_PROFILE").is_some(),
+            b => b.is_gpu() && std::env::var_os("DS4_WGPU_PROFILE").is_some(),
+        };
+        if profiled {
             // Separate prefill and decode kernel profiles.
             if let Some(r) = eng.backend_report() {
                 eprintln!("ctx {f} prefill: {r}");

@@ -326,15 +326,19 @@ impl Moe {
             }
             _ => &self.one,
         };
+        enc.mark("moe_route_groups");
         gate.encode(enc)?;
         up.encode(enc)?;
+        enc.mark("moe_gate_up");
         self.act.encode(enc);
         down.encode(enc)?;
+        enc.mark("moe_down");
         if let Some((g, u, act, d)) = &self.shared {
             g.encode(enc)?;
             u.encode(enc)?;
             act.encode(enc)?;
             d.encode(enc)?;
+            enc.mark("moe_shared");
         }
         self.post.encode(enc)
     }

@@ -17,10 +17,13 @@ pub(super) fn err(e: WgpuError) -> ds4_gpu::GpuError {
 
 impl WgpuOps {
     /// Records `f` on layer `li` into the open step.
-    fn on_layer(&mut self, li: usize, f: impl FnOnce(&super::layer::Layer, &mut Encoder) -> std::result::Result<(), WgpuError>) -> Result<()> {
+    /// Records `f` on layer `li` into the open step; `op` names it in the profile.
+    fn on_layer(&mut self, li: usize, op: &'static str, f: impl FnOnce(&super::layer::Layer, &mut Encoder) -> std::result::Result<(), WgpuError>) -> Result<()> {
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
         let layer = self.layers.get(li).ok_or("wgpu: no such resident layer")?;
-        f(layer, enc).map_err(err)
+        f(layer, enc).map_err(err)?;
+        enc.mark(op);
+        Ok(())
     }
 
     /// Copies every layer's mutable state (ring, compressor frontiers) into the saved copy `slot`
@@ -98,54 +101,58 @@ impl DeviceOps for WgpuOps {
     fn embed(&mut self, _step: Step) -> Result<()> {
         let e = self.embed.as_ref().ok_or("wgpu: this stage has no embedding")?;
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
-        e.op.encode(enc).map_err(err)
+        e.op.encode(enc).map_err(err)?;
+        enc.mark("embed");
+        Ok(())
     }
 
     fn hc_entry(&mut self, li: usize, sub: Sub, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| match sub {
+        let op = if sub == Sub::Attn { "hc_entry_attn" } else { "hc_entry_ffn" };
+        self.on_layer(li, op, |l, enc| match sub {
             Sub::Attn => l.hc_attn.encode(enc),
             Sub::Ffn => l.hc_ffn.encode(enc),
         })
     }
 
     fn kv_row(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.kv_row(enc))
+        self.on_layer(li, "kv_row", |l, enc| l.kv_row(enc))
     }
 
     fn compress(&mut self, li: usize, which: Which, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| match which {
+        let op = if which == Which::Kv { "compress_kv" } else { "compress_idx" };
+        self.on_layer(li, op, |l, enc| match which {
             Which::Kv => l.comp.as_ref().map_or(Ok(()), |c| c.encode(enc)),
             Which::Indexer => l.idx.as_ref().map_or(Ok(()), |i| i.comp.encode(enc)),
         })
     }
 
     fn indexer_weights(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.indexer_weights(enc))
+        self.on_layer(li, "indexer_weights", |l, enc| l.indexer_weights(enc))
     }
 
     fn q_lora(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.q_lora(enc))
+        self.on_layer(li, "q_lora", |l, enc| l.q_lora(enc))
     }
 
     fn indexer_query(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.indexer_query(enc))
+        self.on_layer(li, "indexer_query", |l, enc| l.indexer_query(enc))
     }
 
     fn q_heads(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.q_heads(enc))
+        self.on_layer(li, "q_heads", |l, enc| l.q_heads(enc))
     }
 
     fn indexer_select(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.indexer_select(enc))
+        self.on_layer(li, "indexer_select", |l, enc| l.indexer_select(enc))
     }
 
     /// The attention op picks per token: the indexer's rows when the token sees more than top-k.
     fn attend(&mut self, li: usize, _step: Step, _selected: bool) -> Result<()> {
-        self.on_layer(li, |l, enc| l.attend(enc))
+        self.on_layer(li, "attend", |l, enc| l.attend(enc))
     }
 
     fn attn_out(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.attn_out(enc))
+        self.on_layer(li, "attn_out", |l, enc| l.attn_out(enc))
     }
 
     /// Recorded with the routed experts (`Moe`).
@@ -154,11 +161,11 @@ impl DeviceOps for WgpuOps {
     }
 
     fn route(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.route(enc))
+        self.on_layer(li, "route", |l, enc| l.route(enc))
     }
 
     fn experts(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, |l, enc| l.moe(enc))
+        self.on_layer(li, "ffn_exit", |l, enc| l.moe(enc))
     }
 
     /// Done by `Moe` with the experts.
@@ -185,7 +192,9 @@ impl DeviceOps for WgpuOps {
         self.head_pick = pick;
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
-        head.norm(enc, pick).map_err(err)
+        head.norm(enc, pick).map_err(err)?;
+        enc.mark("head_norm");
+        Ok(())
     }
 
     fn logits(&mut self, m: usize) -> Result<()> {
@@ -193,6 +202,7 @@ impl DeviceOps for WgpuOps {
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
         head.logits(enc, pick).map_err(err)?;
+        enc.mark("logits");
         self.head_rows = m;
         Ok(())
     }
@@ -203,7 +213,9 @@ impl DeviceOps for WgpuOps {
         }
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
         let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
-        head.argmax.encode(enc).map_err(err)
+        head.argmax.encode(enc).map_err(err)?;
+        enc.mark("argmax");
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {

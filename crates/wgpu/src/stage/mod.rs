@@ -134,6 +134,11 @@ impl WgpuStage {
         format!("{} ({:?})", c.adapter, c.backend)
     }
 
+    /// GPU time per op and host time per step since the last call (`DS4_WGPU_PROFILE=1`).
+    pub fn profile_report(&self) -> Option<String> {
+        self.0.ops.gpu.profile_report()
+    }
+
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32], ModelError> {
         self.0.forward(kv, tokens, hidden_in, want).map_err(ge)
