@@ -140,11 +140,19 @@ pub trait DeviceOps {
 
     // Decode replay: a backend that can record a decode step's ops once and replay them.
     fn can_replay(&self) -> bool { false }
-    fn has_replay(&self, _key: usize) -> bool { false }
-    fn begin_record(&mut self) -> Result<()> { Err("this backend cannot record a decode step".into()) }
+    /// Whether a decode step of kind `key` is recorded (for position `pos`, where recordings are
+    /// per position: see `replay_consumes`).
+    fn has_replay(&self, _key: usize, _pos: usize) -> bool { false }
+    /// Starts recording `step`'s ops (a backend whose recordings read the position on the device is
+    /// given position 0).
+    fn begin_record(&mut self, _step: Step) -> Result<()> { Err("this backend cannot record a decode step".into()) }
     /// Ends the recording begun by `begin_record` (`ok` false: the body failed, discard it).
     fn end_record(&mut self, _key: usize, _ok: bool) -> Result<()> { Err("this backend cannot record a decode step".into()) }
     fn replay(&mut self, _key: usize) -> Result<()> { Err("this backend cannot replay a decode step".into()) }
+    /// Whether a replay uses its recording up (wgpu: a command buffer runs once, and its dispatches
+    /// depend on the position). The stage then records each step for its position, and records the
+    /// next position's step right after submitting one, while the device runs it.
+    fn replay_consumes(&self) -> bool { false }
 
     /// Timing hooks of the host side of a step (a measuring aid; no-ops by default).
     fn note_call(&mut self, _one_token: bool) {}

@@ -262,15 +262,19 @@ impl<D: DeviceOps> GpuStage<D> {
         if step.decode && self.use_replay && self.trace.is_none() && self.ops.can_replay() {
             // Kinds: hidden input or token, then no head / logits / logits and their argmax.
             let key = 3 * hidden_in.is_some() as usize + head as usize + (head && top1) as usize;
-            if !self.ops.has_replay(key) {
-                self.ops.begin_record()?;
-                // Recorded once for every position: the ops must read the position on the device.
-                let rec = Step { pos0: 0, ..step };
-                let body = self.run(rec, hidden_in.is_none(), head.then_some((0, 1)), head && top1);
-                self.ops.end_record(key, body.is_ok())?;
-                body?;
+            let per_pos = self.ops.replay_consumes();
+            // Recorded once for every position (the ops read it on the device), or per position.
+            let rec = if per_pos { step } else { Step { pos0: 0, ..step } };
+            if !self.ops.has_replay(key, step.pos0) {
+                self.record(key, rec, hidden_in.is_none(), head, top1)?;
             }
             self.ops.replay(key)?;
+            if per_pos && step.pos0 + 2 <= self.ctx {
+                // The next position's step is recorded while the device runs this one; one that
+                // cannot be recorded (e.g. past a capacity) is left to its own call, which reports it.
+                let next = Step { pos0: step.pos0 + 1, ..step };
+                let _ = self.record(key, next, hidden_in.is_none(), head, top1);
+            }
         } else {
             let r0 = if want == Logits::Last { n - 1 } else { 0 };
             self.run(step, hidden_in.is_none(), head.then_some((r0, rows)), head && top1)?;
@@ -285,6 +289,14 @@ impl<D: DeviceOps> GpuStage<D> {
             self.snap_pos = Some(kv.pos);
         }
         Ok(rows)
+    }
+
+    /// Records a decode step of kind `key` for replay.
+    fn record(&mut self, key: usize, step: Step, embed: bool, head: bool, top1: bool) -> Result<()> {
+        self.ops.begin_record(step)?;
+        let body = self.run(step, embed, head.then_some((0, 1)), head && top1);
+        self.ops.end_record(key, body.is_ok())?;
+        body
     }
 
     /// The step's ops: embedding, every layer, the head on rows `head` (first, count), the pick.

@@ -225,8 +225,8 @@ impl DeviceOps for Mock {
     fn download_kv(&mut self, _kv: &mut KvState) -> R<()> { Ok(()) }
     fn upload_kv(&mut self, _kv: &KvState) -> R<()> { Ok(()) }
     fn can_replay(&self) -> bool { true }
-    fn has_replay(&self, key: usize) -> bool { self.recorded[key] }
-    fn begin_record(&mut self) -> R<()> {
+    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.recorded[key] }
+    fn begin_record(&mut self, _step: Step) -> R<()> {
         self.recording = Some(Step { n: 0, pos0: 0, decode: true });
         self.log.push("record".into());
         Ok(())

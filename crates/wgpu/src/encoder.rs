@@ -14,14 +14,22 @@ pub struct Encoder {
     profiler: Option<Arc<Profiler>>,
     marks: Vec<&'static str>,
     pub(crate) begun: Instant,
+    /// Recording time of a step recorded ahead (`sealed`), for the profile.
+    pub(crate) recorded: Option<std::time::Duration>,
 }
 
 impl Encoder {
     pub(crate) fn new(gpu: &Gpu, step: Step) -> Self {
         let enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        let mut e = Self { step, enc, pass: None, profiler: gpu.profiler.clone(), marks: Vec::new(), begun: Instant::now() };
+        let mut e = Self { step, enc, pass: None, profiler: gpu.profiler.clone(), marks: Vec::new(), begun: Instant::now(), recorded: None };
         e.mark("start");
         e
+    }
+
+    /// A step recorded ahead, complete: notes how long recording took.
+    pub(crate) fn sealed(mut self) -> Self {
+        self.recorded = Some(self.begun.elapsed());
+        self
     }
 
     /// Under the profiler, a timestamp after the work recorded so far: the GPU time since the

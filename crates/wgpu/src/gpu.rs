@@ -384,19 +384,24 @@ impl Gpu {
     /// Starts recording a step: writes its uniform (ordered before the step's commands, which are
     /// submitted later by [`Gpu::submit`]).
     pub fn begin(&self, step: Step) -> Encoder {
+        self.write_step(step);
+        Encoder::new(self, step)
+    }
+
+    /// Writes the per-step uniform, ordered before the commands of the next submission.
+    pub(crate) fn write_step(&self, step: Step) {
         self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&[step.ntok, step.pos, 0, 0]));
         Counters::add(&self.counters.step_writes, 1);
-        Encoder::new(self, step)
     }
 
     /// Submits a recorded step without waiting for it.
     pub fn submit(&self, enc: Encoder) -> Result<(), WgpuError> {
         // Errors recorded in passes surface when the encoder finishes.
-        let (decode, begun) = (enc.step.ntok == 1, enc.begun);
+        let (decode, record) = (enc.step.ntok == 1, enc.recorded.unwrap_or_else(|| enc.begun.elapsed()));
         let (cmd, marks) = self.scoped("recording", |_| enc.finish())?;
         self.scoped("submit", |_| self.queue.submit([cmd]))?;
         if let Some(p) = &self.profiler {
-            p.submitted(decode, marks, begun.elapsed());
+            p.submitted(decode, marks, record);
         }
         Counters::add(&self.counters.submits, 1);
         Ok(())

@@ -95,8 +95,8 @@ impl DeviceOps for CudaOps {
     fn upload_kv(&mut self, kv: &KvState) -> R<()> { Ok(CudaOps::upload_kv(self, kv)?) }
 
     fn can_replay(&self) -> bool { self.graphs_usable() }
-    fn has_replay(&self, key: usize) -> bool { self.graphs.get(key).is_some_and(|g| g.is_some()) }
-    fn begin_record(&mut self) -> R<()> { Ok(self.begin_capture()?) }
+    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.graphs.get(key).is_some_and(|g| g.is_some()) }
+    fn begin_record(&mut self, _step: Step) -> R<()> { Ok(self.begin_capture()?) }
     fn end_record(&mut self, key: usize, ok: bool) -> R<()> {
         if key >= self.graphs.len() {
             return Err(format!("decode step kind {key} out of range").into());

@@ -17,9 +17,16 @@ pub(super) fn err(e: WgpuError) -> ds4_gpu::GpuError {
 
 impl WgpuOps {
     /// Records `f` on layer `li` into the open step.
+    /// The open step's encoder (opened by the first op after `begin_step` / `begin_record`).
+    fn enc(&mut self) -> Result<&mut Encoder> {
+        let step = self.step.ok_or("wgpu: an op was recorded outside a step")?;
+        Ok(self.enc.get_or_insert_with(|| Encoder::new(&self.gpu, step)))
+    }
+
     /// Records `f` on layer `li` into the open step; `op` names it in the profile.
     fn on_layer(&mut self, li: usize, op: &'static str, f: impl FnOnce(&super::layer::Layer, &mut Encoder) -> std::result::Result<(), WgpuError>) -> Result<()> {
-        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        self.enc()?;
+        let enc = self.enc.as_mut().expect("opened above");
         let layer = self.layers.get(li).ok_or("wgpu: no such resident layer")?;
         f(layer, enc).map_err(err)?;
         enc.mark(op);
@@ -88,7 +95,9 @@ impl DeviceOps for WgpuOps {
         }
         let (ntok, pos) = (u32::try_from(step.n).map_err(|_| "wgpu: step too large")?, u32::try_from(step.pos0).map_err(|_| "wgpu: position too large")?);
         self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
-        self.enc = Some(self.gpu.begin(GpuStep { ntok, pos }));
+        // The uniform is written now, in queue order: a step recorded ahead reads it when submitted.
+        self.gpu.write_step(GpuStep { ntok, pos });
+        self.step = Some(GpuStep { ntok, pos });
         self.step_n = step.n;
         self.head_rows = 0;
         Ok(())
@@ -99,8 +108,9 @@ impl DeviceOps for WgpuOps {
     }
 
     fn embed(&mut self, _step: Step) -> Result<()> {
+        self.enc()?;
         let e = self.embed.as_ref().ok_or("wgpu: this stage has no embedding")?;
-        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        let enc = self.enc.as_mut().expect("opened above");
         e.op.encode(enc).map_err(err)?;
         enc.mark("embed");
         Ok(())
@@ -190,8 +200,9 @@ impl DeviceOps for WgpuOps {
             return Err(format!("wgpu: logits of {m} rows do not fit one binding ({} rows of {} floats): use a smaller prefill chunk", self.work.logit_rows, self.cfg.n_vocab).into());
         }
         self.head_pick = pick;
+        self.enc()?;
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
-        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        let enc = self.enc.as_mut().expect("opened above");
         head.norm(enc, pick).map_err(err)?;
         enc.mark("head_norm");
         Ok(())
@@ -199,8 +210,9 @@ impl DeviceOps for WgpuOps {
 
     fn logits(&mut self, m: usize) -> Result<()> {
         let pick = self.head_pick;
+        self.enc()?;
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
-        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        let enc = self.enc.as_mut().expect("opened above");
         head.logits(enc, pick).map_err(err)?;
         enc.mark("logits");
         self.head_rows = m;
@@ -211,18 +223,58 @@ impl DeviceOps for WgpuOps {
         if self.head_rows != 1 {
             return Err("wgpu: the device pick takes one logits row".into());
         }
+        self.enc()?;
         let head = self.head.as_ref().ok_or("wgpu: this stage has no output head")?;
-        let enc = self.enc.as_mut().ok_or("wgpu: an op was recorded outside a step")?;
+        let enc = self.enc.as_mut().expect("opened above");
         head.argmax.encode(enc).map_err(err)?;
         enc.mark("argmax");
         Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
+        self.step = None;
         if let Some(enc) = self.enc.take() {
             self.gpu.submit(enc).map_err(err)?;
         }
         self.gpu.wait().map_err(err)
+    }
+
+    fn can_replay(&self) -> bool {
+        true
+    }
+
+    fn has_replay(&self, key: usize, pos: usize) -> bool {
+        self.prepared.get(key).is_some_and(|e| e.as_ref().is_some_and(|e| e.step.pos as usize == pos))
+    }
+
+    /// Records a decode step ahead: its ops go into an encoder kept for `replay` (the dispatches
+    /// depend on the position: windows closing, compressed rows scored).
+    fn begin_record(&mut self, step: Step) -> Result<()> {
+        if self.enc.is_some() {
+            return Err("wgpu: a decode step was recorded inside another step".into());
+        }
+        let pos = u32::try_from(step.pos0).map_err(|_| "wgpu: position too large")?;
+        self.step = Some(GpuStep { ntok: 1, pos });
+        Ok(())
+    }
+
+    fn end_record(&mut self, key: usize, ok: bool) -> Result<()> {
+        let enc = self.enc.take();
+        self.step = None;
+        let slot = self.prepared.get_mut(key).ok_or_else(|| format!("wgpu: decode step kind {key} out of range"))?;
+        *slot = if ok { enc.map(Encoder::sealed) } else { None };
+        Ok(())
+    }
+
+    /// Submits the step recorded ahead (its tokens and uniform were written by `begin_step`).
+    fn replay(&mut self, key: usize) -> Result<()> {
+        let enc = self.prepared.get_mut(key).and_then(Option::take).ok_or_else(|| format!("wgpu: no decode step of kind {key} recorded"))?;
+        self.step = None;
+        self.gpu.submit(enc).map_err(err)
+    }
+
+    fn replay_consumes(&self) -> bool {
+        true
     }
 
     fn read_logits(&mut self, dst: &mut [f32]) -> Result<()> {

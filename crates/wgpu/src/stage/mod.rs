@@ -24,6 +24,9 @@ use work::Work;
 
 pub use plan::{plan, plan_bytes, PlanBytes};
 
+/// Replay keys of the GPU stage (token or hidden input, times no head / logits / logits and pick).
+const REPLAY_KEYS: usize = 6;
+
 /// The device side of a stage (see the module doc).
 pub struct WgpuOps {
     gpu: Gpu,
@@ -36,6 +39,12 @@ pub struct WgpuOps {
     hash_routed: bool,
     /// The step being recorded (between `begin_step` and `sync`).
     enc: Option<Encoder>,
+    /// The step `begin_step` announced (its encoder is opened by the first op).
+    step: Option<crate::gpu::Step>,
+    /// Decode steps recorded ahead, by the stage's replay key: wgpu cannot replay a command buffer,
+    /// so the stage records the next decode step while the GPU runs the current one and the next
+    /// call submits it (`DeviceOps::replay_consumes`).
+    prepared: Vec<Option<Encoder>>,
     step_n: usize,
     head_pick: HeadPick,
     /// Logits rows the last step produced.
@@ -61,7 +70,7 @@ impl WgpuOps {
             d.create_buffer(&wgpu::BufferDescriptor { label: Some("logits staging"), size: bytes, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false })
         })?;
         gpu.wait()?;
-        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging })
+        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step: None, prepared: (0..REPLAY_KEYS).map(|_| None).collect(), step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging })
     }
 
     pub fn gpu(&self) -> &Gpu {
