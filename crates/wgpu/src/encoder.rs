@@ -1,8 +1,9 @@
 //! One step's command recording: compute passes opened on demand, ended before a copy.
-use crate::gpu::{Gpu, Step};
+use crate::gpu::{Gpu, Seqs, Step};
 
 pub struct Encoder {
     pub(crate) step: Step,
+    pub(crate) seqs: Seqs,
     enc: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
 }
@@ -10,12 +11,23 @@ pub struct Encoder {
 impl Encoder {
     pub(crate) fn new(gpu: &Gpu, step: Step) -> Self {
         let enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        Self { step, enc, pass: None }
+        Self { step, seqs: Seqs::One { slot: 0 }, enc, pass: None }
     }
 
     /// The step this recording runs with.
     pub fn step(&self) -> Step {
         self.step
+    }
+
+    /// Whether the rows are independent sequences (a batched step).
+    pub(crate) fn batched(&self) -> bool {
+        self.seqs == Seqs::Batch
+    }
+
+    /// One past the last position the step writes (of any of its sequences), None on overflow.
+    pub(crate) fn end(&self) -> Option<u32> {
+        let st = self.step;
+        if self.batched() { st.pos.checked_add(1) } else { st.pos.checked_add(st.ntok) }
     }
 
     /// The current compute pass (opened if none is).
