@@ -358,6 +358,9 @@ impl Engine {
     /// (`kvs[s].slot`, all different, below `kv_slots()`), where its prefill ran.
     pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
         if !self.batched_decode() {
+            if self.gpu.as_ref().is_some_and(|g| g.kv_slots() == 1 && g.backend() != Backend::Cuda) {
+                return Err(EngineError::Unsupported(format!("batched decode on the {} backend needs a KV slot per session: this engine was loaded with one (LoadOptions::batch_slots)", self.backend().name())));
+            }
             return Err(EngineError::Unsupported(format!("batched decode is not yet available on the {} backend: decode one sequence at a time", self.backend().name())));
         }
         if let Some(g) = self.gpu.as_mut() {
