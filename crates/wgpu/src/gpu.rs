@@ -74,7 +74,8 @@ pub struct Caps {
 pub const OPTIONAL_FEATURES: wgpu::Features =
     wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP).union(wgpu::Features::IMMEDIATES);
 
-/// Rows a batched step can have: the step uniform holds each row's KV slot and position (seq.wgsl).
+/// Rows a batched step can have: the step uniform holds each row's KV slot and position (seq.wgsl
+/// declares the same 64).
 pub const MAX_BATCH_ROWS: usize = 64;
 
 /// Bytes of the step uniform: (ntok, pos, batch, slot), then (slot, pos, 0, 0) per batched row.

@@ -225,6 +225,9 @@ fn bad_batches_are_typed_errors() {
     assert_eq!(l.len(), 2 * cpu.cfg.n_vocab);
     drop(refs);
     // More slots than a batched step holds is refused at build.
-    let e = WgpuStage::new(&cpu, CTX, CHUNK, cpu.w.range, &GpuOptions { kv_slots: ds4_wgpu::MAX_BATCH_ROWS + 1, ..three.clone() }).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(e.contains("KV slots"), "{e}");
+    let e = WgpuStage::new(&cpu, CTX, 128, cpu.w.range, &GpuOptions { kv_slots: ds4_wgpu::MAX_BATCH_ROWS + 1, ..three.clone() }).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("KV slots") && e.contains("at most 64"), "{e}");
+    // And more than the activation rows (the prefill chunk) hold.
+    let e = WgpuStage::new(&cpu, CTX, 2, cpu.w.range, &three).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("--prefill-chunk"), "{e}");
 }

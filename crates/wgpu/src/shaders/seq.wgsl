@@ -2,6 +2,7 @@
 // sequence: the session in KV slot `slot`, rows 0 .. ntok at positions pos .. pos + ntok. A batched
 // step (batch != 0) has one sequence per row: row t is one token of the session in slot rows[t].x at
 // position rows[t].y (`pos` is then the largest of them). Slot s owns part s of every KV buffer.
+// 64 rows: `gpu::MAX_BATCH_ROWS`.
 struct Step { ntok: u32, pos: u32, batch: u32, slot: u32, rows: array<vec4<u32>, 64> }
 struct Seq { slot: u32, pos: u32, row0: u32, n: u32 }
 

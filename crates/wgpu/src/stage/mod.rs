@@ -70,7 +70,7 @@ impl WgpuOps {
     pub fn build(gpu: Gpu, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slots: usize) -> Result<Self, WgpuError> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
-        let slots = plan::check_slots(slots)?;
+        let slots = plan::check_slots(slots, nmax)?;
         let work = Work::new(&gpu, &cfg, nmax, ctx, work::split_len(&cfg, w, part, ctx, nmax, slots))?;
         let b = Build { gpu: &gpu, cfg: &cfg, w, work: &work, nmax: nmax as u32, ctx, qat: stage.opts.qat, slots };
         let layers = (part.first..=part.last).map(|il| Layer::new(&b, il)).collect::<Result<Vec<_>, _>>()?;
@@ -142,7 +142,7 @@ impl WgpuStage {
             return Err(ModelError::Invalid(format!("wgpu: layers {}..={} are not all loaded (the stage holds {}..={})", part.first, part.last, r.first, r.last)));
         }
         let nmax = nmax.max(1);
-        let slots = plan::check_slots(opts.kv_slots).map_err(we)?;
+        let slots = plan::check_slots(opts.kv_slots, nmax).map_err(we)?;
         let gpu = Gpu::new(opts).map_err(we)?;
         plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots).map_err(we)?;
         let ops = WgpuOps::build(gpu, stage, ctx, nmax, part, slots).map_err(we)?;

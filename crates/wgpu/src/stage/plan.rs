@@ -80,10 +80,14 @@ pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes, slots: usize) -> Result<(), W
     }
 }
 
-/// The KV slot count a stage is built with (0 means 1), refused over what a batched step holds.
-pub(super) fn check_slots(slots: usize) -> Result<usize, WgpuError> {
+/// The KV slot count a stage is built with (0 means 1), refused over what a batched step holds: the
+/// step uniform's rows, and the `nmax` activation rows of the work buffers.
+pub(super) fn check_slots(slots: usize, nmax: usize) -> Result<usize, WgpuError> {
     if slots > MAX_BATCH_ROWS {
         return Err(WgpuError::BadShape { what: "KV slots".into(), reason: format!("{slots} sessions; a batched step holds at most {MAX_BATCH_ROWS}") });
+    }
+    if slots > nmax.max(1) {
+        return Err(WgpuError::BadShape { what: "KV slots".into(), reason: format!("a batched step of {slots} sessions needs {slots} activation rows; the buffers hold {nmax} (--prefill-chunk): raise it or batch fewer sessions") });
     }
     Ok(slots.max(1))
 }
