@@ -51,7 +51,7 @@ fn sessions_batched_on_vulkan_equal_alone_bitwise() {
     let lens = [3usize, 37, 70, 21];
     let steps = 6;
     // Session 3 joins before step 2; session 0 leaves after step 3.
-    let takes = |i: usize, step: usize| !(i == 3 && step < 2) && !(i == 0 && step > 3);
+    let takes = |i: usize, step: usize| (i != 3 || step >= 2) && (i != 0 || step <= 3);
     let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| prompt(n, 7 + i as u64, v)).collect();
     let counts: Vec<usize> = (0..4).map(|i| (0..steps).filter(|&s| takes(i, s)).count()).collect();
     let want: Vec<Vec<Vec<f32>>> = prompts.iter().zip(&counts).map(|(p, &n)| alone(&mut eng, p, n)).collect();
