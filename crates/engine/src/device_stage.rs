@@ -44,4 +44,13 @@ pub(crate) trait DeviceStage: Send {
 
     /// Counters for benchmark output (None when the backend has none).
     fn report(&mut self) -> Option<String>;
+
+    /// KV slots the device holds: sessions resident at once, each in the slot `KvState::slot` names.
+    fn kv_slots(&self) -> usize { 1 }
+
+    /// One decode step for several sessions, each in its own slot (the `Stage::forward_batch`
+    /// contract: one logits row per session, each bit-identical to a step of it alone).
+    fn forward_batch(&mut self, _kvs: &mut [&mut KvState], _tokens: &[u32]) -> Result<&[f32]> {
+        Err(ds4_model::ModelError::Invalid(format!("batched decode is not yet available on the {} backend: decode one sequence at a time", self.backend().name())))
+    }
 }

@@ -58,6 +58,9 @@ pub struct LoadOptions {
     pub warm_weights: bool,
     /// KV states held at once (a session plus the server's snapshots): the plan counts each.
     pub kv_states: usize,
+    /// Sessions decoded together on a GPU backend (`--batched-session N`, `--concurrency N`): the
+    /// device holds a KV slot for each (counted by its plan); `KvState::slot` picks one. 1: one.
+    pub batch_slots: usize,
     /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
     pub quiet: bool,
     /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
@@ -79,6 +82,7 @@ impl Default for LoadOptions {
             weights: None,
             warm_weights: false,
             kv_states: 1,
+            batch_slots: 1,
             quiet: false,
             mtp: None,
         } }
@@ -101,6 +105,9 @@ impl LoadOptions {
         }
         if self.prefill_chunk == 0 {
             return bad("--prefill-chunk must be at least 1");
+        }
+        if self.batch_slots == 0 {
+            return bad("the batched session count must be at least 1");
         }
         if let Some(g) = self.mem_limit_gb {
             if !(g > 0.0 && g.is_finite()) {
@@ -291,8 +298,13 @@ impl Engine {
     /// The layers this engine runs.
     pub fn range(&self) -> LayerRange { self.stage.w.range }
 
-    /// True when the backend holds one KV state (on the device): a second sequence replaces the first.
+    /// True when the backend holds one KV state per slot (on the device): a second sequence in the
+    /// same slot replaces the first.
     pub fn single_kv(&self) -> bool { self.backend().is_gpu() }
+
+    /// Sessions the backend holds at once: on a GPU backend the device's KV slots (`KvState::slot`
+    /// must be below it; each session in its own slot), unbounded on the CPU (a state is its own).
+    pub fn kv_slots(&self) -> usize { self.gpu.as_ref().map_or(usize::MAX, |g| g.kv_slots()) }
 
     /// The HC streams after the last forward call (n × hc_dim): what a stage without the head hands on.
     pub fn hidden(&mut self, n: usize) -> Result<&[f32], EngineError> {
@@ -336,16 +348,23 @@ impl Engine {
         Ok(self.stage.forward(kv, tokens, hidden_in, want)?)
     }
 
-    /// True when the backend can step several sequences in one pass (`decode_batch`): the CPU only, for
-    /// now.
-    pub fn batched_decode(&self) -> bool { self.backend() == Backend::Cpu }
+    /// True when the backend can step several sequences in one pass (`decode_batch`): the CPU, and a
+    /// GPU backend built with several KV slots (`LoadOptions::batch_slots`; wgpu so far).
+    pub fn batched_decode(&self) -> bool { self.backend() == Backend::Cpu || self.gpu.as_ref().is_some_and(|g| g.kv_slots() > 1) }
 
     /// One decode step for several sequences at once: `tokens[s]` is fed to `kvs[s]` at its own position,
     /// reading every weight once for the batch. Returns one logit row per sequence, each bit-identical
-    /// to a `forward` of that token alone. Not yet on a GPU backend (an error: step them one at a time).
+    /// to a `forward` of that token alone. On a GPU backend each sequence lives in its own KV slot
+    /// (`kvs[s].slot`, all different, below `kv_slots()`), where its prefill ran.
     pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
         if !self.batched_decode() {
+            if self.gpu.as_ref().is_some_and(|g| g.kv_slots() == 1 && g.backend() != Backend::Cuda) {
+                return Err(EngineError::Unsupported(format!("batched decode on the {} backend needs a KV slot per session: this engine was loaded with one (LoadOptions::batch_slots)", self.backend().name())));
+            }
             return Err(EngineError::Unsupported(format!("batched decode is not yet available on the {} backend: decode one sequence at a time", self.backend().name())));
+        }
+        if let Some(g) = self.gpu.as_mut() {
+            return Ok(g.forward_batch(kvs, tokens)?);
         }
         Ok(self.stage.forward_batch(kvs, tokens, None)?)
     }
@@ -460,18 +479,19 @@ fn load_device(
         }
         #[cfg(feature = "wgpu")]
         b @ (Backend::Vulkan | Backend::Metal) => {
-            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk);
+            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk, opts.batch_slots);
             if !opts.quiet {
                 eprintln!(
-                "{}: device plan {:.2} GiB (weights, KV and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
+                "{}: device plan {:.2} GiB (weights, KV of {} session(s) and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
                 b.name(),
                 memory.device as f64 / (1u64 << 30) as f64,
+                opts.batch_slots,
                 stage.w.range.label(),
                 opts.ctx,
                 opts.prefill_chunk
                 );
             }
-            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b)?))
+            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b, opts.batch_slots)?))
         }
         // `LoadOptions::validate` refused it before anything was read.
         #[allow(unreachable_patterns)]

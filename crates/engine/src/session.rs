@@ -73,8 +73,11 @@ impl Session {
         Self { kv: engine.stage.new_kv(engine.ctx), tokens: Vec::new(), logits: Vec::new(), prefill_chunk: engine.prefill_chunk, mtp }
     }
 
+    /// Starts over (position 0), in the same device KV slot.
     pub fn reset(&mut self, engine: &Engine) {
+        let slot = self.kv.slot;
         self.kv = engine.stage.new_kv(engine.ctx);
+        self.kv.slot = slot;
         self.tokens.clear();
         self.logits.clear();
         if let (Some(st), Some(m)) = (self.mtp.as_mut(), engine.mtp.as_ref()) {

@@ -5,26 +5,27 @@ use crate::device_stage::DeviceStage;
 use ds4_model::{KvState, Logits, Result, Stage};
 use ds4_wgpu::{BackendChoice, GpuOptions, WgpuStage};
 
-/// How to open the device for `backend` (Vulkan or Metal).
-pub(crate) fn options(backend: Backend) -> GpuOptions {
+/// How to open the device for `backend` (Vulkan or Metal), with `slots` KV slots for the stage.
+pub(crate) fn options(backend: Backend, slots: usize) -> GpuOptions {
     let choice = if backend == Backend::Metal { BackendChoice::Metal } else { BackendChoice::Vulkan };
-    GpuOptions { backend: choice, ..GpuOptions::default() }
+    GpuOptions { backend: choice, kv_slots: slots, ..GpuOptions::default() }
 }
 
-/// Device bytes the stage of `stage`'s layers needs at `ctx` / `nmax` (the memory plan's device line).
-pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize) -> u64 { ds4_wgpu::plan_bytes(stage, ctx, nmax, stage.w.range) }
+/// Device bytes the stage of `stage`'s layers needs at `ctx` / `nmax` with `slots` resident sessions
+/// (the memory plan's device line).
+pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, slots: usize) -> u64 { ds4_wgpu::plan_slots(stage, ctx, nmax, stage.w.range, slots).total() }
 
-/// Builds the stage on the device `backend` names; it refuses itself, before allocating, when its
-/// plan does not fit the device.
-pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend) -> Result<Box<dyn DeviceStage>> {
-    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend))?;
+/// Builds the stage on the device `backend` names, holding `slots` sessions; it refuses itself,
+/// before allocating, when its plan does not fit the device.
+pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend, slots: usize) -> Result<Box<dyn DeviceStage>> {
+    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend, slots))?;
     Ok(Box::new(WgpuDevice { stage: s, backend }))
 }
 
 /// The kind of the best adapter of the platform's wgpu API (opening it, as the stage would); None when
 /// none opens.
 pub(crate) fn probe() -> Option<AdapterKind> {
-    let gpu = ds4_wgpu::Gpu::new(&options(Backend::wgpu_default())).ok()?;
+    let gpu = ds4_wgpu::Gpu::new(&options(Backend::wgpu_default(), 1)).ok()?;
     Some(if gpu.caps().device_type == ds4_wgpu::wgpu::DeviceType::Cpu { AdapterKind::Cpu } else { AdapterKind::Gpu })
 }
 
@@ -62,4 +63,8 @@ impl DeviceStage for WgpuDevice {
         let profile = self.stage.profile_report().unwrap_or_default();
         Some(format!("{}: {}{profile}", self.backend.name(), self.stage.device_name()))
     }
+
+    fn kv_slots(&self) -> usize { self.stage.slots() }
+
+    fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> { self.stage.forward_batch(kvs, tokens) }
 }

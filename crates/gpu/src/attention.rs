@@ -34,9 +34,10 @@ pub(crate) fn attention<D: DeviceOps>(ops: &mut D, cfg: &Config, li: usize, step
         ops.to_main();
     }
     // The indexer selects only once a token sees more compressed rows than top_k (a decode step is
-    // recorded for every position, so it always runs the selection).
+    // recorded for every position, and a batch's rows have their own positions, so both always run
+    // the selection: the backend skips the rows that see at most top_k).
     let nc_last = if info.ratio != 0 { (step.pos0 + step.n) / info.ratio } else { 0 };
-    let idx_active = info.indexer && (nc_last > cfg.idx_topk || dec);
+    let idx_active = info.indexer && (nc_last > cfg.idx_topk || dec || step.batch);
     if dec && idx_active {
         ops.fork(3)?;
         ops.indexer_weights(li, step)?;

@@ -23,6 +23,14 @@ pub enum GpuError {
     RollbackOutOfRange { pos: usize, from: usize, to: usize },
     #[error("{0}")]
     Journal(&'static str),
+    #[error("KV slot {slot} does not exist: the stage holds {slots} (slot 0 ..= {})", slots - 1)]
+    SlotOutOfRange { slot: usize, slots: usize },
+    #[error("a batch of {n} sequences exceeds the {slots} KV slots the stage was built with")]
+    BatchOverSlots { n: usize, slots: usize },
+    #[error("KV slot {slot} appears twice in one batch (a batch takes one token per sequence)")]
+    SlotTwice { slot: usize },
+    #[error("batch of {kvs} sequences with {tokens} tokens")]
+    BatchMismatch { kvs: usize, tokens: usize },
     /// A failure inside the backend (a launch, a copy, an unsupported shape), in its words.
     #[error("{0}")]
     Device(String),

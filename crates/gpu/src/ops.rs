@@ -7,12 +7,15 @@ use ds4_model::KvState;
 
 /// One forward step: `n` tokens starting at position `pos0`. `decode` is a one-token step that may be
 /// recorded once and replayed at every position: the backend then reads the position from the device
-/// (set by `begin_step`), and a recorded step carries `pos0` 0.
+/// (set by `begin_step`), and a recorded step carries `pos0` 0. `batch`: the `n` rows are independent
+/// sequences, one token each, in the slots and at the positions `begin_batch` gave (`pos0` is then
+/// the largest of those positions).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Step {
     pub n: usize,
     pub pos0: usize,
     pub decode: bool,
+    pub batch: bool,
 }
 
 /// Which sub-layer of a layer.
@@ -131,6 +134,23 @@ pub trait DeviceOps {
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()>;
     /// Makes `kv` the device state of the resident layers.
     fn upload_kv(&mut self, kv: &KvState) -> Result<()>;
+
+    // KV slots: several sequences resident at once (batched decode of several sessions). Slot 0 is the
+    // state every backend has; `select_slot` picks the slot that `begin_step` and the state ops
+    // (`reset_state`, `snapshot`, `download_kv`, `upload_kv`) work on. A backend with one slot keeps
+    // these defaults.
+    /// KV slots held (fixed when the backend was built).
+    fn slots(&self) -> usize { 1 }
+    /// The slot later single-sequence steps and state ops use.
+    fn select_slot(&mut self, slot: usize) -> Result<()> {
+        if slot == 0 { Ok(()) } else { Err(format!("this backend holds one KV state, not slot {slot}").into()) }
+    }
+    /// Prepares a batched step (`step.batch`): row r feeds `tokens[r]` to the sequence in slot
+    /// `rows[r].0` at position `rows[r].1` (distinct slots). The attention-family ops then read each
+    /// row's slot and position; the other ops run on all rows at once.
+    fn begin_batch(&mut self, _step: Step, _rows: &[(usize, usize)], _tokens: &[u32]) -> Result<()> {
+        Err("this backend cannot decode several sequences in one step".into())
+    }
 
     // Speculative verification: a second saved copy of the mutable state, taken before a verify
     // step and restored when drafts are rejected.

@@ -1,7 +1,8 @@
 //! `GpuStage`: the forward pass of a stage on a GPU, with the CPU `Stage::forward` contract, over any
-//! backend implementing [`DeviceOps`]. It checks the inputs, keeps the position bookkeeping (device
-//! position, the snapshot a session rewinds to), runs the layers, and records a decode step once to
-//! replay it where the backend can.
+//! backend implementing [`DeviceOps`]. It checks the inputs, keeps the position bookkeeping of every
+//! KV slot (device position, the snapshot a session rewinds to), runs the layers, records a decode
+//! step once to replay it where the backend can, and decodes several sessions (one slot each) in one
+//! batched step (`forward_batch`, the CPU `Stage::forward_batch` contract).
 use crate::error::{GpuError, Result};
 use crate::ops::{DeviceOps, Step};
 use ds4_model::{Config, KvState, LayerRange, Logits};
@@ -13,8 +14,13 @@ pub struct GpuStage<D: DeviceOps> {
     range: LayerRange,
     nmax: usize,
     ctx: usize,
-    dev_pos: usize,
-    snap_pos: Option<usize>,
+    /// Per KV slot: the position its device state holds, and the position of its snapshot.
+    dev_pos: Vec<usize>,
+    snap_pos: Vec<Option<usize>>,
+    /// The slot the backend has selected.
+    cur: usize,
+    /// (slot, position) of each row of a batched step (reused).
+    batch_rows: Vec<(usize, usize)>,
     logits_host: Vec<f32>,
     hidden_host: Vec<f32>,
     /// When set, the HC streams after every layer of each forward call are appended here (as the CPU
@@ -22,7 +28,8 @@ pub struct GpuStage<D: DeviceOps> {
     pub trace: Option<Vec<Vec<f32>>>,
     /// Replay recorded decode steps (where the backend can); off, every step issues its ops.
     pub use_replay: bool,
-    /// While speculative verification runs: the position the checkpoint holds and the tokens fed since.
+    /// While speculative verification runs (slot 0 only): the position the checkpoint holds and the
+    /// tokens fed since.
     journal: Option<Journal>,
 }
 
@@ -34,10 +41,14 @@ struct Journal {
 
 impl<D: DeviceOps> GpuStage<D> {
     /// A stage over `ops`, whose resident layers are `range`, sized for batches of up to `nmax` tokens
-    /// and a context of `ctx`. The backend's KV state is reset.
+    /// and a context of `ctx`. The backend's KV state (every slot) is reset.
     pub fn new(cfg: Config, mut ops: D, range: LayerRange, nmax: usize, ctx: usize) -> Result<Self> {
         ops.bind()?;
-        ops.reset_state()?;
+        let slots = ops.slots().max(1);
+        for s in (0..slots).rev() {
+            ops.select_slot(s)?;
+            ops.reset_state()?;
+        }
         let rows = if ops.has_head() { nmax } else { 1 };
         Ok(Self {
             logits_host: Vec::with_capacity(rows * cfg.n_vocab),
@@ -46,8 +57,10 @@ impl<D: DeviceOps> GpuStage<D> {
             range,
             nmax,
             ctx,
-            dev_pos: 0,
-            snap_pos: None,
+            dev_pos: vec![0; slots],
+            snap_pos: vec![None; slots],
+            cur: 0,
+            batch_rows: Vec::with_capacity(slots),
             hidden_host: Vec::new(),
             trace: None,
             use_replay: true,
@@ -58,10 +71,27 @@ impl<D: DeviceOps> GpuStage<D> {
     /// The layers this stage runs.
     pub fn layers(&self) -> LayerRange { self.range }
 
+    /// KV slots the backend holds: sessions resident at once (`KvState::slot` picks one).
+    pub fn slots(&self) -> usize { self.dev_pos.len() }
+
+    /// Selects `kv`'s slot on the backend (checked against the slots held).
+    fn use_slot(&mut self, kv: &KvState) -> Result<()> {
+        let slots = self.slots();
+        if kv.slot >= slots {
+            return Err(GpuError::SlotOutOfRange { slot: kv.slot, slots });
+        }
+        if self.cur != kv.slot {
+            self.ops.select_slot(kv.slot)?;
+            self.cur = kv.slot;
+        }
+        Ok(())
+    }
+
     /// Same contract as `Stage::forward`.
     pub fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
         self.ops.bind()?;
         self.ops.note_call(tokens.len() == 1);
+        self.use_slot(kv)?;
         let rows = self.forward_dev(kv, tokens, hidden_in, want, false)?;
         let v = self.cfg.n_vocab;
         self.logits_host.resize(rows * v, 0.0);
@@ -81,6 +111,7 @@ impl<D: DeviceOps> GpuStage<D> {
         if !self.ops.has_head() {
             return Err(GpuError::NoHead);
         }
+        self.use_slot(kv)?;
         if self.forward_dev(kv, tokens, hidden_in, Logits::Last, true)? == 0 {
             return Err(GpuError::NoHead);
         }
@@ -108,6 +139,7 @@ impl<D: DeviceOps> GpuStage<D> {
     /// device holds, or at its snapshot's): what a session file or the disk KV cache saves.
     pub fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {
         self.ops.bind()?;
+        self.use_slot(kv)?;
         self.sync_state(kv.pos)?;
         self.ops.sync()?;
         self.ops.download_kv(kv)
@@ -120,18 +152,20 @@ impl<D: DeviceOps> GpuStage<D> {
         if kv.pos > self.ctx {
             return Err(GpuError::KvBeyondContext { pos: kv.pos, ctx: self.ctx });
         }
+        self.use_slot(kv)?;
+        let s = self.cur;
         match self.ops.upload_kv(kv) {
             Ok(()) => {
-                self.dev_pos = kv.pos;
+                self.dev_pos[s] = kv.pos;
                 // As after a prefill: a later rewind to this position finds it.
                 self.ops.snapshot(false)?;
-                self.snap_pos = Some(kv.pos);
+                self.snap_pos[s] = Some(kv.pos);
                 self.ops.sync()
             }
             Err(e) => {
                 // A failed copy part-way leaves a mixed state: only a fresh start is valid now.
-                self.snap_pos = None;
-                self.dev_pos = usize::MAX;
+                self.snap_pos[s] = None;
+                self.dev_pos[s] = usize::MAX;
                 Err(e)
             }
         }
@@ -149,6 +183,10 @@ impl<D: DeviceOps> GpuStage<D> {
         if !self.ops.can_checkpoint() {
             return Err(GpuError::Journal("this GPU backend cannot roll its KV state back"));
         }
+        if kv.slot != 0 {
+            return Err(GpuError::Journal("speculative verification runs in KV slot 0 only"));
+        }
+        self.use_slot(kv)?;
         self.sync_state(kv.pos)?;
         self.ops.checkpoint(false)?;
         self.ops.sync()?;
@@ -163,21 +201,25 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.bind()?;
         let Some(j) = self.journal.as_ref() else { return Err(GpuError::Journal("rollback without a journal")) };
         let to = j.from + j.tokens.len();
+        if kv.slot != 0 {
+            return Err(GpuError::Journal("the journal is slot 0's"));
+        }
         if pos < j.from || pos > to || kv.pos != to {
             return Err(GpuError::RollbackOutOfRange { pos, from: j.from, to });
         }
         if pos == to {
             return Ok(());
         }
+        self.use_slot(kv)?;
         let mut j = self.journal.take().expect("checked above");
         let from = j.from;
         j.tokens.truncate(pos - from);
         self.ops.checkpoint(true)?;
-        self.dev_pos = from;
+        self.dev_pos[0] = from;
         kv.pos = from;
         // The prefill snapshot may hold a position past the rollback: no longer on this sequence.
-        if self.snap_pos.is_some_and(|s| s > from) {
-            self.snap_pos = None;
+        if self.snap_pos[0].is_some_and(|s| s > from) {
+            self.snap_pos[0] = None;
         }
         // Re-run without the journal (it would record the tokens again), then keep them in it.
         if !j.tokens.is_empty() {
@@ -193,24 +235,26 @@ impl<D: DeviceOps> GpuStage<D> {
         self.journal = None;
     }
 
-    /// Brings the device state to `pos` (0 = fresh, the current position, or the last snapshot).
+    /// Brings the selected slot's device state to `pos` (0 = fresh, the current position, or the
+    /// last snapshot).
     fn sync_state(&mut self, pos: usize) -> Result<()> {
+        let s = self.cur;
         if pos == 0 {
-            if self.dev_pos != 0 {
+            if self.dev_pos[s] != 0 {
                 self.ops.reset_state()?;
-                self.dev_pos = 0;
+                self.dev_pos[s] = 0;
             }
             return Ok(());
         }
-        if pos == self.dev_pos {
+        if pos == self.dev_pos[s] {
             return Ok(());
         }
-        if self.snap_pos == Some(pos) {
+        if self.snap_pos[s] == Some(pos) {
             self.ops.snapshot(true)?;
-            self.dev_pos = pos;
+            self.dev_pos[s] = pos;
             return Ok(());
         }
-        Err(GpuError::StateNotOnDevice { pos, dev: self.dev_pos, snap: self.snap_pos })
+        Err(GpuError::StateNotOnDevice { pos, dev: self.dev_pos[s], snap: self.snap_pos[s] })
     }
 
     fn check(&self, kv: &KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<()> {
@@ -246,13 +290,14 @@ impl<D: DeviceOps> GpuStage<D> {
         }
         self.check(kv, tokens, hidden_in)?;
         self.sync_state(kv.pos)?;
-        if let Some(j) = self.journal.as_ref() {
+        let journaled = self.cur == 0 && self.journal.is_some();
+        if let Some(j) = self.journal.as_ref().filter(|_| journaled) {
             if hidden_in.is_some() || kv.pos != j.from + j.tokens.len() {
                 return Err(GpuError::Journal("a journaled stage takes consecutive token input"));
             }
         }
         let d = self.cfg.head_dim;
-        let step = Step { n, pos0: kv.pos, decode: n == 1 && d % 4 == 0 && d <= 1024 };
+        let step = Step { n, pos0: kv.pos, decode: n == 1 && d % 4 == 0 && d <= 1024, batch: false };
         self.ops.begin_step(step, tokens)?;
         if let Some(h) = hidden_in {
             self.ops.load_hidden(h)?;
@@ -280,13 +325,13 @@ impl<D: DeviceOps> GpuStage<D> {
             self.run(step, hidden_in.is_none(), head.then_some((r0, rows)), head && top1)?;
         }
         kv.pos += n;
-        self.dev_pos = kv.pos;
-        if let Some(j) = self.journal.as_mut() {
+        self.dev_pos[self.cur] = kv.pos;
+        if let Some(j) = self.journal.as_mut().filter(|_| journaled) {
             j.tokens.extend_from_slice(tokens);
         }
         if n > 1 {
             self.ops.snapshot(false)?;
-            self.snap_pos = Some(kv.pos);
+            self.snap_pos[self.cur] = Some(kv.pos);
         }
         Ok(rows)
     }
@@ -297,6 +342,67 @@ impl<D: DeviceOps> GpuStage<D> {
         let body = self.run(step, embed, head.then_some((0, 1)), head && top1);
         self.ops.end_record(key, body.is_ok())?;
         body
+
+    }
+
+    /// One decode step for several sequences, each resident in its own KV slot (`kvs[r].slot`, all
+    /// different): `tokens[r]` is fed to `kvs[r]` at its own position. Same contract as the CPU
+    /// `Stage::forward_batch`: one logits row per sequence in the order of `kvs` (none on a stage
+    /// without the head), each bit-identical to a decode step of that sequence alone. Every weight is
+    /// read once for the batch.
+    pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> {
+        self.ops.bind()?;
+        let n = kvs.len();
+        if n != tokens.len() {
+            return Err(GpuError::BatchMismatch { kvs: n, tokens: tokens.len() });
+        }
+        if n == 0 {
+            self.logits_host.clear();
+            return Ok(&self.logits_host);
+        }
+        let slots = self.slots();
+        if n > slots {
+            return Err(GpuError::BatchOverSlots { n, slots });
+        }
+        if n > self.nmax {
+            return Err(GpuError::BatchTooLarge { n, nmax: self.nmax });
+        }
+        for (r, (kv, t)) in kvs.iter().zip(tokens).enumerate() {
+            if kv.slot >= slots {
+                return Err(GpuError::SlotOutOfRange { slot: kv.slot, slots });
+            }
+            if kvs[..r].iter().any(|o| o.slot == kv.slot) {
+                return Err(GpuError::SlotTwice { slot: kv.slot });
+            }
+            if kv.slot == 0 && self.journal.is_some() {
+                return Err(GpuError::Journal("a journaled sequence cannot join a batch"));
+            }
+            self.check(kv, std::slice::from_ref(t), None)?;
+        }
+        // Every row's slot at its position (a rewind restores the slot's snapshot).
+        for kv in kvs.iter() {
+            self.use_slot(kv)?;
+            self.sync_state(kv.pos)?;
+        }
+        self.batch_rows.clear();
+        self.batch_rows.extend(kvs.iter().map(|kv| (kv.slot, kv.pos)));
+        let pos0 = self.batch_rows.iter().map(|r| r.1).max().unwrap_or(0);
+        let step = Step { n, pos0, decode: false, batch: true };
+        self.ops.note_call(false);
+        self.ops.begin_batch(step, &self.batch_rows, tokens)?;
+        let head = self.ops.has_head();
+        self.run(step, true, head.then_some((0, n)), false)?;
+        for kv in kvs.iter_mut() {
+            kv.pos += 1;
+            self.dev_pos[kv.slot] = kv.pos;
+        }
+        let rows = if head { n } else { 0 };
+        self.logits_host.resize(rows * self.cfg.n_vocab, 0.0);
+        self.ops.sync()?;
+        if rows > 0 {
+            self.ops.read_logits(&mut self.logits_host)?;
+        }
+        Ok(&self.logits_host)
     }
 
     /// The step's ops: embedding, every layer, the head on rows `head` (first, count), the pick.

@@ -63,11 +63,17 @@ struct Mock {
     snapshots: usize,
     restores: usize,
     resets: usize,
+    /// KV slots (1: the trait's defaults), the selected one, and per slot the resets, snapshots and
+    /// restores seen; the rows of the last batched step.
+    slots: usize,
+    slot: usize,
+    slot_ops: Vec<(usize, &'static str)>,
+    batch: Vec<(usize, usize)>,
 }
 
 impl Mock {
     fn new(layers: Vec<LayerInfo>) -> Self {
-        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0 }
+        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0, slots: 1, slot: 0, slot_ops: vec![], batch: vec![] }
     }
     fn op(&mut self, name: String, reads: &[&str], writes: &[&str]) {
         let r: Vec<String> = reads.iter().map(|s| s.to_string()).collect();
@@ -212,6 +218,7 @@ impl DeviceOps for Mock {
     fn read_top1(&mut self) -> R<(u32, f32)> { Ok((7, -0.5)) }
     fn reset_state(&mut self) -> R<()> {
         self.resets += 1;
+        self.slot_ops.push((self.slot, "reset"));
         Ok(())
     }
     fn snapshot(&mut self, restore: bool) -> R<()> {
@@ -220,6 +227,26 @@ impl DeviceOps for Mock {
         } else {
             self.snapshots += 1
         }
+        self.slot_ops.push((self.slot, if restore { "restore" } else { "snapshot" }));
+        Ok(())
+    }
+    fn slots(&self) -> usize { self.slots }
+    fn select_slot(&mut self, slot: usize) -> R<()> {
+        if slot >= self.slots {
+            return Err("no such slot".into());
+        }
+        self.slot = slot;
+        Ok(())
+    }
+    fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> R<()> {
+        if self.slots == 1 {
+            return Err("one slot".into());
+        }
+        assert!(step.batch && !step.decode && step.n == rows.len() && tokens.len() == rows.len());
+        assert_eq!(step.pos0, rows.iter().map(|r| r.1).max().unwrap());
+        self.clk = Clocks { writes: [("x".to_string(), (0, 0))].into_iter().collect(), ..Clocks::default() };
+        self.batch = rows.to_vec();
+        self.log.push("batch".into());
         Ok(())
     }
     fn download_kv(&mut self, _kv: &mut KvState) -> R<()> { Ok(()) }
@@ -227,7 +254,7 @@ impl DeviceOps for Mock {
     fn can_replay(&self) -> bool { true }
     fn has_replay(&self, key: usize, _pos: usize) -> bool { self.recorded[key] }
     fn begin_record(&mut self, _step: Step) -> R<()> {
-        self.recording = Some(Step { n: 0, pos0: 0, decode: true });
+        self.recording = Some(Step { n: 0, pos0: 0, decode: true, batch: false });
         self.log.push("record".into());
         Ok(())
     }
@@ -256,10 +283,14 @@ fn cfg() -> Config {
 fn kv_of(c: &Config, ctx: usize) -> KvState { KvState::new(c, LayerRange::full(c), ctx) }
 
 fn stage(layers: Vec<LayerInfo>) -> GpuStage<Mock> {
+    stage_slots(layers, 1)
+}
+
+fn stage_slots(layers: Vec<LayerInfo>, slots: usize) -> GpuStage<Mock> {
     let c = cfg();
     let n = layers.len();
     let range = LayerRange { first: 0, last: n - 1, embed: true, head: true };
-    GpuStage::new(c, Mock::new(layers), range, 64, 256).unwrap()
+    GpuStage::new(c, Mock { slots, ..Mock::new(layers) }, range, 64, 256).unwrap()
 }
 
 fn layers() -> Vec<LayerInfo> {
@@ -294,7 +325,7 @@ fn checker_catches_a_missing_join() {
     struct NoJoin2(Mock);
     let mut m = NoJoin2(Mock::new(layers()));
     // Drive the same ops by hand, as the stage orders them, but skip join(2).
-    let s = Step { n: 1, pos0: 9, decode: true };
+    let s = Step { n: 1, pos0: 9, decode: true, batch: false };
     m.0.begin_step(s, &[1]).unwrap();
     m.0.embed(s).unwrap();
     m.0.hc_entry(1, Sub::Attn, s).unwrap();
@@ -383,4 +414,57 @@ fn rewind_to_the_prefill_snapshot_and_refuse_other_positions() {
     let mut fresh = kv_of(&st.cfg, 256);
     st.forward(&mut fresh, &[1], None, Logits::Last).unwrap();
     assert_eq!(st.ops.resets, resets + 1);
+}
+
+/// Batched steps: each row's slot is brought to its position (a rewind restores that slot's snapshot),
+/// the indexer selects at any position (rows have their own), no lanes or replay, one logits row per
+/// row, each slot's bookkeeping its own; bad batches are refused before any op.
+#[test]
+fn batched_steps_keep_each_slot_s_bookkeeping() {
+    let mut st = stage_slots(layers(), 3);
+    assert_eq!(st.slots(), 3);
+    // Every slot starts fresh.
+    assert_eq!(st.ops.slot_ops.iter().filter(|o| o.1 == "reset").count(), 3);
+    let c = st.cfg.clone();
+    let mut kvs: Vec<KvState> = (0..3).map(|s| KvState { slot: s, ..kv_of(&c, 256) }).collect();
+    for (s, kv) in kvs.iter_mut().enumerate() {
+        st.forward(kv, &[1, 2, 3, 4][..2 + s], None, Logits::Last).unwrap();
+    }
+    st.ops.log.clear();
+    st.ops.slot_ops.clear();
+    let mut refs: Vec<&mut KvState> = kvs.iter_mut().collect();
+    let l = st.forward_batch(&mut refs, &[5, 6, 7]).unwrap();
+    assert_eq!(l.len(), 3 * c.n_vocab);
+    assert_eq!(st.ops.batch, vec![(0, 2), (1, 3), (2, 4)]);
+    assert_eq!(st.ops.log.first().map(String::as_str), Some("batch"));
+    assert!(st.ops.log.iter().any(|o| o == "select1"), "a batch selects at any position: {:?}", st.ops.log);
+    assert!(!st.ops.log.iter().any(|o| o.starts_with("replay") || o == "record"), "{:?}", st.ops.log);
+    assert!(st.ops.clk.errors.is_empty(), "{:?}", st.ops.clk.errors);
+    assert!(st.ops.slot_ops.is_empty(), "no rewind needed: {:?}", st.ops.slot_ops);
+    assert_eq!(kvs.iter().map(|k| k.pos).collect::<Vec<_>>(), [3, 4, 5]);
+    // Slot 1 rewinds to its prefill snapshot (position 3) while the others go on.
+    let mut back = KvState { slot: 1, pos: 3, ..kv_of(&c, 256) };
+    let (k0, rest) = kvs.split_at_mut(1);
+    let mut refs: Vec<&mut KvState> = vec![&mut k0[0], &mut back, &mut rest[1]];
+    st.forward_batch(&mut refs, &[1, 2, 3]).unwrap();
+    assert_eq!(st.ops.slot_ops, vec![(1, "restore")]);
+    // Slot 1 is now at 4; the old state at 5 is gone.
+    let mut lost = KvState { slot: 1, pos: 5, ..kv_of(&c, 256) };
+    assert!(matches!(st.forward_batch(&mut [&mut lost], &[1]), Err(GpuError::StateNotOnDevice { pos: 5, .. })));
+    // Bad batches: before any op.
+    st.ops.log.clear();
+    let mut four: Vec<KvState> = (0..4).map(|s| KvState { slot: s % 3, ..kv_of(&c, 256) }).collect();
+    let mut refs: Vec<&mut KvState> = four.iter_mut().collect();
+    assert!(matches!(st.forward_batch(&mut refs, &[1; 4]), Err(GpuError::BatchOverSlots { n: 4, slots: 3 })));
+    assert!(matches!(st.forward_batch(&mut refs[..2], &[1]), Err(GpuError::BatchMismatch { kvs: 2, tokens: 1 })));
+    refs[1].slot = 0;
+    assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotTwice { slot: 0 })));
+    refs[1].slot = 3;
+    assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
+    assert!(matches!(st.forward(refs[1], &[1], None, Logits::Last), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
+    assert!(st.ops.log.is_empty(), "ops ran: {:?}", st.ops.log);
+    // A one-slot backend (the trait's defaults, as CUDA today) refuses a batch of two.
+    let mut one = stage(layers());
+    let (mut a, mut b) = (kv_of(&c, 256), KvState { slot: 1, ..kv_of(&c, 256) });
+    assert!(matches!(one.forward_batch(&mut [&mut a, &mut b], &[1, 2]), Err(GpuError::BatchOverSlots { n: 2, slots: 1 })));
 }

@@ -23,7 +23,7 @@ fn template(ctx: usize) -> KvState {
             idx_state: (ratio == 4).then(|| CompressorState::new(ratio, 2, IDX)),
         })
         .collect();
-    KvState { pos: 0, ctx, first_layer: 2, layers, journal: None }
+    KvState { pos: 0, ctx, first_layer: 2, layers, journal: None, slot: 0 }
 }
 
 /// A state as if `n` tokens had been consumed, with distinct values everywhere (seeded).

@@ -70,6 +70,9 @@ pub struct KvState {
     /// While set, forward calls record what they overwrite, so that `rollback` can return to an
     /// earlier position (speculative verification). None otherwise (no cost on the plain path).
     pub journal: Option<Journal>,
+    /// The device KV slot that holds this sequence on a GPU backend built with several (batched
+    /// decode of several sessions); 0 otherwise. The CPU ignores it (the state is `layers`).
+    pub slot: usize,
 }
 
 /// A buffer of a layer's state that a forward call overwrites in place.
@@ -139,7 +142,7 @@ impl KvState {
                 }
             })
             .collect();
-        Self { pos: 0, ctx, first_layer: range.first, layers, journal: None }
+        Self { pos: 0, ctx, first_layer: range.first, layers, journal: None, slot: 0 }
     }
 
     pub fn layer(&mut self, il: usize) -> &mut LayerKv { &mut self.layers[il - self.first_layer] }

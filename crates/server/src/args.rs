@@ -195,8 +195,9 @@ impl Args {
         if self.batched_session == 0 {
             return Err("--batched-session must be at least 1".into());
         }
-        if self.batched_session > 1 && self.backend != "cpu" {
-            return Err(format!("--batched-session {}: batched decode is not yet available with --backend {}; use --batched-session 1 or --backend cpu", self.batched_session, self.backend));
+        // CPU and the wgpu backends (a KV slot per session on the device); not yet CUDA.
+        if self.batched_session > 1 && !matches!(self.backend.as_str(), "cpu" | "vulkan" | "metal" | "wgpu") {
+            return Err(format!("--batched-session {}: batched decode is not yet available with --backend {}; use --batched-session 1, or --backend cpu, vulkan or metal", self.batched_session, self.backend));
         }
         if self.batched_session > 1 && self.dist.active() {
             return Err("--batched-session is not available with distributed inference (--role coordinator); use --batched-session 1".into());

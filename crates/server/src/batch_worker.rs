@@ -70,9 +70,11 @@ pub fn spawn(
     let chunk = cfg.prefill_chunk.max(1);
     let mut disk = cfg.disk;
     let slots = (0..cfg.batched)
-        .map(|_| {
+        .map(|i| {
             let mut session = Session::new(&engine);
             session.prefill_chunk = chunk;
+            // On a GPU backend scheduler slot i is device KV slot i (the CPU ignores it).
+            session.kv.slot = i;
             let mut live = LiveKv::new(session, cfg.snapshots);
             // One disk cache, shared through the slot that holds it: every slot saves and restores
             // through `with_disk`.

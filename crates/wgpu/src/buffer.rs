@@ -53,10 +53,25 @@ impl GpuBuffer {
 
     /// The first `n` floats, read back (waits for the queue).
     pub fn read(&self, gpu: &Gpu, n: usize) -> Result<Vec<f32>, WgpuError> {
-        if n > self.len {
-            return Err(WgpuError::BadShape { what: "buffer read".into(), reason: format!("{n} floats from a buffer of {}", self.len) });
+        self.read_at(gpu, 0, n)
+    }
+
+    /// Host -> device write of `data` at float `offset` (a KV slot's part; an activation write).
+    pub fn write_at(&self, gpu: &Gpu, offset: usize, data: &[f32]) -> Result<(), WgpuError> {
+        if offset.checked_add(data.len()).is_none_or(|e| e > self.len) {
+            return Err(WgpuError::BadShape { what: "buffer write".into(), reason: format!("{} floats at {offset} into a buffer of {}", data.len(), self.len) });
         }
-        let bytes = gpu.read_bytes(&self.buffer, 0, n as u64 * 4)?;
+        gpu.queue.write_buffer(&self.buffer, offset as u64 * 4, bytemuck::cast_slice(data));
+        Counters::add(&gpu.counters.activation_writes, 1);
+        gpu.check("buffer write")
+    }
+
+    /// `n` floats from float `offset`, read back (waits for the queue).
+    pub fn read_at(&self, gpu: &Gpu, offset: usize, n: usize) -> Result<Vec<f32>, WgpuError> {
+        if offset.checked_add(n).is_none_or(|e| e > self.len) {
+            return Err(WgpuError::BadShape { what: "buffer read".into(), reason: format!("{n} floats at {offset} from a buffer of {}", self.len) });
+        }
+        let bytes = gpu.read_bytes(&self.buffer, offset as u64 * 4, n as u64 * 4)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 

@@ -2,11 +2,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::gpu::{Gpu, Step};
+use crate::gpu::{Gpu, Seqs, Step};
 use crate::profile::Profiler;
 
 pub struct Encoder {
     pub(crate) step: Step,
+    pub(crate) seqs: Seqs,
     enc: wgpu::CommandEncoder,
     pass: Option<wgpu::ComputePass<'static>>,
     /// Profiling (`DS4_WGPU_PROFILE`): the op names of the timestamps written so far, and when
@@ -21,7 +22,7 @@ pub struct Encoder {
 impl Encoder {
     pub(crate) fn new(gpu: &Gpu, step: Step) -> Self {
         let enc = gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
-        let mut e = Self { step, enc, pass: None, profiler: gpu.profiler.clone(), marks: Vec::new(), begun: Instant::now(), recorded: None };
+        let mut e = Self { step, seqs: Seqs::One { slot: 0 }, enc, pass: None, profiler: gpu.profiler.clone(), marks: Vec::new(), begun: Instant::now(), recorded: None };
         e.mark("start");
         e
     }
@@ -44,6 +45,17 @@ impl Encoder {
     /// The step this recording runs with.
     pub fn step(&self) -> Step {
         self.step
+    }
+
+    /// Whether the rows are independent sequences (a batched step).
+    pub(crate) fn batched(&self) -> bool {
+        self.seqs == Seqs::Batch
+    }
+
+    /// One past the last position the step writes (of any of its sequences), None on overflow.
+    pub(crate) fn end(&self) -> Option<u32> {
+        let st = self.step;
+        if self.batched() { st.pos.checked_add(1) } else { st.pos.checked_add(st.ntok) }
     }
 
     /// The current compute pass (opened if none is).

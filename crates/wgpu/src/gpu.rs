@@ -37,6 +37,9 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Do not open the device with host-memory import (zero-copy weights) even where it is available.
     pub no_host_import: bool,
+    /// KV slots of a stage built on this device: sessions resident at once, decoded together in
+    /// batched steps (0 or 1: one; at most `MAX_BATCH_ROWS`). Counted by the stage's memory plan.
+    pub kv_slots: usize,
     /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
     #[doc(hidden)]
     pub loader_probe: Option<String>,
@@ -75,13 +78,29 @@ pub struct Caps {
 pub const OPTIONAL_FEATURES: wgpu::Features =
     wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP).union(wgpu::Features::IMMEDIATES);
 
-/// Per-step values every kernel may read (one 16-byte uniform, written once per step).
+/// Rows a batched step can have: the step uniform holds each row's KV slot and position (seq.wgsl
+/// declares the same 64).
+pub const MAX_BATCH_ROWS: usize = 64;
+
+/// Bytes of the step uniform: (ntok, pos, batch, slot), then (slot, pos, 0, 0) per batched row.
+const STEP_BYTES: usize = 16 + 16 * MAX_BATCH_ROWS;
+
+/// Per-step values every kernel may read (one uniform, written once per step).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Step {
     /// Tokens (activation rows) in this step.
     pub ntok: u32,
     /// Position of the first token.
     pub pos: u32,
+}
+
+/// How a step's rows map to sequences (seq.wgsl).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Seqs {
+    /// One sequence, the session in this KV slot, at positions `pos ..`.
+    One { slot: u32 },
+    /// One sequence per row, each in its own slot at its own position (`pos` is the largest).
+    Batch,
 }
 
 /// An opened GPU device with its queue, capabilities and pipeline cache.
@@ -211,7 +230,7 @@ impl Gpu {
         };
         let step = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("step"),
-            size: 16,
+            size: STEP_BYTES as u64,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -384,14 +403,43 @@ impl Gpu {
     /// Starts recording a step: writes its uniform (ordered before the step's commands, which are
     /// submitted later by [`Gpu::submit`]).
     pub fn begin(&self, step: Step) -> Encoder {
-        self.write_step(step);
-        Encoder::new(self, step)
+        self.begin_slot(step, 0)
     }
 
-    /// Writes the per-step uniform, ordered before the commands of the next submission.
-    pub(crate) fn write_step(&self, step: Step) {
-        self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&[step.ntok, step.pos, 0, 0]));
+    /// Writes the per-step uniform of one sequence (the session in KV slot `slot`), ordered before
+    /// the commands of the next submission.
+    pub(crate) fn write_step(&self, step: Step, slot: u32) {
+        self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&[step.ntok, step.pos, 0, slot]));
         Counters::add(&self.counters.step_writes, 1);
+    }
+
+    /// Starts recording a step of one sequence, the session in KV slot `slot`.
+    pub fn begin_slot(&self, step: Step, slot: u32) -> Encoder {
+        self.write_step(step, slot);
+        let mut enc = Encoder::new(self, step);
+        enc.seqs = Seqs::One { slot };
+        enc
+    }
+    /// Starts recording a batched step: row r is one token of the session in KV slot `rows[r].0` at
+    /// position `rows[r].1` (one uniform write, as any step).
+    pub fn begin_batch(&self, rows: &[(u32, u32)]) -> Result<Encoder, WgpuError> {
+        if rows.is_empty() || rows.len() > MAX_BATCH_ROWS {
+            return Err(WgpuError::BadShape { what: "batched step".into(), reason: format!("{} rows (1 to {MAX_BATCH_ROWS})", rows.len()) });
+        }
+        let pos = rows.iter().map(|r| r.1).max().unwrap_or(0);
+        let step = Step { ntok: rows.len() as u32, pos };
+        let mut words = [0u32; STEP_BYTES / 4];
+        words[..4].copy_from_slice(&[step.ntok, pos, 1, 0]);
+        for (w, &(slot, p)) in words[4..].chunks_exact_mut(4).zip(rows) {
+            w[0] = slot;
+            w[1] = p;
+        }
+        let n = 4 + 4 * rows.len();
+        self.queue.write_buffer(&self.step, 0, bytemuck::cast_slice(&words[..n]));
+        Counters::add(&self.counters.step_writes, 1);
+        let mut enc = Encoder::new(self, step);
+        enc.seqs = Seqs::Batch;
+        Ok(enc)
     }
 
     /// Submits a recorded step without waiting for it.

@@ -3,7 +3,9 @@
 //! this step's new KV rows (causal) and the compressed rows (all, or the indexer's picks), with the
 //! per-head sink; then the inverse rotation of the output, and the new rows stored into the ring.
 //! A workgroup serves 4 heads (the rows are shared: MQA); steps with few tokens (decode) split the
-//! candidates across workgroups and merge the splits' partial softmax sums.
+//! candidates across workgroups and merge the splits' partial softmax sums. The ring and the
+//! compressed rows hold one part per KV slot; a batched step (one sequence per row) reads each row's
+//! own slot and splits as a one-token step does, so each row sums as it does decoded alone.
 use std::sync::Arc;
 
 use super::{check_tokens, grid, u32_of, Rope};
@@ -65,7 +67,9 @@ pub struct Attention {
     merge_bind: wgpu::BindGroup,
     groups: usize,
     max_split: usize,
-    _part: GpuBuffer,
+    /// The split partials' buffer (owned, or the stage's shared one) and its floats.
+    _part: Option<GpuBuffer>,
+    part_len: usize,
     store: Arc<wgpu::ComputePipeline>,
     store_bind: wgpu::BindGroup,
     store_wg_x: u32,
@@ -77,6 +81,12 @@ pub struct Attention {
 impl Attention {
     /// `freqs`: the layer's rotation (`ds4_model::rope::Rope::freqs`), undone on the output.
     pub fn new(gpu: &Gpu, b: &AttentionBuffers, shape: AttentionShape, freqs: &[f64]) -> Result<Self, WgpuError> {
+        Self::with_splits(gpu, b, shape, freqs, None)
+    }
+
+    /// As `new`, with the split partials in `part` (one buffer the layers of a stage share: they run
+    /// one after another), sized by [`split_floats`] for the batches the stage takes.
+    pub fn with_splits(gpu: &Gpu, b: &AttentionBuffers, shape: AttentionShape, freqs: &[f64], part: Option<&GpuBuffer>) -> Result<Self, WgpuError> {
         let AttentionShape { n_head, head_dim: d, swa, ratio, top_k, capacity, max_tokens } = shape;
         let bad = |reason: String| WgpuError::BadShape { what: "attention".into(), reason };
         let m = max_tokens.max(1) as usize;
@@ -92,7 +102,8 @@ impl Attention {
         if top_k != 0 && (ratio == 0 || b.sel.is_none_or(|s| s.len() < m * top_k)) {
             return Err(bad(format!("top-k {top_k} needs compressed rows and a selection buffer of {m} x {top_k}")));
         }
-        if capacity >= 1 << 30 || swa >= 1 << 30 {
+        // Row ids (of every slot) carry a 2-bit source tag.
+        if b.comp.map_or(0, |c| c.len() / d) >= 1 << 30 || b.ring.len() / d >= 1 << 30 {
             return Err(bad("row ids must stay below 2^30".into()));
         }
         let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
@@ -116,12 +127,15 @@ impl Attention {
         let scale = 1.0 / (d as f32).sqrt();
         let groups = n_head.div_ceil(HEADS_PER_GROUP);
         // No more splits than tiles of the largest candidate set.
-        let max_cand = swa + if ratio == 0 { 0 } else if top_k != 0 { top_k } else { capacity };
+        let max_cand = max_candidates(swa, ratio, top_k, capacity);
         let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
         // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
         // tokens x splits).
-        let part_len = (1..=m).filter(|&n| nsplit_of(n, groups, max_split) > 1).map(|n| n * nsplit_of(n, groups, max_split)).max().unwrap_or(0) * n_head * (d + 2);
-        let part = GpuBuffer::new(gpu, "attention splits", part_len.max(1))?;
+        let own = match part {
+            Some(_) => None,
+            None => Some(GpuBuffer::new(gpu, "attention splits", split_floats(n_head, d, max_cand, m, 1).max(1))?),
+        };
+        let part = part.or(own.as_ref()).ok_or_else(|| bad("no split buffer".into()))?;
         let params: [u32; 12] = [
             u32_of("heads", n_head)?,
             u32_of("head dim", d)?,
@@ -132,7 +146,7 @@ impl Attention {
             u32_of("head groups", groups)?,
             SPLIT_TARGET as u32,
             max_split as u32,
-            0,
+            u32_of("capacity", capacity)?,
             0,
             0,
         ];
@@ -147,7 +161,8 @@ impl Attention {
         let suni = gpu.uniform("ring store", bytemuck::cast_slice(&sp))?;
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
-        Ok(Self { reduce, pipeline, bind, merge, merge_bind, groups, max_split, _part: part, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+        let part_len = part.len();
+        Ok(Self { reduce, pipeline, bind, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
     }
 
     /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
@@ -162,11 +177,17 @@ impl Attention {
         if st.ntok == 0 {
             return Ok(());
         }
-        let end = st.pos as usize + st.ntok as usize;
+        let end = enc.end().ok_or_else(|| WgpuError::BadShape { what: "attention".into(), reason: "position overflow".into() })? as usize;
         if self.shape.ratio != 0 && end / self.shape.ratio > self.shape.capacity {
             return Err(WgpuError::BadShape { what: "attention".into(), reason: format!("{} compressed rows, capacity {}", end / self.shape.ratio, self.shape.capacity) });
         }
-        let nsplit = nsplit_of(st.ntok as usize, self.groups, self.max_split) as u32;
+        // A batched step splits each row as a one-token step (attention.wgsl does the same).
+        let batched = enc.batched();
+        let nsplit = self.splits(if batched { 1 } else { st.ntok });
+        let need = if nsplit > 1 { (st.ntok * nsplit) as usize * self.shape.n_head * (self.shape.head_dim + 2) } else { 0 };
+        if need > self.part_len {
+            return Err(WgpuError::BadShape { what: "attention".into(), reason: format!("{} rows need {need} floats of split partials, {} held", st.ntok, self.part_len) });
+        }
         {
             let pass = enc.pass();
             pass.set_pipeline(&self.pipeline);
@@ -179,13 +200,31 @@ impl Attention {
             }
         }
         self.unrope.encode(enc)?;
-        let n = st.ntok.min(self.shape.swa as u32) * self.shape.head_dim as u32;
+        let n = if batched { st.ntok } else { st.ntok.min(self.shape.swa as u32) } * self.shape.head_dim as u32;
         let pass = enc.pass();
         pass.set_pipeline(&self.store);
         pass.set_bind_group(0, &self.store_bind, &[]);
         pass.dispatch_workgroups(self.store_wg_x.min(n.div_ceil(64)), n.div_ceil(64).div_ceil(self.store_wg_x), 1);
         Ok(())
     }
+}
+
+/// The most candidate rows a token attends to: its window, then the compressed rows (all of them, or
+/// the indexer's top-k).
+pub fn max_candidates(swa: usize, ratio: usize, top_k: usize, capacity: usize) -> usize {
+    swa + if ratio == 0 { 0 } else if top_k != 0 { top_k } else { capacity }
+}
+
+/// Floats of the split partials for steps of up to `max_tokens` tokens and batched steps of up to
+/// `batch_rows` rows (each split as one token), for `n_head` heads of `d` over at most `max_cand`
+/// candidates per token.
+pub fn split_floats(n_head: usize, d: usize, max_cand: usize, max_tokens: usize, batch_rows: usize) -> usize {
+    let groups = n_head.div_ceil(HEADS_PER_GROUP);
+    let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
+    let split = |n: usize| nsplit_of(n, groups, max_split);
+    let steps = (1..=max_tokens.max(1)).filter(|&n| split(n) > 1).map(|n| n * split(n)).max().unwrap_or(0);
+    let batch = if split(1) > 1 { batch_rows * split(1) } else { 0 };
+    steps.max(batch) * n_head * (d + 2)
 }
 
 /// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same).

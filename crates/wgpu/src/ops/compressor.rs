@@ -28,46 +28,66 @@ pub struct Compressor {
     pool_bind: wgpu::BindGroup,
     state: Arc<wgpu::ComputePipeline>,
     state_bind: wgpu::BindGroup,
-    /// Frontier state (`CompressorState::kv` / `score`): rows x width.
+    /// Frontier state (`CompressorState::kv` / `score`): rows x width per KV slot (slot s from
+    /// float `s * slot_len()`).
     pub st_kv: GpuBuffer,
     pub st_sc: GpuBuffer,
     shape: CompressorShape,
     width: usize,
+    slots: usize,
 }
 
 impl Compressor {
     /// `kv` and `gate` hold max_tokens rows of `coff * d` (the projections), `ape` ratio rows of
     /// `coff * d`, `out` capacity rows of d. Coff is 2 for ratio 4 (overlapping windows), else 1.
     pub fn new(gpu: &Gpu, kv: &GpuBuffer, gate: &GpuBuffer, ape: &GpuBuffer, out: &GpuBuffer, shape: CompressorShape) -> Result<Self, WgpuError> {
+        Self::with_slots(gpu, kv, gate, ape, out, shape, 1)
+    }
+
+    /// As `new` for `slots` KV slots: a frontier per slot, and `out` holds capacity rows per slot.
+    pub fn with_slots(gpu: &Gpu, kv: &GpuBuffer, gate: &GpuBuffer, ape: &GpuBuffer, out: &GpuBuffer, shape: CompressorShape, slots: usize) -> Result<Self, WgpuError> {
         let CompressorShape { ratio, d, max_tokens, capacity } = shape;
+        let slots = slots.max(1);
         let coff = if ratio == 4 { 2 } else { 1 };
         let width = coff * d;
         let rows = if ratio == 4 { 8 } else { ratio };
         let m = max_tokens.max(1) as usize;
-        if ratio < 2 || d == 0 || kv.len() < m * width || gate.len() < m * width || ape.len() < ratio * width || out.len() < capacity * d {
+        if ratio < 2 || d == 0 || kv.len() < m * width || gate.len() < m * width || ape.len() < ratio * width || out.len() < slots * capacity * d {
             return Err(WgpuError::BadShape {
                 what: "compressor".into(),
                 reason: format!("ratio {ratio}, rows of {d}: projections, APE ({} floats) or output ({} floats) too small", ape.len(), out.len()),
             });
         }
-        let st_kv = GpuBuffer::new(gpu, "compressor kv state", rows * width)?;
-        let st_sc = GpuBuffer::new(gpu, "compressor score state", rows * width)?;
-        let params: [u32; 4] = [u32_of("compressor row", d)?, u32_of("compressor width", width)?, u32_of("ratio", ratio)?, 0];
+        let st_kv = GpuBuffer::new(gpu, "compressor kv state", slots * rows * width)?;
+        let st_sc = GpuBuffer::new(gpu, "compressor score state", slots * rows * width)?;
+        let params: [u32; 4] = [u32_of("compressor row", d)?, u32_of("compressor width", width)?, u32_of("ratio", ratio)?, u32_of("capacity", capacity)?];
         let uni = gpu.uniform("compressor", bytemuck::cast_slice(&params))?;
         let pool = gpu.pipeline("compressor_pool", || Ok(COMPRESSOR_POOL.to_string()))?;
         let pool_bind = gpu.bind_group("compressor pool", &pool, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &out.buffer, &uni, &gpu.step])?;
         let state = gpu.pipeline("compressor_state", || Ok(COMPRESSOR_STATE.to_string()))?;
         let state_bind = gpu.bind_group("compressor state", &state, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &uni, &gpu.step])?;
-        let op = Self { pool, pool_bind, state, state_bind, st_kv, st_sc, shape, width };
+        let op = Self { pool, pool_bind, state, state_bind, st_kv, st_sc, shape, width, slots };
         op.reset(gpu)?;
         Ok(op)
     }
 
-    /// Empties the frontier (a new sequence): kv 0, scores -inf (`CompressorState::new`).
+    /// Empties every slot's frontier: kv 0, scores -inf (`CompressorState::new`).
     pub fn reset(&self, gpu: &Gpu) -> Result<(), WgpuError> {
         let n = self.st_sc.len();
         self.st_kv.write(gpu, &vec![0.0; n])?;
         self.st_sc.write(gpu, &vec![f32::NEG_INFINITY; n])
+    }
+
+    /// Empties slot `slot`'s frontier (a new sequence there).
+    pub fn reset_slot(&self, gpu: &Gpu, slot: usize) -> Result<(), WgpuError> {
+        let n = self.slot_len();
+        self.st_kv.write_at(gpu, slot * n, &vec![0.0; n])?;
+        self.st_sc.write_at(gpu, slot * n, &vec![f32::NEG_INFINITY; n])
+    }
+
+    /// Floats of one slot's frontier (kv or score).
+    pub fn slot_len(&self) -> usize {
+        self.st_kv.len() / self.slots
     }
 
     /// Width of a state row (`coff * d`).
@@ -78,25 +98,26 @@ impl Compressor {
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let st = enc.step();
         check_tokens("compressor", st.ntok, self.shape.max_tokens)?;
-        let end = st.pos.checked_add(st.ntok).ok_or_else(|| WgpuError::BadShape { what: "compressor".into(), reason: "position overflow".into() })?;
+        let end = enc.end().ok_or_else(|| WgpuError::BadShape { what: "compressor".into(), reason: "position overflow".into() })?;
         if (end as usize) / self.shape.ratio > self.shape.capacity {
             return Err(WgpuError::BadShape { what: "compressed rows".into(), reason: format!("{} rows, capacity {}", end as usize / self.shape.ratio, self.shape.capacity) });
         }
         if st.ntok == 0 {
             return Ok(());
         }
-        // Pool the windows closed in this step (from the frontier as found), then advance it.
+        // Pool the windows closed in this step (from the frontier as found), then advance it. A batched
+        // step runs every row's sequence (z) on its own; each closes at most one window.
         let r = self.shape.ratio as u32;
-        let closed = end / r - st.pos / r;
+        let (closed, seqs) = if enc.batched() { (1, st.ntok) } else { (end / r - st.pos / r, 1) };
         let pass = enc.pass();
         if closed > 0 {
             pass.set_pipeline(&self.pool);
             pass.set_bind_group(0, &self.pool_bind, &[]);
-            pass.dispatch_workgroups((self.shape.d as u32).div_ceil(64), closed, 1);
+            pass.dispatch_workgroups((self.shape.d as u32).div_ceil(64), closed, seqs);
         }
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_bind, &[]);
-        pass.dispatch_workgroups((self.width as u32).div_ceil(64), 1, 1);
+        pass.dispatch_workgroups((self.width as u32).div_ceil(64), 1, seqs);
         Ok(())
     }
 }

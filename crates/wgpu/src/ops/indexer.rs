@@ -30,7 +30,7 @@ pub struct IndexerBuffers<'a> {
     pub q: &'a GpuBuffer,
     /// max_tokens x heads: the head weights as projected (scaled by 1/sqrt(dim * heads) here).
     pub w: &'a GpuBuffer,
-    /// capacity x dim: the finished indexer rows.
+    /// capacity x dim per KV slot: the finished indexer rows (slot s from row `s * capacity`).
     pub keys: &'a GpuBuffer,
     /// max_tokens x capacity scratch.
     pub scores: &'a GpuBuffer,
@@ -81,7 +81,8 @@ impl Indexer {
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let st = enc.step();
         check_tokens("indexer", st.ntok, self.shape.max_tokens)?;
-        let nc_max = (st.pos as usize + st.ntok as usize) / self.shape.ratio;
+        let end = enc.end().ok_or_else(|| WgpuError::BadShape { what: "indexer".into(), reason: "position overflow".into() })?;
+        let nc_max = end as usize / self.shape.ratio;
         if nc_max > self.shape.capacity {
             return Err(WgpuError::BadShape { what: "indexer".into(), reason: format!("{nc_max} rows, capacity {}", self.shape.capacity) });
         }

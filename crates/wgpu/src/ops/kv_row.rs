@@ -42,7 +42,8 @@ pub enum RowPos {
     /// the buffer holds `max_tokens * per_tok` rows.
     Tokens { per_tok: usize, max_tokens: u32 },
     /// The compressed rows of the windows closed in this step: row c at position `c * ratio`
-    /// (rows `pos / ratio .. (pos + ntok) / ratio`); the buffer holds `capacity` rows.
+    /// (rows `pos / ratio .. (pos + ntok) / ratio`); the buffer holds `capacity` rows per KV slot
+    /// (slot s from row `s * capacity`).
     Windows { ratio: usize, capacity: usize },
 }
 
@@ -100,9 +101,9 @@ impl KvRow {
         Counters::add(&gpu.counters.weight_uploads, 1);
         Counters::add(&gpu.counters.weight_bytes, bytes.len() as u64);
         let wg_x = grid(u32_of("kv rows", max_rows)?).0;
-        let (per_tok, ratio) = match spec.rows {
-            RowPos::Tokens { per_tok, .. } => (per_tok, 0),
-            RowPos::Windows { ratio, .. } => (1, ratio),
+        let (per_tok, ratio, cap) = match spec.rows {
+            RowPos::Tokens { per_tok, .. } => (per_tok, 0, 0),
+            RowPos::Windows { ratio, capacity } => (1, ratio, capacity),
         };
         let qat = match spec.qat {
             RowQat::None => 0u32,
@@ -120,7 +121,7 @@ impl KvRow {
             spec.eps.to_bits(),
             wg_x,
             hscale.to_bits(),
-            0,
+            u32_of("capacity", cap)?,
             0,
             0,
         ];
@@ -129,9 +130,11 @@ impl KvRow {
         Ok(Self { pipeline, bind, rows: spec.rows, wg_x, _dummy: dummy })
     }
 
-    /// The rows this step finishes.
-    fn rows_of_step(&self, ntok: u32, pos: u32) -> Result<u32, WgpuError> {
-        let end = pos.checked_add(ntok).filter(|&e| e <= 1 << 24).ok_or_else(|| WgpuError::BadShape { what: "kv row".into(), reason: "positions must stay below 2^24".into() })?;
+    /// The rows (workgroups) this step finishes: a batched step gives each sequence one workgroup for
+    /// the window its token may close.
+    fn rows_of_step(&self, enc: &Encoder) -> Result<u32, WgpuError> {
+        let (ntok, pos) = (enc.step().ntok, enc.step().pos);
+        let end = enc.end().filter(|&e| e <= 1 << 24).ok_or_else(|| WgpuError::BadShape { what: "kv row".into(), reason: "positions must stay below 2^24".into() })?;
         Ok(match self.rows {
             RowPos::Tokens { per_tok, max_tokens } => {
                 check_tokens("kv row", ntok, max_tokens)?;
@@ -142,14 +145,17 @@ impl KvRow {
                 if (end / r) as usize > capacity {
                     return Err(WgpuError::BadShape { what: "compressed rows".into(), reason: format!("{} rows, capacity {capacity}", end / r) });
                 }
-                end / r - pos / r
+                if enc.batched() {
+                    ntok
+                } else {
+                    end / r - pos / r
+                }
             }
         })
     }
 
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
-        let st = enc.step();
-        let n = self.rows_of_step(st.ntok, st.pos)?;
+        let n = self.rows_of_step(enc)?;
         if n == 0 {
             return Ok(());
         }

@@ -56,7 +56,7 @@ impl Rope {
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
         check_tokens("rope", ntok, self.max_tokens)?;
-        if enc.step().pos.checked_add(ntok).is_none_or(|end| end > 1 << 24) {
+        if enc.end().is_none_or(|end| end > 1 << 24) {
             return Err(WgpuError::BadShape { what: "rope".into(), reason: "positions must stay below 2^24".into() });
         }
         let (x, y) = grid((self.per_tok * ntok).div_ceil(64));

@@ -10,12 +10,14 @@
 // Workgroup (group, token, split): split y takes tiles y, y + nsplit, ...; split 0 also holds the
 // sink. With one split the output is final; otherwise each split writes (acc, max, sum) to `part`
 // and attention_merge.wgsl combines them. nsplit depends only on ntok (the host computes the same).
+// Each row reads its own sequence (seq.wgsl): its slot's ring (rows slot * swa ..) and compressed rows
+// (rows slot * cap ..), this step's new rows of its sequence only; a batched step splits as a
+// one-token step, so every row sums as it would decoded alone.
 struct Params {
     n_head: u32, d: u32, swa: u32, ratio: u32,
     top_k: u32, scale: f32, groups: u32, split_target: u32,
-    max_split: u32, pad0: u32, pad1: u32, pad2: u32,
+    max_split: u32, cap: u32, pad1: u32, pad2: u32,
 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kvn: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> ring: array<vec4<f32>>;
@@ -61,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let g = wid.x;
     let t = wid.y;
     let y = wid.z;
-    let nsplit = nsplit_of(step.ntok);
+    let nsplit = nsplit_of(select(step.ntok, 1u, step.batch != 0u));
     if (t >= step.ntok || y >= nsplit) { return; }
     let d = p.d;
     let d4 = d / 4u;
@@ -76,7 +78,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
 
-    let pos = step.pos + t;
+    let sq = seq_of(t);
+    let pos = sq.pos + t - sq.row0;
     let start = select(0u, pos + 1u - p.swa, pos + 1u >= p.swa);
     let n_raw = pos + 1u - start;
     var nc = 0u;
@@ -98,10 +101,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (c < total) {
             if (c < n_raw) {
                 let qp = start + c;
-                code = select((SRC_NEW << 30u) | (qp - step.pos), (SRC_RING << 30u) | (qp % p.swa), qp < step.pos);
+                code = select((SRC_NEW << 30u) | (sq.row0 + qp - sq.pos), (SRC_RING << 30u) | (sq.slot * p.swa + qp % p.swa), qp < sq.pos);
             } else {
                 let j = c - n_raw;
-                code = (SRC_COMP << 30u) | select(j, sel[t * p.top_k + j], picked);
+                code = (SRC_COMP << 30u) | (sq.slot * p.cap + select(j, sel[t * p.top_k + j], picked));
             }
         }
         src[lid] = code;

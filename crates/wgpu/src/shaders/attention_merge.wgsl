@@ -5,7 +5,7 @@ struct Params {
     top_k: u32, scale: f32, groups: u32, split_target: u32,
     max_split: u32, pad0: u32, pad1: u32, pad2: u32,
 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
+struct Step { ntok: u32, pos: u32, batch: u32, slot: u32 }
 @group(0) @binding(0) var<storage, read> part: array<f32>;
 @group(0) @binding(1) var<storage, read_write> o: array<f32>;
 @group(0) @binding(2) var<uniform> p: Params;
@@ -19,7 +19,8 @@ fn nsplit_of(ntok: u32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let t = wid.y;
-    let nsplit = nsplit_of(step.ntok);
+    // A batched step splits as a one-token step does (the same sums as decoding alone).
+    let nsplit = nsplit_of(select(step.ntok, 1u, step.batch != 0u));
     if (t >= step.ntok || nsplit == 1u) { return; }
     let d = p.d;
     let stride = p.n_head * (d + 2u);

@@ -2,9 +2,9 @@
 // sum over heads h of (w[t][h] * wscale) * relu(q[t][h] . key[c]), for tokens that see more than
 // top_k compressed rows (nc = (pos + t + 1) / ratio > top_k; the others attend to all rows).
 // One thread per candidate; 16 heads' queries at a time are staged in workgroup memory, so a key
-// row is read once per 16 heads.
+// row is read once per 16 heads. Each row reads its own sequence's keys (seq.wgsl; slot s: rows
+// s * stride .., stride = the capacity) at its own position.
 struct Params { heads: u32, dim: u32, ratio: u32, top_k: u32, stride: u32, wscale: f32, wg_x: u32, pad: u32 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> iq: array<f32>;
 @group(0) @binding(1) var<storage, read> iw: array<f32>;
 @group(0) @binding(2) var<storage, read> keys: array<vec4<f32>>;
@@ -22,7 +22,8 @@ var<workgroup> qh: array<vec4<f32>, 1024>;  // HB x MAXD / 4
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.y;
     if (t >= step.ntok) { return; }
-    let nc = (step.pos + t + 1u) / p.ratio;
+    let nc = (row_pos(t) + 1u) / p.ratio;
+    let kb = seq_of(t).slot * p.stride;
     if (nc <= p.top_k || wid.x * WG >= nc) { return; }
     let c = wid.x * WG + lid;
     let live = c < nc;
@@ -42,7 +43,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (live) {
             var dots: array<vec4<f32>, HB>;
             for (var i = 0u; i < d4; i++) {
-                let kv = keys[c * d4 + i];
+                let kv = keys[(kb + c) * d4 + i];
                 for (var k = 0u; k < HB; k++) { dots[k] += qh[k * (MAXD / 4u) + i] * kv; }
             }
             // Heads in order, as the CPU sums them.

@@ -2,11 +2,12 @@
 // at the row's position -> QAT (none; FP8 E4M3 on the first `dim - 2 * npairs` values in blocks of
 // 64; or Walsh-Hadamard of the whole row then FP4 E2M1 in blocks of 32), as the CPU stage does for
 // the KV row, the query heads, the compressed rows and the indexer query / rows.
-// Rows: token rows (ratio = 0): row r of the step is token r / per_tok at pos + r / per_tok;
+// Rows: token rows (ratio = 0): row r of the step is token r / per_tok at that token's position;
 // window rows (ratio > 0): the rows of windows closed in this step, c in [pos / ratio,
-// (pos + ntok) / ratio), at position c * ratio (the window's start).
-struct Params { dim: u32, norm: u32, npairs: u32, qat: u32, per_tok: u32, ratio: u32, eps: f32, wg_x: u32, hscale: f32, pad0: u32, pad1: u32, pad2: u32 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
+// (pos + ntok) / ratio) of each sequence (seq.wgsl; row c of slot s is row s * cap + c of the
+// buffer), at position c * ratio (the window's start). A batched step gives workgroup k sequence k
+// (its one token closes at most one window).
+struct Params { dim: u32, norm: u32, npairs: u32, qat: u32, per_tok: u32, ratio: u32, eps: f32, wg_x: u32, hscale: f32, cap: u32, pad1: u32, pad2: u32 }
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> g: array<f32>;
 @group(0) @binding(2) var<storage, read> turns: array<vec4<f32>>;
@@ -33,12 +34,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (p.ratio == 0u) {
         if (k >= step.ntok * p.per_tok) { return; }
         row = k;
-        pos = step.pos + k / p.per_tok;
+        pos = row_pos(k / p.per_tok);
     } else {
-        let c0 = step.pos / p.ratio;
-        row = c0 + k;
-        if (row >= (step.pos + step.ntok) / p.ratio) { return; }
-        pos = row * p.ratio;
+        let batched = step.batch != 0u;
+        let g = select(0u, k, batched);
+        if (g >= seq_count()) { return; }
+        let s = seq_at(g);
+        let c = s.pos / p.ratio + select(k, 0u, batched);
+        if (c >= (s.pos + s.n) / p.ratio) { return; }
+        row = s.slot * p.cap + c;
+        pos = c * p.ratio;
     }
     let n = p.dim;
     let base = row * n;

@@ -1,12 +1,12 @@
 // The top_k largest indexer scores of token t, ties to the lowest index, written in ascending index
-// order (ds4_model::attention::top_k_indices), for tokens with nc = (pos + t + 1) / ratio > top_k.
+// order (ds4_model::attention::top_k_indices), for tokens with nc = (pos_t + 1) / ratio > top_k (pos_t:
+// the row's position, seq.wgsl); the ids are rows of the token's own slot.
 // One workgroup per token. Scores map to u32 keys in f32::total_cmp order; the k-th largest key T
 // is found by a radix select, 8 bits a pass from the top (4 passes of a 256-bin histogram over the
 // keys that match the digits found so far), which also gives how many keys == T to take (k minus
 // the keys > T); then one pass in index order keeps every key > T and the first such keys == T,
 // placing them by a workgroup prefix sum.
 struct Params { ratio: u32, top_k: u32, stride: u32, pad: u32 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read> scores: array<f32>;
 @group(0) @binding(1) var<storage, read_write> sel: array<u32>;
 @group(0) @binding(2) var<uniform> p: Params;
@@ -26,7 +26,7 @@ fn key(f: f32) -> u32 {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     if (t >= step.ntok) { return; }
-    let nc = (step.pos + t + 1u) / p.ratio;
+    let nc = (row_pos(t) + 1u) / p.ratio;
     let k = p.top_k;
     if (nc <= k) { return; }
     let base = t * p.stride;

@@ -33,24 +33,30 @@ impl WgpuOps {
         Ok(())
     }
 
-    /// Copies every layer's mutable state (ring, compressor frontiers) into the saved copy `slot`
-    /// picks, or back (`restore`); recorded into the open step, or submitted alone.
-    fn save_state(&mut self, slot: impl Fn(&super::layer::Layer) -> &super::layer::Snapshot, restore: bool) -> Result<()> {
+    /// Copies the selected KV slot's mutable state (ring, compressor frontiers) of every layer into
+    /// the saved copy `which` picks (at the same slot's part, or at its start when `per_slot` is
+    /// false: the checkpoint holds one slot), or back (`restore`); recorded into the open step, or
+    /// submitted alone.
+    fn save_state(&mut self, which: impl Fn(&super::layer::Layer) -> &super::layer::Snapshot, per_slot: bool, restore: bool) -> Result<()> {
         let opened = self.enc.is_none();
         if opened {
             self.enc = Some(Encoder::new(&self.gpu, GpuStep::default()));
         }
+        let (slot, slots) = (self.slot, self.slots);
         let enc = self.enc.as_mut().expect("opened above");
         for l in &self.layers {
-            let saved = slot(l);
+            let saved = which(l);
             let mut pairs = vec![(&l.ring, &saved.ring)];
             for (c, (k, s)) in l.compressors().zip(&saved.frontiers) {
                 pairs.push((&c.st_kv, k));
                 pairs.push((&c.st_sc, s));
             }
             for (live, copy) in pairs {
-                let (src, dst) = if restore { (copy, live) } else { (live, copy) };
-                enc.copy_at(&src.buffer, 0, &dst.buffer, 0, src.len() as u64 * 4);
+                // Floats of one slot's part, and where the slot's part starts in each buffer.
+                let n = live.len() / slots;
+                let (at_live, at_copy) = (slot * n, if per_slot { slot * n } else { 0 });
+                let ((src, s0), (dst, d0)) = if restore { ((copy, at_copy), (live, at_live)) } else { ((live, at_live), (copy, at_copy)) };
+                enc.copy_at(&src.buffer, s0 as u64 * 4, &dst.buffer, d0 as u64 * 4, n as u64 * 4);
             }
         }
         if opened {
@@ -96,8 +102,52 @@ impl DeviceOps for WgpuOps {
         let (ntok, pos) = (u32::try_from(step.n).map_err(|_| "wgpu: step too large")?, u32::try_from(step.pos0).map_err(|_| "wgpu: position too large")?);
         self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
         // The uniform is written now, in queue order: a step recorded ahead reads it when submitted.
-        self.gpu.write_step(GpuStep { ntok, pos });
+        self.gpu.write_step(GpuStep { ntok, pos }, self.slot as u32);
         self.step = Some(GpuStep { ntok, pos });
+        self.step_n = step.n;
+        self.head_rows = 0;
+        Ok(())
+    }
+
+    fn slots(&self) -> usize {
+        self.slots
+    }
+
+    fn select_slot(&mut self, slot: usize) -> Result<()> {
+        if slot >= self.slots {
+            return Err(ds4_gpu::GpuError::SlotOutOfRange { slot, slots: self.slots });
+        }
+        self.slot = slot;
+        Ok(())
+    }
+
+    fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> Result<()> {
+        if self.enc.is_some() {
+            return Err("wgpu: a step began before the previous one was submitted".into());
+        }
+        if !step.batch || rows.len() != step.n || tokens.len() != step.n {
+            return Err(format!("wgpu: a batched step of {} rows with {} slots and {} tokens", step.n, rows.len(), tokens.len()).into());
+        }
+        // Row (slot, position) pairs for the step uniform, without a heap allocation.
+        let mut words = [(0u32, 0u32); crate::gpu::MAX_BATCH_ROWS];
+        if rows.len() > words.len() {
+            return Err(ds4_gpu::GpuError::BatchOverSlots { n: rows.len(), slots: self.slots });
+        }
+        for (w, &(slot, pos)) in words.iter_mut().zip(rows) {
+            if slot >= self.slots {
+                return Err(ds4_gpu::GpuError::SlotOutOfRange { slot, slots: self.slots });
+            }
+            *w = (slot as u32, u32::try_from(pos).map_err(|_| "wgpu: position too large")?);
+            match self.batch_fault {
+                super::BatchFault::None => {}
+                super::BatchFault::AllSlotZero => w.0 = 0,
+                super::BatchFault::PositionPlusOne => w.1 += 1,
+            }
+        }
+        self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
+        let enc = self.gpu.begin_batch(&words[..rows.len()]).map_err(err)?;
+        self.step = Some(enc.step);
+        self.enc = Some(enc);
         self.step_n = step.n;
         self.head_rows = 0;
         Ok(())
@@ -296,18 +346,20 @@ impl DeviceOps for WgpuOps {
         Ok((p.index, p.logprob))
     }
 
+    /// Empties the selected slot's compressor frontiers (its ring and rows are read only up to its
+    /// position, so they need no clearing).
     fn reset_state(&mut self) -> Result<()> {
         self.sync()?;
         for l in &self.layers {
             for c in l.compressors() {
-                c.reset(&self.gpu).map_err(err)?;
+                c.reset_slot(&self.gpu, self.slot).map_err(err)?;
             }
         }
         Ok(())
     }
 
     fn snapshot(&mut self, restore: bool) -> Result<()> {
-        self.save_state(|l| &l.snap, restore)
+        self.save_state(|l| &l.snap, true, restore)
     }
 
     fn can_checkpoint(&self) -> bool {
@@ -315,7 +367,7 @@ impl DeviceOps for WgpuOps {
     }
 
     fn checkpoint(&mut self, restore: bool) -> Result<()> {
-        self.save_state(|l| &l.ckpt, restore)
+        self.save_state(|l| &l.ckpt, false, restore)
     }
 
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()> {

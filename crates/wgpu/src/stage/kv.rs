@@ -1,6 +1,6 @@
 //! The KV state of the resident layers between the device and a host `KvState` (session files, the
 //! disk KV cache, another backend's state): window ring, compressed and indexer rows (as many as the
-//! position has closed), compressor frontiers.
+//! position has closed), compressor frontiers; of the selected KV slot (its part of every buffer).
 use ds4_gpu::Result;
 use ds4_model::kv::{CompressorState, LayerKv, Rows};
 use ds4_model::KvState;
@@ -24,16 +24,22 @@ fn mismatch(il: usize, what: &str) -> ds4_gpu::GpuError {
     format!("wgpu: the KV state of layer {il} does not match the model ({what})").into()
 }
 
+/// Floats of one slot's part of a KV buffer, and where the selected slot's part starts.
+fn part(ops: &WgpuOps, b: &GpuBuffer) -> (usize, usize) {
+    let n = b.len() / ops.slots;
+    (n, ops.slot * n)
+}
+
 /// Every check before anything is written, so that a bad state leaves the device as it was.
 fn check(ops: &WgpuOps, kv: &KvState) -> Result<()> {
     for (li, l) in ops.layers.iter().enumerate() {
         let h = &kv.layers[host_index(ops, kv, li)?];
         let il = ops.range.first + li;
-        if h.raw.len() != l.ring.len() {
+        if h.raw.len() != part(ops, &l.ring).0 {
             return Err(mismatch(il, "window ring size"));
         }
         let rows_ok = |rows: &Option<Rows>, dev: &Option<GpuBuffer>| match (rows, dev) {
-            (Some(r), Some(b)) => r.data.len() == r.n * r.width && r.data.len() <= b.len() && r.n == kv.pos / h.ratio.max(1),
+            (Some(r), Some(b)) => r.data.len() == r.n * r.width && r.data.len() <= part(ops, b).0 && r.n == kv.pos / h.ratio.max(1),
             (None, None) => true,
             _ => false,
         };
@@ -43,16 +49,22 @@ fn check(ops: &WgpuOps, kv: &KvState) -> Result<()> {
         let states = [&h.comp_state, &h.idx_state];
         let present: Vec<&CompressorState> = states.iter().filter_map(|s| s.as_ref()).collect();
         let comps: Vec<_> = l.compressors().collect();
-        if present.len() != comps.len() || present.iter().zip(&comps).any(|(s, c)| s.kv.len() != c.st_kv.len() || s.score.len() != c.st_sc.len()) {
+        if present.len() != comps.len() || present.iter().zip(&comps).any(|(s, c)| s.kv.len() != c.slot_len() || s.score.len() != c.slot_len()) {
             return Err(mismatch(il, "compressor state"));
         }
     }
     Ok(())
 }
 
+/// The first `n` floats of the selected slot's part of `b`.
 fn read_into(ops: &WgpuOps, b: &GpuBuffer, n: usize, dst: &mut Vec<f32>) -> Result<()> {
-    *dst = b.read(&ops.gpu, n).map_err(err)?;
+    *dst = b.read_at(&ops.gpu, part(ops, b).1, n).map_err(err)?;
     Ok(())
+}
+
+/// `data` at the start of the selected slot's part of `b`.
+fn write_part(ops: &WgpuOps, b: &GpuBuffer, data: &[f32]) -> Result<()> {
+    b.write_at(&ops.gpu, part(ops, b).1, data).map_err(err)
 }
 
 fn download_layer(ops: &WgpuOps, l: &Layer, h: &mut LayerKv, pos: usize) -> Result<()> {
@@ -80,7 +92,7 @@ pub(super) fn download(ops: &WgpuOps, kv: &mut KvState) -> Result<()> {
         let hi = host_index(ops, kv, li)?;
         let pos = kv.pos;
         let h = &mut kv.layers[hi];
-        if h.raw.len() != l.ring.len() {
+        if h.raw.len() != part(ops, &l.ring).0 {
             return Err(mismatch(ops.range.first + li, "window ring size"));
         }
         download_layer(ops, l, h, pos)?;
@@ -92,17 +104,17 @@ pub(super) fn upload(ops: &WgpuOps, kv: &KvState) -> Result<()> {
     check(ops, kv)?;
     for (li, l) in ops.layers.iter().enumerate() {
         let h = &kv.layers[host_index(ops, kv, li)?];
-        l.ring.write(&ops.gpu, &h.raw).map_err(err)?;
+        write_part(ops, &l.ring, &h.raw)?;
         for (rows, dev) in [(&h.comp, &l.comp_rows), (&h.idx, &l.idx_rows)] {
             if let (Some(r), Some(b)) = (rows, dev) {
                 if !r.data.is_empty() {
-                    b.write(&ops.gpu, &r.data).map_err(err)?;
+                    write_part(ops, b, &r.data)?;
                 }
             }
         }
         for (st, c) in [&h.comp_state, &h.idx_state].into_iter().flatten().zip(l.compressors()) {
-            c.st_kv.write(&ops.gpu, &st.kv).map_err(err)?;
-            c.st_sc.write(&ops.gpu, &st.score).map_err(err)?;
+            write_part(ops, &c.st_kv, &st.kv)?;
+            write_part(ops, &c.st_sc, &st.score)?;
         }
     }
     ops.gpu.wait().map_err(err)

@@ -1,5 +1,7 @@
 //! One resident layer: its weights (uploaded once), its KV state buffers (window ring, compressed and
-//! indexer rows, their snapshot), and its ops built once over them and the shared work buffers.
+//! indexer rows, compressor frontiers, their snapshot: one part per KV slot, slot s from `s` times a
+//! slot's length; one checkpoint, of slot 0), and its ops built once over them and the shared work
+//! buffers.
 use std::sync::Arc;
 
 use ds4_gguf::GgufFile;
@@ -53,14 +55,14 @@ pub(crate) struct CompressorOps {
 
 impl CompressorOps {
     #[allow(clippy::too_many_arguments)]
-    fn new(gpu: &Gpu, w: &Weights, cw: &CompressorWeights, name: &str, proj: [&GpuBuffer; 3], rows: &GpuBuffer, shape: CompressorShape, qat: RowQat, freqs: &[f64], eps: f32) -> Result<Self, WgpuError> {
+    fn new(gpu: &Gpu, w: &Weights, cw: &CompressorWeights, name: &str, proj: [&GpuBuffer; 3], rows: &GpuBuffer, shape: CompressorShape, qat: RowQat, freqs: &[f64], eps: f32, slots: usize) -> Result<Self, WgpuError> {
         let [xn, k, g] = proj;
         let kw = upload(gpu, w, &cw.kv, &format!("{name}.kv"))?;
         let gw = upload(gpu, w, &cw.gate, &format!("{name}.gate"))?;
         let m = shape.max_tokens;
         let ape = GpuBuffer::from_slice(gpu, &format!("{name}.ape"), &cw.ape)?;
         let norm = GpuBuffer::from_slice(gpu, &format!("{name}.norm"), &cw.norm)?;
-        let op = Compressor::new(gpu, k, g, &ape, rows, shape)?;
+        let op = Compressor::with_slots(gpu, k, g, &ape, rows, shape, slots)?;
         let spec = KvRowSpec { dim: shape.d, norm: RowNorm::Weighted(&norm), eps, freqs, qat, rows: RowPos::Windows { ratio: shape.ratio, capacity: shape.capacity } };
         let fin = KvRow::new(gpu, rows, &spec)?;
         Ok(Self { kv: StepMatVec::new(gpu, &kw, xn, k, m)?, gate: StepMatVec::new(gpu, &gw, xn, g, m)?, op, fin, _w: vec![kw, gw], _consts: [ape, norm] })
@@ -84,7 +86,8 @@ pub(crate) struct IndexerOps {
     _w: Vec<ResidentTensor>,
 }
 
-/// The mutable state of a layer that a rewind restores: window ring and compressor frontiers.
+/// The mutable state of a layer that a rewind restores: window ring and compressor frontiers (of
+/// every slot, or of one: the checkpoint).
 pub(crate) struct Snapshot {
     pub ring: GpuBuffer,
     pub frontiers: Vec<(GpuBuffer, GpuBuffer)>,
@@ -108,7 +111,7 @@ pub(crate) struct Layer {
     pub hc_ffn: HcPre,
     router: Router,
     moe: Moe,
-    /// KV state: the window ring (swa rows), compressed rows, indexer rows.
+    /// KV state: the window ring (swa rows), compressed rows, indexer rows; one part per slot.
     pub ring: GpuBuffer,
     pub comp_rows: Option<GpuBuffer>,
     pub idx_rows: Option<GpuBuffer>,
@@ -128,11 +131,13 @@ pub(crate) struct Build<'a> {
     pub nmax: u32,
     pub ctx: usize,
     pub qat: bool,
+    /// KV slots (sessions resident at once).
+    pub slots: usize,
 }
 
 impl Layer {
     pub fn new(b: &Build, il: usize) -> Result<Self, WgpuError> {
-        let (gpu, cfg, w, wk, m) = (b.gpu, b.cfg, b.w, b.work, b.nmax);
+        let (gpu, cfg, w, wk, m, slots) = (b.gpu, b.cfg, b.w, b.work, b.nmax, b.slots.max(1));
         let lw: &LayerWeights = w.layer(il);
         let name = |t: &str| format!("blk.{il}.{t}");
         let (d, eps) = (cfg.head_dim, cfg.rms_eps);
@@ -168,23 +173,23 @@ impl Layer {
         let kv_row = KvRow::new(gpu, &wk.kv, &KvRowSpec { dim: d, norm: RowNorm::Weighted(&kv_norm_w), eps, freqs: fr, qat: fp8, rows: tokens(1) })?;
 
         let cap = compressed_capacity(b.ctx, ratio);
-        let ring = GpuBuffer::new(gpu, &name("kv ring"), cfg.swa * d)?;
+        let ring = GpuBuffer::new(gpu, &name("kv ring"), slots * cfg.swa * d)?;
         let mut frontiers = Vec::new();
         let (mut comp, mut comp_rows, mut idx, mut idx_rows) = (None, None, None, None);
         if let Some(cw) = &lw.comp {
-            let rows = GpuBuffer::new(gpu, &name("compressed rows"), cap * d)?;
+            let rows = GpuBuffer::new(gpu, &name("compressed rows"), slots * cap * d)?;
             let shape = CompressorShape { ratio, d, max_tokens: m, capacity: cap };
-            let c = CompressorOps::new(gpu, w, cw, &name("attn_compressor"), [&wk.xn, &wk.ck, &wk.cg], &rows, shape, fp8, fr, eps)?;
-            frontiers.push((c.op.st_kv.len(), c.op.st_sc.len()));
+            let c = CompressorOps::new(gpu, w, cw, &name("attn_compressor"), [&wk.xn, &wk.ck, &wk.cg], &rows, shape, fp8, fr, eps, slots)?;
+            frontiers.push(c.op.slot_len());
             comp = Some(c);
             comp_rows = Some(rows);
         }
         if let (Some(iw), Some(_)) = (&lw.indexer, &comp_rows) {
             let (id, ih) = (cfg.idx_dim, cfg.idx_heads);
-            let rows = GpuBuffer::new(gpu, &name("indexer rows"), cap * id)?;
+            let rows = GpuBuffer::new(gpu, &name("indexer rows"), slots * cap * id)?;
             let shape = CompressorShape { ratio, d: id, max_tokens: m, capacity: cap };
-            let c = CompressorOps::new(gpu, w, &iw.comp, &name("indexer_compressor"), [&wk.xn, &wk.ik, &wk.ig], &rows, shape, fp4, fr, eps)?;
-            frontiers.push((c.op.st_kv.len(), c.op.st_sc.len()));
+            let c = CompressorOps::new(gpu, w, &iw.comp, &name("indexer_compressor"), [&wk.xn, &wk.ik, &wk.ig], &rows, shape, fp4, fr, eps, slots)?;
+            frontiers.push(c.op.slot_len());
             let (iqw, ipw) = (upload(gpu, w, &iw.q_b, &name("indexer.attn_q_b"))?, upload(gpu, w, &iw.proj, &name("indexer.proj"))?);
             let q_b = StepMatVec::new(gpu, &iqw, &wk.qr, &wk.iq, m)?;
             let q_row = KvRow::new(gpu, &wk.iq, &KvRowSpec { dim: id, norm: RowNorm::None, eps, freqs: fr, qat: fp4, rows: tokens(ih) })?;
@@ -197,7 +202,7 @@ impl Layer {
         let sel = idx.as_ref().map(|_| &wk.sel);
         let bufs = AttentionBuffers { q: &wk.q, kv: &wk.kv, ring: &ring, comp: comp_rows.as_ref(), sel, sinks: &sinks, o: &wk.o };
         let shape = AttentionShape { n_head: cfg.n_head, head_dim: d, swa: cfg.swa, ratio, top_k: if idx.is_some() { cfg.idx_topk } else { 0 }, capacity: cap, max_tokens: m };
-        let attn = Attention::new(gpu, &bufs, shape, fr)?;
+        let attn = Attention::with_splits(gpu, &bufs, shape, fr, Some(&wk.splits))?;
         let out_a = StepMatVec::grouped(gpu, &ws[oa], &wk.o, &wk.low, m, cfg.o_lora, cfg.q_dim())?;
         let out_b = StepMatVec::new(gpu, &ws[ob], &wk.low, &wk.y, m)?;
 
@@ -212,12 +217,12 @@ impl Layer {
         let experts = Experts { gate: &ws[ge], up: &ws[ue], down: &ws[de], n_expert: ne };
         let sh = shared.map(|[g, u, dn]| [&ws[g], &ws[u], &ws[dn]]);
         let moe = Moe::new(gpu, &dims, experts, sh, Some(cfg.swiglu_clamp[il]), k, &wk.xn, &wk.ids, &wk.wts, &wk.moe, &wk.x, &wk.coef, m)?;
-        let saved = |label: &str| -> Result<Snapshot, WgpuError> {
-            let ring = GpuBuffer::new(gpu, label, cfg.swa * d)?;
-            let frontiers = frontiers.iter().map(|&(k, s)| Ok((GpuBuffer::new(gpu, label, k)?, GpuBuffer::new(gpu, label, s)?))).collect::<Result<Vec<_>, WgpuError>>()?;
+        let saved = |label: &str, n: usize| -> Result<Snapshot, WgpuError> {
+            let ring = GpuBuffer::new(gpu, label, n * cfg.swa * d)?;
+            let frontiers = frontiers.iter().map(|&f| Ok((GpuBuffer::new(gpu, label, n * f)?, GpuBuffer::new(gpu, label, n * f)?))).collect::<Result<Vec<_>, WgpuError>>()?;
             Ok(Snapshot { ring, frontiers })
         };
-        let (snap, ckpt) = (saved("snapshot")?, saved("checkpoint")?);
+        let (snap, ckpt) = (saved("snapshot", slots)?, saved("checkpoint", 1)?);
         let info = LayerInfo { ratio: if comp.is_some() { ratio } else { 0 }, indexer: idx.is_some(), shared_expert: lw.shared.is_some() };
         Ok(Self {
             info,

@@ -2,7 +2,9 @@
 //! ops. `WgpuOps` implements `ds4_gpu::DeviceOps`: weights resident once, one op instance per layer
 //! built at load over fixed buffers (`work`), a step recorded into one command encoder and
 //! submitted at `sync`. Nothing is allocated, uploaded or bound per step: a step writes its uniform
-//! and its token ids.
+//! and its token ids. The KV state holds `GpuOptions::kv_slots` sessions (one part of every KV buffer
+//! each, bound once): a batched step decodes one token of several of them, the uniform giving each
+//! row's slot and position.
 mod device_ops;
 mod head;
 mod kv;
@@ -22,7 +24,7 @@ use head::{EmbedOps, HeadOps, HeadPick};
 use layer::{Build, Layer};
 use work::Work;
 
-pub use plan::{plan, plan_bytes, PlanBytes};
+pub use plan::{plan, plan_bytes, plan_slots, PlanBytes};
 
 /// Replay keys of the GPU stage (token or hidden input, times no head / logits / logits and pick).
 const REPLAY_KEYS: usize = 6;
@@ -51,16 +53,35 @@ pub struct WgpuOps {
     head_rows: usize,
     /// Reused staging buffer for one logits row (sampling reads a row per token).
     row_staging: wgpu::Buffer,
+    /// KV slots held, and the one single-sequence steps and state ops use.
+    slots: usize,
+    slot: usize,
+    /// Test hook: a mistake injected into batched steps (tests show their comparison catches it).
+    #[doc(hidden)]
+    pub batch_fault: BatchFault,
+}
+
+/// A mistake a test injects into batched steps.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BatchFault {
+    #[default]
+    None,
+    /// Every row reads and writes slot 0's KV state.
+    AllSlotZero,
+    /// Every row one position late.
+    PositionPlusOne,
 }
 
 impl WgpuOps {
     /// Builds the layers `part` of `stage` on `gpu`: uploads their weights once, allocates the KV
-    /// state for `ctx` and the work buffers for `nmax` tokens, and builds every op.
-    pub fn build(gpu: Gpu, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> Result<Self, WgpuError> {
+    /// state of `slots` sessions for `ctx` and the work buffers for `nmax` tokens, and builds every op.
+    pub fn build(gpu: Gpu, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slots: usize) -> Result<Self, WgpuError> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
-        let work = Work::new(&gpu, &cfg, nmax, ctx)?;
-        let b = Build { gpu: &gpu, cfg: &cfg, w, work: &work, nmax: nmax as u32, ctx, qat: stage.opts.qat };
+        let slots = plan::check_slots(slots, nmax)?;
+        let work = Work::new(&gpu, &cfg, nmax, ctx, work::split_len(&cfg, w, part, ctx, nmax, slots))?;
+        let b = Build { gpu: &gpu, cfg: &cfg, w, work: &work, nmax: nmax as u32, ctx, qat: stage.opts.qat, slots };
         let layers = (part.first..=part.last).map(|il| Layer::new(&b, il)).collect::<Result<Vec<_>, _>>()?;
         let embed = if part.embed { EmbedOps::new(&gpu, &cfg, w, &work, nmax as u32)? } else { None };
         let head = if part.head { HeadOps::new(&gpu, &cfg, w, &work, nmax as u32)? } else { None };
@@ -70,7 +91,7 @@ impl WgpuOps {
             d.create_buffer(&wgpu::BufferDescriptor { label: Some("logits staging"), size: bytes, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false })
         })?;
         gpu.wait()?;
-        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step: None, prepared: (0..REPLAY_KEYS).map(|_| None).collect(), step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging })
+        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step: None, prepared: (0..REPLAY_KEYS).map(|_| None).collect(), step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging, slots, slot: 0, batch_fault: BatchFault::None })
     }
 
     pub fn gpu(&self) -> &Gpu {
@@ -122,17 +143,18 @@ fn we(e: WgpuError) -> ModelError {
 
 impl WgpuStage {
     /// The layers `part` of `stage` (a sub-range of `stage.w.range`) on the device `opts` selects, sized
-    /// for a context of `ctx` and batches of up to `nmax` tokens. Refused before any weight is
-    /// uploaded when the plan does not fit the device.
+    /// for a context of `ctx`, batches of up to `nmax` tokens and `opts.kv_slots` resident sessions.
+    /// Refused before any weight is uploaded when the plan does not fit the device.
     pub fn new(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, opts: &GpuOptions) -> Result<Self, ModelError> {
         let r = stage.w.range;
         if part.first < r.first || part.last > r.last || part.first > part.last || (part.embed && !r.embed) || (part.head && !r.head) {
             return Err(ModelError::Invalid(format!("wgpu: layers {}..={} are not all loaded (the stage holds {}..={})", part.first, part.last, r.first, r.last)));
         }
         let nmax = nmax.max(1);
+        let slots = plan::check_slots(opts.kv_slots, nmax).map_err(we)?;
         let gpu = Gpu::new(opts).map_err(we)?;
-        plan::check_fits(&gpu, &plan(stage, ctx, nmax, part)).map_err(we)?;
-        let ops = WgpuOps::build(gpu, stage, ctx, nmax, part).map_err(we)?;
+        plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots).map_err(we)?;
+        let ops = WgpuOps::build(gpu, stage, ctx, nmax, part, slots).map_err(we)?;
         let cfg = stage.cfg.clone();
         Ok(Self(GpuStage::new(cfg, ops, part, nmax, ctx).map_err(ge)?))
     }
@@ -186,5 +208,10 @@ impl WgpuStage {
 
     pub fn end_journal(&mut self) {
         self.0.end_journal()
+    }
+
+    /// One decode step for several sessions, each in its own KV slot (see `GpuStage::forward_batch`).
+    pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], ModelError> {
+        self.0.forward_batch(kvs, tokens).map_err(ge)
     }
 }

@@ -1,13 +1,14 @@
-//! The memory plan of a wgpu stage: device bytes for the weights (uploaded once), the KV state and
-//! its snapshot, and the work buffers; checked against the device's memory before anything is
-//! uploaded.
+//! The memory plan of a wgpu stage: device bytes for the weights (uploaded once), the KV state of
+//! every KV slot with its snapshot (and one checkpoint), and the work buffers; checked against the
+//! device's memory before anything is uploaded.
 use ds4_model::kv::{compressed_capacity, compressor_rows};
 use ds4_model::{LayerRange, Stage, Weights};
 
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 
-use super::work::{logit_rows, moe_floats, sizes};
+use super::work::{logit_rows, moe_floats, sizes, split_len};
+use crate::gpu::MAX_BATCH_ROWS;
 
 /// Device bytes of a stage, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -23,10 +24,17 @@ impl PlanBytes {
     }
 }
 
-/// The plan of layers `part` of `stage` at `ctx` / `nmax`.
+/// The plan of layers `part` of `stage` at `ctx` / `nmax`, one KV slot.
 pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanBytes {
+    plan_slots(stage, ctx, nmax, part, 1)
+}
+
+/// The plan of layers `part` of `stage` at `ctx` / `nmax` with `slots` KV slots (sessions resident
+/// at once).
+pub fn plan_slots(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slots: usize) -> PlanBytes {
     let (cfg, w) = (&stage.cfg, &stage.w);
     let nmax = nmax.max(1);
+    let slots = slots.max(1);
     // The bytes of the part's tensors, as the CPU stage maps them (the stage binds without error, so its
     // parts do too).
     let weights = Weights::map_plan(&w.file, cfg, part).map_or(0, |p| p.bytes());
@@ -35,20 +43,22 @@ pub fn plan(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> PlanByt
         let lw = w.layer(il);
         let ratio = cfg.ratio(il);
         let cap = compressed_capacity(ctx, ratio);
-        // Ring, its snapshot and checkpoint; compressed / indexer rows; frontiers (kv + score), their
-        // snapshot and checkpoint.
-        kv += 3 * cfg.swa * cfg.head_dim;
+        // Per slot: ring and its snapshot, compressed / indexer rows, frontiers (kv + score) and their
+        // snapshot; one checkpoint (ring, frontiers) of slot 0.
+        let (per_slot, ckpt) = (2 * slots + 1, 2 * (2 * slots + 1));
+        kv += per_slot * cfg.swa * cfg.head_dim;
         if ratio != 0 {
-            let front = |d: usize| 6 * compressor_rows(ratio) * cfg.compress_coff(il) * d;
-            kv += cap * cfg.head_dim + front(cfg.head_dim);
+            let front = |d: usize| ckpt * compressor_rows(ratio) * cfg.compress_coff(il) * d;
+            kv += slots * cap * cfg.head_dim + front(cfg.head_dim);
             if lw.indexer.is_some() {
-                kv += cap * cfg.idx_dim + front(cfg.idx_dim);
+                kv += slots * cap * cfg.idx_dim + front(cfg.idx_dim);
             }
         }
     }
     // The logits rows as a device with a 2 GiB binding limit keeps them (the most any adapter keeps).
     let rows = logit_rows(cfg, nmax, (2u64 << 30) - 1);
-    let work: usize = sizes(cfg, nmax, ctx, rows).iter().map(|(_, n)| n).sum::<usize>() + moe_floats(cfg, nmax) + cfg.n_vocab;
+    let splits = split_len(cfg, w, part, ctx, nmax, slots);
+    let work: usize = sizes(cfg, nmax, ctx, rows, splits).iter().map(|(_, n)| n).sum::<usize>() + moe_floats(cfg, nmax) + cfg.n_vocab;
     PlanBytes { weights, kv: kv as u64 * 4, work: work as u64 * 4 }
 }
 
@@ -58,16 +68,28 @@ pub fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> u
 }
 
 /// Refuses a plan larger than the device's memory (where the device reports it).
-pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes) -> Result<(), WgpuError> {
+pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes, slots: usize) -> Result<(), WgpuError> {
     match gpu.memory_bytes() {
         Some(have) if p.total() > have => Err(WgpuError::OutOfMemory {
             adapter: gpu.caps().adapter.clone(),
             need: p.total(),
             have,
-            detail: format!("weights {:.2} GiB, KV {:.2} GiB, work buffers {:.2} GiB", gib(p.weights), gib(p.kv), gib(p.work)),
+            detail: format!("weights {:.2} GiB, KV {:.2} GiB ({slots} KV slot(s)), work buffers {:.2} GiB", gib(p.weights), gib(p.kv), gib(p.work)),
         }),
         _ => Ok(()),
     }
+}
+
+/// The KV slot count a stage is built with (0 means 1), refused over what a batched step holds: the
+/// step uniform's rows, and the `nmax` activation rows of the work buffers.
+pub(super) fn check_slots(slots: usize, nmax: usize) -> Result<usize, WgpuError> {
+    if slots > MAX_BATCH_ROWS {
+        return Err(WgpuError::BadShape { what: "KV slots".into(), reason: format!("{slots} sessions; a batched step holds at most {MAX_BATCH_ROWS}") });
+    }
+    if slots > nmax.max(1) {
+        return Err(WgpuError::BadShape { what: "KV slots".into(), reason: format!("a batched step of {slots} sessions needs {slots} activation rows; the buffers hold {nmax} (--prefill-chunk): raise it or batch fewer sessions") });
+    }
+    Ok(slots.max(1))
 }
 
 fn gib(b: u64) -> f64 {

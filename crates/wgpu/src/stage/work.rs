@@ -1,12 +1,12 @@
 //! The activation and work buffers of a step, allocated once at load for up to `nmax` tokens and
 //! shared by every layer (each layer's ops run one after another, so one set serves all of them).
 use ds4_model::kv::compressed_capacity;
-use ds4_model::Config;
+use ds4_model::{Config, LayerRange, Weights};
 
 use crate::buffer::GpuBuffer;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::ops::{HcDims, MoeScratch};
+use crate::ops::{max_candidates, split_floats, HcDims, MoeScratch};
 
 pub(crate) struct Work {
     /// Token ids of the step (u32).
@@ -45,7 +45,22 @@ pub(crate) struct Work {
     /// The head: normalised rows and their logits (`logit_rows` rows).
     pub head: GpuBuffer,
     pub logits: GpuBuffer,
+    /// The attention split partials every layer shares (they run one after another).
+    pub splits: GpuBuffer,
     pub logit_rows: usize,
+}
+
+/// Floats of the attention split partials of the layers `part` at `ctx`: steps of up to `nmax` tokens
+/// and batched steps of up to `slots` rows.
+pub(crate) fn split_len(cfg: &Config, w: &Weights, part: LayerRange, ctx: usize, nmax: usize, slots: usize) -> usize {
+    let cand = |il: usize| {
+        let lw = w.layer(il);
+        let ratio = if lw.comp.is_some() { cfg.ratio(il) } else { 0 };
+        let top_k = if ratio != 0 && lw.indexer.is_some() { cfg.idx_topk } else { 0 };
+        max_candidates(cfg.swa, ratio, top_k, compressed_capacity(ctx, ratio))
+    };
+    let max_cand = (part.first..=part.last).map(cand).max().unwrap_or(cfg.swa);
+    split_floats(cfg.n_head, cfg.head_dim, max_cand, nmax, slots).max(1)
 }
 
 /// Rows of logits a stage keeps: every token of a step, unless a binding cannot hold them (then a
@@ -56,8 +71,8 @@ pub(crate) fn logit_rows(cfg: &Config, nmax: usize, max_binding: u64) -> usize {
 }
 
 /// The floats of each work buffer (name, count), in the order `Work::new` allocates them: the
-/// memory plan sums them.
-pub(crate) fn sizes(cfg: &Config, nmax: usize, ctx: usize, logit_rows: usize) -> Vec<(&'static str, usize)> {
+/// memory plan sums them. `splits`: floats of the attention split partials (`split_len`).
+pub(crate) fn sizes(cfg: &Config, nmax: usize, ctx: usize, logit_rows: usize, splits: usize) -> Vec<(&'static str, usize)> {
     let (m, d, e) = (nmax, cfg.head_dim, cfg.n_embd);
     let (ih, id) = (cfg.idx_heads, cfg.idx_dim);
     let dims = hc_dims(cfg);
@@ -87,6 +102,7 @@ pub(crate) fn sizes(cfg: &Config, nmax: usize, ctx: usize, logit_rows: usize) ->
         ("expert weights", m * cfg.n_expert_used),
         ("head rows", m * e),
         ("logits", logit_rows * cfg.n_vocab),
+        ("attention splits", splits),
     ]
 }
 
@@ -101,7 +117,7 @@ pub(crate) fn hc_dims(cfg: &Config) -> HcDims {
 }
 
 impl Work {
-    pub fn new(gpu: &Gpu, cfg: &Config, nmax: usize, ctx: usize) -> Result<Self, WgpuError> {
+    pub fn new(gpu: &Gpu, cfg: &Config, nmax: usize, ctx: usize, splits: usize) -> Result<Self, WgpuError> {
         let logit_rows = logit_rows(cfg, nmax, gpu.caps().max_binding);
         // A work buffer over one binding is the prefill chunk's (or the context's) doing: say so.
         let sized = |e: WgpuError| match e {
@@ -111,7 +127,7 @@ impl Work {
             },
             e => e,
         };
-        let mut b = sizes(cfg, nmax, ctx, logit_rows).into_iter().map(|(name, n)| GpuBuffer::new(gpu, name, n).map_err(sized));
+        let mut b = sizes(cfg, nmax, ctx, logit_rows, splits).into_iter().map(|(name, n)| GpuBuffer::new(gpu, name, n).map_err(sized));
         let mut next = || b.next().expect("one size per buffer");
         Ok(Self {
             tokens: next()?,
@@ -138,6 +154,7 @@ impl Work {
             wts: next()?,
             head: next()?,
             logits: next()?,
+            splits: next()?,
             moe: MoeScratch::new(gpu, cfg.n_embd, cfg.ff_exp, cfg.n_expert_used, nmax as u32).map_err(sized)?,
             logit_rows,
         })
