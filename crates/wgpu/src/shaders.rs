@@ -41,6 +41,15 @@ pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType
 /// Token tile of the batched product (tokens per workgroup; weights are dequantized once per tile).
 pub const BATCH_TILE: u32 = 4;
 
+/// Rows per workgroup of the mat-vec / batched product and of the per-slot expert product: the rows
+/// share the activation loads and the loader's setup (the IQ2_XXS grid copied into workgroup memory).
+pub const MATVEC_ROWS: u32 = 4;
+
+/// A module's shape constants: TB tokens and RW rows per workgroup, NO = TB * RW sums.
+fn shape_consts(tb: u32, rw: u32) -> String {
+    format!("const TB: u32 = {tb}u;\nconst RW: u32 = {rw}u;\nconst NO: u32 = {}u;\n", tb * rw)
+}
+
 /// How a workgroup sums its partial dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reduce {
@@ -94,7 +103,7 @@ pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> O
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
-    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+    Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, MATVEC_ROWS)))
 }
 
 /// How the routed-expert product walks the step's (token, slot) pairs.
@@ -123,16 +132,16 @@ pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16:
         Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
         Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
     };
-    let (main, tb) = match walk {
-        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1),
-        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE),
+    let (main, tb, rw) = match walk {
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1, MATVEC_ROWS),
+        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE, 1),
     };
     let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
     let unpack = match f16 {
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
-    Some(format!("const TB: u32 = {tb}u;\n{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}"))
+    Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, rw)))
 }
 
 /// The pipeline-cache key of a routed-expert module.

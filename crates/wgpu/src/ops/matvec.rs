@@ -8,7 +8,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matvec_key, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE};
+use crate::shaders::{matvec_key, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE, MATVEC_ROWS};
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,7 +89,7 @@ impl MatVec {
                 let g = r0 / groups.rows;
                 let r1 = ((g + 1) * groups.rows).min(part.row0 + part.rows);
                 let rows = u32_of("rows", r1 - r0)?;
-                let wg = grid(rows);
+                let wg = grid(rows.div_ceil(MATVEC_ROWS));
                 let w_off = u32_of("weight offset", part.byte_offset as usize + (r0 - part.row0) * w.row_bytes)?;
                 let x_off4 = u32_of("input offset", g * w.cols / 4)?;
                 let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", r0)?, wg.0, x_stride4, y_stride, w_off, x_off4, 0, 0, 0];

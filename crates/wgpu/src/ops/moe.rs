@@ -14,7 +14,7 @@ use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
 use super::router::MAX_EXPERTS;
-use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MOE_SWIGLU};
+use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATVEC_ROWS, MOE_SWIGLU};
 
 struct Part {
     bind: wgpu::BindGroup,
@@ -136,7 +136,8 @@ impl ExpertMatVec {
         let exp: [u32; 4] = [u32_of("slots", k)?, if per_slot { 1 } else { u32_of("slots", k)? }, u32_of("rows per expert", r)?, 0];
         let ex_uni = gpu.uniform(&format!("{} experts", w.name), bytemuck::cast_slice(&exp))?;
         let (cols, row_bytes) = (u32_of("columns", w.cols)?, u32_of("row bytes", w.row_bytes)?);
-        let wg = grid(u32_of("rows per expert", r)?);
+        let rows_per_wg = if walk == ExpertWalk::PerSlot { MATVEC_ROWS } else { 1 };
+        let wg = grid(u32_of("rows per expert", r)?.div_ceil(rows_per_wg));
         let mut parts = Vec::with_capacity(w.parts.len());
         for (i, part) in w.parts.iter().enumerate() {
             // The mat-vec `Params` layout (matvec_common.wgsl); no row groups (x_off4 0).

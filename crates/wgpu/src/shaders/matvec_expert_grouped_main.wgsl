@@ -12,7 +12,7 @@ struct Expert {
 @group(0) @binding(7) var<storage, read> order: array<u32>;
 
 const WG: u32 = 64u;
-var<workgroup> red: array<f32, 256>;  // WG * TB
+var<workgroup> red: array<f32, WG * NO>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {

@@ -1,7 +1,8 @@
 // Routed-expert products: y[slot][r] = W_id[r] . x[slot / x_div] for every (token, slot) of the step,
 // id = ids[slot], W_id = rows [id * r_exp, (id + 1) * r_exp) of a stacked expert tensor. One dispatch
-// per binding part (Params.y_off = the part's first global row): a workgroup whose row lies in another
-// part returns at once, so an expert may straddle parts. One workgroup of 64 per (row, slot).
+// per binding part (Params.y_off = the part's first global row): a row that lies in another part is
+// skipped, so an expert may straddle parts. One workgroup of 64 per (RW rows, slot); each row is
+// summed as in the one-row kernel (same chunks per thread, same reduction).
 struct Expert {
     k: u32,         // slots per token
     x_div: u32,     // slots per activation row (k: rows of xn; 1: one row per slot)
@@ -12,27 +13,34 @@ struct Expert {
 @group(0) @binding(6) var<storage, read> ids: array<u32>;
 
 const WG: u32 = 64u;
-var<workgroup> red: array<f32, 256>;
+var<workgroup> red: array<f32, WG * NO>;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {
     load_prelude(lid);
-    let r = wid.x + wid.y * p.wg_x;
+    let r0 = (wid.x + wid.y * p.wg_x) * RW;
     let slot = wid.z;
-    if (r >= ex.r_exp || slot >= step.ntok * ex.k) { return; }
-    let g = ids[slot] * ex.r_exp + r;
-    if (g < p.y_off || g - p.y_off >= p.rows) { return; }
-    let rb = p.w_off + (g - p.y_off) * p.row_bytes;
+    if (r0 >= ex.r_exp || slot >= step.ntok * ex.k) { return; }
+    let g0 = ids[slot] * ex.r_exp + r0;
+    let nr = min(RW, ex.r_exp - r0);
     let xr = (slot / ex.x_div) * p.x_stride4;
     let nchunks = p.cols / 8u;
-    var acc: array<f32, TB>;
-    for (var c = lid; c < nchunks; c += WG) {
-        let wv = load8(rb, c);
-        let xi = xr + 2u * c;
-        acc[0] += dot(wv.a, x[xi]) + dot(wv.b, x[xi + 1u]);
+    var acc: array<f32, NO>;
+    for (var r = 0u; r < nr; r++) {
+        let g = g0 + r;
+        if (g < p.y_off || g - p.y_off >= p.rows) { continue; }
+        let rb = p.w_off + (g - p.y_off) * p.row_bytes;
+        for (var c = lid; c < nchunks; c += WG) {
+            let wv = load8(rb, c);
+            let xi = xr + 2u * c;
+            acc[r] += dot(wv.a, x[xi]) + dot(wv.b, x[xi + 1u]);
+        }
     }
     REDUCE_CALL
-    if (lid == 0u) {
-        y[slot * ex.r_exp + r] = red[0];
+    if (lid < nr) {
+        let g = g0 + lid;
+        if (g >= p.y_off && g - p.y_off < p.rows) {
+            y[slot * ex.r_exp + r0 + lid] = red[lid * WG];
+        }
     }
 }
