@@ -425,7 +425,13 @@ impl CudaStage {
     /// logits row per session. Rows are bit-identical to decoding alone only with
     /// `batch_rowwise` (the deterministic mode); by default the batch's products use the multi-token
     /// kernels (weights read once per batch), which round differently.
-    pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> { self.0.forward_batch(kvs, tokens).map_err(ge) }
+    /// A batch of one session is its decode step (the CUDA graph in slot 0), not a one-row batch.
+    pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> {
+        match (kvs, tokens) {
+            ([kv], [_]) => self.0.forward(kv, tokens, None, ds4_model::Logits::Last).map_err(ge),
+            (kvs, tokens) => self.0.forward_batch(kvs, tokens).map_err(ge),
+        }
+    }
 
     /// Copies the device KV state of this stage's layers into `kv` (at the device's position or its snapshot's).
     pub fn download_kv(&mut self, kv: &mut KvState) -> ds4_model::Result<()> { self.0.download_kv(kv).map_err(ge) }
