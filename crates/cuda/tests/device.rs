@@ -888,7 +888,7 @@ fn batch_run(m: &Model, lens: &[usize; 4], chunk: usize, steps: usize, rowwise: 
 }
 
 /// Deterministic mode (`batch_rowwise`, `--deterministic`): each batch row is a one-token decode step of
-/// its session in its own slot (replayed as a graph in slot 0, launched op by op in the others), so
+/// its session in its own slot (replayed from that slot's own decode graph), so
 /// every row's logits are bit-identical to the session decoded alone, and its greedy tokens equal —
 /// through a session joining mid-stream, one leaving, and rows listed out of slot order.
 fn deterministic_batch_case(mix: Mix) {

@@ -1,9 +1,9 @@
 //! Several sessions in one step: KV slots and the batched step's per-sequence ops.
 //!
 //! Each slot owns a full KV set (ring, compressed and indexer rows, compressor frontiers, snapshot).
-//! The selected slot's set is `kv`, which the one-sequence ops, the state ops and the captured decode
-//! graphs use; `select_slot` swaps sets (no buffer moves, so slot 0's graphs stay valid for slot 0).
-//! Graphs are replayed only while slot 0 is selected: other slots' decode steps issue their launches.
+//! The selected slot's set is `kv`, which the one-sequence ops and the state ops use; `select_slot`
+//! swaps sets (no buffer moves). A decode graph captures the pointers of the slot selected while it
+//! is recorded, so each slot has its own graphs (`graphs[slot]`), valid whenever that slot is selected.
 //!
 //! A batched step (`Step::batch`, one token per row, row r in slot `batch[r].0` at position
 //! `batch[r].1`) runs the row-independent ops (entries, norms, projections, router, experts, head) on

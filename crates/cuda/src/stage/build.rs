@@ -515,7 +515,7 @@ impl CudaOps {
             ls: LayerStep::default(),
             decode_mode: false,
             dpos: dpos_buf,
-            graphs: [None, None, None, None, None, None],
+            graphs: (0..slots).map(|_| Default::default()).collect(),
             capturing: false,
             host_time: host_time::HostTime::from_env(),
         })

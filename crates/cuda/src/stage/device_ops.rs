@@ -111,13 +111,13 @@ impl DeviceOps for CudaOps {
     fn select_slot(&mut self, slot: usize) -> R<()> { Ok(CudaOps::select_slot(self, slot)?) }
     fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> R<()> { Ok(CudaOps::begin_batch(self, step, rows, tokens)?) }
 
-    // The decode graphs hold slot 0's KV pointers: replayed only while slot 0 is selected (another
-    // slot's decode steps issue their launches, the same kernels with its buffers).
-    fn can_replay(&self) -> bool { self.graphs_usable() && self.slot == 0 }
-    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.graphs.get(key).is_some_and(|g| g.is_some()) }
+    // A decode graph holds the KV pointers of the slot it was captured in: each slot records and
+    // replays its own (captured the first time that slot decodes a step of that kind).
+    fn can_replay(&self) -> bool { self.graphs_usable() }
+    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.graphs[self.slot].get(key).is_some_and(|g| g.is_some()) }
     fn begin_record(&mut self, _step: Step) -> R<()> { Ok(self.begin_capture()?) }
     fn end_record(&mut self, key: usize, ok: bool) -> R<()> {
-        if key >= self.graphs.len() {
+        if key >= self.graphs[self.slot].len() {
             return Err(format!("decode step kind {key} out of range").into());
         }
         Ok(self.end_capture(key, ok)?)

@@ -254,10 +254,10 @@ pub struct CudaOps {
     embed: Option<DM>,
     layers: Vec<DLayer>,
     head: Option<DHead>,
-    /// The selected KV slot's device state (what the one-sequence ops and decode graphs use).
+    /// The selected KV slot's device state (what the one-sequence ops and that slot's decode graphs use).
     kv: Vec<DKv>,
     /// The selected slot, and every other slot's KV set by slot (the selected slot's entry is empty:
-    /// `select_slot` swaps sets, so the buffers, and the pointers graphs captured, never move).
+    /// `select_slot` swaps sets, so the buffers, and the pointers each slot's graphs captured, never move).
     slot: usize,
     parked: Vec<Vec<DKv>>,
     /// (slot, position) of each row of the batched step in progress (capacity: the slots).
@@ -298,8 +298,9 @@ pub struct CudaOps {
     /// launch sequence serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
     dpos: DBuf,
-    /// Captured decode graphs, by (hidden input, logits wanted).
-    graphs: [Option<DecodeGraph>; 6],
+    /// Captured decode graphs, per KV slot (a graph holds its slot's KV pointers), by (hidden input,
+    /// logits wanted).
+    graphs: Vec<[Option<DecodeGraph>; 6]>,
     /// The capture in progress has begun (`begin_record`).
     capturing: bool,
     host_time: host_time::HostTime,
@@ -425,7 +426,7 @@ impl CudaStage {
     /// logits row per session. Rows are bit-identical to decoding alone only with
     /// `batch_rowwise` (the deterministic mode); by default the batch's products use the multi-token
     /// kernels (weights read once per batch), which round differently.
-    /// A batch of one session is its decode step (the CUDA graph in slot 0), not a one-row batch.
+    /// A batch of one session is its decode step (that slot's CUDA graph), not a one-row batch.
     pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> {
         match (kvs, tokens) {
             ([kv], [_]) => self.0.forward(kv, tokens, None, ds4_model::Logits::Last).map_err(ge),
