@@ -464,7 +464,7 @@ fn batched_steps_keep_each_slot_s_bookkeeping() {
     assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
     assert!(matches!(st.forward(refs[1], &[1], None, Logits::Last), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
     assert!(st.ops.log.is_empty(), "ops ran: {:?}", st.ops.log);
-    // A one-slot backend (the trait's defaults, as CUDA today) refuses a batch of two.
+    // A one-slot backend (the trait's defaults) refuses a batch of two.
     let mut one = stage(layers());
     let (mut a, mut b) = (kv_of(&c, 256), KvState { slot: 1, ..kv_of(&c, 256) });
     assert!(matches!(one.forward_batch(&mut [&mut a, &mut b], &[1, 2]), Err(GpuError::BatchOverSlots { n: 2, slots: 1 })));
