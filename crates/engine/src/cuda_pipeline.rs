@@ -44,15 +44,26 @@ pub fn weight_place(mode: CudaWeights, devices: &[usize]) -> Result<WeightPlace>
 }
 
 impl CudaPipeline {
-    /// The stage's layers on `devices`. With `WeightPlace::Host` the parts read `stage`'s mapped
-    /// weights while they run: `stage` must outlive the pipeline.
-    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize], place: WeightPlace) -> Result<Self> {
-        let stages = if devices.len() <= 1 {
-            vec![CudaStage::new_part_placed(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0), place)?]
+    /// The stage's layers on `devices`, holding `slots` KV states (sessions decoded together by
+    /// `forward_batch`; one GPU only). `deterministic`: a batch runs each session as its own decode
+    /// step (bit-identical to decoding it alone). With `WeightPlace::Host` the parts read `stage`'s
+    /// mapped weights while they run: `stage` must outlive the pipeline.
+    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize], place: WeightPlace, slots: usize, deterministic: bool) -> Result<Self> {
+        if slots > 1 && devices.len() > 1 {
+            return Err(ModelError::Invalid(format!(
+                "cuda: batched decode of {slots} sessions (--batched-session / --concurrency) runs on one GPU; with --cuda-devices {} use 1 session, or one device",
+                devices.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(",")
+            )));
+        }
+        let mut stages = if devices.len() <= 1 {
+            vec![CudaStage::new_slots(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0), place, slots)?]
         } else {
             let parts = split_layers(stage.w.range, devices.len());
             parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part_placed(stage, ctx, nmax, p, d, place)).collect::<Result<Vec<_>>>()?
         };
+        for s in stages.iter_mut() {
+            s.batch_rowwise = deterministic;
+        }
         Ok(Self { stages, hidden: Vec::new() })
     }
 
@@ -132,6 +143,15 @@ impl DeviceStage for CudaPipeline {
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()> { CudaPipeline::download_kv(self, kv) }
 
     fn upload_kv(&mut self, kv: &KvState) -> Result<()> { CudaPipeline::upload_kv(self, kv) }
+
+    fn kv_slots(&self) -> usize { if self.stages.len() == 1 { self.stages[0].slots() } else { 1 } }
+
+    fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> {
+        match self.stages.as_mut_slice() {
+            [one] => one.forward_batch(kvs, tokens),
+            _ => Err(ModelError::Invalid("cuda: batched decode runs on one GPU, not over several --cuda-devices parts".into())),
+        }
+    }
 
     /// Device allocations and weight uploads so far, and the per-kernel profile when enabled
     /// (DS4_CUDA_PROFILE=1).

@@ -61,6 +61,11 @@ pub struct LoadOptions {
     /// Sessions decoded together on a GPU backend (`--batched-session N`, `--concurrency N`): the
     /// device holds a KV slot for each (counted by its plan); `KvState::slot` picks one. 1: one.
     pub batch_slots: usize,
+    /// Deterministic batched decode (`--deterministic`): on CUDA each session of a batch runs as its
+    /// own one-token decode step, so its tokens and logits are bit-identical to decoding it alone (no
+    /// speed gain). Off, a CUDA batch reads the weights once for all sessions with the multi-token
+    /// kernels, which round differently. The CPU and wgpu batches are bit-identical either way.
+    pub deterministic: bool,
     /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
     pub quiet: bool,
     /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
@@ -83,6 +88,7 @@ impl Default for LoadOptions {
             warm_weights: false,
             kv_states: 1,
             batch_slots: 1,
+            deterministic: false,
             quiet: false,
             mtp: None,
         } }
@@ -349,16 +355,17 @@ impl Engine {
     }
 
     /// True when the backend can step several sequences in one pass (`decode_batch`): the CPU, and a
-    /// GPU backend built with several KV slots (`LoadOptions::batch_slots`; wgpu so far).
+    /// GPU backend built with several KV slots (`LoadOptions::batch_slots`; wgpu, and CUDA on one GPU).
     pub fn batched_decode(&self) -> bool { self.backend() == Backend::Cpu || self.gpu.as_ref().is_some_and(|g| g.kv_slots() > 1) }
 
     /// One decode step for several sequences at once: `tokens[s]` is fed to `kvs[s]` at its own position,
     /// reading every weight once for the batch. Returns one logit row per sequence, each bit-identical
-    /// to a `forward` of that token alone. On a GPU backend each sequence lives in its own KV slot
+    /// to a `forward` of that token alone (on CUDA only with `LoadOptions::deterministic`, which
+    /// steps the sessions one by one; its default batch rounds as its prefill does). On a GPU backend each sequence lives in its own KV slot
     /// (`kvs[s].slot`, all different, below `kv_slots()`), where its prefill ran.
     pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
         if !self.batched_decode() {
-            if self.gpu.as_ref().is_some_and(|g| g.kv_slots() == 1 && g.backend() != Backend::Cuda) {
+            if self.gpu.as_ref().is_some_and(|g| g.kv_slots() == 1) {
                 return Err(EngineError::Unsupported(format!("batched decode on the {} backend needs a KV slot per session: this engine was loaded with one (LoadOptions::batch_slots)", self.backend().name())));
             }
             return Err(EngineError::Unsupported(format!("batched decode is not yet available on the {} backend: decode one sequence at a time", self.backend().name())));
@@ -474,7 +481,8 @@ fn load_device(
         Backend::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
-            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place.unwrap_or(ds4_cuda::WeightPlace::Device))?;
+            let place = place.unwrap_or(ds4_cuda::WeightPlace::Device);
+            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place, opts.batch_slots, opts.deterministic)?;
             Ok(Some(Box::new(p)))
         }
         #[cfg(feature = "wgpu")]

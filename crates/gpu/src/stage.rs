@@ -28,6 +28,10 @@ pub struct GpuStage<D: DeviceOps> {
     pub trace: Option<Vec<Vec<f32>>>,
     /// Replay recorded decode steps (where the backend can); off, every step issues its ops.
     pub use_replay: bool,
+    /// Deterministic batches: `forward_batch` runs each row as its own one-token decode step (for a
+    /// backend whose batched kernels round differently from its decode kernels, e.g. CUDA), so every
+    /// row is bit-identical to decoding that sequence alone; weights are then read once per row.
+    pub batch_rowwise: bool,
     /// While speculative verification runs (slot 0 only): the position the checkpoint holds and the
     /// tokens fed since.
     journal: Option<Journal>,
@@ -64,6 +68,7 @@ impl<D: DeviceOps> GpuStage<D> {
             hidden_host: Vec::new(),
             trace: None,
             use_replay: true,
+            batch_rowwise: false,
             journal: None,
         })
     }
@@ -384,6 +389,9 @@ impl<D: DeviceOps> GpuStage<D> {
             self.use_slot(kv)?;
             self.sync_state(kv.pos)?;
         }
+        if self.batch_rowwise {
+            return self.batch_by_rows(kvs, tokens);
+        }
         self.batch_rows.clear();
         self.batch_rows.extend(kvs.iter().map(|kv| (kv.slot, kv.pos)));
         let pos0 = self.batch_rows.iter().map(|r| r.1).max().unwrap_or(0);
@@ -401,6 +409,26 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.sync()?;
         if rows > 0 {
             self.ops.read_logits(&mut self.logits_host)?;
+        }
+        Ok(&self.logits_host)
+    }
+
+    /// `forward_batch` in deterministic mode (inputs checked): row r is a decode step of `kvs[r]` alone
+    /// (replayed where the backend can), its logits row copied out after it. A stage without the head
+    /// returns no rows (and its hidden streams are the last row's).
+    fn batch_by_rows(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> {
+        let v = self.cfg.n_vocab;
+        let head = self.ops.has_head();
+        let want = if head { Logits::Last } else { Logits::None };
+        self.logits_host.resize(if head { kvs.len() * v } else { 0 }, 0.0);
+        for (r, (kv, t)) in kvs.iter_mut().zip(tokens).enumerate() {
+            self.ops.note_call(true);
+            self.use_slot(kv)?;
+            let rows = self.forward_dev(kv, std::slice::from_ref(t), None, want, false)?;
+            self.ops.sync()?;
+            if rows > 0 {
+                self.ops.read_logits(&mut self.logits_host[r * v..(r + 1) * v])?;
+            }
         }
         Ok(&self.logits_host)
     }

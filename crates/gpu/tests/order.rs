@@ -265,6 +265,7 @@ impl DeviceOps for Mock {
     }
     fn replay(&mut self, key: usize) -> R<()> {
         self.log.push(format!("replay{key}"));
+        self.slot_ops.push((self.slot, "replay"));
         Ok(())
     }
 }
@@ -463,8 +464,41 @@ fn batched_steps_keep_each_slot_s_bookkeeping() {
     assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
     assert!(matches!(st.forward(refs[1], &[1], None, Logits::Last), Err(GpuError::SlotOutOfRange { slot: 3, slots: 3 })));
     assert!(st.ops.log.is_empty(), "ops ran: {:?}", st.ops.log);
-    // A one-slot backend (the trait's defaults, as CUDA today) refuses a batch of two.
+    // A one-slot backend (the trait's defaults) refuses a batch of two.
     let mut one = stage(layers());
     let (mut a, mut b) = (kv_of(&c, 256), KvState { slot: 1, ..kv_of(&c, 256) });
     assert!(matches!(one.forward_batch(&mut [&mut a, &mut b], &[1, 2]), Err(GpuError::BatchOverSlots { n: 2, slots: 1 })));
+}
+
+/// Deterministic batches (`batch_rowwise`): each row is its own decode step of its sequence, in its
+/// slot at its position (recorded once, then replayed), never a batched step; one logits row per
+/// sequence in the order given, positions advanced; bad batches are still refused before any op.
+#[test]
+fn rowwise_batches_run_a_decode_step_per_row() {
+    let mut st = stage_slots(layers(), 3);
+    st.batch_rowwise = true;
+    let c = st.cfg.clone();
+    let mut kvs: Vec<KvState> = (0..3).map(|s| KvState { slot: s, ..kv_of(&c, 256) }).collect();
+    for (s, kv) in kvs.iter_mut().enumerate() {
+        st.forward(kv, &[1, 2, 3, 4][..2 + s], None, Logits::Last).unwrap();
+    }
+    st.ops.log.clear();
+    st.ops.slot_ops.clear();
+    // Rows out of slot order: slot 2, then 0, then 1.
+    let (a, rest) = kvs.split_at_mut(1);
+    let (b, c2) = rest.split_at_mut(1);
+    let mut refs: Vec<&mut KvState> = vec![&mut c2[0], &mut a[0], &mut b[0]];
+    let l = st.forward_batch(&mut refs, &[5, 6, 7]).unwrap();
+    assert_eq!(l.len(), 3 * c.n_vocab);
+    assert!(!st.ops.log.iter().any(|o| o == "batch"), "{:?}", st.ops.log);
+    assert_eq!(st.ops.slot_ops, vec![(2, "replay"), (0, "replay"), (1, "replay")]);
+    assert!(st.ops.clk.errors.is_empty(), "{:?}", st.ops.clk.errors);
+    assert_eq!(kvs.iter().map(|k| k.pos).collect::<Vec<_>>(), [3, 4, 5]);
+    st.ops.log.clear();
+    let mut four: Vec<KvState> = (0..4).map(|s| KvState { slot: s % 3, ..kv_of(&c, 256) }).collect();
+    let mut refs: Vec<&mut KvState> = four.iter_mut().collect();
+    assert!(matches!(st.forward_batch(&mut refs, &[1; 4]), Err(GpuError::BatchOverSlots { n: 4, slots: 3 })));
+    refs[1].slot = 0;
+    assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotTwice { slot: 0 })));
+    assert!(st.ops.log.is_empty(), "ops ran: {:?}", st.ops.log);
 }

@@ -87,6 +87,12 @@ pub struct Args {
     /// session has its own KV state and snapshots: the memory plan counts them all.
     #[arg(long = "batched-session", value_name = "N", default_value_t = 1)]
     pub batched_session: usize,
+    /// With --batched-session N > 1 on CUDA: each session of a batch decodes as its own one-token step,
+    /// so its tokens and logits are bit-identical to serving it alone (no batching speed-up). Without
+    /// it a CUDA batch reads the weights once for all sessions (the multi-token kernels, which round
+    /// differently). CPU and wgpu batches are bit-identical either way.
+    #[arg(long = "deterministic")]
+    pub deterministic: bool,
     /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).
     #[arg(long = "kv-snapshots", default_value_t = 8)]
     pub kv_snapshots: usize,
@@ -194,10 +200,6 @@ impl Args {
         }
         if self.batched_session == 0 {
             return Err("--batched-session must be at least 1".into());
-        }
-        // CPU and the wgpu backends (a KV slot per session on the device); not yet CUDA.
-        if self.batched_session > 1 && !matches!(self.backend.as_str(), "cpu" | "vulkan" | "metal" | "wgpu") {
-            return Err(format!("--batched-session {}: batched decode is not yet available with --backend {}; use --batched-session 1, or --backend cpu, vulkan or metal", self.batched_session, self.backend));
         }
         if self.batched_session > 1 && self.dist.active() {
             return Err("--batched-session is not available with distributed inference (--role coordinator); use --batched-session 1".into());

@@ -162,7 +162,7 @@ fn load(
     trace: Arc<trace::Trace>,
 ) -> Result<(), String> {
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, mtp: args.ds4.mtp_options()?, ..LoadOptions::default() };
+    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, ..LoadOptions::default() };
     if args.ds4.quality {
         // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
         opts.options.precision = ds4_quant::Precision::Exact;

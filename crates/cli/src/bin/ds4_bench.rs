@@ -74,12 +74,17 @@ struct Args {
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
     #[arg(long = "debug")]
     debug: bool,
-    /// Decode N streams together (batched decode; CPU, or vulkan/metal with one device KV slot per
+    /// Decode N streams together (batched decode; CPU, or cuda/vulkan/metal with one device KV slot per
     /// stream): each stream has its own KV state and its own text (the prompt rotated), all at the
     /// frontier; the CSV gains `streams,aggregate_gen_tps,per_stream_gen_tps` (gen_tps stays the
     /// single-stream rate of stream 0 measured alone).
     #[arg(long = "concurrency", value_name = "N", default_value_t = 1)]
     concurrency: usize,
+    /// With --concurrency N > 1 on CUDA: each stream of a batch decodes as its own one-token step
+    /// (bit-identical to decoding it alone; no batching speed-up). Without it a CUDA batch reads the
+    /// weights once for all streams (multi-token kernels, which round differently).
+    #[arg(long = "deterministic")]
+    deterministic: bool,
     /// ds4's flags (backend switches, --quality, --power, --dump-frontier-logits-dir).
     #[command(flatten)]
     ds4: BenchDs4Flags,
@@ -191,10 +196,6 @@ fn run(a: Args) -> Result<(), String> {
     let backend = a.ds4.sw.resolve_backend().map_err(|e| usage(&e.0))?;
     let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
     let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) };
-    // CPU and the wgpu backends (a KV slot per stream on the device); not yet CUDA.
-    if a.concurrency > 1 && !matches!(backend, ds4_engine::Backend::Cpu | ds4_engine::Backend::Vulkan | ds4_engine::Backend::Metal) {
-        return Err(usage(&format!("--concurrency > 1: batched decode is not yet available on the {} backend; use --backend cpu, vulkan or metal", backend.name())));
-    }
     if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
         return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));
     }
@@ -235,7 +236,7 @@ fn run(a: Args) -> Result<(), String> {
     if ctx < need {
         return Err(format!("--ctx-alloc {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));
     }
-    let opts = LoadOptions { ctx, debug: false, kv_states: a.concurrency, batch_slots: a.concurrency, ..load };
+    let opts = LoadOptions { ctx, debug: false, kv_states: a.concurrency, batch_slots: a.concurrency, deterministic: a.deterministic, ..load };
     let mut eng = Engine::load(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;
     if let Some(r) = eng.backend_report() {
         eprintln!("after load: {r}");

@@ -19,7 +19,7 @@ impl CudaOps {
     /// The Q8_0 copy of xn the entry wrote, if any.
     fn pre_xn(&self) -> Option<(u64, u64)> { self.ls.xc.q80.then(|| self.wk.q8_xn.pair()) }
 
-    fn qat_code(&self, indexer: bool) -> i32 {
+    pub(super) fn qat_code(&self, indexer: bool) -> i32 {
         match (self.opts.qat, indexer) {
             (false, _) => 0,
             (true, false) => 1,
@@ -314,7 +314,7 @@ impl CudaOps {
 
     /// Compressor update for a batch (`args` as comp_seq takes them): decode walks its one position
     /// (comp_seq); a prefill chunk pools its `nwin` closing windows in parallel, then updates the state.
-    fn compress(&mut self, args: &[A; 12], dec: bool, nwin: usize, w: usize, d: usize) -> Result<()> {
+    pub(super) fn compress(&mut self, args: &[A; 12], dec: bool, nwin: usize, w: usize, d: usize) -> Result<()> {
         if dec {
             return self.g.launch("comp_seq", (1, 1, 1), (w as u32).div_ceil(32) * 32, 0, args);
         }

@@ -127,8 +127,13 @@ fn place(m: &mut DM, ptrs: &[u64]) {
 impl CudaOps {
     /// Uploads the part `part` (a sub-range of the stage's layers; the embedding and head only when it
     /// starts / ends the stage's range) to CUDA device `device`.
-    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, wplace: WeightPlace) -> Result<Self> {
+    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, wplace: WeightPlace, slots: usize) -> Result<Self> {
         let cfg = stage.cfg.clone();
+        let slots = slots.max(1);
+        // A batched step holds one activation row per session: the work buffers have nmax rows.
+        if slots > nmax {
+            return Err(format!("{slots} KV slots (--batched-session / --concurrency) need at least as many activation rows, but --prefill-chunk is {nmax}"));
+        }
         let w = &stage.w;
         if part.first < w.range.first || part.last > w.range.last || part.first > part.last {
             return Err(format!("layers {} are not within the stage's layers {}", part.label(), w.range.label()));
@@ -234,32 +239,43 @@ impl CudaOps {
         // KV state (sized by the same formulas the plan counts), refused with the numbers before any
         // large allocation when it and the weights cannot fit.
         let kvf: Vec<KvFloats> = layers.iter().enumerate().map(|(li, l)| KvFloats::new(&cfg, part.first + li, l.ratio, l.indexer.is_some(), ctx)).collect();
-        plan.kv = kvf.iter().map(KvFloats::bytes).sum();
+        // One KV set per slot (session decoded in a batch).
+        plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>();
         let refuse = |plan: &GpuPlan, what: &str| -> String {
             let hint = if wplace == WeightPlace::Device { ", read the weights from host memory with --cuda-weights host" } else { "" };
+            let sessions = if slots > 1 { format!(", fewer batched sessions (--batched-session / --concurrency, now {slots})") } else { String::new() };
             format!(
-                "{what}: {} — use a smaller --ctx (now {ctx}) or --prefill-chunk (now {nmax}), serve fewer layers with --layers, spread them over several GPUs with --cuda-devices{hint}",
+                "{what}: {} — use a smaller --ctx (now {ctx}) or --prefill-chunk (now {nmax}){sessions}, serve fewer layers with --layers, spread them over several GPUs with --cuda-devices{hint}",
                 plan.describe(wplace)
             )
         };
         if (plan.weights + plan.vectors + plan.kv) as f64 > plan.free as f64 * 0.97 {
             return Err(refuse(&plan, "the stage does not fit in the GPU's free memory"));
         }
-        let mut kv = Vec::new();
-        for f in &kvf {
-            let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
-            kv.push(DKv {
-                ring: g.alloc_zeroed(f.ring * 4)?,
-                comp: opt(f.comp)?,
-                st_kv: opt(f.st)?,
-                st_sc: opt(f.st)?,
-                st_len: f.st,
-                idx: opt(f.idx)?,
-                ist_kv: opt(f.ist)?,
-                ist_sc: opt(f.ist)?,
-                ist_len: f.ist,
-                snap: g.alloc_zeroed(f.snap() * 4)?,
-            });
+        let kv_set = || -> Result<Vec<DKv>> {
+            let mut kv = Vec::new();
+            for f in &kvf {
+                let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
+                kv.push(DKv {
+                    ring: g.alloc_zeroed(f.ring * 4)?,
+                    comp: opt(f.comp)?,
+                    st_kv: opt(f.st)?,
+                    st_sc: opt(f.st)?,
+                    st_len: f.st,
+                    idx: opt(f.idx)?,
+                    ist_kv: opt(f.ist)?,
+                    ist_sc: opt(f.ist)?,
+                    ist_len: f.ist,
+                    snap: g.alloc_zeroed(f.snap() * 4)?,
+                });
+            }
+            Ok(kv)
+        };
+        // Slot 0 is selected (in `kv`); the others wait in `parked` (slot 0's entry there is empty).
+        let kv = kv_set()?;
+        let mut parked = vec![Vec::new()];
+        for _ in 1..slots {
+            parked.push(kv_set()?);
         }
         let free_kv = free_mem()?;
 
@@ -468,7 +484,7 @@ impl CudaOps {
         g.kernels_ready()?;
         let total = mat_bytes;
         let free2 = free_mem()?;
-        eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax})", plan.describe(wplace), free2 as f64 / GIB);
+        eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax}, {slots} KV slot(s))", plan.describe(wplace), free2 as f64 / GIB);
         Ok(Self {
             cfg,
             g,
@@ -478,6 +494,9 @@ impl CudaOps {
             layers,
             head,
             kv,
+            slot: 0,
+            parked,
+            batch: Vec::with_capacity(slots),
             wk,
             ctx,
             counts_host: vec![0; stage.cfg.n_expert],
@@ -496,7 +515,7 @@ impl CudaOps {
             ls: LayerStep::default(),
             decode_mode: false,
             dpos: dpos_buf,
-            graphs: [None, None, None, None, None, None],
+            graphs: (0..slots).map(|_| Default::default()).collect(),
             capturing: false,
             host_time: host_time::HostTime::from_env(),
         })

@@ -48,14 +48,27 @@ impl DeviceOps for CudaOps {
             Sub::Ffn => self.ffn_entry(li, step.n)?,
         })
     }
-    fn kv_row(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::kv_row(self, li, step)?) }
-    fn compress(&mut self, li: usize, which: Compressor, step: Step) -> R<()> { Ok(self.compress_layer(li, which, step)?) }
+    // A batched step's per-sequence ops run row by row against each row's slot (batch.rs).
+    fn kv_row(&mut self, li: usize, step: Step) -> R<()> {
+        Ok(if step.batch { self.batch_kv_row(li, step)? } else { CudaOps::kv_row(self, li, step)? })
+    }
+    fn compress(&mut self, li: usize, which: Compressor, step: Step) -> R<()> {
+        Ok(if step.batch { self.batch_compress(li, which, step)? } else { self.compress_layer(li, which, step)? })
+    }
     fn indexer_weights(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_weights(self, li, step)?) }
     fn q_lora(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::q_lora(self, li, step)?) }
-    fn indexer_query(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_query(self, li, step)?) }
-    fn q_heads(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::q_heads(self, li, step)?) }
-    fn indexer_select(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::indexer_select(self, li, step)?) }
-    fn attend(&mut self, li: usize, step: Step, selected: bool) -> R<()> { Ok(CudaOps::attend(self, li, step, selected)?) }
+    fn indexer_query(&mut self, li: usize, step: Step) -> R<()> {
+        Ok(if step.batch { self.batch_indexer_query(li, step)? } else { CudaOps::indexer_query(self, li, step)? })
+    }
+    fn q_heads(&mut self, li: usize, step: Step) -> R<()> {
+        Ok(if step.batch { self.batch_q_heads(li, step)? } else { CudaOps::q_heads(self, li, step)? })
+    }
+    fn indexer_select(&mut self, li: usize, step: Step) -> R<()> {
+        Ok(if step.batch { self.batch_indexer_select(li, step)? } else { CudaOps::indexer_select(self, li, step)? })
+    }
+    fn attend(&mut self, li: usize, step: Step, selected: bool) -> R<()> {
+        Ok(if step.batch { self.batch_attend(li, step, selected)? } else { CudaOps::attend(self, li, step, selected)? })
+    }
     fn attn_out(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::attn_out(self, li, step)?) }
     fn shared_expert(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::shared_expert(self, li, step)?) }
     fn route(&mut self, li: usize, step: Step) -> R<()> { Ok(CudaOps::route(self, li, step)?) }
@@ -94,11 +107,17 @@ impl DeviceOps for CudaOps {
     fn download_kv(&mut self, kv: &mut KvState) -> R<()> { Ok(CudaOps::download_kv(self, kv)?) }
     fn upload_kv(&mut self, kv: &KvState) -> R<()> { Ok(CudaOps::upload_kv(self, kv)?) }
 
+    fn slots(&self) -> usize { CudaOps::slots(self) }
+    fn select_slot(&mut self, slot: usize) -> R<()> { Ok(CudaOps::select_slot(self, slot)?) }
+    fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> R<()> { Ok(CudaOps::begin_batch(self, step, rows, tokens)?) }
+
+    // A decode graph holds the KV pointers of the slot it was captured in: each slot records and
+    // replays its own (captured the first time that slot decodes a step of that kind).
     fn can_replay(&self) -> bool { self.graphs_usable() }
-    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.graphs.get(key).is_some_and(|g| g.is_some()) }
+    fn has_replay(&self, key: usize, _pos: usize) -> bool { self.graphs[self.slot].get(key).is_some_and(|g| g.is_some()) }
     fn begin_record(&mut self, _step: Step) -> R<()> { Ok(self.begin_capture()?) }
     fn end_record(&mut self, key: usize, ok: bool) -> R<()> {
-        if key >= self.graphs.len() {
+        if key >= self.graphs[self.slot].len() {
             return Err(format!("decode step kind {key} out of range").into());
         }
         Ok(self.end_capture(key, ok)?)

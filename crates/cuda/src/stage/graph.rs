@@ -65,13 +65,13 @@ impl CudaOps {
             }
             format!("cuGraphInstantiate: {e:?}")
         })?;
-        self.graphs[key] = Some(DecodeGraph { graph, exec });
+        self.graphs[self.slot][key] = Some(DecodeGraph { graph, exec });
         Ok(())
     }
 
     /// Launches the decode graph `key`.
     pub(super) fn launch_graph(&mut self, key: usize) -> Result<()> {
-        let exec = self.graphs[key].as_ref().ok_or("no decode graph was captured for this step kind")?.exec;
+        let exec = self.graphs[self.slot][key].as_ref().ok_or("no decode graph was captured for this step kind")?.exec;
         let t = self.host_time.now();
         // SAFETY: exec is a live instantiated graph whose nodes use this backend's device buffers.
         unsafe { cudarc::driver::result::graph::launch(exec, self.g.stream) }.map_err(|e| format!("cuGraphLaunch: {e:?}"))?;

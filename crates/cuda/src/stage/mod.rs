@@ -15,6 +15,7 @@ use std::sync::atomic::Ordering;
 const GEMM_MIN: usize = 16;
 
 mod attention;
+mod batch;
 mod blocks;
 mod build;
 mod device_ops;
@@ -253,7 +254,14 @@ pub struct CudaOps {
     embed: Option<DM>,
     layers: Vec<DLayer>,
     head: Option<DHead>,
+    /// The selected KV slot's device state (what the one-sequence ops and that slot's decode graphs use).
     kv: Vec<DKv>,
+    /// The selected slot, and every other slot's KV set by slot (the selected slot's entry is empty:
+    /// `select_slot` swaps sets, so the buffers, and the pointers each slot's graphs captured, never move).
+    slot: usize,
+    parked: Vec<Vec<DKv>>,
+    /// (slot, position) of each row of the batched step in progress (capacity: the slots).
+    batch: Vec<(usize, usize)>,
     wk: Work,
     ctx: usize,
     counts_host: Vec<i32>,
@@ -290,8 +298,9 @@ pub struct CudaOps {
     /// launch sequence serves every position and can be replayed as a CUDA graph.
     decode_mode: bool,
     dpos: DBuf,
-    /// Captured decode graphs, by (hidden input, logits wanted).
-    graphs: [Option<DecodeGraph>; 6],
+    /// Captured decode graphs, per KV slot (a graph holds its slot's KV pointers), by (hidden input,
+    /// logits wanted).
+    graphs: Vec<[Option<DecodeGraph>; 6]>,
     /// The capture in progress has begun (`begin_record`).
     capturing: bool,
     host_time: host_time::HostTime,
@@ -343,24 +352,31 @@ fn ty_code(t: GgmlType) -> i32 {
 impl CudaStage {
     /// Uploads the weights of `stage` (its bound, mapped tensors) and allocates KV state for `ctx` and
     /// work buffers for batches of up to `nmax` tokens.
-    pub fn new(stage: &Stage, ctx: usize, nmax: usize) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, stage.w.range, 0, WeightPlace::Device) }
+    pub fn new(stage: &Stage, ctx: usize, nmax: usize) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, stage.w.range, 0, WeightPlace::Device, 1) }
 
     /// [`CudaStage::new`] with the weights in `place`.
-    pub fn new_placed(stage: &Stage, ctx: usize, nmax: usize, place: WeightPlace) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, stage.w.range, 0, place) }
+    pub fn new_placed(stage: &Stage, ctx: usize, nmax: usize, place: WeightPlace) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, stage.w.range, 0, place, 1) }
 
     /// The layers `part` of `stage` on CUDA device `device`: one of several stages of a pipeline over
     /// GPUs (each owns its layers' weights and KV; the hidden state passes between them).
-    pub fn new_part(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, part, device, WeightPlace::Device) }
+    pub fn new_part(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize) -> ds4_model::Result<Self> { Self::build(stage, ctx, nmax, part, device, WeightPlace::Device, 1) }
 
     /// [`CudaStage::new_part`] with the weights in `place`. With [`WeightPlace::Host`] the stage reads
     /// `stage`'s mapped weights while it runs: `stage` must outlive it.
     pub fn new_part_placed(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace) -> ds4_model::Result<Self> {
-        Self::build(stage, ctx, nmax, part, device, place)
+        Self::build(stage, ctx, nmax, part, device, place, 1)
     }
 
-    fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace) -> ds4_model::Result<Self> {
+    /// [`CudaStage::new_part_placed`] holding `slots` KV states (sessions decoded together by
+    /// `forward_batch`, `KvState::slot` picking one; counted by the GPU plan). `slots` must not
+    /// exceed `nmax` (a batched step takes one activation row per session).
+    pub fn new_slots(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace, slots: usize) -> ds4_model::Result<Self> {
+        Self::build(stage, ctx, nmax, part, device, place, slots)
+    }
+
+    fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace, slots: usize) -> ds4_model::Result<Self> {
         let nmax = nmax.max(1);
-        let ops = CudaOps::build(stage, ctx, nmax, part, device, place).map_err(me)?;
+        let ops = CudaOps::build(stage, ctx, nmax, part, device, place, slots).map_err(me)?;
         let range = ops.range;
         let cfg = ops.cfg.clone();
         Ok(Self(GpuStage::new(cfg, ops, range, nmax, ctx).map_err(ge)?))
@@ -405,6 +421,18 @@ impl CudaStage {
 
     /// The HC streams after the last forward call (n × hc_dim), downloaded.
     pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> { self.0.hidden(n).map_err(ge) }
+
+    /// One decode step for several sessions, each in its own KV slot (`GpuStage::forward_batch`): one
+    /// logits row per session. Rows are bit-identical to decoding alone only with
+    /// `batch_rowwise` (the deterministic mode); by default the batch's products use the multi-token
+    /// kernels (weights read once per batch), which round differently.
+    /// A batch of one session is its decode step (that slot's CUDA graph), not a one-row batch.
+    pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> {
+        match (kvs, tokens) {
+            ([kv], [_]) => self.0.forward(kv, tokens, None, ds4_model::Logits::Last).map_err(ge),
+            (kvs, tokens) => self.0.forward_batch(kvs, tokens).map_err(ge),
+        }
+    }
 
     /// Copies the device KV state of this stage's layers into `kv` (at the device's position or its snapshot's).
     pub fn download_kv(&mut self, kv: &mut KvState) -> ds4_model::Result<()> { self.0.download_kv(kv).map_err(ge) }

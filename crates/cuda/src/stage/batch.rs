@@ -1,0 +1,204 @@
+//! Several sessions in one step: KV slots and the batched step's per-sequence ops.
+//!
+//! Each slot owns a full KV set (ring, compressed and indexer rows, compressor frontiers, snapshot).
+//! The selected slot's set is `kv`, which the one-sequence ops and the state ops use; `select_slot`
+//! swaps sets (no buffer moves). A decode graph captures the pointers of the slot selected while it
+//! is recorded, so each slot has its own graphs (`graphs[slot]`), valid whenever that slot is selected.
+//!
+//! A batched step (`Step::batch`, one token per row, row r in slot `batch[r].0` at position
+//! `batch[r].1`) runs the row-independent ops (entries, norms, projections, router, experts, head) on
+//! all rows at once with the multi-token kernels; the ops that read or write a sequence's state or
+//! depend on its position (rope, compressors, indexer selection, attention, ring store) run row by
+//! row: the one-token prefill kernels (not decode mode: the position is an argument) on row r's
+//! activations and its slot's buffers.
+use super::*;
+use ds4_gpu::Compressor;
+
+impl CudaOps {
+    pub(super) fn slots(&self) -> usize { self.parked.len() }
+
+    /// Makes `slot`'s KV set the one the one-sequence ops use.
+    pub(super) fn select_slot(&mut self, slot: usize) -> Result<()> {
+        if slot >= self.slots() {
+            return Err(format!("KV slot {slot} out of range: this stage holds {}", self.slots()));
+        }
+        if slot != self.slot {
+            // The current set back to its place, then the chosen one out of its place.
+            std::mem::swap(&mut self.kv, &mut self.parked[self.slot]);
+            std::mem::swap(&mut self.kv, &mut self.parked[slot]);
+            self.slot = slot;
+        }
+        Ok(())
+    }
+
+    /// Layer `li`'s KV buffers of `slot`.
+    fn slot_kv(&self, slot: usize, li: usize) -> &DKv { if slot == self.slot { &self.kv[li] } else { &self.parked[slot][li] } }
+
+    /// Prepares a batched step: the rows' slots and positions, the token ids (checked by the stage).
+    pub(super) fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> Result<()> {
+        if rows.len() != step.n || tokens.len() != step.n || step.n > self.batch.capacity() {
+            return Err(format!("batched step of {} rows and {} tokens for {} slots", rows.len(), tokens.len(), self.slots()));
+        }
+        if let Some(&(s, _)) = rows.iter().find(|r| r.0 >= self.slots()) {
+            return Err(format!("KV slot {s} out of range: this stage holds {}", self.slots()));
+        }
+        self.pend = None;
+        self.decode_mode = false;
+        self.g.pdl_now = false;
+        self.batch.clear();
+        self.batch.extend_from_slice(rows);
+        self.g.htod(self.wk.tokens.ptr, tokens)
+    }
+
+    /// (slot, position) of batch row `r`.
+    fn row(&self, r: usize) -> (usize, usize) { self.batch[r] }
+
+    /// The shared KV rows of a batch: one projection, then each row's norm, rope and QAT at its position.
+    pub(super) fn batch_kv_row(&mut self, li: usize, s: Step) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let (kvm, kv_norm, freqs) = (self.layers[li].kv, self.layers[li].kv_norm, self.layers[li].freqs);
+        let (xn, kvb) = (self.wk.xn.ptr, self.wk.kvb.ptr);
+        self.mm_q(&kvm, xn, s.n, kvb, None)?;
+        let qat = self.qat_code(false);
+        for r in 0..s.n {
+            let x = kvb + (r * d * 4) as u64;
+            self.nrq(x, d, x, d, 1, d, true, kv_norm, freqs, self.row(r).1 as i64, 1, 1, qat)?;
+        }
+        Ok(())
+    }
+
+    /// A compressor's update for a batch: both projections of every row at once, then each row's
+    /// one-token update of its slot's frontier at its position (and the window it closes, if any,
+    /// pooled, normed and roped into its slot's rows).
+    pub(super) fn batch_compress(&mut self, li: usize, which: Compressor, s: Step) -> Result<()> {
+        let cfg = self.cfg.clone();
+        let il = self.range.first + li;
+        let l = &self.layers[li];
+        let (ratio, freqs) = (l.ratio, l.freqs);
+        let (c, dim) = match which {
+            Compressor::Kv => (l.comp.as_ref().ok_or("layer without a compressor")?, cfg.head_dim),
+            Compressor::Indexer => (&l.indexer.as_ref().ok_or("layer without an indexer")?.comp, cfg.idx_dim),
+        };
+        let (ape, ckm, cgm, cnorm) = (c.ape, c.kv, c.gate, c.norm);
+        let (ck, cg, pooled, xn) = (self.wk.ck.ptr, self.wk.cg.ptr, self.wk.pooled.ptr, self.wk.xn.ptr);
+        let w = cfg.compress_coff(il) * dim;
+        self.mm(&ckm, xn, s.n, ck)?;
+        self.mm(&cgm, xn, s.n, cg)?;
+        let qat = self.qat_code(which == Compressor::Indexer);
+        for r in 0..s.n {
+            let (slot, pos) = self.row(r);
+            let k = self.slot_kv(slot, li);
+            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
+            let (rows, st_kv, st_sc) = match which {
+                Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
+                Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
+            };
+            let off = (r * w * 4) as u64;
+            let row0 = pos / ratio;
+            let nwin = (pos + 1) / ratio - row0;
+            let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(0)];
+            self.compress(&args, false, nwin, w, dim)?;
+            self.nrq_at(pooled, dim, rows + (row0 * dim * 4) as u64, dim, nwin, dim, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, qat, 0)?;
+        }
+        Ok(())
+    }
+
+    /// The indexer's queries of a batch: one projection, then each row's heads roped at its position.
+    pub(super) fn batch_indexer_query(&mut self, li: usize, s: Step) -> Result<()> {
+        let (ih, id) = (self.cfg.idx_heads, self.cfg.idx_dim);
+        let l = &self.layers[li];
+        let (iqb, freqs) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs);
+        let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
+        self.mm(&iqb, qr, s.n, iq)?;
+        let qat = self.qat_code(true);
+        for r in 0..s.n {
+            let x = iq + (r * ih * id * 4) as u64;
+            self.nrq(x, id, x, id, ih, id, false, 0, freqs, self.row(r).1 as i64, ih, 1, qat)?;
+        }
+        Ok(())
+    }
+
+    /// The attention queries of a batch: one q_b product, then each row's per-head norm and rope.
+    pub(super) fn batch_q_heads(&mut self, li: usize, s: Step) -> Result<()> {
+        let (d, nh) = (self.cfg.head_dim, self.cfg.n_head);
+        let (q_b, freqs) = (self.layers[li].q_b, self.layers[li].freqs);
+        let (qr, q) = (self.wk.qr.ptr, self.wk.q.ptr);
+        self.mm_q(&q_b, qr, s.n, q, None)?;
+        for r in 0..s.n {
+            let x = q + (r * nh * d * 4) as u64;
+            self.nrq(x, d, x, d, nh, d, true, 0, freqs, self.row(r).1 as i64, nh, 1, 0)?;
+        }
+        Ok(())
+    }
+
+    /// Each row's indexer scores over its slot's compressed rows and its top-k (row r's selection at
+    /// `sel + r·topk`; a row that sees at most top_k rows is left to attend to all of them).
+    pub(super) fn batch_indexer_select(&mut self, li: usize, s: Step) -> Result<()> {
+        let (ih, id, topk) = (self.cfg.idx_heads, self.cfg.idx_dim, self.cfg.idx_topk);
+        if ih > 256 {
+            return Err("indexer with more than 256 heads".into());
+        }
+        let ratio = self.layers[li].ratio;
+        let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
+        let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
+        for r in 0..s.n {
+            let (slot, pos) = self.row(r);
+            let idx_rows = self.slot_kv(slot, li).idx.as_ref().map_or(0, |b| b.ptr);
+            let (iq_r, iw_r) = (iq + (r * ih * id * 4) as u64, iw + (r * ih * 4) as u64);
+            let (sc_r, sel_r) = (scores + (r * ldsc * 4) as u64, selp + (r * topk * 4) as u64);
+            let nrows = (pos + 1) / ratio;
+            let args = [A::P(iq_r), A::P(iw_r), A::P(idx_rows), A::P(sc_r), A::I(ldsc as i32), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(0)];
+            self.g.launch("idx_scores", (cdiv(nrows, 8), 1, 1), 256, smem, &args)?;
+            let args = [A::P(sc_r), A::I(ldsc as i32), A::P(sel_r), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::P(0)];
+            self.g.launch("idx_topk", (1, 1, 1), 1024, 0, &args)?;
+        }
+        self.ls.sel = selp;
+        Ok(())
+    }
+
+    /// Each row's attention over its slot's window and compressed rows (its selection when
+    /// `selected`), at its position; then its KV row into its slot's ring.
+    pub(super) fn batch_attend(&mut self, li: usize, s: Step, selected: bool) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, nh, topk, swa, half) = (cfg.head_dim, cfg.n_head, cfg.idx_topk, cfg.swa, cfg.rope_dim / 2);
+        let sel = if selected { self.ls.sel } else { 0 };
+        let l = &self.layers[li];
+        let (ratio, sinks, freqs) = (l.ratio, l.sinks, l.freqs);
+        let (q, kvb, o) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr);
+        let qd = cfg.q_dim();
+        for r in 0..s.n {
+            let (slot, pos) = self.row(r);
+            let k = self.slot_kv(slot, li);
+            let (ring, comp_rows) = (k.ring.ptr, k.comp.as_ref().map_or(0, |b| b.ptr));
+            let nc = if ratio != 0 { (pos + 1) / ratio } else { 0 };
+            let ncand = swa.min(pos + 1) + if sel != 0 { nc.min(topk) } else { nc };
+            // attn_h1's shared memory, as the one-token prefill path sizes it.
+            let smem = ((d + ncand + 8 * d + 4) * 4) as u32;
+            if smem > 220 * 1024 {
+                return Err(format!("attention over {ncand} candidates needs {smem} bytes of shared memory"));
+            }
+            let sel_r = if sel != 0 { sel + (r * topk * 4) as u64 } else { 0 };
+            let kv_r = kvb + (r * d * 4) as u64;
+            let args = [
+                A::P(q + (r * qd * 4) as u64),
+                A::P(kv_r),
+                A::P(ring),
+                A::P(comp_rows),
+                A::P(sel_r),
+                A::P(sinks),
+                A::P(o + (r * qd * 4) as u64),
+                A::I(nh as i32),
+                A::I(d as i32),
+                A::L(pos as i64),
+                A::I(swa as i32),
+                A::I(ratio as i32),
+                A::I(topk as i32),
+                A::P(freqs),
+                A::I(half as i32),
+            ];
+            self.g.launch("attn_h1", (1, nh as u32, 1), 256, smem, &args)?;
+            self.g.launch("ring_store", (1, 1, 1), 128, 0, &[A::P(kv_r), A::P(ring), A::I(1), A::I(d as i32), A::L(pos as i64), A::I(swa as i32), A::P(0)])?;
+        }
+        Ok(())
+    }
+}
