@@ -16,6 +16,7 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
 cp "$(exe -p ds4-cuda --features cuda --test device)" device-bin/device-tests
 cp "$(exe -p ds4-engine --features cuda --test cuda_pipeline)" device-bin/engine-tests
+cp "$(exe -p ds4-engine --features cuda --test decode_batch_cuda)" device-bin/engine-batch-tests
 # Per-module NVRTC compile times on the device's cores (bench/cuda/cold_start.sh runs it).
 cp "$(exe -p ds4-cuda --features cuda --test nvrtc_compile)" device-bin/nvrtc-tests
 # The wgpu ops and the whole stage against the CPU, on the GPU through Vulkan (bench/wgpu/h200.sh).
@@ -24,5 +25,5 @@ strip device-bin/* 2>/dev/null || true
 # One compressed file to carry (the device call carries at most 64 MiB with the tree): unpack there
 # with `tar -xJf device-bin/bins.tar.xz`.
 rm -f device-bin/bins.tar.xz
-tar -cJf /tmp/ds4-bins.tar.xz device-bin/* && mv /tmp/ds4-bins.tar.xz device-bin/bins.tar.xz
+tar -cJf /tmp/ds4-bins.tar.xz $(find device-bin -maxdepth 1 -type f ! -name '*.tar.xz') && mv /tmp/ds4-bins.tar.xz device-bin/bins.tar.xz
 ls -la device-bin
