@@ -19,8 +19,10 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   DS4_TEST_DIR=/dev/shm timeout 200 $B/device-tests --nocapture --test-threads 1 batch 2>&1 | tee $OUT/cuda_batch_tests.log | grep -E "^test |test result|agreement|worst|panicked" | head -30
   timeout 150 $B/engine-batch-tests --nocapture --test-threads 1 2>&1 | tee $OUT/engine_batch_tests.log | grep -E "^test |test result|agreement|worst|panicked" | head -20
 fi
-el "Vulkan vs CUDA (full Flash q2) and the wgpu GPU tests"
-PROFILE= ROUNDS=1 WT=${WT:-100} B=$B OUT=$OUT bench/wgpu/h200.sh 2>&1 | grep -v "^test .* ok$" | tail -30
+el "Vulkan vs CUDA (full Flash q2, or FLASH=flash:N layers on a smaller GPU) and the wgpu GPU tests"
+FLASH=${FLASH:-flash}; M=/dev/shm/${FLASH/:/}.gguf
+[ -f $M ] || timeout 300 $B/ds4-gguf synth $FLASH $M --mix q2 2>&1 | tail -1
+M=$M PROFILE= ROUNDS=1 WT=${WT:-100} B=$B OUT=$OUT bench/wgpu/h200.sh 2>&1 | grep -v "^test .* ok$" | tail -30
 el "flash:6 Vulkan A/B and profile"
 [ -f /dev/shm/flash6.gguf ] || timeout 120 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 2>&1 | tail -1
 for b in $B/old/ds4-bench $B/ds4-bench $B/old/ds4-bench $B/ds4-bench; do
@@ -34,6 +36,6 @@ XDG_RUNTIME_DIR=/tmp DS4_WGPU_PROFILE=1 timeout 150 $B/ds4-bench -m /dev/shm/fla
 grep -v "uploading" $OUT/profile_vulkan.log | grep -A14 "wgpu profile" | head -60
 if [ -z "${SKIP_COLD:-}" ]; then
   el "cold start"
-  REPS=1 OUT=$OUT bench/cuda/cold_start.sh 2>&1 | tail -12
+  M=$M REPS=1 OUT=$OUT bench/cuda/cold_start.sh 2>&1 | tail -12
 fi
 el done
