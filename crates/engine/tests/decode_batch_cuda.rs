@@ -11,15 +11,8 @@ fn argmax(l: &[f32]) -> u32 {
     l.iter().enumerate().fold((0usize, f32::NEG_INFINITY), |b, (i, &v)| if v > b.1 { (i, v) } else { b }).0 as u32
 }
 
-fn prompt(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
-    let mut s = seed;
-    (0..n)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab as u64) as u32
-        })
-        .collect()
-}
+mod common;
+use common::tokens as prompt;
 
 fn engine(slots: usize, deterministic: bool, devices: Vec<usize>) -> Option<Result<Engine, String>> {
     let path = resolve_model(None).unwrap().path().to_path_buf();
