@@ -6,13 +6,15 @@
 #  3. full Flash q2: ds4-bench --backend vulkan and --backend cuda (bench/wgpu/h200.sh, one round),
 #     then a flash:6 Vulkan A/B of the previous ds4-bench (device-bin/old/ds4-bench, if carried) against
 #     this one, and this one's per-op profile (DS4_WGPU_PROFILE=1);
-#  4. cold start of ds4-server on CUDA (empty kernel cache, then warm).
+#  4. CUDA batched sessions: ds4-bench --concurrency 1/2/4/8 (and 8 with --deterministic) -> batching.csv;
+#  5. cold start of ds4-server on CUDA (empty kernel cache, then warm).
 # Prepare: bench/cuda/build_device_bin.sh; the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/device_session.sh   (carry device-bin/bins.tar.xz, .gl)
 set -u
 OUT=${OUT:-/tmp/out}; B=${B:-device-bin}
 mkdir -p $OUT
 export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+. bench/wgpu/vulkan_env.sh
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 if [ -z "${SKIP_TESTS:-}" ]; then
   el "CUDA batch device tests"
@@ -34,6 +36,14 @@ done
 XDG_RUNTIME_DIR=/tmp DS4_WGPU_PROFILE=1 timeout 150 $B/ds4-bench -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --backend vulkan --ctx-start 4096 --ctx-max 4096 \
   --gen-tokens 32 --prefill-chunk 4096 --mem-limit-gb 200 > $OUT/profile_vulkan.log 2>&1
 grep -v "uploading" $OUT/profile_vulkan.log | grep -A14 "wgpu profile" | head -60
+el "CUDA batched sessions: aggregate decode at 1, 2, 4, 8 streams (and 8 deterministic)"
+echo "mode,streams,csv" > $OUT/batching.csv
+for c in 1 2 4 8 8d; do
+  n=${c%d}; det=; mode=default; [ "$c" != "$n" ] && { det=--deterministic; mode=deterministic; }
+  r=$(timeout 150 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 64 \
+      --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n $det 2>$OUT/batch_$c.err | grep "^4096,")
+  echo "$mode,$n,$r" | tee -a $OUT/batching.csv
+done
 if [ -z "${SKIP_COLD:-}" ]; then
   el "cold start"
   M=$M REPS=1 OUT=$OUT bench/cuda/cold_start.sh 2>&1 | tail -12

@@ -7,7 +7,7 @@
 #   bench/cuda/build_device_bin.sh            # binaries with --features "cuda wgpu" into device-bin/
 #   echo /.gl/ >> .git/info/exclude; mkdir -p .gl /tmp/amd64/partial
 #   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
-#   apt-get $o update; (cd .gl && apt-get $o download libvulkan1)
+#   apt-get $o update; (cd .gl && apt-get $o download libvulkan1 libglvnd0 libegl1 libgl1 libglx0 libopengl0 libgles2)
 # Run on the device (carry device-bin/ds4-bench, device-bin/ds4-gguf, device-bin/wgpu-*-tests, .gl):
 #   bench/wgpu/h200.sh        (results in $OUT: wgpu_tests.log, vulkan_vs_cuda.csv, bench.log)
 set -u
@@ -16,8 +16,7 @@ B=${B:-device-bin}
 M=${M:-/dev/shm/flash.gguf}
 mkdir -p $OUT
 # The Vulkan loader is not on the device: unpack the carried one, and name NVIDIA's ICD if needed.
-for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
-[ -f /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ] && export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+. bench/wgpu/vulkan_env.sh
 export XDG_RUNTIME_DIR=/tmp DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 for t in $B/wgpu-*-tests; do

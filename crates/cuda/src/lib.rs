@@ -25,6 +25,7 @@ macro_rules! module {
 /// `tests/nvrtc_compile.rs` `compile_times`: 1.4 for the first, 0.02 for the last, ~12 in all).
 pub const MODULES: &[KernelModule] = &[
     module!("matvec_tiled_n4", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n4.cu", ["mv4_f16_n4", "mv4_q8s_n4", "mv4_q2_k_n4", "mv4_q4_k_n4", "mv4_iq2s_n4"]),
+    module!("matvec_tiled_n8", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n8.cu", ["mv4_f16_n8", "mv4_q8s_n8", "mv4_q2_k_n8", "mv4_q4_k_n8", "mv4_iq2s_n8"]),
     module!("matvec_tiled_n1", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n1.cu", ["mv4_f16_n1", "mv4_q8s_n1", "mv4_q2_k_n1", "mv4_q4_k_n1", "mv4_iq2s_n1"]),
     module!("attention", [], "attention.cu", ["attn_h1", "attn_h4", "attn_h16", "ring_store"]),
     module!("attention_tc", ["tensor_core.cuh"], "attention_tc.cu", ["attn_tc64", "attn_tc32"]),

@@ -63,8 +63,9 @@ pub(crate) fn dq_unit(t: GgmlType) -> usize {
 
 pub(crate) fn cdiv(a: usize, b: usize) -> u32 { a.div_ceil(b) as u32 }
 
-/// Row-tiled mat-vec kernel ("mv4", matvec_tiled.cuh) for `m`, when its type and layout have one.
-pub(crate) fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
+/// Row-tiled mat-vec kernel ("mv4", matvec_tiled.cuh) for `m` taking `nt` (1, 4 or 8) tokens per
+/// pass, when its type and layout have one.
+pub(crate) fn mv4_name(m: &DM, nt: usize) -> Option<&'static str> {
     let base = match m.ty {
         GgmlType::F16 if m.cols % 4 == 0 => 0,
         GgmlType::Q8_0 if m.split => 1,
@@ -73,8 +74,20 @@ pub(crate) fn mv4_name(m: &DM, nt4: bool) -> Option<&'static str> {
         GgmlType::IQ2_XXS if m.split => 4,
         _ => return None,
     };
-    const N: [[&str; 2]; 5] = [["mv4_f16_n1", "mv4_f16_n4"], ["mv4_q8s_n1", "mv4_q8s_n4"], ["mv4_q2_k_n1", "mv4_q2_k_n4"], ["mv4_q4_k_n1", "mv4_q4_k_n4"], ["mv4_iq2s_n1", "mv4_iq2s_n4"]];
-    Some(N[base][nt4 as usize])
+    const N: [[&str; 3]; 5] = [
+        ["mv4_f16_n1", "mv4_f16_n4", "mv4_f16_n8"],
+        ["mv4_q8s_n1", "mv4_q8s_n4", "mv4_q8s_n8"],
+        ["mv4_q2_k_n1", "mv4_q2_k_n4", "mv4_q2_k_n8"],
+        ["mv4_q4_k_n1", "mv4_q4_k_n4", "mv4_q4_k_n8"],
+        ["mv4_iq2s_n1", "mv4_iq2s_n4", "mv4_iq2s_n8"],
+    ];
+    let i = match nt {
+        1 => 0,
+        4 => 1,
+        8 => 2,
+        _ => return None,
+    };
+    Some(N[base][i])
 }
 
 /// Warps sharing one 4-row group of the mv4 kernel: split K until about 4096 warps are busy.
@@ -92,11 +105,12 @@ pub(crate) fn ks4(rows: usize, cols: usize, z: usize) -> usize {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
     let nt4 = n > 1;
-    let nt = if nt4 { 4 } else { 1 };
+    // Eight tokens a pass (weights read once) for 5..8 tokens where a tiled kernel exists.
+    let nt = if !nt4 { 1 } else if n > 4 && mv4_name(m, 8).is_some() { 8 } else { 4 };
     if n == 1 && ((m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768) || (m.ty == GgmlType::Q2_K && m.cols % 512 == 0)) {
         return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z);
     }
-    let (name, ks, rows_per_block) = match mv4_name(m, nt4) {
+    let (name, ks, rows_per_block) = match mv4_name(m, nt) {
         Some(name) => {
             let ks = ks4(rows, m.cols, z);
             (name, ks, 4 * (8 / ks))

@@ -30,7 +30,7 @@ fn matmul_kernels_match_cpu() {
         return;
     }
     for ty in [GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS, GgmlType::F16] {
-        for (rows, cols, n, split) in [(96usize, 4096usize, 1usize, false), (96, 4096, 1, true), (40, 2048, 3, true), (64, 1024, 37, true), (13, 1280, 5, true), (7, 512, 1, true), (3000, 4096, 1, true)] {
+        for (rows, cols, n, split) in [(96usize, 4096usize, 1usize, false), (96, 4096, 1, true), (40, 2048, 3, true), (64, 1024, 37, true), (13, 1280, 5, true), (64, 4096, 8, true), (40, 2304, 13, true), (7, 512, 1, true), (3000, 4096, 1, true)] {
             let nb = rows * cols / ty.block_elems();
             let data = ds4_quant::random_valid_blocks(ty, 17 + rows as u64, nb);
             let x: Vec<f32> = (0..n * cols).map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.7).collect();

@@ -12,7 +12,9 @@
 //! row: the one-token prefill kernels (not decode mode: the position is an argument) on row r's
 //! activations and its slot's buffers.
 use super::*;
+use crate::dec_attn::DecAttn;
 use ds4_gpu::Compressor;
+use ds4_model::kv::compressed_capacity;
 
 impl CudaOps {
     pub(super) fn slots(&self) -> usize { self.parked.len() }
@@ -96,8 +98,9 @@ impl CudaOps {
             let off = (r * w * 4) as u64;
             let row0 = pos / ratio;
             let nwin = (pos + 1) / ratio - row0;
+            // The decode step's one-position walk (comp_seq) at the row's position.
             let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(0)];
-            self.compress(&args, false, nwin, w, dim)?;
+            self.compress(&args, true, nwin, w, dim)?;
             self.nrq_at(pooled, dim, rows + (row0 * dim * 4) as u64, dim, nwin, dim, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, qat, 0)?;
         }
         Ok(())
@@ -124,6 +127,10 @@ impl CudaOps {
         let (q_b, freqs) = (self.layers[li].q_b, self.layers[li].freqs);
         let (qr, q) = (self.wk.qr.ptr, self.wk.q.ptr);
         self.mm_q(&q_b, qr, s.n, q, None)?;
+        if self.dec_attn_rows() {
+            // The decode attention kernel norms and ropes the raw query itself.
+            return Ok(());
+        }
         for r in 0..s.n {
             let x = q + (r * nh * d * 4) as u64;
             self.nrq(x, d, x, d, nh, d, true, 0, freqs, self.row(r).1 as i64, nh, 1, 0)?;
@@ -148,7 +155,8 @@ impl CudaOps {
             let (sc_r, sel_r) = (scores + (r * ldsc * 4) as u64, selp + (r * topk * 4) as u64);
             let nrows = (pos + 1) / ratio;
             let args = [A::P(iq_r), A::P(iw_r), A::P(idx_rows), A::P(sc_r), A::I(ldsc as i32), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(0)];
-            self.g.launch("idx_scores", (cdiv(nrows, 8), 1, 1), 256, smem, &args)?;
+            // (At least one block: a row that sees no compressed row yet still gets its empty selection.)
+            self.g.launch("idx_scores", (cdiv(nrows.max(1), 8), 1, 1), 256, smem, &args)?;
             let args = [A::P(sc_r), A::I(ldsc as i32), A::P(sel_r), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::P(0)];
             self.g.launch("idx_topk", (1, 1, 1), 1024, 0, &args)?;
         }
@@ -159,6 +167,9 @@ impl CudaOps {
     /// Each row's attention over its slot's window and compressed rows (its selection when
     /// `selected`), at its position; then its KV row into its slot's ring.
     pub(super) fn batch_attend(&mut self, li: usize, s: Step, selected: bool) -> Result<()> {
+        if self.dec_attn_rows() {
+            return self.batch_attend_dec(li, s, selected);
+        }
         let cfg = &self.cfg;
         let (d, nh, topk, swa, half) = (cfg.head_dim, cfg.n_head, cfg.idx_topk, cfg.swa, cfg.rope_dim / 2);
         let sel = if selected { self.ls.sel } else { 0 };
@@ -199,6 +210,61 @@ impl CudaOps {
             self.g.launch("attn_h1", (1, nh as u32, 1), 256, smem, &args)?;
             self.g.launch("ring_store", (1, 1, 1), 128, 0, &[A::P(kv_r), A::P(ring), A::I(1), A::I(d as i32), A::L(pos as i64), A::I(swa as i32), A::P(0)])?;
         }
+        Ok(())
+    }
+
+    /// Whether a batch's rows attend through the decode attention kernels (their head shapes).
+    fn dec_attn_rows(&self) -> bool {
+        let (d, half) = (self.cfg.head_dim, self.cfg.rope_dim / 2);
+        d % 4 == 0 && d <= 1024 && 2 * half <= d
+    }
+
+    /// Each row's attention as a decode step computes it (`DecAttn`: candidates split over blocks, the
+    /// raw query normed and roped inside, the merge storing the row's KV in its slot's ring), at the
+    /// row's position over its slot's rows. Rows run one after another on the stream (they share the
+    /// partials' scratch).
+    fn batch_attend_dec(&mut self, li: usize, s: Step, selected: bool) -> Result<()> {
+        let cfg = &self.cfg;
+        let (d, nh, topk, swa, half, qd) = (cfg.head_dim, cfg.n_head, cfg.idx_topk, cfg.swa, cfg.rope_dim / 2, cfg.q_dim());
+        let eps = cfg.rms_eps;
+        let sel = if selected { self.ls.sel } else { 0 };
+        let l = &self.layers[li];
+        let (ratio, sinks, freqs) = (l.ratio, l.sinks, l.freqs);
+        let cap = if ratio != 0 { compressed_capacity(self.ctx, ratio) } else { 0 };
+        let nsplit = DecAttn::splits(swa.min(self.ctx) + if sel != 0 { cap.min(topk) } else { cap });
+        if nsplit > self.wk.adec_splits {
+            return Err(format!("decode attention over {nsplit} chunks exceeds the planned {}", self.wk.adec_splits));
+        }
+        let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
+        for r in 0..s.n {
+            let (slot, pos) = self.row(r);
+            let k = self.slot_kv(slot, li);
+            let a = DecAttn {
+                q: q + (r * qd * 4) as u64,
+                kvb: kvb + (r * d * 4) as u64,
+                ring: k.ring.ptr,
+                comp: k.comp.as_ref().map_or(0, |b| b.ptr),
+                sel: if sel != 0 { sel + (r * topk * 4) as u64 } else { 0 },
+                sinks,
+                freqs,
+                part,
+                o: o + (r * qd * 4) as u64,
+                q80: 0,
+                d80: 0,
+                dpos: 0,
+                pos: pos as i64,
+                nh,
+                d,
+                half,
+                swa,
+                ratio,
+                topk,
+                nsplit,
+                eps,
+            };
+            a.launch(&mut self.g)?;
+        }
+        self.ls.pre_o = None;
         Ok(())
     }
 }

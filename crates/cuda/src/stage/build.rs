@@ -368,6 +368,7 @@ impl CudaOps {
             gx: f(n * k * e)?,
             gw: f(n * k)?,
             gtok: f(n * k)?,
+            rep_tok: f((slots * k).max(1))?,
             slot_pos: f(n * k)?,
             counts: f(ne)?,
             cursor: f(ne)?,
@@ -389,8 +390,9 @@ impl CudaOps {
             xq80: g.alloc((SIDE_STREAMS + 1) * xq80_cap)?,
             xq80d: g.alloc((SIDE_STREAMS + 1) * xq80_cap / 32 * 4)?,
             xq80_cap,
-            xq: g.alloc(e.max(k * ff).next_multiple_of(256))?,
-            xqd: g.alloc(e.max(k * ff).div_ceil(256) * 4)?,
+            // One token's k expert inputs, or a batched step's slots·k (decode's per-slot kernels).
+            xq: g.alloc((slots * k * e.max(ff)).max(e).next_multiple_of(256))?,
+            xqd: g.alloc((slots * k * e.max(ff)).max(e).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
             gptr_cap: n * k / 64 + ne + 1,
             q8_xn: act8(e, 32)?,
@@ -403,6 +405,8 @@ impl CudaOps {
             // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
         };
+        let rep: Vec<i32> = (0..slots * k).map(|j| (j / k.max(1)) as i32).collect();
+        g.htod(wk.rep_tok.ptr, &rep)?;
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
         if d % 4 == 0 && d <= 1024 {

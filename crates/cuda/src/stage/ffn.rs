@@ -2,7 +2,7 @@
 //! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_q8k, q8_ok};
+use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_mvq8_ks, launch_q8k, mvq_ks, q8_ok};
 
 impl CudaOps {
     /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
@@ -71,6 +71,9 @@ impl CudaOps {
         let (e, k, ff) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.ff_exp);
         let l = &self.layers[li];
         let (gate, up, down, clamp) = (l.gate_exps, l.up_exps, l.down_exps, l.clamp);
+        if n > 1 && s.batch {
+            return self.experts_rows(n, gate, up, down, clamp);
+        }
         if n > 1 {
             self.experts_grouped(n, gate, up, down, clamp)?;
             self.ls.slot_pos = self.wk.slot_pos.ptr;
@@ -118,6 +121,41 @@ impl CudaOps {
             self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, k)?;
         }
         Ok(())
+    }
+
+    /// A batched step's routed experts (one token per row): slot j = r·k + i reads expert eids[j] with
+    /// row r's activations through the one-token kernels, as a decode step does with its k slots (the
+    /// int8 products with the decode step's K split), all rows' slots in one launch per matrix. No
+    /// host round trip (the grouped path reads the expert counts back), and the expert outputs stay
+    /// token-major for the combination.
+    fn experts_rows(&mut self, n: usize, gate: DM, up: DM, down: DM, clamp: f32) -> Result<()> {
+        let (e, k, ff) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.ff_exp);
+        let z = n * k;
+        if z > self.batch.capacity() * k {
+            return Err(format!("batched experts: {n} rows exceed the {} KV slots", self.batch.capacity()));
+        }
+        let wk = &self.wk;
+        let (xn, rep, eids, ew, gx, ex_a, ex_b, ex_out, xq, xd) = (wk.xn.ptr, wk.rep_tok.ptr, wk.eids.ptr, wk.ew.ptr, wk.gx.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.xq.ptr, wk.xqd.ptr);
+        self.g.launch("gather_rows", (z as u32, 1, 1), 256, 0, &[A::P(xn), A::P(rep), A::P(gx), A::I(e as i32)])?;
+        let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
+        if q8 {
+            launch_q8k(&mut self.g, gx, e, e, z, xq, xd)?;
+            launch_mvq8_ks(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xq, xd, e, ex_b, ff, ff, z, mvq_ks(&up, ff, k))?;
+            launch_mvq8_ks(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xq, xd, e, ex_a, ff, ff, z, mvq_ks(&gate, ff, k))?;
+        } else {
+            self.mv(up.ptr, &up, up.mat_bytes(), eids, gx, e, e, ex_b, ff, ff, ff, 1, z)?;
+            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, gx, e, e, ex_a, ff, ff, ff, 1, z)?;
+        }
+        let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
+        self.g.launch("swiglu", (cdiv(z * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((z * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
+        if q8 {
+            if sq == 0 {
+                launch_q8k(&mut self.g, ex_a, ff, ff, z, xq, xd)?;
+            }
+            launch_mvq8_ks(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, z, mvq_ks(&down, e, k))
+        } else {
+            self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, z)
+        }
     }
 
     /// Combination of the weighted expert rows plus the shared expert, and the sub-layer exit (in one

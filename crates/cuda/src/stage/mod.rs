@@ -150,6 +150,8 @@ struct Work {
     gx: DBuf,
     gw: DBuf,
     gtok: DBuf,
+    /// Row r·k + i → r (the slots of a batched step's routed experts read their row's activations).
+    rep_tok: DBuf,
     slot_pos: DBuf,
     counts: DBuf,
     cursor: DBuf,
