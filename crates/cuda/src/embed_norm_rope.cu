@@ -92,9 +92,13 @@ __device__ void fp4_block(float* b, int n) {
 extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, int ldo, int d, int do_norm, const float* w, float eps,
                                          const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat,
                                          const long long* dpos, int comp_ratio) { PDL_ENTRY
-    // Decode (graph-replayable): the position comes from device memory. With comp_ratio, the single
+    // Decode (graph-replayable): the position comes from device memory. With comp_ratio > 0, the single
     // row is the compressor window that closes at this position (nothing to do when none closes).
-    if (dpos) {
+    if (dpos && comp_ratio < 0) {
+        // A batched step: `dpos` holds the position of each group of pos_div rows (one per session).
+        pos_base = dpos[blockIdx.x / pos_div];
+        pos_mul = 0;
+    } else if (dpos) {
         long long p = *dpos;
         if (comp_ratio) {
             if ((p + 1) % comp_ratio) return;

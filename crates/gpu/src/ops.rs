@@ -174,6 +174,19 @@ pub trait DeviceOps {
     /// next position's step right after submitting one, while the device runs it.
     fn replay_consumes(&self) -> bool { false }
 
+    // Batched-step replay: a backend whose batched step reads the rows' positions on the device can
+    // record the step once for its rows' slots (in order) and replay it while they stay the same.
+    /// Whether the batched step begun (`begin_batch`) can be recorded and replayed.
+    fn can_replay_batch(&self) -> bool { false }
+    /// Whether a batched step for the begun rows' slots is recorded.
+    fn has_batch_replay(&self) -> bool { false }
+    /// Starts recording the batched step begun.
+    fn begin_batch_record(&mut self) -> Result<()> { Err("this backend cannot record a batched step".into()) }
+    /// Ends that recording (`ok` false: the body failed, discard it).
+    fn end_batch_record(&mut self, _ok: bool) -> Result<()> { Err("this backend cannot record a batched step".into()) }
+    /// Replays the recorded batched step of the begun rows' slots.
+    fn replay_batch(&mut self) -> Result<()> { Err("this backend cannot replay a batched step".into()) }
+
     /// Timing hooks of the host side of a step (a measuring aid; no-ops by default).
     fn note_call(&mut self, _one_token: bool) {}
 }

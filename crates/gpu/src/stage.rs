@@ -399,7 +399,19 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.note_call(false);
         self.ops.begin_batch(step, &self.batch_rows, tokens)?;
         let head = self.ops.has_head();
-        self.run(step, true, head.then_some((0, n)), false)?;
+        let hr = head.then_some((0, n));
+        if self.use_replay && self.trace.is_none() && self.ops.can_replay_batch() {
+            // Recorded once for these slots (the rows' positions are read on the device), then replayed.
+            if !self.ops.has_batch_replay() {
+                self.ops.begin_batch_record()?;
+                let body = self.run(step, true, hr, false);
+                self.ops.end_batch_record(body.is_ok())?;
+                body?;
+            }
+            self.ops.replay_batch()?;
+        } else {
+            self.run(step, true, hr, false)?;
+        }
         for kv in kvs.iter_mut() {
             kv.pos += 1;
             self.dev_pos[kv.slot] = kv.pos;

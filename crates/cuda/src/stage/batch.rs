@@ -13,6 +13,7 @@
 //! activations and its slot's buffers.
 use super::*;
 use crate::dec_attn::DecAttn;
+use crate::gpu::SIDE_STREAMS;
 use ds4_gpu::Compressor;
 use ds4_model::kv::compressed_capacity;
 
@@ -49,6 +50,8 @@ impl CudaOps {
         self.g.pdl_now = false;
         self.batch.clear();
         self.batch.extend_from_slice(rows);
+        let pos: Vec<i64> = rows.iter().map(|r| r.1 as i64).collect();
+        self.g.htod(self.wk.bpos.ptr, &pos)?;
         self.g.htod(self.wk.tokens.ptr, tokens)
     }
 
@@ -62,11 +65,7 @@ impl CudaOps {
         let (xn, kvb) = (self.wk.xn.ptr, self.wk.kvb.ptr);
         self.mm_q(&kvm, xn, s.n, kvb, None)?;
         let qat = self.qat_code(false);
-        for r in 0..s.n {
-            let x = kvb + (r * d * 4) as u64;
-            self.nrq(x, d, x, d, 1, d, true, kv_norm, freqs, self.row(r).1 as i64, 1, 1, qat)?;
-        }
-        Ok(())
+        self.nrq_rows(kvb, d, s.n, d, true, kv_norm, freqs, 1, qat)
     }
 
     /// A compressor's update for a batch: both projections of every row at once, then each row's
@@ -87,23 +86,27 @@ impl CudaOps {
         self.mm(&ckm, xn, s.n, ck)?;
         self.mm(&cgm, xn, s.n, cg)?;
         let qat = self.qat_code(which == Compressor::Indexer);
-        for r in 0..s.n {
-            let (slot, pos) = self.row(r);
-            let k = self.slot_kv(slot, li);
+        let dmax = cfg.head_dim.max(cfg.idx_dim);
+        let bpos = self.wk.bpos.ptr;
+        self.rows_spread(s.n, |me, r, lane| {
+            let (slot, pos) = me.row(r);
+            // Each stream its own pooled row.
+            let pooled = pooled + (lane * dmax * 4) as u64;
+            let k = me.slot_kv(slot, li);
             let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
             let (rows, st_kv, st_sc) = match which {
                 Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
                 Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
             };
             let off = (r * w * 4) as u64;
-            let row0 = pos / ratio;
-            let nwin = (pos + 1) / ratio - row0;
-            // The decode step's one-position walk (comp_seq) at the row's position.
-            let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(0)];
-            self.compress(&args, true, nwin, w, dim)?;
-            self.nrq_at(pooled, dim, rows + (row0 * dim * 4) as u64, dim, nwin, dim, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, qat, 0)?;
-        }
-        Ok(())
+            // As a decode step: the one-position walk (comp_seq), then the norm and rope of the window
+            // closing there, if any; both read the row's position on the device (the step can be
+            // recorded once for every position).
+            let dp = bpos + (r * 8) as u64;
+            let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp)];
+            me.compress(&args, true, 1, w, dim)?;
+            me.nrq_dp(pooled, dim, rows, dim, 1, dim, true, cnorm, freqs, 0, 1, ratio, qat, ratio, dp)
+        })
     }
 
     /// The indexer's queries of a batch: one projection, then each row's heads roped at its position.
@@ -114,11 +117,7 @@ impl CudaOps {
         let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
         self.mm(&iqb, qr, s.n, iq)?;
         let qat = self.qat_code(true);
-        for r in 0..s.n {
-            let x = iq + (r * ih * id * 4) as u64;
-            self.nrq(x, id, x, id, ih, id, false, 0, freqs, self.row(r).1 as i64, ih, 1, qat)?;
-        }
-        Ok(())
+        self.nrq_rows(iq, id, s.n * ih, id, false, 0, freqs, ih, qat)
     }
 
     /// The attention queries of a batch: one q_b product, then each row's per-head norm and rope.
@@ -148,18 +147,20 @@ impl CudaOps {
         let ratio = self.layers[li].ratio;
         let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
         let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
-        for r in 0..s.n {
-            let (slot, pos) = self.row(r);
-            let idx_rows = self.slot_kv(slot, li).idx.as_ref().map_or(0, |b| b.ptr);
+        let (bpos, rows_grid) = (self.wk.bpos.ptr, compressed_capacity(self.ctx, ratio).max(1));
+        self.rows_spread(s.n, |me, r, _| {
+            let (slot, pos) = me.row(r);
+            let idx_rows = me.slot_kv(slot, li).idx.as_ref().map_or(0, |b| b.ptr);
             let (iq_r, iw_r) = (iq + (r * ih * id * 4) as u64, iw + (r * ih * 4) as u64);
             let (sc_r, sel_r) = (scores + (r * ldsc * 4) as u64, selp + (r * topk * 4) as u64);
-            let nrows = (pos + 1) / ratio;
-            let args = [A::P(iq_r), A::P(iw_r), A::P(idx_rows), A::P(sc_r), A::I(ldsc as i32), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(0)];
-            // (At least one block: a row that sees no compressed row yet still gets its empty selection.)
-            self.g.launch("idx_scores", (cdiv(nrows.max(1), 8), 1, 1), 256, smem, &args)?;
-            let args = [A::P(sc_r), A::I(ldsc as i32), A::P(sel_r), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::P(0)];
-            self.g.launch("idx_topk", (1, 1, 1), 1024, 0, &args)?;
-        }
+            // As a decode step: the position read on the device, the grid covering the most rows the
+            // context allows (blocks past the row's compressed rows return at once).
+            let dp = bpos + (r * 8) as u64;
+            let args = [A::P(iq_r), A::P(iw_r), A::P(idx_rows), A::P(sc_r), A::I(ldsc as i32), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(dp)];
+            me.g.launch("idx_scores", (cdiv(rows_grid, 8), 1, 1), 256, smem, &args)?;
+            let args = [A::P(sc_r), A::I(ldsc as i32), A::P(sel_r), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::P(dp)];
+            me.g.launch("idx_topk", (1, 1, 1), 1024, 0, &args)
+        })?;
         self.ls.sel = selp;
         Ok(())
     }
@@ -214,7 +215,7 @@ impl CudaOps {
     }
 
     /// Whether a batch's rows attend through the decode attention kernels (their head shapes).
-    fn dec_attn_rows(&self) -> bool {
+    pub(super) fn dec_attn_rows(&self) -> bool {
         let (d, half) = (self.cfg.head_dim, self.cfg.rope_dim / 2);
         d % 4 == 0 && d <= 1024 && 2 * half <= d
     }
@@ -236,9 +237,11 @@ impl CudaOps {
             return Err(format!("decode attention over {nsplit} chunks exceeds the planned {}", self.wk.adec_splits));
         }
         let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
-        for r in 0..s.n {
-            let (slot, pos) = self.row(r);
-            let k = self.slot_kv(slot, li);
+        let part_bytes = (DecAttn::part_floats(self.wk.adec_splits, nh, d) * 4) as u64;
+        let bpos = self.wk.bpos.ptr;
+        self.rows_spread(s.n, |me, r, lane| {
+            let (slot, pos) = me.row(r);
+            let k = me.slot_kv(slot, li);
             let a = DecAttn {
                 q: q + (r * qd * 4) as u64,
                 kvb: kvb + (r * d * 4) as u64,
@@ -247,11 +250,13 @@ impl CudaOps {
                 sel: if sel != 0 { sel + (r * topk * 4) as u64 } else { 0 },
                 sinks,
                 freqs,
-                part,
+                // Each stream its own partials.
+                part: part + lane as u64 * part_bytes,
                 o: o + (r * qd * 4) as u64,
                 q80: 0,
                 d80: 0,
-                dpos: 0,
+                // The row's position, read on the device (the step can be recorded once).
+                dpos: bpos + (r * 8) as u64,
                 pos: pos as i64,
                 nh,
                 d,
@@ -262,9 +267,59 @@ impl CudaOps {
                 nsplit,
                 eps,
             };
-            a.launch(&mut self.g)?;
-        }
+            a.launch(&mut me.g)
+        })?;
         self.ls.pre_o = None;
         Ok(())
+    }
+
+    /// Runs `f(self, row, lane)` for every row of a batch, the rows spread over the main and side
+    /// streams (rows are different sessions: independent; a lane's rows run in order, so per-lane
+    /// scratch suffices), then joins the streams. Tiny per-row kernels then overlap on the GPU.
+    fn rows_spread(&mut self, n: usize, mut f: impl FnMut(&mut Self, usize, usize) -> Result<()>) -> Result<()> {
+        let lanes = n.clamp(1, SIDE_STREAMS + 1);
+        for k in 1..lanes {
+            self.g.fork(k)?;
+        }
+        let mut res = Ok(());
+        for r in 0..n {
+            self.g.on(r % lanes);
+            res = f(self, r, r % lanes);
+            if res.is_err() {
+                break;
+            }
+        }
+        self.g.on(0);
+        for k in 1..lanes {
+            self.g.join(k)?;
+        }
+        res
+    }
+
+    /// `nrq` over a batch's rows (groups of `div` rows per session), each group at its session's
+    /// position (`bpos`, uploaded by `begin_batch`): one launch.
+    #[allow(clippy::too_many_arguments)]
+    fn nrq_rows(&mut self, x: u64, ld: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, div: usize, qat: i32) -> Result<()> {
+        let half = (self.cfg.rope_dim / 2) as i32;
+        let smem = (d * 8 + 32 * 8 + d * 4) as u32;
+        let args = [
+            A::P(x),
+            A::I(ld as i32),
+            A::P(x),
+            A::I(ld as i32),
+            A::I(d as i32),
+            A::I(norm as i32),
+            A::P(w),
+            A::F(self.cfg.rms_eps),
+            A::P(freqs),
+            A::I(half),
+            A::L(0),
+            A::I(div as i32),
+            A::I(0),
+            A::I(qat),
+            A::P(self.wk.bpos.ptr),
+            A::I(-1),
+        ];
+        self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)
     }
 }

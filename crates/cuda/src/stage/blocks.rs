@@ -103,6 +103,13 @@ impl CudaOps {
     /// nonzero `comp_ratio` makes the single row the compressor window closing at that position.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn nrq_at(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize) -> Result<()> {
+        let dp = self.dpos_arg();
+        self.nrq_dp(x, ldx, y, ldy, rows, d, norm, w, freqs, pos_base, div, mul, qat, comp_ratio, dp)
+    }
+
+    /// `nrq_at` with the position read at `dpos` (0: `pos_base`), as a decode step reads `dpos`.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn nrq_dp(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize, dpos: u64) -> Result<()> {
         if rows == 0 {
             return Ok(());
         }
@@ -123,7 +130,7 @@ impl CudaOps {
             A::I(div as i32),
             A::I(mul as i32),
             A::I(qat),
-            A::P(self.dpos_arg()),
+            A::P(dpos),
             A::I(comp_ratio as i32),
         ];
         self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)

@@ -346,7 +346,8 @@ impl CudaOps {
             kvb: f(n * d)?,
             ck: f(n * 2 * d.max(id))?,
             cg: f(n * 2 * d.max(id))?,
-            pooled: f((n / 4 + 2) * d.max(id))?,
+            // A prefill chunk's closing windows, or one per stream for a batched step's rows.
+            pooled: f((n / 4 + 2).max(if slots > 1 { SIDE_STREAMS + 1 } else { 0 }) * d.max(id))?,
             ick: f(2 * id)?,
             icg: f(2 * id)?,
             ipool: f(2 * id)?,
@@ -369,6 +370,7 @@ impl CudaOps {
             gw: f(n * k)?,
             gtok: f(n * k)?,
             rep_tok: f((slots * k).max(1))?,
+            bpos: g.alloc(slots * 8)?,
             slot_pos: f(n * k)?,
             counts: f(ne)?,
             cursor: f(ne)?,
@@ -379,7 +381,8 @@ impl CudaOps {
             tokens: f(n)?,
             // The argmax result, its ticket (zero between launches) and per-block parts.
             top1: g.alloc_zeroed((3 + 3 * ARGMAX_BLOCKS as usize) * 4)?,
-            adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d))?,
+            // One token's partials, or one set per stream for a batched step's rows.
+            adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d) * if slots > 1 { SIDE_STREAMS + 1 } else { 1 })?,
             adec_splits,
             wh: g.alloc(wh_elems.max(1) * 2)?,
             wh_elems,
@@ -520,6 +523,7 @@ impl CudaOps {
             decode_mode: false,
             dpos: dpos_buf,
             graphs: (0..slots).map(|_| Default::default()).collect(),
+            batch_graphs: Vec::new(),
             capturing: false,
             host_time: host_time::HostTime::from_env(),
         })

@@ -124,5 +124,11 @@ impl DeviceOps for CudaOps {
     }
     fn replay(&mut self, key: usize) -> R<()> { Ok(self.launch_graph(key)?) }
 
+    fn can_replay_batch(&self) -> bool { self.batch_replayable() }
+    fn has_batch_replay(&self) -> bool { self.has_batch_graph() }
+    fn begin_batch_record(&mut self) -> R<()> { Ok(self.begin_capture()?) }
+    fn end_batch_record(&mut self, ok: bool) -> R<()> { Ok(self.end_batch_capture(ok)?) }
+    fn replay_batch(&mut self) -> R<()> { Ok(self.launch_batch_graph()?) }
+
     fn note_call(&mut self, one_token: bool) { self.host_time.call(one_token) }
 }

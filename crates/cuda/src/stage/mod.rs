@@ -152,6 +152,8 @@ struct Work {
     gtok: DBuf,
     /// Row r·k + i → r (the slots of a batched step's routed experts read their row's activations).
     rep_tok: DBuf,
+    /// The positions of a batched step's rows (i64, one per session).
+    bpos: DBuf,
     slot_pos: DBuf,
     counts: DBuf,
     cursor: DBuf,
@@ -303,6 +305,8 @@ pub struct CudaOps {
     /// Captured decode graphs, per KV slot (a graph holds its slot's KV pointers), by (hidden input,
     /// logits wanted).
     graphs: Vec<[Option<DecodeGraph>; 6]>,
+    /// Recorded batched steps, by the slots of their rows in order (positions are read on the device).
+    batch_graphs: Vec<(Vec<usize>, DecodeGraph)>,
     /// The capture in progress has begun (`begin_record`).
     capturing: bool,
     host_time: host_time::HostTime,
