@@ -115,7 +115,15 @@ pub struct Gpu {
     iq2_grid: Mutex<Option<Arc<wgpu::Buffer>>>,
     /// Per-op GPU timestamps and host times (`DS4_WGPU_PROFILE=1`, where the adapter has timestamps).
     pub(crate) profiler: Option<Arc<crate::profile::Profiler>>,
+    /// Bytes written through mapped-at-creation buffers since the last flush: on a discrete GPU each
+    /// is a host staging copy that lives until a submission completes (see `STAGING_FLUSH`).
+    staged: std::sync::atomic::AtomicU64,
 }
+
+/// Staging bytes after which weight uploads are flushed (an empty submit and a wait): without it a
+/// whole model's staging copies pile up in host memory before the first step (the file's pages plus
+/// a second copy of the weights).
+const STAGING_FLUSH: u64 = 1 << 30;
 
 fn backends_for(choice: BackendChoice) -> wgpu::Backends {
     match choice {
@@ -243,6 +251,7 @@ impl Gpu {
             step,
             pipelines: Mutex::new(HashMap::new()),
             iq2_grid: Mutex::new(None),
+            staged: std::sync::atomic::AtomicU64::new(0),
             profiler: None,
         };
         let gpu = Self { profiler: profile.then(|| Arc::new(crate::profile::Profiler::new(&gpu.device, &gpu.queue))), ..gpu };
@@ -384,7 +393,23 @@ impl Gpu {
         }
         buf.unmap();
         Counters::add(&self.counters.buffers, 1);
+        self.bound_staging(size)?;
         Ok(buf)
+    }
+
+    /// Counts `size` staged bytes; past `STAGING_FLUSH` runs the pending copies and waits, which frees
+    /// their staging memory.
+    fn bound_staging(&self, size: u64) -> Result<(), WgpuError> {
+        use std::sync::atomic::Ordering;
+        if self.staged.fetch_add(size, Ordering::Relaxed) + size < STAGING_FLUSH {
+            return Ok(());
+        }
+        self.staged.store(0, Ordering::Relaxed);
+        self.scoped("upload flush", |_| self.queue.submit(std::iter::empty::<wgpu::CommandBuffer>()))?;
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| WgpuError::Device { op: "upload flush".into(), msg: e.to_string() })?;
+        self.check("weight upload")
     }
 
     /// A uniform buffer holding `bytes`.
