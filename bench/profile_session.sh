@@ -27,6 +27,14 @@ if [ -z "${SKIP_PROFILE:-}" ]; then
     echo "== concurrency $c" >> $OUT/cuda_prof.log
     DS4_CUDA_PROFILE=1 bench /dev/shm/flash6.gguf --backend cuda --gen-tokens 16 --concurrency $c >> $OUT/cuda_prof.log 2>&1
   done
+  if [ -f $B/old-bench.xz ]; then
+    xz -dc $B/old-bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
+    el "Vulkan flash:6 A/B: previous ds4-bench, this one"
+    for b in /tmp/old-bench $B/ds4-bench; do
+      r=$(timeout 150 $b -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend vulkan --gen-tokens 64 2>/dev/null | grep "^4096,")
+      echo "$b,$r" | tee -a $OUT/ab_vulkan_flash6.csv
+    done
+  fi
   el "Vulkan profile"
   DS4_WGPU_PROFILE=1 bench /dev/shm/flash6.gguf --backend vulkan --gen-tokens 32 > $OUT/profile_vulkan.log 2>&1
   grep -v "uploading" $OUT/profile_vulkan.log | grep -A24 "wgpu profile" | head -40

@@ -50,6 +50,40 @@ fn shape_consts(tb: u32, rw: u32) -> String {
     format!("const TB: u32 = {tb}u;\nconst RW: u32 = {rw}u;\nconst NO: u32 = {}u;\n", tb * rw)
 }
 
+/// How a mat-vec / batched product spreads a matrix over workgroups: `rows` rows per workgroup and
+/// `threads` invocations per workgroup. Chosen from the matrix shape alone, never from the token count,
+/// so a row sums in the same order in decode and prefill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MatVecShape {
+    pub rows: u32,
+    pub threads: u32,
+}
+
+/// Every shape `matvec_shape` picks.
+pub const MATVEC_SHAPES: [MatVecShape; 4] = [
+    MatVecShape { rows: MATVEC_ROWS, threads: 64 },
+    MatVecShape { rows: 1, threads: 64 },
+    MatVecShape { rows: 1, threads: 128 },
+    MatVecShape { rows: 1, threads: 256 },
+];
+
+/// The shape of a `rows` x `cols` product. Wide rows get more threads each (a few-row, wide matrix, the
+/// hyper-connection mix of 24 x 16384, otherwise ran on a handful of 64-thread workgroups); rows
+/// share a workgroup only where there are enough rows to fill the GPU anyway (4 rows cut the
+/// workgroups of a 1024-row projection to 256).
+pub fn matvec_shape(rows: usize, cols: usize) -> MatVecShape {
+    let chunks = cols / 8;
+    let threads = if chunks >= 2048 {
+        256
+    } else if chunks >= 512 {
+        128
+    } else {
+        64
+    };
+    let rows_per = if threads == 64 && rows >= 4096 { MATVEC_ROWS } else { 1 };
+    MatVecShape { rows: rows_per, threads }
+}
+
 /// How a workgroup sums its partial dot products.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reduce {
@@ -92,7 +126,7 @@ pub enum F16Unpack {
 
 /// The module of a mat-vec (tb = 1) or batched product (tb = BATCH_TILE) over `ty` weights, or None
 /// for a type without a kernel.
-pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> Option<String> {
+pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, f16: F16Unpack) -> Option<String> {
     let load = load8_source(ty)?;
     let (red, params, call) = match reduce {
         Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
@@ -103,7 +137,8 @@ pub fn matvec_source(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> O
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
-    Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, MATVEC_ROWS)))
+    let wg = format!("const WG: u32 = {}u;\n", shape.threads);
+    Some(format!("{}{wg}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, shape.rows)))
 }
 
 /// How the routed-expert product walks the step's (token, slot) pairs.
@@ -165,8 +200,8 @@ pub fn hc_head_source() -> String {
 }
 
 /// The pipeline-cache key of a mat-vec module.
-pub fn matvec_key(ty: GgmlType, tb: u32, reduce: Reduce, f16: F16Unpack) -> String {
-    format!("matvec_{}_tb{tb}_{reduce:?}_{f16:?}", ty.name())
+pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, f16: F16Unpack) -> String {
+    format!("matvec_{}_tb{tb}_r{}_w{}_{reduce:?}_{f16:?}", ty.name(), shape.rows, shape.threads)
 }
 
 /// The attention module: tile scores by one thread per candidate (`Tree`, every adapter) or one
@@ -199,15 +234,17 @@ pub fn all_modules() -> Vec<ModuleSource> {
     let mut out = Vec::new();
     for ty in MATVEC_TYPES {
         for tb in [1, BATCH_TILE] {
-            for reduce in [Reduce::Tree, Reduce::Subgroup] {
-                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
-                    if let Some(wgsl) = matvec_source(ty, tb, reduce, f16) {
-                        out.push(ModuleSource {
-                            name: matvec_key(ty, tb, reduce, f16),
-                            wgsl,
-                            subgroup: reduce == Reduce::Subgroup,
-                            f16_in_f32: f16 == F16Unpack::Native,
-                        });
+            for shape in MATVEC_SHAPES {
+                for reduce in [Reduce::Tree, Reduce::Subgroup] {
+                    for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                        if let Some(wgsl) = matvec_source(ty, tb, shape, reduce, f16) {
+                            out.push(ModuleSource {
+                                name: matvec_key(ty, tb, shape, reduce, f16),
+                                wgsl,
+                                subgroup: reduce == Reduce::Subgroup,
+                                f16_in_f32: f16 == F16Unpack::Native,
+                            });
+                        }
                     }
                 }
             }

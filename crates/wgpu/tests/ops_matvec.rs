@@ -137,3 +137,40 @@ fn iq2_xxs() {
 fn every_matvec_type_is_tested() {
     assert_eq!(MATVEC_TYPES, [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS]);
 }
+
+/// Each workgroup shape `matvec_shape` picks (several rows a workgroup; 128 and 256 threads for wide
+/// rows) against the reference, one token and a batch; a token's row in the batch equals its mat-vec
+/// bit for bit (decode and prefill sum in the same order).
+#[test]
+fn every_workgroup_shape() {
+    use ds4_wgpu::shaders::{matvec_shape, MATVEC_SHAPES};
+    let cases = [(GgmlType::Q8_0, 4096, 32), (GgmlType::Q8_0, 70, 32 * 9), (GgmlType::Q8_0, 40, 4096), (GgmlType::F16, 24, 16384)];
+    let picked: Vec<_> = cases.iter().map(|&(_, r, c)| matvec_shape(r, c)).collect();
+    assert_eq!(picked, MATVEC_SHAPES.to_vec(), "the cases cover every shape");
+    for fallback in [false, true] {
+        let Some(gpu) = common::gpu(common::opts(fallback, None)) else { return };
+        for (i, &(ty, rows, cols)) in cases.iter().enumerate() {
+            let w = weights(ty, rows, cols, 50 + i as u64);
+            let t = ResidentTensor::upload(&gpu, "w", ty, &w, rows, cols).expect("upload");
+            let ntok = 5;
+            let xs = common::normals(300 + i as u64, ntok * cols);
+            let xb = GpuBuffer::from_slice(&gpu, "xs", &xs).expect("xs");
+            let yb = GpuBuffer::new(&gpu, "ys", ntok * rows).expect("ys");
+            let mm = MatVec::new(&gpu, &t, &xb, &yb, Product::Batched { max_tokens: ntok as u32 }).expect("batched op");
+            gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| mm.encode(e)).expect("run batched");
+            let ys = yb.read(&gpu, ntok * rows).expect("read");
+            let (ratio, abs) = compare(ty, &w, rows, cols, &xs, &ys, ntok);
+            eprintln!("{} {rows}x{cols} {:?} fallback={fallback}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name(), picked[i]);
+            assert!(ratio <= 1.0, "{} {rows}x{cols}: error {ratio} x the bound", ty.name());
+            for tok in [0, ntok - 1] {
+                let x1 = GpuBuffer::from_slice(&gpu, "x1", &xs[tok * cols..(tok + 1) * cols]).expect("x1");
+                let y1 = GpuBuffer::new(&gpu, "y1", rows).expect("y1");
+                let mv = MatVec::new(&gpu, &t, &x1, &y1, Product::Vec).expect("matvec op");
+                gpu.run(Step { ntok: 1, pos: 0 }, |e| mv.encode(e)).expect("run");
+                let y = y1.read(&gpu, rows).expect("read");
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y), bits(&ys[tok * rows..(tok + 1) * rows]), "{} {rows}x{cols}: token {tok} alone differs from its batch row", ty.name());
+            }
+        }
+    }
+}

@@ -8,7 +8,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matvec_key, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE, MATVEC_ROWS};
+use crate::shaders::{matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE};
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,9 +72,10 @@ impl MatVec {
         let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
         let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
-        let key = matvec_key(ty, tile, reduce, f16);
+        let shape = matvec_shape(w.rows, w.cols);
+        let key = matvec_key(ty, tile, shape, reduce, f16);
         let pipeline = gpu.pipeline(&key, || {
-            matvec_source(ty, tile, reduce, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
+            matvec_source(ty, tile, shape, reduce, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
         })?;
         let cols = u32_of("columns", w.cols)?;
         let row_bytes = u32_of("row bytes", w.row_bytes)?;
@@ -89,7 +90,7 @@ impl MatVec {
                 let g = r0 / groups.rows;
                 let r1 = ((g + 1) * groups.rows).min(part.row0 + part.rows);
                 let rows = u32_of("rows", r1 - r0)?;
-                let wg = grid(rows.div_ceil(MATVEC_ROWS));
+                let wg = grid(rows.div_ceil(shape.rows));
                 let w_off = u32_of("weight offset", part.byte_offset as usize + (r0 - part.row0) * w.row_bytes)?;
                 let x_off4 = u32_of("input offset", g * w.cols / 4)?;
                 let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", r0)?, wg.0, x_stride4, y_stride, w_off, x_off4, 0, 0, 0];

@@ -1,12 +1,12 @@
 // y[t][y_off + row] = W[row] . x[t] for RW rows and TB tokens per workgroup (TB = 1: mat-vec, > 1:
-// batched). 64 threads per workgroup; for each of its rows thread i takes chunks i, i + 64, ... (8
-// weights each, dequantized once and used for every token of the tile), then the workgroup reduces
-// (REDUCE_FN). Every row is summed in the same order whatever RW and TB are (prefill rows equal
-// decode steps bit for bit); several rows a workgroup share the activations and the loader's setup.
-const WG: u32 = 64u;
+// batched). WG threads per workgroup (a shape constant, like TB and RW); for each of its rows thread i
+// takes chunks i, i + WG, ... (8 weights each, dequantized once and used for every token of the tile),
+// then the workgroup reduces (REDUCE_FN). Every row is summed in the same order whatever RW and TB are
+// (prefill rows equal decode steps bit for bit); several rows a workgroup share the activations and
+// the loader's setup.
 var<workgroup> red: array<f32, WG * NO>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {
     load_prelude(lid);
     let row0 = (wid.x + wid.y * p.wg_x) * RW;
