@@ -105,7 +105,7 @@ impl CudaOps {
             let dp = bpos + (r * 8) as u64;
             let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp)];
             me.compress(&args, true, 1, w, dim)?;
-            me.nrq_dp(pooled, dim, rows, dim, 1, dim, true, cnorm, freqs, 0, 1, ratio, qat, ratio, dp)
+            me.nrq_dp(pooled, dim, rows, dim, 1, dim, true, cnorm, freqs, 0, 1, ratio, qat, ratio as i32, dp)
         })
     }
 
@@ -300,26 +300,7 @@ impl CudaOps {
     /// position (`bpos`, uploaded by `begin_batch`): one launch.
     #[allow(clippy::too_many_arguments)]
     fn nrq_rows(&mut self, x: u64, ld: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, div: usize, qat: i32) -> Result<()> {
-        let half = (self.cfg.rope_dim / 2) as i32;
-        let smem = (d * 8 + 32 * 8 + d * 4) as u32;
-        let args = [
-            A::P(x),
-            A::I(ld as i32),
-            A::P(x),
-            A::I(ld as i32),
-            A::I(d as i32),
-            A::I(norm as i32),
-            A::P(w),
-            A::F(self.cfg.rms_eps),
-            A::P(freqs),
-            A::I(half),
-            A::L(0),
-            A::I(div as i32),
-            A::I(0),
-            A::I(qat),
-            A::P(self.wk.bpos.ptr),
-            A::I(-1),
-        ];
-        self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)
+        let bpos = self.wk.bpos.ptr;
+        self.nrq_dp(x, ld, x, ld, rows, d, norm, w, freqs, 0, div, 0, qat, -1, bpos)
     }
 }

@@ -104,12 +104,13 @@ impl CudaOps {
     #[allow(clippy::too_many_arguments)]
     pub(super) fn nrq_at(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize) -> Result<()> {
         let dp = self.dpos_arg();
-        self.nrq_dp(x, ldx, y, ldy, rows, d, norm, w, freqs, pos_base, div, mul, qat, comp_ratio, dp)
+        self.nrq_dp(x, ldx, y, ldy, rows, d, norm, w, freqs, pos_base, div, mul, qat, comp_ratio as i32, dp)
     }
 
-    /// `nrq_at` with the position read at `dpos` (0: `pos_base`), as a decode step reads `dpos`.
+    /// `nrq_at` with the position read at `dpos` (0: `pos_base`), as a decode step reads `dpos`. A
+    /// negative `comp_ratio` reads one position per group of `div` rows (`dpos[row / div]`, batches).
     #[allow(clippy::too_many_arguments)]
-    pub(super) fn nrq_dp(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: usize, dpos: u64) -> Result<()> {
+    pub(super) fn nrq_dp(&mut self, x: u64, ldx: usize, y: u64, ldy: usize, rows: usize, d: usize, norm: bool, w: u64, freqs: u64, pos_base: i64, div: usize, mul: usize, qat: i32, comp_ratio: i32, dpos: u64) -> Result<()> {
         if rows == 0 {
             return Ok(());
         }
@@ -131,7 +132,7 @@ impl CudaOps {
             A::I(mul as i32),
             A::I(qat),
             A::P(dpos),
-            A::I(comp_ratio as i32),
+            A::I(comp_ratio),
         ];
         self.g.launch("norm_rope_qat", (rows as u32, 1, 1), d as u32, smem, &args)
     }
