@@ -37,6 +37,11 @@ pub struct GpuOptions {
     pub profile: bool,
     /// Do not open the device with host-memory import (zero-copy weights) even where it is available.
     pub no_host_import: bool,
+    /// Compile kernels with naga's runtime checks (index clamps, and bounds checks where the driver has
+    /// no robust buffer access; a counter bounding every loop). Off by default: the kernels are this
+    /// crate's own, every op checks its buffers against the shapes its kernels index with, and the
+    /// checks cost measured speed (`bench/results/wgpu/kernels.md`). A debugging aid.
+    pub runtime_checks: bool,
     /// KV slots of a stage built on this device: sessions resident at once, decoded together in
     /// batched steps (0 or 1: one; at most `MAX_BATCH_ROWS`). Counted by the stage's memory plan.
     pub kv_slots: usize,
@@ -113,6 +118,7 @@ pub struct Gpu {
     pub(crate) step: wgpu::Buffer,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     iq2_grid: Mutex<Option<Arc<wgpu::Buffer>>>,
+    runtime_checks: bool,
     /// Per-op GPU timestamps and host times (`DS4_WGPU_PROFILE=1`, where the adapter has timestamps).
     pub(crate) profiler: Option<Arc<crate::profile::Profiler>>,
     /// Bytes written through mapped-at-creation buffers since the last flush: on a discrete GPU each
@@ -251,6 +257,7 @@ impl Gpu {
             step,
             pipelines: Mutex::new(HashMap::new()),
             iq2_grid: Mutex::new(None),
+            runtime_checks: opts.runtime_checks,
             staged: std::sync::atomic::AtomicU64::new(0),
             profiler: None,
         };
@@ -297,10 +304,23 @@ impl Gpu {
         Err(WgpuError::Device { op: op.to_string(), msg })
     }
 
+    /// A WGSL module of this crate's kernels, with naga's runtime checks only if asked for.
+    fn module(&self, d: &wgpu::Device, label: &str, wgsl: String) -> wgpu::ShaderModule {
+        let desc = wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) };
+        if self.runtime_checks {
+            return d.create_shader_module(desc);
+        }
+        // SAFETY: the kernels are this crate's own WGSL (no loop runs unbounded: every loop walks a
+        // range fixed by the op's shape), and every op checks its buffers' lengths against the shapes
+        // its kernels index with before it binds them (ops tests: `errors.rs`, and every kernel against
+        // the CPU with and without the checks, `ops_matvec::unchecked_kernels_match_checked`).
+        unsafe { d.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
+    }
+
     /// Compiles a WGSL compute module (entry point `main`) and reports its errors (diagnostics).
     pub fn check_wgsl(&self, label: &str, wgsl: &str) -> Result<(), WgpuError> {
         self.scoped(&format!("compiling {label}"), |d| {
-            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor { label: Some(label), source: wgpu::ShaderSource::Wgsl(wgsl.into()) });
+            let module = self.module(d, label, wgsl.to_string());
             let _ = d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(label),
                 layout: None,
@@ -328,10 +348,7 @@ impl Gpu {
         }
         let src = wgsl()?;
         let p = self.scoped(&format!("compiling kernel {key}"), |d| {
-            let module = d.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(key),
-                source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
+            let module = self.module(d, key, src);
             d.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(key),
                 layout: None,

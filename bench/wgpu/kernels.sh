@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call for the wgpu kernels on Vulkan (results under $OUT, at most 8 files come back):
+#  1. kernel_bench: each decode kernel at the Flash shapes, with naga's runtime checks and without
+#     -> kernels_checked.csv, kernels.csv;
+#  2. flash:6 decode / prefill, the previous ds4-bench (device-bin/old-bench.xz) and this one
+#     -> ab_vulkan_flash6.csv;
+#  3. the per-op profile of this one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log;
+#  4. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
+# Prepare: bench/cuda/build_device_bin.sh and the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
+# Run: tar -xJf device-bin/bins.tar.xz && bench/wgpu/kernels.sh
+set -u
+OUT=${OUT:-/tmp/out}; B=${B:-device-bin}
+mkdir -p $OUT
+export DS4_WEIGHTS=mmap
+. bench/wgpu/vulkan_env.sh
+T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+cat README.md README.md README.md > /tmp/prompt.txt
+[ -f /dev/shm/flash6.gguf ] || (timeout 200 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 > /tmp/synth.log 2>&1 &)
+el "kernel bench"
+timeout 150 $B/kernel_bench ${ITERS:-200} --checked > $OUT/kernels_checked.csv 2>&1
+timeout 150 $B/kernel_bench ${ITERS:-200} > $OUT/kernels.csv 2>&1
+paste -d, $OUT/kernels_checked.csv $OUT/kernels.csv | cut -d, -f1,3,4,7,8
+while pgrep -f "ds4-gguf synth" >/dev/null; do sleep 2; done; tail -1 /tmp/synth.log 2>/dev/null
+bench() { timeout ${TO:-150} $1 -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend vulkan "${@:2}"; }
+if [ -f $B/old-bench.xz ]; then
+  xz -dc $B/old-bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
+  el "flash:6 A/B: previous ds4-bench, this one (twice, interleaved)"
+  for b in /tmp/old-bench $B/ds4-bench /tmp/old-bench $B/ds4-bench; do
+    r=$(bench $b --gen-tokens 64 2>/dev/null | grep "^4096,")
+    echo "$b,$r" | tee -a $OUT/ab_vulkan_flash6.csv
+  done
+fi
+el "Vulkan profile"
+DS4_WGPU_PROFILE=1 bench $B/ds4-bench --gen-tokens 32 > $OUT/profile_vulkan.log 2>&1
+grep -v "uploading" $OUT/profile_vulkan.log | grep -A26 "one-token steps" | head -30
+if [ -n "${WGPU_TESTS:-}" ]; then
+  el "wgpu tests on the GPU"
+  for t in $B/wgpu-*-tests; do
+    timeout 100 $t --test-threads 1 2>&1 | tee -a $OUT/wgpu_tests.log | grep -E "test result|on .*\(Vulkan\)"
+  done
+fi
+el done

@@ -1,0 +1,148 @@
+//! Times the decode step's kernels one by one at the Flash shapes on the chosen adapter: the cost of a
+//! dispatch alone (a product of 8 rows), every Q8_0 mat-vec of a layer and the output head, the routed
+//! experts (6 of 256, IQ2_XXS gate and Q2_K down) and the attention of one query at position 4096 (ratio
+//! 0, 4 with the indexer's 512 picks, 128). Weights rotate over enough copies that a run reads more than
+//! the GPU's caches hold; each line is the best of 3 submits of `ITERS` dispatches (wall clock after a
+//! wait, less the host's recording time), as µs per dispatch and GB/s of weights read (`bench/wgpu/kernels.sh` runs it).
+//!
+//! cargo run --release -p ds4-wgpu --example kernel_bench -- [ITERS] [--checked] [--adapter NAME]
+use std::time::Instant;
+
+use ds4_model::rope::Rope as CpuRope;
+use ds4_quant::GgmlType;
+use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, MatVec, Product};
+use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
+
+type R<T> = Result<T, String>;
+
+fn es(e: WgpuError) -> String { e.to_string() }
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("kernel_bench: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Bytes a run should stream at least, so the weights do not stay in the GPU's caches.
+const ROTATE_BYTES: usize = 600 << 20;
+
+fn run() -> R<()> {
+    let mut opts = GpuOptions::default();
+    let mut iters = 200usize;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--checked" => opts.runtime_checks = true,
+            "--adapter" => opts.adapter_name = Some(it.next().ok_or("--adapter needs a name")?),
+            n => iters = n.parse().map_err(|_| format!("not a number or flag: {n}"))?,
+        }
+    }
+    let gpu = Gpu::new(&opts).map_err(es)?;
+    let c = gpu.caps();
+    println!("adapter {} ({:?}), subgroups {}, f16 {}, runtime checks {}", c.adapter, c.backend, c.subgroup, c.f16, opts.runtime_checks);
+    println!("kernel,shape,us_per_dispatch,gb_per_s");
+    let cfg = ds4_model::synth::shape("flash").map_err(|e| e.to_string())?;
+    let x = GpuBuffer::from_slice(&gpu, "x", &vec![0.01f32; 64 * 1024]).map_err(es)?;
+    let y = GpuBuffer::new(&gpu, "y", 256 * 1024).map_err(es)?;
+
+    // A dispatch alone: 8 rows of 256 (one workgroup's work, nothing to stream).
+    mat_vecs(&gpu, "dispatch", GgmlType::Q8_0, 8, 256, &x, &y, iters * 4, 1)?;
+    let e = cfg.n_embd;
+    let q8 = [
+        ("q_a", cfg.q_lora, e),
+        ("kv", cfg.head_dim, e),
+        ("q_b", cfg.n_head * cfg.head_dim, cfg.q_lora),
+        ("out_b", e, cfg.o_groups * cfg.o_lora),
+        ("shexp_gate", cfg.ff_exp, e),
+        ("shexp_down", e, cfg.ff_exp),
+        ("head", 129280, e),
+    ];
+    for (name, rows, cols) in q8 {
+        let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
+        mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies)?;
+    }
+    experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters)?;
+    experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters)?;
+    for ratio in [0usize, 4, 128] {
+        attention(&gpu, &cfg, ratio, 4096, iters)?;
+    }
+    Ok(())
+}
+
+/// Best of 3: µs per dispatch of `iters` dispatches recorded by `f(enc, i)` in one step.
+fn time(gpu: &Gpu, step: Step, iters: usize, f: impl Fn(&mut Encoder, usize) -> Result<(), WgpuError>) -> R<f64> {
+    gpu.run(step, |e| f(e, 0)).map_err(es)?;
+    gpu.wait().map_err(es)?;
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        // The host's recording time alone (the GPU starts only at the submit), taken off the total.
+        let t0 = Instant::now();
+        let mut enc = gpu.begin(step);
+        (0..iters).try_for_each(|i| f(&mut enc, i)).map_err(es)?;
+        drop(enc);
+        let record = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        gpu.run(step, |e| (0..iters).try_for_each(|i| f(e, i))).map_err(es)?;
+        best = best.min((t0.elapsed().as_secs_f64() - record).max(0.0) / iters as f64);
+    }
+    Ok(best * 1e6)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize) -> R<()> {
+    let nb = rows * cols / ty.block_elems();
+    let w = ds4_quant::random_valid_blocks(ty, 7, nb);
+    let ts: Vec<ResidentTensor> = (0..copies).map(|i| ResidentTensor::upload(gpu, &format!("{name}{i}"), ty, &w, rows, cols)).collect::<Result<_, _>>().map_err(es)?;
+    let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::new(gpu, t, x, y, Product::Vec)).collect::<Result<_, _>>().map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % copies].encode(e))?;
+    println!("{name},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expert: usize, k: usize, iters: usize) -> R<()> {
+    let nb = n_expert * rows * cols / ty.block_elems();
+    let w = ds4_quant::random_valid_blocks(ty, 11, nb);
+    let t = ResidentTensor::upload(gpu, name, ty, &w, n_expert * rows, cols).map_err(es)?;
+    drop(w);
+    // Rotating id sets: every dispatch picks other experts (as consecutive layers would).
+    let sets = 32usize;
+    let ids: Vec<u32> = (0..sets * k).map(|i| ((i * 37 + i / k * 11) % n_expert) as u32).collect();
+    let id_bufs: Vec<GpuBuffer> = ids.chunks(k).map(|c| {
+        let b = GpuBuffer::new(gpu, "ids", k)?;
+        b.write_u32(gpu, c)?;
+        Ok(b)
+    }).collect::<Result<_, WgpuError>>().map_err(es)?;
+    let x = GpuBuffer::from_slice(gpu, "x", &vec![0.01f32; k * cols]).map_err(es)?;
+    let y = GpuBuffer::new(gpu, "y", k * rows).map_err(es)?;
+    let ops: Vec<ExpertMatVec> = id_bufs.iter().map(|ib| ExpertMatVec::new(gpu, &t, n_expert, ib, &x, true, &y, k, 1)).collect::<Result<_, _>>().map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % sets].encode(e))?;
+    let bytes = (k * rows * cols / ty.block_elems() * ty.block_bytes()) as f64;
+    println!("{name},{k}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), bytes / us / 1e3);
+    Ok(())
+}
+
+fn attention(gpu: &Gpu, cfg: &ds4_model::config::Config, ratio: usize, pos: usize, iters: usize) -> R<()> {
+    let (nh, d, swa) = (cfg.n_head, cfg.head_dim, cfg.swa);
+    let top_k = if ratio == 4 { cfg.idx_topk } else { 0 };
+    let cap = if ratio != 0 { (pos + 1) / ratio + 1 } else { 0 };
+    let vals = |n: usize| (0..n).map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5).collect::<Vec<f32>>();
+    let q = GpuBuffer::from_slice(gpu, "q", &vals(nh * d)).map_err(es)?;
+    let kv = GpuBuffer::from_slice(gpu, "kv", &vals(d)).map_err(es)?;
+    let ring = GpuBuffer::from_slice(gpu, "ring", &vals(swa * d)).map_err(es)?;
+    let comp = GpuBuffer::from_slice(gpu, "comp", &vals(cap.max(1) * d)).map_err(es)?;
+    let sel = GpuBuffer::new(gpu, "sel", top_k.max(1)).map_err(es)?;
+    if top_k != 0 {
+        let picks: Vec<u32> = (0..top_k).map(|i| ((i * 7) % cap) as u32).collect();
+        sel.write_u32(gpu, &picks).map_err(es)?;
+    }
+    let sinks = GpuBuffer::from_slice(gpu, "sinks", &vec![0.0; nh]).map_err(es)?;
+    let o = GpuBuffer::new(gpu, "o", nh * d).map_err(es)?;
+    let bufs = AttentionBuffers { q: &q, kv: &kv, ring: &ring, comp: (ratio != 0).then_some(&comp), sel: (top_k != 0).then_some(&sel), sinks: &sinks, o: &o };
+    let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap.max(1), max_tokens: 1 };
+    let op = Attention::new(gpu, &bufs, shape, CpuRope::for_layer(cfg, ratio).freqs()).map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: pos as u32 }, iters, |e, _| op.encode(e))?;
+    println!("attention_r{ratio},{nh}x{d} at {pos} top_k {top_k},{us:.2},", );
+    Ok(())
+}
