@@ -742,3 +742,57 @@ fn attention_ops_refuse_bad_shapes_and_steps() {
     let ib = IndexerBuffers { q: &iq, w: &iw, keys: &keys, scores: &scores, sel: &sel };
     assert!(Indexer::new(&gpu, &ib, IndexerShape { heads: 16, dim: 128, ratio: 4, top_k: 8, capacity: 10, max_tokens: 2 }).is_err());
 }
+
+/// A short multi-token step (an MTP verify of 1 + k tokens, a rollback's re-run) gives each token the
+/// attention output of a one-token decode step at its position, bit for bit, at Flash's shape (64
+/// heads of 512, ratio 4 with 512 picks out of 525 compressed rows: 640 candidates, split over
+/// workgroups), and leaves the same ring. Greedy output with MTP is the plain output only if so.
+#[test]
+fn short_steps_attend_as_decode_steps_bit_for_bit() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let fl = flash();
+    let (nh, d, swa, ratio, top_k) = (fl.n_head, fl.head_dim, fl.swa, 4, fl.idx_topk);
+    let (pos, n) = (2100usize, 3usize);
+    let cap = compressed_capacity(pos + n, ratio);
+    let rope = CpuRope::for_layer(&fl, ratio);
+    let ring0 = scaled(901, swa * d, 1.0);
+    let comp = scaled(902, cap * d, 1.0);
+    let qs = scaled(903, n * nh * d, 1.0);
+    let kvs = scaled(904, n * d, 1.0);
+    let sinks = scaled(905, nh, 1.0);
+    let mut sel_words = vec![0f32; n * top_k];
+    for i in 0..n {
+        for (j, r) in random_pick(906 + i as u64, (pos + i + 1) / ratio, top_k).into_iter().enumerate() {
+            sel_words[i * top_k + j] = f32::from_bits(r);
+        }
+    }
+    let mut outs = Vec::new();
+    let mut rings = Vec::new();
+    for steps in [vec![n], vec![1; n]] {
+        let qb = GpuBuffer::new(&gpu, "q", n * nh * d).unwrap();
+        let kb = GpuBuffer::new(&gpu, "kv", n * d).unwrap();
+        let ring = GpuBuffer::from_slice(&gpu, "ring", &ring0).unwrap();
+        let cb = GpuBuffer::from_slice(&gpu, "comp", &comp).unwrap();
+        let sb = GpuBuffer::new(&gpu, "sel", n * top_k).unwrap();
+        let sk = GpuBuffer::from_slice(&gpu, "sinks", &sinks).unwrap();
+        let ob = GpuBuffer::new(&gpu, "o", n * nh * d).unwrap();
+        let bufs = AttentionBuffers { q: &qb, kv: &kb, ring: &ring, comp: Some(&cb), sel: Some(&sb), sinks: &sk, o: &ob };
+        let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: n as u32 };
+        let op = Attention::new(&gpu, &bufs, shape, rope.freqs()).unwrap();
+        assert!(op.splits(1) > 1, "decode steps split the candidates");
+        let mut out = Vec::new();
+        let mut t0 = 0;
+        for m in steps {
+            qb.write(&gpu, &qs[t0 * nh * d..(t0 + m) * nh * d]).unwrap();
+            kb.write(&gpu, &kvs[t0 * d..(t0 + m) * d]).unwrap();
+            sb.write(&gpu, &sel_words[t0 * top_k..(t0 + m) * top_k]).unwrap();
+            run(&gpu, m, pos + t0, |e| op.encode(e));
+            out.extend(ob.read(&gpu, m * nh * d).unwrap().iter().map(|v| v.to_bits()));
+            t0 += m;
+        }
+        outs.push(out);
+        rings.push(ring.read(&gpu, swa * d).unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+    assert!(outs[0] == outs[1], "a {n}-token step's attention differs from {n} decode steps");
+    assert!(rings[0] == rings[1], "the ring after a {n}-token step differs from {n} decode steps");
+}

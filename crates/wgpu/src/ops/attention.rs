@@ -5,7 +5,8 @@
 //! A workgroup serves 4 heads (the rows are shared: MQA); steps with few tokens (decode) split the
 //! candidates across workgroups and merge the splits' partial softmax sums. The ring and the
 //! compressed rows hold one part per KV slot; a batched step (one sequence per row) reads each row's
-//! own slot and splits as a one-token step does, so each row sums as it does decoded alone.
+//! own slot and splits as a one-token step does, so each row sums as it does decoded alone; so does a
+//! short step of up to `SHORT_STEP` tokens (an MTP verify), whose rows then equal decode steps bit for bit.
 use std::sync::Arc;
 
 use super::{check_tokens, grid, u32_of, Rope};
@@ -227,7 +228,12 @@ pub fn split_floats(n_head: usize, d: usize, max_cand: usize, max_tokens: usize,
     steps.max(batch) * n_head * (d + 2)
 }
 
+/// Steps of up to this many tokens (an MTP verify of 1 + k tokens, a rollback's re-run) split each token
+/// as a one-token step does, so each sums as it does decoded alone (attention.wgsl: `SHORT_STEP`).
+pub const SHORT_STEP: usize = 8;
+
 /// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same).
 fn nsplit_of(ntok: usize, groups: usize, max_split: usize) -> usize {
-    (SPLIT_TARGET / (ntok * groups).max(1)).clamp(1, max_split)
+    let rows = if ntok <= SHORT_STEP { 1 } else { ntok };
+    (SPLIT_TARGET / (rows * groups).max(1)).clamp(1, max_split)
 }

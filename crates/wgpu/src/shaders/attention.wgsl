@@ -9,7 +9,8 @@
 // candidate with its lanes splitting the row), then each thread accumulates its own output dims.
 // Workgroup (group, token, split): split y takes tiles y, y + nsplit, ...; split 0 also holds the
 // sink. With one split the output is final; otherwise each split writes (acc, max, sum) to `part`
-// and attention_merge.wgsl combines them. nsplit depends only on ntok (the host computes the same).
+// and attention_merge.wgsl combines them. nsplit depends only on ntok and whether the step is batched
+// (the host computes the same).
 // Each row reads its own sequence (seq.wgsl): its slot's ring (rows slot * swa ..) and compressed rows
 // (rows slot * cap ..), this step's new rows of its sequence only; a batched step splits as a
 // one-token step, so every row sums as it would decoded alone.
@@ -53,8 +54,13 @@ fn row_val(s: u32, i: u32) -> vec4<f32> {
     return comp[off];
 }
 
+// Steps of up to SHORT_STEP tokens (an MTP verify, a rollback's re-run) and batched steps split each
+// row as a one-token step does: every row then sums as it would decoded alone (attention.rs: the same).
+const SHORT_STEP: u32 = 8u;
+
 fn nsplit_of(ntok: u32) -> u32 {
-    return clamp(p.split_target / max(ntok * p.groups, 1u), 1u, p.max_split);
+    let rows = select(ntok, 1u, ntok <= SHORT_STEP || step.batch != 0u);
+    return clamp(p.split_target / max(rows * p.groups, 1u), 1u, p.max_split);
 }
 
 @compute @workgroup_size(64)
@@ -63,7 +69,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let g = wid.x;
     let t = wid.y;
     let y = wid.z;
-    let nsplit = nsplit_of(select(step.ntok, 1u, step.batch != 0u));
+    let nsplit = nsplit_of(step.ntok);
     if (t >= step.ntok || y >= nsplit) { return; }
     let d = p.d;
     let d4 = d / 4u;

@@ -11,16 +11,20 @@ struct Step { ntok: u32, pos: u32, batch: u32, slot: u32 }
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
 
+// Steps of up to SHORT_STEP tokens (an MTP verify, a rollback's re-run) and batched steps split each
+// row as a one-token step does: every row then sums as it would decoded alone (attention.rs: the same).
+const SHORT_STEP: u32 = 8u;
+
 fn nsplit_of(ntok: u32) -> u32 {
-    return clamp(p.split_target / max(ntok * p.groups, 1u), 1u, p.max_split);
+    let rows = select(ntok, 1u, ntok <= SHORT_STEP || step.batch != 0u);
+    return clamp(p.split_target / max(rows * p.groups, 1u), 1u, p.max_split);
 }
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
     let t = wid.y;
-    // A batched step splits as a one-token step does (the same sums as decoding alone).
-    let nsplit = nsplit_of(select(step.ntok, 1u, step.batch != 0u));
+    let nsplit = nsplit_of(step.ntok);
     if (t >= step.ntok || nsplit == 1u) { return; }
     let d = p.d;
     let stride = p.n_head * (d + 2u);
