@@ -4,7 +4,8 @@
 #     -> kernels_checked.csv, kernels.csv;
 #  2. flash:6 decode / prefill, the previous ds4-bench (device-bin/old-bench.xz) and this one
 #     -> ab_vulkan_flash6.csv;
-#  3. the per-op profile of this one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log;
+#  3. the per-op profile of this one and the previous one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log,
+#     profile_vulkan_old.log;
 #  4. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
 # Prepare: bench/cuda/build_device_bin.sh and the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/wgpu/kernels.sh
@@ -31,8 +32,9 @@ if [ -f $B/old-bench.xz ]; then
     echo "$b,$r" | tee -a $OUT/ab_vulkan_flash6.csv
   done
 fi
-el "Vulkan profile"
+el "Vulkan profile (this ds4-bench, and the previous one if carried)"
 DS4_WGPU_PROFILE=1 bench $B/ds4-bench --gen-tokens 32 > $OUT/profile_vulkan.log 2>&1
+[ -x /tmp/old-bench ] && DS4_WGPU_PROFILE=1 bench /tmp/old-bench --gen-tokens 32 > $OUT/profile_vulkan_old.log 2>&1
 grep -v "uploading" $OUT/profile_vulkan.log | grep -A26 "one-token steps" | head -30
 if [ -n "${WGPU_TESTS:-}" ]; then
   el "wgpu tests on the GPU"

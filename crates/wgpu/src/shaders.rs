@@ -204,9 +204,12 @@ pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, f16
     format!("matvec_{}_tb{tb}_r{}_w{}_{reduce:?}_{f16:?}", ty.name(), shape.rows, shape.threads)
 }
 
-/// The attention module: tile scores by one thread per candidate (`Tree`, every adapter) or one
+/// The candidate tiles of the attention modules (steps that split, and prefill).
+pub const ATTENTION_TILES: [u32; 2] = [16, 64];
+
+/// The attention module (tiles of `tile` <= 64 candidates): tile scores by one thread per candidate (`Tree`, every adapter) or one
 /// subgroup per candidate (`Subgroup`).
-pub fn attention_source(reduce: Reduce) -> String {
+pub fn attention_source(reduce: Reduce, tile: u32) -> String {
     let (score, params, init) = match reduce {
         Reduce::Tree => (ATTENTION_SCORE_THREAD, "", ""),
         Reduce::Subgroup => (
@@ -215,7 +218,7 @@ pub fn attention_source(reduce: Reduce) -> String {
             "sg = vec4<u32>(lane, sg_size, sg_id, n_sg);",
         ),
     };
-    format!("{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
+    format!("const TILE: u32 = {tile}u;\n{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
 }
 
 /// One WGSL module the crate builds, with what it needs from the adapter.
@@ -251,7 +254,9 @@ pub fn all_modules() -> Vec<ModuleSource> {
         }
     }
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
-        out.push(ModuleSource { name: format!("attention_{reduce:?}"), wgsl: attention_source(reduce), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false });
+        for tile in ATTENTION_TILES {
+            out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}"), wgsl: attention_source(reduce, tile), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false });
+        }
     }
     for ty in MATVEC_TYPES {
         for walk in [ExpertWalk::PerSlot, ExpertWalk::Grouped] {

@@ -14,17 +14,19 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, RING_STORE};
+use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, ATTENTION_TILES, RING_STORE};
 
 /// The widest head the kernel holds in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
 /// Heads per workgroup (they share each candidate row read: MQA).
 const HEADS_PER_GROUP: usize = 4;
-/// Candidates per tile.
-const TILE: usize = 64;
+/// Candidates per tile in the steps that split (decode, short and batched steps: shorter serial work per
+/// workgroup, more workgroups) and in the steps that do not (prefill: fewer barriers).
+const SPLIT_TILE: usize = ATTENTION_TILES[0] as usize;
+const LONG_TILE: usize = ATTENTION_TILES[1] as usize;
 /// Workgroups a step aims for: a step with fewer (token, head group) pairs splits the candidates.
-const SPLIT_TARGET: usize = 256;
-const MAX_SPLIT: usize = 16;
+const SPLIT_TARGET: usize = 1024;
+const MAX_SPLIT: usize = 64;
 
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {
@@ -62,8 +64,9 @@ pub struct AttentionBuffers<'a> {
 pub struct Attention {
     /// How tile scores are summed: a subgroup per candidate, or a thread per candidate.
     pub reduce: Reduce,
-    pipeline: Arc<wgpu::ComputePipeline>,
-    bind: wgpu::BindGroup,
+    /// The kernel for steps that split (`SPLIT_TILE`) and for the others (`LONG_TILE`), with their bindings.
+    split: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
+    long: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
     merge: Arc<wgpu::ComputePipeline>,
     merge_bind: wgpu::BindGroup,
     groups: usize,
@@ -108,7 +111,6 @@ impl Attention {
             return Err(bad("row ids must stay below 2^30".into()));
         }
         let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
-        let pipeline = gpu.pipeline(&format!("attention_{reduce:?}"), || Ok(attention_source(reduce)))?;
         let mut dummies = Vec::new();
         if b.comp.is_none() {
             dummies.push(GpuBuffer::new(gpu, "attention no compressed rows", 4)?);
@@ -129,7 +131,7 @@ impl Attention {
         let groups = n_head.div_ceil(HEADS_PER_GROUP);
         // No more splits than tiles of the largest candidate set.
         let max_cand = max_candidates(swa, ratio, top_k, capacity);
-        let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
+        let max_split = max_cand.div_ceil(SPLIT_TILE).clamp(1, MAX_SPLIT);
         // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
         // tokens x splits).
         let own = match part {
@@ -152,7 +154,12 @@ impl Attention {
             0,
         ];
         let uni = gpu.uniform("attention", bytemuck::cast_slice(&params))?;
-        let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &part.buffer, &uni, &gpu.step])?;
+        let kernel = |tile: usize| -> Result<_, WgpuError> {
+            let pipeline = gpu.pipeline(&format!("attention_{reduce:?}_t{tile}"), || Ok(attention_source(reduce, tile as u32)))?;
+            let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &part.buffer, &uni, &gpu.step])?;
+            Ok((pipeline, bind))
+        };
+        let (split, long) = (kernel(SPLIT_TILE)?, kernel(LONG_TILE)?);
         let merge = gpu.pipeline("attention_merge", || Ok(ATTENTION_MERGE.to_string()))?;
         let merge_bind = gpu.bind_group("attention merge", &merge, &[&part.buffer, &b.o.buffer, &uni, &gpu.step])?;
 
@@ -163,7 +170,7 @@ impl Attention {
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
         let part_len = part.len();
-        Ok(Self { reduce, pipeline, bind, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+        Ok(Self { reduce, split, long, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
     }
 
     /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
@@ -184,6 +191,7 @@ impl Attention {
         }
         // A batched step splits each row as a one-token step (attention.wgsl does the same).
         let batched = enc.batched();
+        let short = batched || st.ntok as usize <= SHORT_STEP;
         let nsplit = self.splits(if batched { 1 } else { st.ntok });
         let need = if nsplit > 1 { (st.ntok * nsplit) as usize * self.shape.n_head * (self.shape.head_dim + 2) } else { 0 };
         if need > self.part_len {
@@ -191,8 +199,9 @@ impl Attention {
         }
         {
             let pass = enc.pass();
-            pass.set_pipeline(&self.pipeline);
-            pass.set_bind_group(0, &self.bind, &[]);
+            let (pipeline, bind) = if short { &self.split } else { &self.long };
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, bind, &[]);
             pass.dispatch_workgroups(self.groups as u32, st.ntok, nsplit);
             if nsplit > 1 {
                 pass.set_pipeline(&self.merge);
@@ -221,7 +230,7 @@ pub fn max_candidates(swa: usize, ratio: usize, top_k: usize, capacity: usize) -
 /// candidates per token.
 pub fn split_floats(n_head: usize, d: usize, max_cand: usize, max_tokens: usize, batch_rows: usize) -> usize {
     let groups = n_head.div_ceil(HEADS_PER_GROUP);
-    let max_split = max_cand.div_ceil(TILE).clamp(1, MAX_SPLIT);
+    let max_split = max_cand.div_ceil(SPLIT_TILE).clamp(1, MAX_SPLIT);
     let split = |n: usize| nsplit_of(n, groups, max_split);
     let steps = (1..=max_tokens.max(1)).filter(|&n| split(n) > 1).map(|n| n * split(n)).max().unwrap_or(0);
     let batch = if split(1) > 1 { batch_rows * split(1) } else { 0 };
@@ -232,8 +241,11 @@ pub fn split_floats(n_head: usize, d: usize, max_cand: usize, max_tokens: usize,
 /// as a one-token step does, so each sums as it does decoded alone (attention.wgsl: `SHORT_STEP`).
 pub const SHORT_STEP: usize = 8;
 
-/// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same).
+/// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same): a short step splits
+/// each token as a one-token step does, a longer one not at all.
 fn nsplit_of(ntok: usize, groups: usize, max_split: usize) -> usize {
-    let rows = if ntok <= SHORT_STEP { 1 } else { ntok };
-    (SPLIT_TARGET / (rows * groups).max(1)).clamp(1, max_split)
+    if ntok > SHORT_STEP {
+        return 1;
+    }
+    (SPLIT_TARGET / groups.max(1)).clamp(1, max_split)
 }

@@ -4,7 +4,7 @@
 // q - pos), then the compressed rows: none (ratio 0), the first (p + 1) / ratio, or the indexer's
 // top_k picks when an indexer is on and there are more than top_k. Rows are both K and V and shared
 // by every head (MQA): a workgroup serves HG heads from one read of each row. Softmax over
-// {q.row / sqrt(D)} and the head's sink logit, online over tiles of 64 candidates: a thread scores
+// {q.row / sqrt(D)} and the head's sink logit, online over tiles of TILE candidates (16 in steps that split, 64 in prefill): a thread scores
 // the tile's candidates for the HG heads (score_tile: a thread per candidate, or a subgroup per
 // candidate with its lanes splitting the row), then each thread accumulates its own output dims.
 // Workgroup (group, token, split): split y takes tiles y, y + nsplit, ...; split 0 also holds the
@@ -42,8 +42,8 @@ const SRC_COMP: u32 = 2u;
 const NEG: f32 = -3.4028235e38;
 
 var<workgroup> qs: array<vec4<f32>, 512>;   // HG x MAXD / 4
-var<workgroup> sc: array<f32, 256>;    // HG x WG
-var<workgroup> src: array<u32, WG>;
+var<workgroup> sc: array<f32, 256>;    // HG x TILE
+var<workgroup> src: array<u32, 64>;    // TILE
 
 // vec4 i of a candidate row (source in the top 2 bits, row index below).
 fn row_val(s: u32, i: u32) -> vec4<f32> {
@@ -54,13 +54,14 @@ fn row_val(s: u32, i: u32) -> vec4<f32> {
     return comp[off];
 }
 
-// Steps of up to SHORT_STEP tokens (an MTP verify, a rollback's re-run) and batched steps split each
-// row as a one-token step does: every row then sums as it would decoded alone (attention.rs: the same).
+// Steps of up to SHORT_STEP tokens (decode, an MTP verify, a rollback's re-run) and batched steps
+// split each row as a one-token step does: every row then sums as it would decoded alone. Longer steps
+// (prefill) do not split. (attention.rs: the same.)
 const SHORT_STEP: u32 = 8u;
 
 fn nsplit_of(ntok: u32) -> u32 {
-    let rows = select(ntok, 1u, ntok <= SHORT_STEP || step.batch != 0u);
-    return clamp(p.split_target / max(rows * p.groups, 1u), 1u, p.max_split);
+    if (ntok > SHORT_STEP && step.batch == 0u) { return 1u; }
+    return clamp(p.split_target / max(p.groups, 1u), 1u, p.max_split);
 }
 
 @compute @workgroup_size(64)
@@ -101,10 +102,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m[k] = select(NEG, sinks[min(h0 + k, p.n_head - 1u)], own);
         den[k] = select(0.0, 1.0, own);
     }
-    for (var base = y * WG; base < total; base += nsplit * WG) {
+    for (var base = y * TILE; base < total; base += nsplit * TILE) {
         let c = base + lid;
         var code = 0u;
-        if (c < total) {
+        if (lid < TILE && c < total) {
             if (c < n_raw) {
                 let qp = start + c;
                 code = select((SRC_NEW << 30u) | (sq.row0 + qp - sq.pos), (SRC_RING << 30u) | (sq.slot * p.swa + qp % p.swa), qp < sq.pos);
@@ -113,15 +114,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 code = (SRC_COMP << 30u) | (sq.slot * p.cap + select(j, sel[t * p.top_k + j], picked));
             }
         }
-        src[lid] = code;
+        if (lid < TILE) { src[lid] = code; }
         workgroupBarrier();
-        score_tile(lid, min(WG, total - base), d4);
+        score_tile(lid, min(TILE, total - base), d4);
         workgroupBarrier();
-        let cnt = min(WG, total - base);
+        let cnt = min(TILE, total - base);
         var mt: array<f32, HG>;
         for (var k = 0u; k < HG; k++) {
             mt[k] = m[k];
-            for (var l = 0u; l < cnt; l++) { mt[k] = max(mt[k], sc[k * WG + l]); }
+            for (var l = 0u; l < cnt; l++) { mt[k] = max(mt[k], sc[k * TILE + l]); }
             let alpha = exp(m[k] - mt[k]);
             den[k] *= alpha;
             for (var j = 0u; j < PER; j++) { acc[k][j] *= alpha; }
@@ -131,7 +132,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let code_l = src[l];
             var e: array<f32, HG>;
             for (var k = 0u; k < HG; k++) {
-                e[k] = exp(sc[k * WG + l] - m[k]);
+                e[k] = exp(sc[k * TILE + l] - m[k]);
                 den[k] += e[k];
             }
             for (var j = 0u; j < PER; j++) {

@@ -11,13 +11,13 @@ struct Step { ntok: u32, pos: u32, batch: u32, slot: u32 }
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
 
-// Steps of up to SHORT_STEP tokens (an MTP verify, a rollback's re-run) and batched steps split each
-// row as a one-token step does: every row then sums as it would decoded alone (attention.rs: the same).
+// As attention.wgsl: short steps (up to SHORT_STEP tokens) and batched steps split each row as a
+// one-token step does; longer steps do not split.
 const SHORT_STEP: u32 = 8u;
 
 fn nsplit_of(ntok: u32) -> u32 {
-    let rows = select(ntok, 1u, ntok <= SHORT_STEP || step.batch != 0u);
-    return clamp(p.split_target / max(rows * p.groups, 1u), 1u, p.max_split);
+    if (ntok > SHORT_STEP && step.batch == 0u) { return 1u; }
+    return clamp(p.split_target / max(p.groups, 1u), 1u, p.max_split);
 }
 
 @compute @workgroup_size(64)

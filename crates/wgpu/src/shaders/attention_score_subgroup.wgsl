@@ -13,7 +13,7 @@ fn score_tile(lid: u32, cnt: u32, d4: u32) {
         }
         for (var k = 0u; k < HG; k++) {
             let tot = subgroupAdd((s4[k].x + s4[k].y) + (s4[k].z + s4[k].w));
-            if (sg.x == 0u) { sc[k * WG + l] = tot * p.scale; }
+            if (sg.x == 0u) { sc[k * TILE + l] = tot * p.scale; }
         }
     }
 }

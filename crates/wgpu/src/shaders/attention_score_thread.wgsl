@@ -7,5 +7,5 @@ fn score_tile(lid: u32, cnt: u32, d4: u32) {
         let v = row_val(code, i);
         for (var k = 0u; k < HG; k++) { s4[k] += qs[k * (MAXD / 4u) + i] * v; }
     }
-    for (var k = 0u; k < HG; k++) { sc[k * WG + lid] = ((s4[k].x + s4[k].y) + (s4[k].z + s4[k].w)) * p.scale; }
+    for (var k = 0u; k < HG; k++) { sc[k * TILE + lid] = ((s4[k].x + s4[k].y) + (s4[k].z + s4[k].w)) * p.scale; }
 }
