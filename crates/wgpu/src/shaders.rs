@@ -22,7 +22,15 @@ pub const RING_STORE: &str = concat!(include_str!("shaders/ring_store.wgsl"), in
 pub const INDEXER_SCORES: &str = concat!(include_str!("shaders/indexer_scores.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const TOP_K: &str = concat!(include_str!("shaders/top_k.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
-pub const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
+
+/// Workgroups of the argmax's first phase (each a slice of the row; the second phase merges them).
+pub const ARGMAX_BLOCKS: u32 = 128;
+
+/// The greedy-pick module (both phases).
+pub fn argmax_source() -> String {
+    format!("const BLOCKS: u32 = {ARGMAX_BLOCKS}u;\n{ARGMAX}")
+}
 const MATVEC_EXPERT_MAIN: &str = include_str!("shaders/matvec_expert_main.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
 const HC_REDUCE: &str = include_str!("shaders/hc_reduce.wgsl");
@@ -278,7 +286,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("rms_norm", RMS_NORM.to_string()),
         ("rope", ROPE.to_string()),
         ("swiglu", SWIGLU.to_string()),
-        ("argmax", ARGMAX.to_string()),
+        ("argmax", argmax_source()),
         ("embed", embed_source()),
         ("hc_pre", hc_pre_source()),
         ("hc_head", hc_head_source()),

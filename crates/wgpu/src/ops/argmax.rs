@@ -7,7 +7,7 @@ use crate::counters::Counters;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::ARGMAX;
+use crate::shaders::{argmax_source, ARGMAX_BLOCKS};
 
 /// The pick of one row.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -23,33 +23,42 @@ pub struct Pick {
 
 pub struct Argmax {
     pipeline: Arc<wgpu::ComputePipeline>,
-    bind: wgpu::BindGroup,
+    /// Phase 0 (slices of the row into the parts) and phase 1 (the parts into `out`).
+    binds: [wgpu::BindGroup; 2],
     out: wgpu::Buffer,
     staging: wgpu::Buffer,
+    _parts: wgpu::Buffer,
 }
 
 impl Argmax {
-    /// Picks over the first n floats of `x`; the 16-byte result and its staging buffer are made once.
+    /// Picks over the first n floats of `x`; the parts, the 16-byte result and its staging buffer are
+    /// made once.
     pub fn new(gpu: &Gpu, x: &GpuBuffer, n: usize) -> Result<Self, WgpuError> {
         if n == 0 || x.len() < n {
             return Err(WgpuError::BadShape { what: "argmax".into(), reason: format!("{n} values in a buffer of {}", x.len()) });
         }
-        let pipeline = gpu.pipeline("argmax", || Ok(ARGMAX.to_string()))?;
-        let params: [u32; 4] = [u32_of("argmax width", n)?, 0, 0, 0];
-        let uni = gpu.uniform("argmax", bytemuck::cast_slice(&params))?;
-        let mk = |label: &str, usage| gpu.scoped(label, |d| d.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size: 16, usage, mapped_at_creation: false }));
-        let out = mk("argmax out", wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC)?;
-        let staging = mk("argmax staging", wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)?;
-        Counters::add(&gpu.counters.buffers, 2);
-        let bind = gpu.bind_group("argmax", &pipeline, &[&x.buffer, &out, &uni])?;
-        Ok(Self { pipeline, bind, out, staging })
+        let pipeline = gpu.pipeline("argmax", || Ok(argmax_source()))?;
+        let n32 = u32_of("argmax width", n)?;
+        let mk = |label: &str, size: u64, usage| gpu.scoped(label, |d| d.create_buffer(&wgpu::BufferDescriptor { label: Some(label), size, usage, mapped_at_creation: false }));
+        let parts = mk("argmax parts", ARGMAX_BLOCKS as u64 * 16, wgpu::BufferUsages::STORAGE)?;
+        let out = mk("argmax out", 16, wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC)?;
+        let staging = mk("argmax staging", 16, wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST)?;
+        Counters::add(&gpu.counters.buffers, 3);
+        let bind = |phase: u32| -> Result<wgpu::BindGroup, WgpuError> {
+            let uni = gpu.uniform("argmax", bytemuck::cast_slice(&[n32, phase, 0, 0]))?;
+            gpu.bind_group("argmax", &pipeline, &[&x.buffer, &parts, &out, &uni])
+        };
+        let binds = [bind(0)?, bind(1)?];
+        Ok(Self { pipeline, binds, out, staging, _parts: parts })
     }
 
     /// Records the pick and the copy of its result to the staging buffer.
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
+        pass.set_bind_group(0, &self.binds[0], &[]);
+        pass.dispatch_workgroups(ARGMAX_BLOCKS, 1, 1);
+        pass.set_bind_group(0, &self.binds[1], &[]);
         pass.dispatch_workgroups(1, 1, 1);
         enc.copy(&self.out, &self.staging, 16);
         Ok(())
