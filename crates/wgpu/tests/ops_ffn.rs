@@ -383,6 +383,9 @@ fn expert_products_every_type_straddling_parts() {
                 let yb = buf(&gpu, MAXT as usize * k * r);
                 let slot_op = ExpertMatVec::new(&gpu, &t, n_expert, &idb, &xb, per_slot, &yb, k, MAXT).unwrap();
                 let tile_op = ExpertMatVec::grouped(&gpu, &t, &groups, &xb, per_slot, &yb, MAXT).unwrap();
+                // Rows of the per-slot walk (decode) and of the grouped one (prefill, a verify step):
+                // bit for bit the same sums (an MTP verify's rows must be its decode steps' rows).
+                let mut bits: Vec<Vec<u32>> = Vec::new();
                 for (walk, nt) in [("per slot", 1), ("per slot", 3), ("grouped", 2), ("grouped", 8)] {
                     yb.write(&gpu, &vec![f32::NAN; MAXT as usize * k * r]).unwrap();
                     gpu.run(Step { ntok: nt as u32, pos: 0 }, |enc| {
@@ -395,6 +398,7 @@ fn expert_products_every_type_straddling_parts() {
                     })
                     .unwrap();
                     let y = yb.read(&gpu, nt * k * r).unwrap();
+                    bits.push(y.iter().map(|v| v.to_bits()).collect());
                     for slot in 0..nt * k {
                         let xr = if per_slot { slot } else { slot / k };
                         for row in 0..r {
@@ -405,6 +409,8 @@ fn expert_products_every_type_straddling_parts() {
                         }
                     }
                 }
+                let n2 = 2 * k * r;
+                assert!(bits[1][..n2] == bits[2][..n2], "{ty:?} fallback={fallback} per_slot={per_slot}: grouped rows differ from per-slot rows");
             }
         }
     }

@@ -83,27 +83,21 @@ impl MatVec {
         let x_stride4 = u32_of("activation row", groups.x_stride / 4)?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
         let mut parts = Vec::with_capacity(w.parts.len());
+        // A grouped product's rows find their group's inputs in the kernel: one dispatch per part.
+        let (group_rows, group_x4) = if groups.rows < w.rows { (u32_of("group rows", groups.rows)?, u32_of("group inputs", w.cols / 4)?) } else { (0, 0) };
         for (i, part) in w.parts.iter().enumerate() {
-            // One dispatch per (binding part, row group) overlap: its inputs start at the group's.
-            let mut r0 = part.row0;
-            while r0 < part.row0 + part.rows {
-                let g = r0 / groups.rows;
-                let r1 = ((g + 1) * groups.rows).min(part.row0 + part.rows);
-                let rows = u32_of("rows", r1 - r0)?;
-                let wg = grid(rows.div_ceil(shape.rows));
-                let w_off = u32_of("weight offset", part.byte_offset as usize + (r0 - part.row0) * w.row_bytes)?;
-                let x_off4 = u32_of("input offset", g * w.cols / 4)?;
-                let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", r0)?, wg.0, x_stride4, y_stride, w_off, x_off4, 0, 0, 0];
-                let label = format!("{}#{i}.{g}", w.name);
-                let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
-                let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
-                if let Some(t) = table.as_deref() {
-                    buffers.push(t);
-                }
-                let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
-                parts.push(Part { bind, wg });
-                r0 = r1;
+            let rows = u32_of("rows", part.rows)?;
+            let wg = grid(rows.div_ceil(shape.rows));
+            let w_off = u32_of("weight offset", part.byte_offset as usize)?;
+            let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, x_stride4, y_stride, w_off, 0, group_rows, group_x4, 0];
+            let label = format!("{}#{i}", w.name);
+            let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
+            let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
+            if let Some(t) = table.as_deref() {
+                buffers.push(t);
             }
+            let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
+            parts.push(Part { bind, wg });
         }
         Ok(Self { pipeline, parts, tile, max_tokens, reduce, f16 })
     }

@@ -10,9 +10,9 @@ struct Params {
     x_stride4: u32,  // activation row stride in vec4s
     y_stride: u32,   // output row stride in floats
     w_off: u32,      // byte offset of the part's first row in its binding (imported windows)
-    x_off4: u32,     // offset of this dispatch's inputs in each activation row, in vec4s (row groups)
-    pad0: u32,
-    pad1: u32,
+    x_off4: u32,     // offset of this dispatch's inputs in each activation row, in vec4s
+    group_rows: u32, // grouped product: rows per group (0: none); row g's inputs start group_x4 * (g / group_rows) further
+    group_x4: u32,   // grouped product: vec4s of one group's inputs
     pad2: u32,
 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }

@@ -17,12 +17,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let nt = min(TB, ntok - t0);
     let nr = min(RW, p.rows - row0);
     let nchunks = p.cols / 8u;
+    // Where each row's inputs start (a grouped product's rows read their group's part of the row).
+    var xb: array<u32, RW>;
+    for (var r = 0u; r < RW; r++) {
+        xb[r] = p.x_off4 + select(0u, (p.y_off + row0 + r) / max(p.group_rows, 1u) * p.group_x4, p.group_rows != 0u);
+    }
     var acc: array<f32, NO>;
     for (var g = lid; g < nchunks; g += WG) {
         for (var r = 0u; r < nr; r++) {
             let wv = load8(p.w_off + (row0 + r) * p.row_bytes, g);
             for (var t = 0u; t < nt; t++) {
-                let xi = p.x_off4 + (t0 + t) * p.x_stride4 + 2u * g;
+                let xi = xb[r] + (t0 + t) * p.x_stride4 + 2u * g;
                 acc[r * TB + t] += dot(wv.a, x[xi]) + dot(wv.b, x[xi + 1u]);
             }
         }
