@@ -272,6 +272,11 @@ impl Gpu {
         crate::host_import::device_local_bytes(&self.device)
     }
 
+    /// Bytes of workgroup memory a compute workgroup may use.
+    pub fn workgroup_memory(&self) -> u64 {
+        self.device.limits().max_compute_workgroup_storage_size as u64
+    }
+
     pub fn caps(&self) -> &Caps {
         &self.caps
     }

@@ -5,6 +5,7 @@ use ds4_quant::GgmlType;
 
 const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
 const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
+const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
 const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
@@ -149,6 +150,28 @@ pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, 
     Some(format!("{}{wg}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, shape.rows)))
 }
 
+/// Rows and tokens of a tiled product's workgroup (matmul_main.wgsl), and the fewest tokens a step
+/// needs to take it instead of the batched mat-vec.
+pub const MATMUL_TILE: u32 = 64;
+pub const MATMUL_MIN_TOKENS: u32 = 16;
+/// Workgroup memory of the tiled product (the weight and input tiles, plus the IQ2_XXS grid).
+pub const MATMUL_SHARED_BYTES: u32 = 2 * 8192 + 2048;
+
+/// The tiled product module over `ty` weights (prefill chunks), or None for a type without a loader.
+pub fn matmul_source(ty: GgmlType, f16: F16Unpack) -> Option<String> {
+    let load = load8_source(ty)?;
+    let unpack = match f16 {
+        F16Unpack::Native => F16_NATIVE,
+        F16Unpack::Bits => F16_BITS,
+    };
+    Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_MAIN}"))
+}
+
+/// The pipeline-cache key of a tiled product module.
+pub fn matmul_key(ty: GgmlType, f16: F16Unpack) -> String {
+    format!("matmul_{}_{f16:?}", ty.name())
+}
+
 /// How the routed-expert product walks the step's (token, slot) pairs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExpertWalk {
@@ -258,6 +281,13 @@ pub fn all_modules() -> Vec<ModuleSource> {
                         }
                     }
                 }
+            }
+        }
+    }
+    for ty in MATVEC_TYPES {
+        for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+            if let Some(wgsl) = matmul_source(ty, f16) {
+                out.push(ModuleSource { name: matmul_key(ty, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
             }
         }
     }

@@ -210,3 +210,32 @@ fn unchecked_kernels_match_checked() {
         assert_eq!(outs[0], outs[1], "unchecked kernels differ from checked ones");
     }
 }
+
+/// The tiled product (prefill steps of 16+ tokens) against the CPU reference: every quant type and
+/// f16 decode, rows and tokens that leave partial tiles (70 rows in parts of 16, 70 and 17 tokens),
+/// columns that leave a partial column step (F16: 33 chunks of 8), with and without subgroups.
+#[test]
+fn tiled_product_matches_cpu() {
+    for fallback in [false, true] {
+        for ty in MATVEC_TYPES {
+            let cols = cols_for(ty);
+            let row_bytes = ty.row_bytes(cols).expect("row bytes") as u64;
+            let Some(gpu) = common::gpu(common::opts(fallback, Some(row_bytes * ROWS_PER_PART as u64 + 4))) else { return };
+            let w = weights(ty, ROWS, cols, 60 + ty as u64);
+            let t = ResidentTensor::upload(&gpu, "w", ty, &w, ROWS, cols).expect("upload");
+            let m = 70;
+            let xs = common::normals(500 + ty as u64, m * cols);
+            let xb = GpuBuffer::from_slice(&gpu, "xs", &xs).expect("xs");
+            let yb = GpuBuffer::new(&gpu, "ys", m * ROWS).expect("ys");
+            let mm = MatVec::new(&gpu, &t, &xb, &yb, Product::Batched { max_tokens: m as u32 }).expect("batched op");
+            for ntok in [m, 17] {
+                yb.write(&gpu, &vec![f32::NAN; m * ROWS]).expect("clear");
+                gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| mm.encode(e)).expect("run");
+                let ys = yb.read(&gpu, ntok * ROWS).expect("read");
+                let (ratio, abs) = compare(ty, &w, ROWS, cols, &xs, &ys, ntok);
+                eprintln!("{} tiled {ntok} tokens fallback={fallback}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name());
+                assert!(ratio <= 1.0, "{} tiled product, {ntok} tokens (fallback={fallback}): error {ratio} x the bound", ty.name());
+            }
+        }
+    }
+}

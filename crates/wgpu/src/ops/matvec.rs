@@ -1,5 +1,6 @@
 //! y = W x (one token) and Y = X W^T (a few tokens) over a resident quantized tensor, one dispatch per
-//! binding part.
+//! binding part: the mat-vec kernel (a decode row and a short step's rows sum alike, bit for bit), or
+//! for steps of `MATMUL_MIN_TOKENS` tokens and more (prefill) the tiled product (64 x 64 tiles).
 use std::sync::Arc;
 
 use super::{check_tokens, grid, u32_of};
@@ -8,7 +9,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE};
+use crate::shaders::{matmul_key, matmul_source, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,6 +33,9 @@ struct Part {
 pub struct MatVec {
     pipeline: Arc<wgpu::ComputePipeline>,
     parts: Vec<Part>,
+    /// The tiled product a batched step of at least `MATMUL_MIN_TOKENS` tokens takes (prefill), with
+    /// its per-part bindings; None for one-token products (or groups that do not tile by 64 rows).
+    matmul: Option<(Arc<wgpu::ComputePipeline>, Vec<Part>)>,
     tile: u32,
     max_tokens: u32,
     pub reduce: Reduce,
@@ -99,13 +103,45 @@ impl MatVec {
             let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
             parts.push(Part { bind, wg });
         }
-        Ok(Self { pipeline, parts, tile, max_tokens, reduce, f16 })
+        let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
+        let fits = gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
+        let matmul = if tile > 1 && tiles_groups && fits {
+            let key = matmul_key(ty, f16);
+            let mm = gpu.pipeline(&key, || matmul_source(ty, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
+            let mut mparts = Vec::with_capacity(w.parts.len());
+            for (i, part) in w.parts.iter().enumerate() {
+                let rows = u32_of("rows", part.rows)?;
+                let wg = grid(rows.div_ceil(MATMUL_TILE));
+                let w_off = u32_of("weight offset", part.byte_offset as usize)?;
+                let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, x_stride4, y_stride, w_off, 0, group_rows, group_x4, 0];
+                let label = format!("{} tiles#{i}", w.name);
+                let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
+                let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
+                if let Some(t) = table.as_deref() {
+                    buffers.push(t);
+                }
+                mparts.push(Part { bind: gpu.bind_group(&label, &mm, &buffers)?, wg });
+            }
+            Some((mm, mparts))
+        } else {
+            None
+        };
+        Ok(Self { pipeline, parts, matmul, tile, max_tokens, reduce, f16 })
     }
 
     /// Records the product for the step's tokens (1 for `Product::Vec`).
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = if self.tile == 1 { 1 } else { enc.step().ntok };
         check_tokens("mat-vec", ntok, self.max_tokens)?;
+        if let Some((mm, parts)) = self.matmul.as_ref().filter(|_| ntok >= MATMUL_MIN_TOKENS) {
+            let pass = enc.pass();
+            pass.set_pipeline(mm);
+            for p in parts {
+                pass.set_bind_group(0, &p.bind, &[]);
+                pass.dispatch_workgroups(p.wg.0, p.wg.1, ntok.div_ceil(MATMUL_TILE));
+            }
+            return Ok(());
+        }
         let tiles = ntok.div_ceil(self.tile);
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
