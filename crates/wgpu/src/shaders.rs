@@ -6,6 +6,7 @@ use ds4_quant::GgmlType;
 const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
 const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
+const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
 const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
@@ -177,8 +178,11 @@ pub fn matmul_key(ty: GgmlType, f16: F16Unpack) -> String {
 pub enum ExpertWalk {
     /// One workgroup per (row, slot) (decode).
     PerSlot,
-    /// One workgroup per (row, tile of up to BATCH_TILE slots of one expert) (prefill).
+    /// One workgroup per (row, tile of up to BATCH_TILE slots of one expert) (short multi-token steps:
+    /// their rows equal the per-slot rows bit for bit).
     Grouped,
+    /// One workgroup per (64 rows, tile of up to 64 slots of one expert), a tiled product (prefill).
+    Tiled,
 }
 
 /// Binding of the IQ2_XXS grid table in the routed-expert modules (the expert uniform and the ids,
@@ -186,7 +190,7 @@ pub enum ExpertWalk {
 pub fn expert_table_binding(walk: ExpertWalk) -> u32 {
     match walk {
         ExpertWalk::PerSlot => 7,
-        ExpertWalk::Grouped => 8,
+        ExpertWalk::Grouped | ExpertWalk::Tiled => 8,
     }
 }
 
@@ -198,20 +202,25 @@ pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16:
         Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
         Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
     };
-    let (main, tb, rw) = match walk {
-        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1, MATVEC_ROWS),
-        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE, 1),
-    };
-    let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
     let unpack = match f16 {
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
+    let (main, tb, rw) = match walk {
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1, MATVEC_ROWS),
+        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE, 1),
+        ExpertWalk::Tiled => return Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_EXPERT_MAIN}")),
+    };
+    let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
     Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, rw)))
 }
 
 /// The pipeline-cache key of a routed-expert module.
 pub fn expert_matvec_key(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> String {
+    if walk == ExpertWalk::Tiled {
+        // No reduction: one module whatever the adapter's subgroups.
+        return format!("expert_matvec_{}_{walk:?}_{f16:?}", ty.name());
+    }
     format!("expert_matvec_{}_{walk:?}_{reduce:?}_{f16:?}", ty.name())
 }
 
@@ -288,6 +297,9 @@ pub fn all_modules() -> Vec<ModuleSource> {
         for f16 in [F16Unpack::Native, F16Unpack::Bits] {
             if let Some(wgsl) = matmul_source(ty, f16) {
                 out.push(ModuleSource { name: matmul_key(ty, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+            }
+            if let Some(wgsl) = expert_matvec_source(ty, ExpertWalk::Tiled, Reduce::Tree, f16) {
+                out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, Reduce::Tree, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
             }
         }
     }

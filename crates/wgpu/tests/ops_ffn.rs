@@ -371,6 +371,7 @@ fn expert_products_every_type_straddling_parts() {
         let idb = buf(&gpu, MAXT as usize * k);
         idb.write_u32(&gpu, &ids).unwrap();
         let groups = ExpertGroups::new(&gpu, &idb, n_expert, k, MAXT).unwrap();
+        let tgroups = ExpertGroups::with_tile(&gpu, &idb, n_expert, k, MAXT, ds4_wgpu::shaders::MATMUL_TILE).unwrap();
         for (i, ty) in [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS].into_iter().enumerate() {
             let st = Stack::new(ty, n_expert * r, cols, 20 + i as u64);
             let t = ResidentTensor::upload(&gpu, "exps", ty, &st.bytes, st.rows, cols).unwrap();
@@ -383,15 +384,19 @@ fn expert_products_every_type_straddling_parts() {
                 let yb = buf(&gpu, MAXT as usize * k * r);
                 let slot_op = ExpertMatVec::new(&gpu, &t, n_expert, &idb, &xb, per_slot, &yb, k, MAXT).unwrap();
                 let tile_op = ExpertMatVec::grouped(&gpu, &t, &groups, &xb, per_slot, &yb, MAXT).unwrap();
+                let tiled_op = ExpertMatVec::grouped(&gpu, &t, &tgroups, &xb, per_slot, &yb, MAXT).unwrap();
                 // Rows of the per-slot walk (decode) and of the grouped one (prefill, a verify step):
                 // bit for bit the same sums (an MTP verify's rows must be its decode steps' rows).
                 let mut bits: Vec<Vec<u32>> = Vec::new();
-                for (walk, nt) in [("per slot", 1), ("per slot", 3), ("grouped", 2), ("grouped", 8)] {
+                for (walk, nt) in [("per slot", 1), ("per slot", 3), ("grouped", 2), ("grouped", 8), ("tiled", 3), ("tiled", 8)] {
                     yb.write(&gpu, &vec![f32::NAN; MAXT as usize * k * r]).unwrap();
                     gpu.run(Step { ntok: nt as u32, pos: 0 }, |enc| {
                         if walk == "grouped" {
                             groups.encode(enc)?;
                             tile_op.encode(enc)
+                        } else if walk == "tiled" {
+                            tgroups.encode(enc)?;
+                            tiled_op.encode(enc)
                         } else {
                             slot_op.encode(enc)
                         }

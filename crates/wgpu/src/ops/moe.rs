@@ -14,7 +14,7 @@ use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
 use super::router::MAX_EXPERTS;
-use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATVEC_ROWS, MOE_SWIGLU};
+use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE, MATVEC_ROWS, MOE_SWIGLU};
 
 struct Part {
     bind: wgpu::BindGroup,
@@ -32,11 +32,18 @@ pub struct ExpertGroups {
     k: u32,
     n_expert: u32,
     max_tokens: u32,
+    /// Slots per tile.
+    tile: u32,
 }
 
 impl ExpertGroups {
-    /// Over `ids` (max_tokens x k expert ids, below n_expert).
+    /// Over `ids` (max_tokens x k expert ids, below n_expert), tiles of up to `BATCH_TILE` slots.
     pub fn new(gpu: &Gpu, ids: &GpuBuffer, n_expert: usize, k: usize, max_tokens: u32) -> Result<Self, WgpuError> {
+        Self::with_tile(gpu, ids, n_expert, k, max_tokens, BATCH_TILE)
+    }
+
+    /// As `new`, tiles of up to `tile` slots (the tiled products take 64).
+    pub fn with_tile(gpu: &Gpu, ids: &GpuBuffer, n_expert: usize, k: usize, max_tokens: u32, tile: u32) -> Result<Self, WgpuError> {
         let slots = k * max_tokens as usize;
         if n_expert == 0 || n_expert > MAX_EXPERTS || k == 0 || ids.len() < slots {
             return Err(WgpuError::BadShape { what: "expert groups".into(), reason: format!("{k} of {n_expert} experts (at most {MAX_EXPERTS}), {} ids for {slots} slots", ids.len()) });
@@ -44,11 +51,11 @@ impl ExpertGroups {
         let pipeline = gpu.pipeline("expert_groups", || Ok(EXPERT_GROUPS.to_string()))?;
         let (k32, ne32) = (u32_of("slots", k)?, u32_of("experts", n_expert)?);
         let order = GpuBuffer::new(gpu, "expert order", slots)?;
-        let tiles = GpuBuffer::new(gpu, "expert tiles", 1 + 3 * max_tiles(k32, ne32, max_tokens) as usize)?;
-        let params: [u32; 4] = [k32, ne32, BATCH_TILE, 0];
+        let tiles = GpuBuffer::new(gpu, "expert tiles", 1 + 3 * max_tiles(k32, ne32, max_tokens, tile) as usize)?;
+        let params: [u32; 4] = [k32, ne32, tile, 0];
         let uni = gpu.uniform("expert groups", bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group("expert groups", &pipeline, &[&ids.buffer, &order.buffer, &tiles.buffer, &uni, &gpu.step])?;
-        Ok(Self { pipeline, bind, order, tiles, k: k32, n_expert: ne32, max_tokens })
+        Ok(Self { pipeline, bind, order, tiles, k: k32, n_expert: ne32, max_tokens, tile })
     }
 
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
@@ -62,9 +69,9 @@ impl ExpertGroups {
 }
 
 /// Most tiles of `ntok` tokens: whole tiles plus one partial tile per expert used.
-fn max_tiles(k: u32, n_expert: u32, ntok: u32) -> u32 {
+fn max_tiles(k: u32, n_expert: u32, ntok: u32, tile: u32) -> u32 {
     let slots = k * ntok;
-    slots.div_ceil(BATCH_TILE) + n_expert.min(slots)
+    slots.div_ceil(tile) + n_expert.min(slots)
 }
 
 /// y[slot] = W_{ids[slot]} . x[slot / x_div] over a stacked expert tensor (n_expert matrices of
@@ -74,8 +81,8 @@ pub struct ExpertMatVec {
     pipeline: Arc<wgpu::ComputePipeline>,
     parts: Vec<Part>,
     k: u32,
-    /// Grouped: (experts) for the tile count of a step.
-    grouped: Option<u32>,
+    /// Grouped or tiled: (experts, slots per tile) for the tile count of a step.
+    grouped: Option<(u32, u32)>,
     max_tokens: u32,
     pub reduce: Reduce,
     pub f16: F16Unpack,
@@ -98,7 +105,10 @@ impl ExpertMatVec {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{max_tokens} tokens, groups built for {}", groups.max_tokens) });
         }
         let (ne, k) = (groups.n_expert as usize, groups.k as usize);
-        Self::build(gpu, w, ne, ExpertWalk::Grouped, &[&groups.tiles.buffer, &groups.order.buffer], x, per_slot, y, k, max_tokens)
+        let walk = if groups.tile == BATCH_TILE { ExpertWalk::Grouped } else if groups.tile == MATMUL_TILE { ExpertWalk::Tiled } else {
+            return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("expert tiles of {} slots (the kernels take {BATCH_TILE} or {MATMUL_TILE})", groups.tile) });
+        };
+        Self::build(gpu, w, ne, walk, &[&groups.tiles.buffer, &groups.order.buffer], x, per_slot, y, k, max_tokens)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -136,7 +146,11 @@ impl ExpertMatVec {
         let exp: [u32; 4] = [u32_of("slots", k)?, if per_slot { 1 } else { u32_of("slots", k)? }, u32_of("rows per expert", r)?, 0];
         let ex_uni = gpu.uniform(&format!("{} experts", w.name), bytemuck::cast_slice(&exp))?;
         let (cols, row_bytes) = (u32_of("columns", w.cols)?, u32_of("row bytes", w.row_bytes)?);
-        let rows_per_wg = if walk == ExpertWalk::PerSlot { MATVEC_ROWS } else { 1 };
+        let rows_per_wg = match walk {
+            ExpertWalk::PerSlot => MATVEC_ROWS,
+            ExpertWalk::Grouped => 1,
+            ExpertWalk::Tiled => MATMUL_TILE,
+        };
         let wg = grid(u32_of("rows per expert", r)?.div_ceil(rows_per_wg));
         let mut parts = Vec::with_capacity(w.parts.len());
         for (i, part) in w.parts.iter().enumerate() {
@@ -151,7 +165,8 @@ impl ExpertMatVec {
             }
             parts.push(Part { bind: gpu.bind_group(&label, &pipeline, &buffers)?, wg });
         }
-        let grouped = (walk == ExpertWalk::Grouped).then_some(u32_of("experts", n_expert)?);
+        let tile = if walk == ExpertWalk::Tiled { MATMUL_TILE } else { BATCH_TILE };
+        let grouped = (walk != ExpertWalk::PerSlot).then_some((u32_of("experts", n_expert)?, tile));
         Ok(Self { pipeline, parts, k: u32_of("slots", k)?, grouped, max_tokens, reduce, f16 })
     }
 
@@ -159,7 +174,7 @@ impl ExpertMatVec {
         let ntok = enc.step().ntok;
         check_tokens("expert product", ntok, self.max_tokens)?;
         let z = match self.grouped {
-            Some(ne) => max_tiles(self.k, ne, ntok),
+            Some((ne, tile)) => max_tiles(self.k, ne, ntok, tile),
             None => ntok * self.k,
         }
         .max(1);
@@ -249,6 +264,9 @@ pub struct Moe {
     /// gate, up, down: per slot (one token), and grouped by expert with the grouping (more tokens).
     one: [ExpertMatVec; 3],
     many: Option<(ExpertGroups, [ExpertMatVec; 3])>,
+    /// The tiled products of steps of `MATMUL_MIN_TOKENS` tokens and more (prefill), where the
+    /// adapter's workgroup memory holds their tiles.
+    tiled: Option<(ExpertGroups, [ExpertMatVec; 3])>,
     act: ExpertSwiGlu,
     shared: Option<(StepMatVec, StepMatVec, SwiGlu, StepMatVec)>,
     post: PostKernel,
@@ -303,6 +321,17 @@ impl Moe {
         } else {
             None
         };
+        let tiled = if max_tokens >= MATMUL_MIN_TOKENS && gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64 {
+            let g = ExpertGroups::with_tile(gpu, ids, n, k, max_tokens, MATMUL_TILE)?;
+            let mats = [
+                ExpertMatVec::grouped(gpu, experts.gate, &g, xn, false, &scratch.a, max_tokens)?,
+                ExpertMatVec::grouped(gpu, experts.up, &g, xn, false, &scratch.b, max_tokens)?,
+                ExpertMatVec::grouped(gpu, experts.down, &g, &scratch.a, true, &scratch.out, max_tokens)?,
+            ];
+            Some((g, mats))
+        } else {
+            None
+        };
         let act = ExpertSwiGlu::new(gpu, &scratch.a, &scratch.b, weights, ff, k, clamp, max_tokens)?;
         let shared = match shared {
             Some([g, u, d]) => Some((
@@ -314,14 +343,18 @@ impl Moe {
             None => None,
         };
         let post = PostKernel::new(gpu, dims, x, &scratch.out, k, shared.as_ref().map(|_| &scratch.sh_out), coef, max_tokens)?;
-        Ok(Self { one, many, act, shared, post, max_tokens })
+        Ok(Self { one, many, tiled, act, shared, post, max_tokens })
     }
 
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
         check_tokens("moe", ntok, self.max_tokens)?;
-        let [gate, up, down] = match &self.many {
-            Some((groups, mats)) if ntok > 1 => {
+        let [gate, up, down] = match (&self.tiled, &self.many) {
+            (Some((groups, mats)), _) if ntok >= MATMUL_MIN_TOKENS => {
+                groups.encode(enc)?;
+                mats
+            }
+            (_, Some((groups, mats))) if ntok > 1 => {
                 groups.encode(enc)?;
                 mats
             }
