@@ -126,7 +126,6 @@ pub(crate) struct PostKernel {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
     e: u32,
-    wg_x: u32,
     max_tokens: u32,
     _dummy: Option<GpuBuffer>,
 }
@@ -144,21 +143,22 @@ impl PostKernel {
         let pipeline = gpu.pipeline("hc_post", || Ok(HC_POST.to_string()))?;
         let dummy = if shared.is_none() { Some(GpuBuffer::new(gpu, "hc exit no shared", 1)?) } else { None };
         let sh = shared.or(dummy.as_ref()).ok_or_else(|| WgpuError::BadShape { what: what.into(), reason: "no shared buffer".into() })?;
-        let wg_x = grid(u32_of("hc exit size", m * e)?.div_ceil(64)).0;
-        let params: [u32; 8] = [u32_of("streams", dims.n_hc)?, u32_of("width", e)?, u32_of("slots", k)?, shared.is_some() as u32, wg_x, 0, 0, 0];
+        u32_of("hc exit size", m * e)?;
+        let params: [u32; 8] = [u32_of("streams", dims.n_hc)?, u32_of("width", e)?, u32_of("slots", k)?, shared.is_some() as u32, 0, 0, 0, 0];
         let uni = gpu.uniform(what, bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group(what, &pipeline, &[&x.buffer, &y.buffer, &sh.buffer, &coef.buffer, &uni, &gpu.step])?;
-        Ok(Self { pipeline, bind, e: u32_of("width", e)?, wg_x, max_tokens, _dummy: dummy })
+        Ok(Self { pipeline, bind, e: u32_of("width", e)?, max_tokens, _dummy: dummy })
     }
 
     pub(crate) fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
         check_tokens("hc exit", ntok, self.max_tokens)?;
-        let need = (self.e * ntok).div_ceil(64);
+        // Only this step's rows (the kernel reads the grid's x extent).
+        let (x, y) = grid((self.e * ntok).div_ceil(64));
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.wg_x, need.div_ceil(self.wg_x).max(1), 1);
+        pass.dispatch_workgroups(x, y, 1);
         Ok(())
     }
 }

@@ -194,7 +194,6 @@ struct ExpertSwiGlu {
     bind: wgpu::BindGroup,
     n: u32,
     k: u32,
-    wg_x: u32,
 }
 
 impl ExpertSwiGlu {
@@ -205,19 +204,20 @@ impl ExpertSwiGlu {
             return Err(WgpuError::BadShape { what: "expert swiglu".into(), reason: format!("buffers too small for {total} values") });
         }
         let pipeline = gpu.pipeline("moe_swiglu", || Ok(MOE_SWIGLU.to_string()))?;
-        let wg_x = grid(u32_of("swiglu size", total)?.div_ceil(64)).0;
-        let params: [u32; 8] = [u32_of("width", n)?, u32_of("slots", k)?, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), wg_x, 0, 0, 0];
+        u32_of("swiglu size", total)?;
+        let params: [u32; 8] = [u32_of("width", n)?, u32_of("slots", k)?, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), 0, 0, 0, 0];
         let uni = gpu.uniform("expert swiglu", bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group("expert swiglu", &pipeline, &[&a.buffer, &b.buffer, &weights.buffer, &uni, &gpu.step])?;
-        Ok(Self { pipeline, bind, n: u32_of("width", n)?, k: u32_of("slots", k)?, wg_x })
+        Ok(Self { pipeline, bind, n: u32_of("width", n)?, k: u32_of("slots", k)? })
     }
 
     fn encode(&self, enc: &mut Encoder) {
-        let need = (self.n * self.k * enc.step().ntok).div_ceil(64);
+        // Only this step's slot rows (the kernel reads the grid's x extent).
+        let (x, y) = grid((self.n * self.k * enc.step().ntok).div_ceil(64));
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.wg_x, need.div_ceil(self.wg_x).max(1), 1);
+        pass.dispatch_workgroups(x, y, 1);
     }
 }
 

@@ -24,8 +24,8 @@ impl SwiGlu {
         }
         let pipeline = gpu.pipeline("swiglu", || Ok(SWIGLU.to_string()))?;
         let n32 = u32_of("swiglu width", n)?;
-        let wg_x = grid(u32_of("swiglu size", total)?.div_ceil(64)).0;
-        let params: [u32; 4] = [n32, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), wg_x];
+        u32_of("swiglu size", total)?;
+        let params: [u32; 4] = [n32, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), 0];
         let uni = gpu.uniform("swiglu", bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group("swiglu", &pipeline, &[&a.buffer, &b.buffer, &uni, &gpu.step])?;
         Ok(Self { pipeline, bind, n: n32, max_tokens })
@@ -34,13 +34,12 @@ impl SwiGlu {
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
         check_tokens("swiglu", ntok, self.max_tokens)?;
-        // The x extent is fixed at build time (it is in the uniform); y covers this step's rows.
-        let wg_x = grid((self.n * self.max_tokens).div_ceil(64)).0;
-        let need = (self.n * ntok).div_ceil(64);
+        // Only this step's rows (the kernel reads the grid's x extent).
+        let (x, y) = grid((self.n * ntok).div_ceil(64));
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(wg_x, need.div_ceil(wg_x).max(1), 1);
+        pass.dispatch_workgroups(x, y, 1);
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ struct Params {
     e: u32,
     k: u32,
     has_shared: u32,
-    wg_x: u32,      // workgroups along x (index = x + y * wg_x)
+    pad3: u32,      // (index = x + y * the dispatch's x extent: each step dispatches only its rows)
     pad0: u32,
     pad1: u32,
     pad2: u32,
@@ -23,8 +23,8 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(5) var<uniform> step: Step;
 
 @compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let idx = gid.x + gid.y * p.wg_x * 64u;
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let idx = gid.x + gid.y * nwg.x * 64u;
     let e = p.e;
     if (idx >= step.ntok * e) { return; }
     let t = idx / e;
