@@ -6,7 +6,8 @@
 #     -> ab_vulkan_flash6.csv;
 #  3. the per-op profile of this one and the previous one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log,
 #     profile_vulkan_old.log;
-#  4. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
+#  4. with FLASH=flash:30, Vulkan and CUDA on that model -> vulkan_vs_cuda.csv;
+#  5. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
 # Prepare: bench/cuda/build_device_bin.sh and the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/wgpu/kernels.sh
 set -u
@@ -36,6 +37,19 @@ el "Vulkan profile (this ds4-bench, and the previous one if carried)"
 DS4_WGPU_PROFILE=1 bench $B/ds4-bench --gen-tokens 32 > $OUT/profile_vulkan.log 2>&1
 [ -x /tmp/old-bench ] && DS4_WGPU_PROFILE=1 bench /tmp/old-bench --gen-tokens 32 > $OUT/profile_vulkan_old.log 2>&1
 grep -v "uploading" $OUT/profile_vulkan.log | grep -A26 "one-token steps" | head -30
+if [ -n "${FLASH:-}" ]; then
+  # Vulkan and CUDA on the bigger model, same call (flash:30 fits an 80 GB card).
+  M=/dev/shm/${FLASH/:/}.gguf
+  el "synth $FLASH"
+  [ -f $M ] || timeout 300 $B/ds4-gguf synth $FLASH $M --mix q2 2>&1 | tail -1
+  rm -f /dev/shm/flash6.gguf
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+  echo "backend,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes" > $OUT/vulkan_vs_cuda.csv
+  for be in vulkan cuda; do
+    el "$FLASH on $be"
+    timeout 200 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend $be --gen-tokens 64 2>/tmp/$be.err | grep "^4096," | sed "s/^/$be,/" | tee -a $OUT/vulkan_vs_cuda.csv
+  done
+fi
 if [ -n "${WGPU_TESTS:-}" ]; then
   el "wgpu tests on the GPU"
   for t in $B/wgpu-*-tests; do
