@@ -9,8 +9,9 @@ cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds
 cargo build --release -p ds4-server --features "cuda wgpu"
 cargo build --release -p ds4-cuda --features cuda --example gpu_bench
 cargo build --release -p ds4-wgpu --example kernel_bench
+cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
 T=${CARGO_TARGET_DIR:-target}/release
-cp $T/ds4-bench $T/ds4-gguf $T/ds4 $T/ds4-server $T/examples/gpu_bench $T/examples/kernel_bench device-bin/
+cp $T/ds4-bench $T/ds4-gguf $T/ds4 $T/ds4-server $T/examples/gpu_bench $T/examples/kernel_bench $T/examples/mtp_step_costs device-bin/
 exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)
