@@ -7,6 +7,8 @@ const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
 const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
 const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
+const MATMUL_TILE_FNS: &str = include_str!("shaders/matmul_tile.wgsl");
+const EXPERT_TILES: &str = include_str!("shaders/expert_tiles.wgsl");
 const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
 const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
@@ -165,7 +167,7 @@ pub fn matmul_source(ty: GgmlType, f16: F16Unpack) -> Option<String> {
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
     };
-    Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_MAIN}"))
+    Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_TILE_FNS}\n{MATMUL_MAIN}"))
 }
 
 /// The pipeline-cache key of a tiled product module.
@@ -207,9 +209,9 @@ pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16:
         F16Unpack::Bits => F16_BITS,
     };
     let (main, tb, rw) = match walk {
-        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN, 1, MATVEC_ROWS),
-        ExpertWalk::Grouped => (MATVEC_EXPERT_GROUPED_MAIN, BATCH_TILE, 1),
-        ExpertWalk::Tiled => return Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_EXPERT_MAIN}")),
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN.to_string(), 1, MATVEC_ROWS),
+        ExpertWalk::Grouped => (format!("{EXPERT_TILES}\n{MATVEC_EXPERT_GROUPED_MAIN}"), BATCH_TILE, 1),
+        ExpertWalk::Tiled => return Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{EXPERT_TILES}\n{MATMUL_TILE_FNS}\n{MATMUL_EXPERT_MAIN}")),
     };
     let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
     Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, rw)))

@@ -86,42 +86,33 @@ impl MatVec {
         let y_stride = u32_of("rows", w.rows)?;
         let x_stride4 = u32_of("activation row", groups.x_stride / 4)?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
-        let mut parts = Vec::with_capacity(w.parts.len());
         // A grouped product's rows find their group's inputs in the kernel: one dispatch per part.
         let (group_rows, group_x4) = if groups.rows < w.rows { (u32_of("group rows", groups.rows)?, u32_of("group inputs", w.cols / 4)?) } else { (0, 0) };
-        for (i, part) in w.parts.iter().enumerate() {
-            let rows = u32_of("rows", part.rows)?;
-            let wg = grid(rows.div_ceil(shape.rows));
-            let w_off = u32_of("weight offset", part.byte_offset as usize)?;
-            let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, x_stride4, y_stride, w_off, 0, group_rows, group_x4, 0];
-            let label = format!("{}#{i}", w.name);
-            let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
-            let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
-            if let Some(t) = table.as_deref() {
-                buffers.push(t);
-            }
-            let bind = gpu.bind_group(&label, &pipeline, &buffers)?;
-            parts.push(Part { bind, wg });
-        }
-        let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
-        let fits = gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
-        let matmul = if tile > 1 && tiles_groups && fits {
-            let key = matmul_key(ty, f16);
-            let mm = gpu.pipeline(&key, || matmul_source(ty, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
-            let mut mparts = Vec::with_capacity(w.parts.len());
+        // One binding per part for `pipeline`, whose workgroups take `per_wg` rows.
+        let bind_parts = |pipeline: &wgpu::ComputePipeline, per_wg: u32, label: &str| -> Result<Vec<Part>, WgpuError> {
+            let mut parts = Vec::with_capacity(w.parts.len());
             for (i, part) in w.parts.iter().enumerate() {
                 let rows = u32_of("rows", part.rows)?;
-                let wg = grid(rows.div_ceil(MATMUL_TILE));
+                let wg = grid(rows.div_ceil(per_wg));
                 let w_off = u32_of("weight offset", part.byte_offset as usize)?;
                 let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, x_stride4, y_stride, w_off, 0, group_rows, group_x4, 0];
-                let label = format!("{} tiles#{i}", w.name);
+                let label = format!("{}{label}#{i}", w.name);
                 let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
                 let mut buffers = vec![&part.buffer, &x.buffer, &y.buffer, &uni, &gpu.step];
                 if let Some(t) = table.as_deref() {
                     buffers.push(t);
                 }
-                mparts.push(Part { bind: gpu.bind_group(&label, &mm, &buffers)?, wg });
+                parts.push(Part { bind: gpu.bind_group(&label, pipeline, &buffers)?, wg });
             }
+            Ok(parts)
+        };
+        let parts = bind_parts(&pipeline, shape.rows, "")?;
+        let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
+        let fits = gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
+        let matmul = if tile > 1 && tiles_groups && fits {
+            let key = matmul_key(ty, f16);
+            let mm = gpu.pipeline(&key, || matmul_source(ty, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
+            let mparts = bind_parts(&mm, MATMUL_TILE, " tiles")?;
             Some((mm, mparts))
         } else {
             None

@@ -310,28 +310,19 @@ impl Moe {
             ExpertMatVec::new(gpu, experts.up, n, ids, xn, false, &scratch.b, k, max_tokens)?,
             ExpertMatVec::new(gpu, experts.down, n, ids, &scratch.a, true, &scratch.out, k, max_tokens)?,
         ];
-        let many = if max_tokens > 1 {
-            let g = ExpertGroups::new(gpu, ids, n, k, max_tokens)?;
+        // gate, up, down over the groups of slots by expert, in tiles of `tile` slots.
+        let grouped = |tile: u32| -> Result<(ExpertGroups, [ExpertMatVec; 3]), WgpuError> {
+            let g = ExpertGroups::with_tile(gpu, ids, n, k, max_tokens, tile)?;
             let mats = [
                 ExpertMatVec::grouped(gpu, experts.gate, &g, xn, false, &scratch.a, max_tokens)?,
                 ExpertMatVec::grouped(gpu, experts.up, &g, xn, false, &scratch.b, max_tokens)?,
                 ExpertMatVec::grouped(gpu, experts.down, &g, &scratch.a, true, &scratch.out, max_tokens)?,
             ];
-            Some((g, mats))
-        } else {
-            None
+            Ok((g, mats))
         };
-        let tiled = if max_tokens >= MATMUL_MIN_TOKENS && gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64 {
-            let g = ExpertGroups::with_tile(gpu, ids, n, k, max_tokens, MATMUL_TILE)?;
-            let mats = [
-                ExpertMatVec::grouped(gpu, experts.gate, &g, xn, false, &scratch.a, max_tokens)?,
-                ExpertMatVec::grouped(gpu, experts.up, &g, xn, false, &scratch.b, max_tokens)?,
-                ExpertMatVec::grouped(gpu, experts.down, &g, &scratch.a, true, &scratch.out, max_tokens)?,
-            ];
-            Some((g, mats))
-        } else {
-            None
-        };
+        let many = if max_tokens > 1 { Some(grouped(BATCH_TILE)?) } else { None };
+        let tiles = max_tokens >= MATMUL_MIN_TOKENS && gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
+        let tiled = if tiles { Some(grouped(MATMUL_TILE)?) } else { None };
         let act = ExpertSwiGlu::new(gpu, &scratch.a, &scratch.b, weights, ff, k, clamp, max_tokens)?;
         let shared = match shared {
             Some([g, u, d]) => Some((

@@ -5,13 +5,6 @@
 // is dequantized once per BN tokens (the batched mat-vec: once per 4). Sums run over the columns in
 // order, unlike the mat-vec's (a long step's rows are not decode rows bit for bit; short steps keep
 // the mat-vec). A grouped product's tile lies in one group (the host checks group_rows % BM == 0).
-const BM: u32 = 64u;
-const BN: u32 = 64u;
-const BK: u32 = 32u;
-const WG: u32 = 256u;
-var<workgroup> ws: array<vec4<f32>, 512>;   // BK x BM / 4: [k][rows 4r..4r+3]
-var<workgroup> xs: array<vec4<f32>, 512>;   // BK x BN / 4: [k][tokens 4t..4t+3]
-
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_prelude(lid);
@@ -47,35 +40,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 xb = x[xrow + 2u * c + 1u];
             }
         }
-        let k0 = lc * 8u;
-        let wi = lr / 4u;
-        let wc = lr % 4u;
-        ws[(k0 + 0u) * 16u + wi][wc] = wv.a.x;
-        ws[(k0 + 1u) * 16u + wi][wc] = wv.a.y;
-        ws[(k0 + 2u) * 16u + wi][wc] = wv.a.z;
-        ws[(k0 + 3u) * 16u + wi][wc] = wv.a.w;
-        ws[(k0 + 4u) * 16u + wi][wc] = wv.b.x;
-        ws[(k0 + 5u) * 16u + wi][wc] = wv.b.y;
-        ws[(k0 + 6u) * 16u + wi][wc] = wv.b.z;
-        ws[(k0 + 7u) * 16u + wi][wc] = wv.b.w;
-        xs[(k0 + 0u) * 16u + wi][wc] = xa.x;
-        xs[(k0 + 1u) * 16u + wi][wc] = xa.y;
-        xs[(k0 + 2u) * 16u + wi][wc] = xa.z;
-        xs[(k0 + 3u) * 16u + wi][wc] = xa.w;
-        xs[(k0 + 4u) * 16u + wi][wc] = xb.x;
-        xs[(k0 + 5u) * 16u + wi][wc] = xb.y;
-        xs[(k0 + 6u) * 16u + wi][wc] = xb.z;
-        xs[(k0 + 7u) * 16u + wi][wc] = xb.w;
-        workgroupBarrier();
-        for (var k = 0u; k < BK; k++) {
-            let a = ws[k * 16u + tr];
-            let b = xs[k * 16u + tt];
-            acc[0] += a.x * b;
-            acc[1] += a.y * b;
-            acc[2] += a.z * b;
-            acc[3] += a.w * b;
-        }
-        workgroupBarrier();
+        tile_stage(lid, wv, xa, xb);
+        tile_accumulate(lid, &acc);
     }
     for (var i = 0u; i < 4u; i++) {
         let row = row0 + tr * 4u + i;

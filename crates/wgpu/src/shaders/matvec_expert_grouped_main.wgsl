@@ -1,15 +1,6 @@
 // Routed-expert products for a prefill batch: like matvec_expert_main, but a workgroup takes a tile
 // of up to TB slots that chose the same expert (from expert_groups), so each weight chunk is
 // dequantized once per tile. y[slot][r] = W_id[r] . x[slot / x_div].
-struct Expert {
-    k: u32,
-    x_div: u32,
-    r_exp: u32,
-    pad: u32,
-}
-@group(0) @binding(5) var<uniform> ex: Expert;
-@group(0) @binding(6) var<storage, read> tiles: array<u32>;
-@group(0) @binding(7) var<storage, read> order: array<u32>;
 
 const WG: u32 = 64u;
 var<workgroup> red: array<f32, WG * NO>;
