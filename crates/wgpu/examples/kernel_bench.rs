@@ -126,7 +126,7 @@ fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expe
 fn attention(gpu: &Gpu, cfg: &ds4_model::config::Config, ratio: usize, pos: usize, iters: usize) -> R<()> {
     let (nh, d, swa) = (cfg.n_head, cfg.head_dim, cfg.swa);
     let top_k = if ratio == 4 { cfg.idx_topk } else { 0 };
-    let cap = if ratio != 0 { (pos + 1) / ratio + 1 } else { 0 };
+    let cap = (pos + 1).checked_div(ratio).map_or(0, |c| c + 1);
     let vals = |n: usize| (0..n).map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5).collect::<Vec<f32>>();
     let q = GpuBuffer::from_slice(gpu, "q", &vals(nh * d)).map_err(es)?;
     let kv = GpuBuffer::from_slice(gpu, "kv", &vals(d)).map_err(es)?;
