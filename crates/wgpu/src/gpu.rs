@@ -40,7 +40,7 @@ pub struct GpuOptions {
     /// Compile kernels with naga's runtime checks (index clamps, and bounds checks where the driver has
     /// no robust buffer access; a counter bounding every loop). Off by default: the kernels are this
     /// crate's own, every op checks its buffers against the shapes its kernels index with, and the
-    /// checks cost measured speed (`bench/results/wgpu/kernels.md`). A debugging aid.
+    /// checks cost measured speed (`bench/results/wgpu/README.md`). A debugging aid.
     pub runtime_checks: bool,
     /// KV slots of a stage built on this device: sessions resident at once, decoded together in
     /// batched steps (0 or 1: one; at most `MAX_BATCH_ROWS`). Counted by the stage's memory plan.

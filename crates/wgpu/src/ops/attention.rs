@@ -132,8 +132,7 @@ impl Attention {
         // No more splits than tiles of the largest candidate set.
         let max_cand = max_candidates(swa, ratio, top_k, capacity);
         let max_split = max_cand.div_ceil(SPLIT_TILE).clamp(1, MAX_SPLIT);
-        // Split partials (acc, max, sum) of the steps that split (small ones: at most SPLIT_TARGET / groups
-        // tokens x splits).
+        // Split partials (acc, max, sum) of the steps that split (short and batched ones).
         let own = match part {
             Some(_) => None,
             None => Some(GpuBuffer::new(gpu, "attention splits", split_floats(n_head, d, max_cand, m, 1).max(1))?),
@@ -147,8 +146,8 @@ impl Attention {
             u32_of("top k", top_k)?,
             scale.to_bits(),
             u32_of("head groups", groups)?,
-            SPLIT_TARGET as u32,
-            max_split as u32,
+            nsplit_of(1, groups, max_split) as u32,
+            SHORT_STEP as u32,
             u32_of("capacity", capacity)?,
             0,
             0,
@@ -192,7 +191,7 @@ impl Attention {
         // A batched step splits each row as a one-token step (attention.wgsl does the same).
         let batched = enc.batched();
         let short = batched || st.ntok as usize <= SHORT_STEP;
-        let nsplit = self.splits(if batched { 1 } else { st.ntok });
+        let nsplit = if short { self.splits(1) } else { 1 };
         let need = if nsplit > 1 { (st.ntok * nsplit) as usize * self.shape.n_head * (self.shape.head_dim + 2) } else { 0 };
         if need > self.part_len {
             return Err(WgpuError::BadShape { what: "attention".into(), reason: format!("{} rows need {need} floats of split partials, {} held", st.ntok, self.part_len) });
@@ -231,17 +230,19 @@ pub fn max_candidates(swa: usize, ratio: usize, top_k: usize, capacity: usize) -
 pub fn split_floats(n_head: usize, d: usize, max_cand: usize, max_tokens: usize, batch_rows: usize) -> usize {
     let groups = n_head.div_ceil(HEADS_PER_GROUP);
     let max_split = max_cand.div_ceil(SPLIT_TILE).clamp(1, MAX_SPLIT);
-    let split = |n: usize| nsplit_of(n, groups, max_split);
-    let steps = (1..=max_tokens.max(1)).filter(|&n| split(n) > 1).map(|n| n * split(n)).max().unwrap_or(0);
-    let batch = if split(1) > 1 { batch_rows * split(1) } else { 0 };
-    steps.max(batch) * n_head * (d + 2)
+    let split = nsplit_of(1, groups, max_split);
+    if split == 1 {
+        return 0;
+    }
+    // Only short steps (each token split as one) and batched steps split.
+    max_tokens.clamp(1, SHORT_STEP).max(batch_rows) * split * n_head * (d + 2)
 }
 
 /// Steps of up to this many tokens (an MTP verify of 1 + k tokens, a rollback's re-run) split each token
-/// as a one-token step does, so each sums as it does decoded alone (attention.wgsl: `SHORT_STEP`).
+/// as a one-token step does, so each sums as it does decoded alone (the kernels get it in their uniform).
 pub const SHORT_STEP: usize = 8;
 
-/// Candidate splits of a step of `ntok` tokens (attention.wgsl computes the same): a short step splits
+/// Candidate splits of a step of `ntok` tokens (the kernels take the one-token count from the uniform): a short step splits
 /// each token as a one-token step does, a longer one not at all.
 fn nsplit_of(ntok: usize, groups: usize, max_split: usize) -> usize {
     if ntok > SHORT_STEP {

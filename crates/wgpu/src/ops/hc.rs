@@ -143,7 +143,7 @@ impl PostKernel {
         let pipeline = gpu.pipeline("hc_post", || Ok(HC_POST.to_string()))?;
         let dummy = if shared.is_none() { Some(GpuBuffer::new(gpu, "hc exit no shared", 1)?) } else { None };
         let sh = shared.or(dummy.as_ref()).ok_or_else(|| WgpuError::BadShape { what: what.into(), reason: "no shared buffer".into() })?;
-        u32_of("hc exit size", m * e)?;
+        u32_of("hc exit size", m * e)?; // the kernel indexes the rows in u32
         let params: [u32; 8] = [u32_of("streams", dims.n_hc)?, u32_of("width", e)?, u32_of("slots", k)?, shared.is_some() as u32, 0, 0, 0, 0];
         let uni = gpu.uniform(what, bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group(what, &pipeline, &[&x.buffer, &y.buffer, &sh.buffer, &coef.buffer, &uni, &gpu.step])?;

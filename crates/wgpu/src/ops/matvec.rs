@@ -11,6 +11,11 @@ use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
 use crate::shaders::{matmul_key, matmul_source, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
 
+/// Whether the adapter's workgroup memory holds the tiled products' tiles.
+pub(crate) fn tiled_products_fit(gpu: &Gpu) -> bool {
+    gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64
+}
+
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Product {
@@ -108,8 +113,7 @@ impl MatVec {
         };
         let parts = bind_parts(&pipeline, shape.rows, "")?;
         let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
-        let fits = gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
-        let matmul = if tile > 1 && tiles_groups && fits {
+        let matmul = if tile > 1 && tiles_groups && tiled_products_fit(gpu) {
             let key = matmul_key(ty, f16);
             let mm = gpu.pipeline(&key, || matmul_source(ty, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
             let mparts = bind_parts(&mm, MATMUL_TILE, " tiles")?;

@@ -14,7 +14,7 @@ use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
 use super::router::MAX_EXPERTS;
-use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE, MATVEC_ROWS, MOE_SWIGLU};
+use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATMUL_MIN_TOKENS, MATMUL_TILE, MATVEC_ROWS, MOE_SWIGLU};
 
 struct Part {
     bind: wgpu::BindGroup,
@@ -204,7 +204,7 @@ impl ExpertSwiGlu {
             return Err(WgpuError::BadShape { what: "expert swiglu".into(), reason: format!("buffers too small for {total} values") });
         }
         let pipeline = gpu.pipeline("moe_swiglu", || Ok(MOE_SWIGLU.to_string()))?;
-        u32_of("swiglu size", total)?;
+        u32_of("swiglu size", total)?; // the kernel indexes the rows in u32
         let params: [u32; 8] = [u32_of("width", n)?, u32_of("slots", k)?, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), 0, 0, 0, 0];
         let uni = gpu.uniform("expert swiglu", bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group("expert swiglu", &pipeline, &[&a.buffer, &b.buffer, &weights.buffer, &uni, &gpu.step])?;
@@ -321,7 +321,7 @@ impl Moe {
             Ok((g, mats))
         };
         let many = if max_tokens > 1 { Some(grouped(BATCH_TILE)?) } else { None };
-        let tiles = max_tokens >= MATMUL_MIN_TOKENS && gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64;
+        let tiles = max_tokens >= MATMUL_MIN_TOKENS && super::matvec::tiled_products_fit(gpu);
         let tiled = if tiles { Some(grouped(MATMUL_TILE)?) } else { None };
         let act = ExpertSwiGlu::new(gpu, &scratch.a, &scratch.b, weights, ff, k, clamp, max_tokens)?;
         let shared = match shared {

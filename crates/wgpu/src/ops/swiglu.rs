@@ -24,7 +24,7 @@ impl SwiGlu {
         }
         let pipeline = gpu.pipeline("swiglu", || Ok(SWIGLU.to_string()))?;
         let n32 = u32_of("swiglu width", n)?;
-        u32_of("swiglu size", total)?;
+        u32_of("swiglu size", total)?; // the kernel indexes the rows in u32
         let params: [u32; 4] = [n32, clamp.is_some() as u32, clamp.unwrap_or(0.0).to_bits(), 0];
         let uni = gpu.uniform("swiglu", bytemuck::cast_slice(&params))?;
         let bind = gpu.bind_group("swiglu", &pipeline, &[&a.buffer, &b.buffer, &uni, &gpu.step])?;

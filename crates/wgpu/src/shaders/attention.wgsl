@@ -16,8 +16,8 @@
 // one-token step, so every row sums as it would decoded alone.
 struct Params {
     n_head: u32, d: u32, swa: u32, ratio: u32,
-    top_k: u32, scale: f32, groups: u32, split_target: u32,
-    max_split: u32, cap: u32, pad1: u32, pad2: u32,
+    top_k: u32, scale: f32, groups: u32, splits: u32,
+    short_step: u32, cap: u32, pad1: u32, pad2: u32,
 }
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kvn: array<vec4<f32>>;
@@ -54,14 +54,11 @@ fn row_val(s: u32, i: u32) -> vec4<f32> {
     return comp[off];
 }
 
-// Steps of up to SHORT_STEP tokens (decode, an MTP verify, a rollback's re-run) and batched steps
-// split each row as a one-token step does: every row then sums as it would decoded alone. Longer steps
-// (prefill) do not split. (attention.rs: the same.)
-const SHORT_STEP: u32 = 8u;
-
+// Steps of up to p.short_step tokens (decode, an MTP verify, a rollback's re-run) and batched steps
+// split each row as a one-token step does (p.splits, computed by attention.rs): every row then sums as
+// it would decoded alone. Longer steps (prefill) do not split.
 fn nsplit_of(ntok: u32) -> u32 {
-    if (ntok > SHORT_STEP && step.batch == 0u) { return 1u; }
-    return clamp(p.split_target / max(p.groups, 1u), 1u, p.max_split);
+    return select(p.splits, 1u, ntok > p.short_step && step.batch == 0u);
 }
 
 @compute @workgroup_size(64)

@@ -2,8 +2,8 @@
 // sum_s den_s e^(m_s - M), M = max_s m_s. Nothing to do with one split (the splits wrote o).
 struct Params {
     n_head: u32, d: u32, swa: u32, ratio: u32,
-    top_k: u32, scale: f32, groups: u32, split_target: u32,
-    max_split: u32, pad0: u32, pad1: u32, pad2: u32,
+    top_k: u32, scale: f32, groups: u32, splits: u32,
+    short_step: u32, pad0: u32, pad1: u32, pad2: u32,
 }
 struct Step { ntok: u32, pos: u32, batch: u32, slot: u32 }
 @group(0) @binding(0) var<storage, read> part: array<f32>;
@@ -11,13 +11,10 @@ struct Step { ntok: u32, pos: u32, batch: u32, slot: u32 }
 @group(0) @binding(2) var<uniform> p: Params;
 @group(0) @binding(3) var<uniform> step: Step;
 
-// As attention.wgsl: short steps (up to SHORT_STEP tokens) and batched steps split each row as a
-// one-token step does; longer steps do not split.
-const SHORT_STEP: u32 = 8u;
-
+// As attention.wgsl: short steps (up to p.short_step tokens) and batched steps split each row as a
+// one-token step does (p.splits); longer steps do not split.
 fn nsplit_of(ntok: u32) -> u32 {
-    if (ntok > SHORT_STEP && step.batch == 0u) { return 1u; }
-    return clamp(p.split_target / max(p.groups, 1u), 1u, p.max_split);
+    return select(p.splits, 1u, ntok > p.short_step && step.batch == 0u);
 }
 
 @compute @workgroup_size(64)
