@@ -5,12 +5,16 @@
 //! the GPU's caches hold; each line is the best of 3 submits of `ITERS` dispatches (wall clock after a
 //! wait, less the host's recording time), as µs per dispatch and GB/s of weights read (`bench/wgpu/kernels.sh` runs it).
 //!
-//! cargo run --release -p ds4-wgpu --example kernel_bench -- [ITERS] [--checked] [--adapter NAME]
+//! `--sweep` also times each Q8_0 product under every workgroup shape (`shaders::matvec_shapes`), for
+//! tuning `shaders::matvec_shape`.
+//!
+//! cargo run --release -p ds4-wgpu --example kernel_bench -- [ITERS] [--checked] [--sweep] [--adapter NAME]
 use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
 use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, MatVec, Product};
+use ds4_wgpu::shaders::{matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
 type R<T> = Result<T, String>;
@@ -30,10 +34,12 @@ const ROTATE_BYTES: usize = 600 << 20;
 fn run() -> R<()> {
     let mut opts = GpuOptions::default();
     let mut iters = 200usize;
+    let mut sweep = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--checked" => opts.runtime_checks = true,
+            "--sweep" => sweep = true,
             "--adapter" => opts.adapter_name = Some(it.next().ok_or("--adapter needs a name")?),
             n => iters = n.parse().map_err(|_| format!("not a number or flag: {n}"))?,
         }
@@ -47,7 +53,7 @@ fn run() -> R<()> {
     let y = GpuBuffer::new(&gpu, "y", 256 * 1024).map_err(es)?;
 
     // A dispatch alone: 8 rows of 256 (one workgroup's work, nothing to stream).
-    mat_vecs(&gpu, "dispatch", GgmlType::Q8_0, 8, 256, &x, &y, iters * 4, 1)?;
+    mat_vecs(&gpu, "dispatch", GgmlType::Q8_0, 8, 256, &x, &y, iters * 4, 1, None)?;
     let e = cfg.n_embd;
     let q8 = [
         ("q_a", cfg.q_lora, e),
@@ -60,7 +66,12 @@ fn run() -> R<()> {
     ];
     for (name, rows, cols) in q8 {
         let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
-        mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies)?;
+        mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, None)?;
+        if sweep {
+            for shape in matvec_shapes() {
+                mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, Some(shape))?;
+            }
+        }
     }
     experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters)?;
     experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters)?;
@@ -90,13 +101,15 @@ fn time(gpu: &Gpu, step: Step, iters: usize, f: impl Fn(&mut Encoder, usize) -> 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize) -> R<()> {
+fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize, shape: Option<MatVecShape>) -> R<()> {
     let nb = rows * cols / ty.block_elems();
     let w = ds4_quant::random_valid_blocks(ty, 7, nb);
     let ts: Vec<ResidentTensor> = (0..copies).map(|i| ResidentTensor::upload(gpu, &format!("{name}{i}"), ty, &w, rows, cols)).collect::<Result<_, _>>().map_err(es)?;
-    let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::new(gpu, t, x, y, Product::Vec)).collect::<Result<_, _>>().map_err(es)?;
+    let sh = shape.unwrap_or_else(|| matvec_shape(ty, rows, cols));
+    let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::with_shape(gpu, t, x, y, Product::Vec, sh)).collect::<Result<_, _>>().map_err(es)?;
     let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % copies].encode(e))?;
-    println!("{name},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
+    let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
+    println!("{tag},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
     Ok(())
 }
 

@@ -53,7 +53,7 @@ fn run() -> Result<(), String> {
             s * 1e3,
             bytes / s / 1e9,
             t.parts.len(),
-            op.reduce,
+            op.shape,
             op.f16
         );
     }

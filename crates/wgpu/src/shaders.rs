@@ -1,5 +1,7 @@
-//! WGSL sources. Mat-vec / batched modules are composed from a shared part, one `load8` per quant
-//! type, a reduction (tree or subgroup) and the main loop with its token tile `TB`.
+//! WGSL sources. Mat-vec / batched modules are composed from a shared part, one `dotu` per quant
+//! type (a unit of 32 values, 8 for F16, dotted with activations held in registers), the segment
+//! reduction and the main loop with its shape (`SEG`, `R`) and token tile `TB`; the tiled products
+//! from the same shared part, one `load8` per type and the tile functions.
 use ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST;
 use ds4_quant::GgmlType;
 
@@ -9,8 +11,9 @@ const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
 const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
 const MATMUL_TILE_FNS: &str = include_str!("shaders/matmul_tile.wgsl");
 const EXPERT_TILES: &str = include_str!("shaders/expert_tiles.wgsl");
-const REDUCE_TREE: &str = include_str!("shaders/reduce_tree.wgsl");
-const REDUCE_SUBGROUP: &str = include_str!("shaders/reduce_subgroup.wgsl");
+const SEG_REDUCE: &str = include_str!("shaders/seg_reduce.wgsl");
+const IQ2_GRID: &str = include_str!("shaders/iq2_grid.wgsl");
+const Q4_K_SCALES: &str = include_str!("shaders/q4_k_scales.wgsl");
 const F16_NATIVE: &str = include_str!("shaders/f16_native.wgsl");
 const F16_BITS: &str = include_str!("shaders/f16_bits.wgsl");
 pub const RMS_NORM: &str = include_str!("shaders/rms_norm.wgsl");
@@ -53,50 +56,73 @@ pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType
 /// Token tile of the batched product (tokens per workgroup; weights are dequantized once per tile).
 pub const BATCH_TILE: u32 = 4;
 
-/// Rows per workgroup of the mat-vec / batched product and of the per-slot expert product: the rows
-/// share the activation loads and the loader's setup (the IQ2_XXS grid copied into workgroup memory).
-pub const MATVEC_ROWS: u32 = 4;
+/// Threads of every mat-vec / batched product workgroup.
+pub const MATVEC_THREADS: u32 = 256;
 
-/// A module's shape constants: TB tokens and RW rows per workgroup, NO = TB * RW sums.
-fn shape_consts(tb: u32, rw: u32) -> String {
-    format!("const TB: u32 = {tb}u;\nconst RW: u32 = {rw}u;\nconst NO: u32 = {}u;\n", tb * rw)
+/// A module's shape constants: WG threads, SEG threads a row, R rows a thread, TB tokens.
+fn shape_consts(shape: MatVecShape, tb: u32) -> String {
+    format!("const WG: u32 = {MATVEC_THREADS}u;\nconst SEG: u32 = {}u;\nconst R: u32 = {}u;\nconst TB: u32 = {tb}u;\n", shape.seg, shape.rows_per_thread)
 }
 
-/// How a mat-vec / batched product spreads a matrix over workgroups: `rows` rows per workgroup and
-/// `threads` invocations per workgroup. Chosen from the matrix shape alone, never from the token count,
-/// so a row sums in the same order in decode and prefill.
+/// How a mat-vec / batched product spreads a matrix over a workgroup: `seg` threads sum a row (each
+/// taking every seg-th unit of it; this fixes the order a row sums in), each of them for
+/// `rows_per_thread` rows (sharing the activations it loads). Chosen from the matrix shape alone,
+/// never from the token count, so a row sums in the same order in decode and in short steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct MatVecShape {
-    pub rows: u32,
-    pub threads: u32,
+    pub seg: u32,
+    pub rows_per_thread: u32,
 }
 
-/// Every shape `matvec_shape` picks.
-pub const MATVEC_SHAPES: [MatVecShape; 4] = [
-    MatVecShape { rows: MATVEC_ROWS, threads: 64 },
-    MatVecShape { rows: 1, threads: 64 },
-    MatVecShape { rows: 1, threads: 128 },
-    MatVecShape { rows: 1, threads: 256 },
-];
+impl MatVecShape {
+    /// Rows a workgroup takes.
+    pub fn rows(&self) -> u32 {
+        MATVEC_THREADS / self.seg * self.rows_per_thread
+    }
+}
 
-/// The shape of a `rows` x `cols` product. Wide rows get more threads each (a few-row, wide matrix, the
-/// hyper-connection mix of 24 x 16384, otherwise ran on a handful of 64-thread workgroups); rows
-/// share a workgroup only where there are enough rows to fill the GPU anyway (4 rows cut the
-/// workgroups of a 1024-row projection to 256).
-pub fn matvec_shape(rows: usize, cols: usize) -> MatVecShape {
-    let chunks = cols / 8;
-    let threads = if chunks >= 2048 {
-        256
-    } else if chunks >= 512 {
-        128
+/// Threads a row may take.
+pub const MATVEC_SEGS: [u32; 6] = [8, 16, 32, 64, 128, 256];
+/// Rows a thread may take.
+pub const MATVEC_ROWS_PER_THREAD: [u32; 2] = [1, 2];
+
+/// Every product shape (`MATVEC_SEGS` x `MATVEC_ROWS_PER_THREAD`).
+pub fn matvec_shapes() -> Vec<MatVecShape> {
+    MATVEC_SEGS.iter().flat_map(|&seg| MATVEC_ROWS_PER_THREAD.iter().map(move |&rows_per_thread| MatVecShape { seg, rows_per_thread })).collect()
+}
+
+/// Values a thread dots at once (`UNIT` of the type's `dotu`).
+pub fn matvec_unit(ty: GgmlType) -> usize {
+    if ty == GgmlType::F16 {
+        8
     } else {
-        64
-    };
-    let rows_per = if threads == 64 && rows >= 4096 { MATVEC_ROWS } else { 1 };
-    MatVecShape { rows: rows_per, threads }
+        32
+    }
 }
 
-/// How a workgroup sums its partial dot products.
+/// The shape of a product of `rows` x `cols` (`rows`: every row the dispatch covers, e.g. the rows of
+/// all of a step's expert slots). A row gets about two units a thread; few rows get more threads
+/// each (so that a small matrix still spreads over the GPU); many rows take two a thread (each
+/// activation load serves both).
+pub fn matvec_shape(ty: GgmlType, rows: usize, cols: usize) -> MatVecShape {
+    let units = (cols / matvec_unit(ty)).max(1);
+    let mut seg = prev_pow2(units / 2).clamp(8, 256);
+    while seg < 256 && seg < units && rows * seg < 65536 {
+        seg *= 2;
+    }
+    let rows_per_thread = if rows * seg as usize >= 256 * 1024 { 2 } else { 1 };
+    MatVecShape { seg: seg as u32, rows_per_thread }
+}
+
+fn prev_pow2(n: usize) -> usize {
+    if n == 0 {
+        1
+    } else {
+        1 << (usize::BITS - 1 - n.leading_zeros())
+    }
+}
+
+/// How the attention sums a candidate's score.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Reduce {
     /// Workgroup-memory tree: every adapter.
@@ -105,13 +131,27 @@ pub enum Reduce {
     Subgroup,
 }
 
+/// The tiled products' `load8` (8 values of a row) and `load_prelude` of `ty`.
 fn load8_source(ty: GgmlType) -> Option<String> {
     Some(match ty {
         GgmlType::F16 => include_str!("shaders/load_f16.wgsl").to_string(),
         GgmlType::Q8_0 => include_str!("shaders/load_q8_0.wgsl").to_string(),
         GgmlType::Q2_K => include_str!("shaders/load_q2_k.wgsl").to_string(),
-        GgmlType::Q4_K => include_str!("shaders/load_q4_k.wgsl").to_string(),
-        GgmlType::IQ2_XXS => include_str!("shaders/load_iq2_xxs.wgsl").to_string(),
+        GgmlType::Q4_K => format!("{Q4_K_SCALES}{}", include_str!("shaders/load_q4_k.wgsl")),
+        GgmlType::IQ2_XXS => format!("{IQ2_GRID}{}", include_str!("shaders/load_iq2_xxs.wgsl")),
+        _ => return None,
+    })
+}
+
+/// The products' `dotu` (a unit of `matvec_unit(ty)` values of a row dotted with activations in
+/// registers) and `load_prelude` of `ty`.
+fn dot_source(ty: GgmlType) -> Option<String> {
+    Some(match ty {
+        GgmlType::F16 => include_str!("shaders/dot_f16.wgsl").to_string(),
+        GgmlType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl").to_string(),
+        GgmlType::Q2_K => include_str!("shaders/dot_q2_k.wgsl").to_string(),
+        GgmlType::Q4_K => format!("{Q4_K_SCALES}{}", include_str!("shaders/dot_q4_k.wgsl")),
+        GgmlType::IQ2_XXS => format!("{IQ2_GRID}{}", include_str!("shaders/dot_iq2_xxs.wgsl")),
         _ => return None,
     })
 }
@@ -136,21 +176,18 @@ pub enum F16Unpack {
     Bits,
 }
 
-/// The module of a mat-vec (tb = 1) or batched product (tb = BATCH_TILE) over `ty` weights, or None
-/// for a type without a kernel.
-pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, f16: F16Unpack) -> Option<String> {
-    let load = load8_source(ty)?;
-    let (red, params, call) = match reduce {
-        Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
-        Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
-    };
-    let main = MATVEC_MAIN.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
-    let unpack = match f16 {
+fn unpack_source(f16: F16Unpack) -> &'static str {
+    match f16 {
         F16Unpack::Native => F16_NATIVE,
         F16Unpack::Bits => F16_BITS,
-    };
-    let wg = format!("const WG: u32 = {}u;\n", shape.threads);
-    Some(format!("{}{wg}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, shape.rows)))
+    }
+}
+
+/// The module of a mat-vec (tb = 1) or batched product (tb = BATCH_TILE) over `ty` weights, or None
+/// for a type without a kernel.
+pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> Option<String> {
+    let dot = dot_source(ty)?;
+    Some(format!("{}{MATVEC_COMMON}\n{}\n{dot}\n{SEG_REDUCE}\n{MATVEC_MAIN}", shape_consts(shape, tb), unpack_source(f16)))
 }
 
 /// Rows and tokens of a tiled product's workgroup (matmul_main.wgsl), and the fewest tokens a step
@@ -163,11 +200,7 @@ pub const MATMUL_SHARED_BYTES: u32 = 2 * 8192 + 2048;
 /// The tiled product module over `ty` weights (prefill chunks), or None for a type without a loader.
 pub fn matmul_source(ty: GgmlType, f16: F16Unpack) -> Option<String> {
     let load = load8_source(ty)?;
-    let unpack = match f16 {
-        F16Unpack::Native => F16_NATIVE,
-        F16Unpack::Bits => F16_BITS,
-    };
-    Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{MATMUL_TILE_FNS}\n{MATMUL_MAIN}"))
+    Some(format!("{MATVEC_COMMON}\n{}\n{load}\n{MATMUL_TILE_FNS}\n{MATMUL_MAIN}", unpack_source(f16)))
 }
 
 /// The pipeline-cache key of a tiled product module.
@@ -197,33 +230,35 @@ pub fn expert_table_binding(walk: ExpertWalk) -> u32 {
 }
 
 /// The module of the routed-expert product over stacked `ty` expert tensors (expert ids from the
-/// router's output).
-pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> Option<String> {
-    let load = load8_source(ty)?.replace("@binding(5)", &format!("@binding({})", expert_table_binding(walk)));
-    let (red, params, call) = match reduce {
-        Reduce::Tree => (REDUCE_TREE, "", "reduce(lid, acc);"),
-        Reduce::Subgroup => (REDUCE_SUBGROUP, ", @builtin(subgroup_invocation_id) lane: u32", "reduce(lid, lane, acc);"),
+/// router's output); `shape` from `expert_shape` (PerSlot and Grouped must share it).
+pub fn expert_matvec_source(ty: GgmlType, walk: ExpertWalk, shape: MatVecShape, f16: F16Unpack) -> Option<String> {
+    let table = format!("@binding({})", expert_table_binding(walk));
+    let unpack = unpack_source(f16);
+    if walk == ExpertWalk::Tiled {
+        let load = load8_source(ty)?.replace("@binding(5)", &table);
+        return Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{EXPERT_TILES}\n{MATMUL_TILE_FNS}\n{MATMUL_EXPERT_MAIN}"));
+    }
+    let dot = dot_source(ty)?.replace("@binding(5)", &table);
+    let (main, tb) = match walk {
+        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN.to_string(), 1),
+        _ => (format!("{EXPERT_TILES}\n{MATVEC_EXPERT_GROUPED_MAIN}"), BATCH_TILE),
     };
-    let unpack = match f16 {
-        F16Unpack::Native => F16_NATIVE,
-        F16Unpack::Bits => F16_BITS,
-    };
-    let (main, tb, rw) = match walk {
-        ExpertWalk::PerSlot => (MATVEC_EXPERT_MAIN.to_string(), 1, MATVEC_ROWS),
-        ExpertWalk::Grouped => (format!("{EXPERT_TILES}\n{MATVEC_EXPERT_GROUPED_MAIN}"), BATCH_TILE, 1),
-        ExpertWalk::Tiled => return Some(format!("{MATVEC_COMMON}\n{unpack}\n{load}\n{EXPERT_TILES}\n{MATMUL_TILE_FNS}\n{MATMUL_EXPERT_MAIN}")),
-    };
-    let main = main.replace("SG_PARAMS", params).replace("REDUCE_CALL", call);
-    Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{load}\n{red}\n{main}", shape_consts(tb, rw)))
+    Some(format!("{}{MATVEC_COMMON}\n{unpack}\n{dot}\n{SEG_REDUCE}\n{main}", shape_consts(shape, tb)))
+}
+
+/// The shape of the per-slot and grouped expert products over experts of `r_exp` x `cols` with `k`
+/// slots a token (both walks sum a row alike).
+pub fn expert_shape(ty: GgmlType, r_exp: usize, cols: usize, k: usize) -> MatVecShape {
+    matvec_shape(ty, r_exp * k, cols)
 }
 
 /// The pipeline-cache key of a routed-expert module.
-pub fn expert_matvec_key(ty: GgmlType, walk: ExpertWalk, reduce: Reduce, f16: F16Unpack) -> String {
+pub fn expert_matvec_key(ty: GgmlType, walk: ExpertWalk, shape: MatVecShape, f16: F16Unpack) -> String {
     if walk == ExpertWalk::Tiled {
-        // No reduction: one module whatever the adapter's subgroups.
+        // No reduction: one module whatever the shape.
         return format!("expert_matvec_{}_{walk:?}_{f16:?}", ty.name());
     }
-    format!("expert_matvec_{}_{walk:?}_{reduce:?}_{f16:?}", ty.name())
+    format!("expert_matvec_{}_{walk:?}_s{}_r{}_{f16:?}", ty.name(), shape.seg, shape.rows_per_thread)
 }
 
 /// The embedding module (f16 by the exact integer decode: one row per token, speed is no concern).
@@ -242,8 +277,8 @@ pub fn hc_head_source() -> String {
 }
 
 /// The pipeline-cache key of a mat-vec module.
-pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, reduce: Reduce, f16: F16Unpack) -> String {
-    format!("matvec_{}_tb{tb}_r{}_w{}_{reduce:?}_{f16:?}", ty.name(), shape.rows, shape.threads)
+pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> String {
+    format!("matvec_{}_tb{tb}_s{}_r{}_{f16:?}", ty.name(), shape.seg, shape.rows_per_thread)
 }
 
 /// The candidate tiles of the attention modules (steps that split, and prefill).
@@ -279,17 +314,10 @@ pub fn all_modules() -> Vec<ModuleSource> {
     let mut out = Vec::new();
     for ty in MATVEC_TYPES {
         for tb in [1, BATCH_TILE] {
-            for shape in MATVEC_SHAPES {
-                for reduce in [Reduce::Tree, Reduce::Subgroup] {
-                    for f16 in [F16Unpack::Native, F16Unpack::Bits] {
-                        if let Some(wgsl) = matvec_source(ty, tb, shape, reduce, f16) {
-                            out.push(ModuleSource {
-                                name: matvec_key(ty, tb, shape, reduce, f16),
-                                wgsl,
-                                subgroup: reduce == Reduce::Subgroup,
-                                f16_in_f32: f16 == F16Unpack::Native,
-                            });
-                        }
+            for shape in matvec_shapes() {
+                for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+                    if let Some(wgsl) = matvec_source(ty, tb, shape, f16) {
+                        out.push(ModuleSource { name: matvec_key(ty, tb, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
                     }
                 }
             }
@@ -300,8 +328,9 @@ pub fn all_modules() -> Vec<ModuleSource> {
             if let Some(wgsl) = matmul_source(ty, f16) {
                 out.push(ModuleSource { name: matmul_key(ty, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
             }
-            if let Some(wgsl) = expert_matvec_source(ty, ExpertWalk::Tiled, Reduce::Tree, f16) {
-                out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, Reduce::Tree, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+            let any = matvec_shapes()[0];
+            if let Some(wgsl) = expert_matvec_source(ty, ExpertWalk::Tiled, any, f16) {
+                out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, any, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
             }
         }
     }
@@ -312,15 +341,10 @@ pub fn all_modules() -> Vec<ModuleSource> {
     }
     for ty in MATVEC_TYPES {
         for walk in [ExpertWalk::PerSlot, ExpertWalk::Grouped] {
-            for reduce in [Reduce::Tree, Reduce::Subgroup] {
+            for shape in matvec_shapes() {
                 for f16 in [F16Unpack::Native, F16Unpack::Bits] {
-                    if let Some(wgsl) = expert_matvec_source(ty, walk, reduce, f16) {
-                        out.push(ModuleSource {
-                            name: expert_matvec_key(ty, walk, reduce, f16),
-                            wgsl,
-                            subgroup: reduce == Reduce::Subgroup,
-                            f16_in_f32: f16 == F16Unpack::Native,
-                        });
+                    if let Some(wgsl) = expert_matvec_source(ty, walk, shape, f16) {
+                        out.push(ModuleSource { name: expert_matvec_key(ty, walk, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
                     }
                 }
             }

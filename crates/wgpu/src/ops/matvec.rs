@@ -9,7 +9,7 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matmul_key, matmul_source, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, Reduce, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
+use crate::shaders::{matmul_key, matmul_source, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, MatVecShape, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
 
 /// Whether the adapter's workgroup memory holds the tiled products' tiles.
 pub(crate) fn tiled_products_fit(gpu: &Gpu) -> bool {
@@ -43,14 +43,19 @@ pub struct MatVec {
     matmul: Option<(Arc<wgpu::ComputePipeline>, Vec<Part>)>,
     tile: u32,
     max_tokens: u32,
-    pub reduce: Reduce,
+    pub shape: MatVecShape,
     pub f16: F16Unpack,
 }
 
 impl MatVec {
     /// x holds max_tokens rows of `w.cols` floats, y max_tokens rows of `w.rows` floats.
     pub fn new(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product) -> Result<Self, WgpuError> {
-        Self::build(gpu, w, x, y, kind, Groups { rows: w.rows.max(1), x_stride: w.cols })
+        Self::with_shape(gpu, w, x, y, kind, matvec_shape(w.ty, w.rows, w.cols))
+    }
+
+    /// As `new`, with the workgroup shape given (benchmarks and tests compare shapes).
+    pub fn with_shape(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, shape: MatVecShape) -> Result<Self, WgpuError> {
+        Self::build(gpu, w, x, y, kind, Groups { rows: w.rows.max(1), x_stride: w.cols }, shape)
     }
 
     /// A grouped product (the attention's low-rank output `attn_output_a`): rows
@@ -60,10 +65,10 @@ impl MatVec {
         if group_rows == 0 || !w.rows.is_multiple_of(group_rows) || x_stride < w.rows / group_rows * w.cols || !x_stride.is_multiple_of(4) {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{} rows in groups of {group_rows}, {} columns per group, activation rows of {x_stride}", w.rows, w.cols) });
         }
-        Self::build(gpu, w, x, y, kind, Groups { rows: group_rows, x_stride })
+        Self::build(gpu, w, x, y, kind, Groups { rows: group_rows, x_stride }, matvec_shape(w.ty, w.rows, w.cols))
     }
 
-    fn build(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, groups: Groups) -> Result<Self, WgpuError> {
+    fn build(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, groups: Groups, shape: MatVecShape) -> Result<Self, WgpuError> {
         let (tile, max_tokens) = match kind {
             Product::Vec => (1, 1),
             Product::Batched { max_tokens } => (BATCH_TILE, max_tokens.max(1)),
@@ -78,13 +83,11 @@ impl MatVec {
                 reason: format!("activations hold {} / {} floats, need {} x {} / {} x {}", x.len(), y.len(), m, groups.x_stride, m, w.rows),
             });
         }
-        let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
         let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
-        let shape = matvec_shape(w.rows, w.cols);
-        let key = matvec_key(ty, tile, shape, reduce, f16);
+        let key = matvec_key(ty, tile, shape, f16);
         let pipeline = gpu.pipeline(&key, || {
-            matvec_source(ty, tile, shape, reduce, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
+            matvec_source(ty, tile, shape, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })
         })?;
         let cols = u32_of("columns", w.cols)?;
         let row_bytes = u32_of("row bytes", w.row_bytes)?;
@@ -111,7 +114,7 @@ impl MatVec {
             }
             Ok(parts)
         };
-        let parts = bind_parts(&pipeline, shape.rows, "")?;
+        let parts = bind_parts(&pipeline, shape.rows(), "")?;
         let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
         let matmul = if tile > 1 && tiles_groups && tiled_products_fit(gpu) {
             let key = matmul_key(ty, f16);
@@ -121,7 +124,7 @@ impl MatVec {
         } else {
             None
         };
-        Ok(Self { pipeline, parts, matmul, tile, max_tokens, reduce, f16 })
+        Ok(Self { pipeline, parts, matmul, tile, max_tokens, shape, f16 })
     }
 
     /// Records the product for the step's tokens (1 for `Product::Vec`).

@@ -14,7 +14,7 @@ use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
 use super::router::MAX_EXPERTS;
-use crate::shaders::{expert_matvec_key, expert_matvec_source, needs_table, ExpertWalk, F16Unpack, Reduce, BATCH_TILE, EXPERT_GROUPS, MATMUL_MIN_TOKENS, MATMUL_TILE, MATVEC_ROWS, MOE_SWIGLU};
+use crate::shaders::{expert_matvec_key, expert_matvec_source, expert_shape, needs_table, ExpertWalk, F16Unpack, MatVecShape, BATCH_TILE, EXPERT_GROUPS, MATMUL_MIN_TOKENS, MATMUL_TILE, MOE_SWIGLU};
 
 struct Part {
     bind: wgpu::BindGroup,
@@ -84,7 +84,7 @@ pub struct ExpertMatVec {
     /// Grouped or tiled: (experts, slots per tile) for the tile count of a step.
     grouped: Option<(u32, u32)>,
     max_tokens: u32,
-    pub reduce: Reduce,
+    pub shape: MatVecShape,
     pub f16: F16Unpack,
 }
 
@@ -137,18 +137,17 @@ impl ExpertMatVec {
         if x.len() < x_rows * w.cols || y.len() < slots * r {
             return Err(bad(format!("buffers of {} / {} floats for {slots} slots", x.len(), y.len())));
         }
-        let reduce = if gpu.caps().subgroup { Reduce::Subgroup } else { Reduce::Tree };
         let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
-        let key = expert_matvec_key(ty, walk, reduce, f16);
-        let pipeline = gpu.pipeline(&key, || expert_matvec_source(ty, walk, reduce, f16).ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
+        let shape = expert_shape(ty, r, w.cols, k);
+        let key = expert_matvec_key(ty, walk, shape, f16);
+        let pipeline = gpu.pipeline(&key, || expert_matvec_source(ty, walk, shape, f16).ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
         let exp: [u32; 4] = [u32_of("slots", k)?, if per_slot { 1 } else { u32_of("slots", k)? }, u32_of("rows per expert", r)?, 0];
         let ex_uni = gpu.uniform(&format!("{} experts", w.name), bytemuck::cast_slice(&exp))?;
         let (cols, row_bytes) = (u32_of("columns", w.cols)?, u32_of("row bytes", w.row_bytes)?);
         let rows_per_wg = match walk {
-            ExpertWalk::PerSlot => MATVEC_ROWS,
-            ExpertWalk::Grouped => 1,
+            ExpertWalk::PerSlot | ExpertWalk::Grouped => shape.rows(),
             ExpertWalk::Tiled => MATMUL_TILE,
         };
         let wg = grid(u32_of("rows per expert", r)?.div_ceil(rows_per_wg));
@@ -167,7 +166,7 @@ impl ExpertMatVec {
         }
         let tile = if walk == ExpertWalk::Tiled { MATMUL_TILE } else { BATCH_TILE };
         let grouped = (walk != ExpertWalk::PerSlot).then_some((u32_of("experts", n_expert)?, tile));
-        Ok(Self { pipeline, parts, k: u32_of("slots", k)?, grouped, max_tokens, reduce, f16 })
+        Ok(Self { pipeline, parts, k: u32_of("slots", k)?, grouped, max_tokens, shape, f16 })
     }
 
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
