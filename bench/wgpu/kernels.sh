@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call for the wgpu kernels on Vulkan (results under $OUT, at most 8 files come back):
-#  1. kernel_bench: each decode kernel at the Flash shapes, with naga's runtime checks and without
-#     -> kernels_checked.csv, kernels.csv;
+#  1. kernel_bench: each decode kernel at the Flash shapes, this build with every product shape
+#     (--sweep) -> kernels.csv, and the previous build's (device-bin/old-kb.xz) -> kernels_old.csv;
 #  2. flash:6 decode / prefill, the previous ds4-bench (device-bin/old-bench.xz) and this one
 #     -> ab_vulkan_flash6.csv;
 #  3. the per-op profile of this one and the previous one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log,
 #     profile_vulkan_old.log;
-#  4. with FLASH=flash:30, Vulkan and CUDA on that model -> vulkan_vs_cuda.csv;
-#  5. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
+#  4. with MTP=1, the MTP verify-step costs on flash:6 (bench/wgpu/mtp_costs.sh) -> mtp_costs_vulkan.txt;
+#  5. with FLASH=flash:30, Vulkan and CUDA on that model -> vulkan_vs_cuda.csv;
+#  6. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
 # Prepare: bench/cuda/build_device_bin.sh and the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/wgpu/kernels.sh
 set -u
@@ -20,9 +21,15 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 cat README.md README.md README.md > /tmp/prompt.txt
 [ -f /dev/shm/flash6.gguf ] || (timeout 200 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 > /tmp/synth.log 2>&1 &)
 el "kernel bench"
-timeout 150 $B/kernel_bench ${ITERS:-200} --checked > $OUT/kernels_checked.csv 2>&1
-timeout 150 $B/kernel_bench ${ITERS:-200} > $OUT/kernels.csv 2>&1
-paste -d, $OUT/kernels_checked.csv $OUT/kernels.csv | cut -d, -f1,3,4,7,8
+timeout 200 $B/kernel_bench ${ITERS:-200} --sweep > $OUT/kernels.csv 2>&1
+if [ -f $B/old-kb.xz ]; then
+  xz -dc $B/old-kb.xz > /tmp/old-kb && chmod +x /tmp/old-kb
+  # Old, new (above), old again: the GPU's clocks settle over the first seconds.
+  timeout 150 /tmp/old-kb ${ITERS:-200} > $OUT/kernels_old.csv 2>&1
+  timeout 200 $B/kernel_bench ${ITERS:-200} > $OUT/kernels_new2.csv 2>&1
+  timeout 150 /tmp/old-kb ${ITERS:-200} > $OUT/kernels_old2.csv 2>&1
+  paste -d, $OUT/kernels_old.csv $OUT/kernels_new2.csv $OUT/kernels_old2.csv | cut -d, -f1,3,7,11
+fi
 while pgrep -f "ds4-gguf synth" >/dev/null; do sleep 2; done; tail -1 /tmp/synth.log 2>/dev/null
 bench() { timeout ${TO:-150} $1 -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend vulkan "${@:2}"; }
 if [ -f $B/old-bench.xz ]; then
@@ -37,6 +44,10 @@ el "Vulkan profile (this ds4-bench, and the previous one if carried)"
 DS4_WGPU_PROFILE=1 bench $B/ds4-bench --gen-tokens 32 > $OUT/profile_vulkan.log 2>&1
 [ -x /tmp/old-bench ] && DS4_WGPU_PROFILE=1 bench /tmp/old-bench --gen-tokens 32 > $OUT/profile_vulkan_old.log 2>&1
 grep -v "uploading" $OUT/profile_vulkan.log | grep -A26 "one-token steps" | head -30
+if [ -n "${MTP:-}" ]; then
+  el "MTP verify-step costs"
+  OUT=$OUT B=$B bench/wgpu/mtp_costs.sh | tail -12
+fi
 if [ -n "${FLASH:-}" ]; then
   # Vulkan and CUDA on the bigger model, same call (flash:30 fits an 80 GB card).
   M=/dev/shm/${FLASH/:/}.gguf

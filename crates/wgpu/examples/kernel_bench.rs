@@ -14,7 +14,7 @@ use std::time::Instant;
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
 use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, MatVec, Product};
-use ds4_wgpu::shaders::{matvec_shape, matvec_shapes, MatVecShape};
+use ds4_wgpu::shaders::{expert_shape, matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
 type R<T> = Result<T, String>;
@@ -53,7 +53,7 @@ fn run() -> R<()> {
     let y = GpuBuffer::new(&gpu, "y", 256 * 1024).map_err(es)?;
 
     // A dispatch alone: 8 rows of 256 (one workgroup's work, nothing to stream).
-    mat_vecs(&gpu, "dispatch", GgmlType::Q8_0, 8, 256, &x, &y, iters * 4, 1, None)?;
+    mat_vecs(&gpu, "dispatch", GgmlType::Q8_0, 8, 256, &x, &y, iters * 4, 1, &[])?;
     let e = cfg.n_embd;
     let q8 = [
         ("q_a", cfg.q_lora, e),
@@ -66,15 +66,15 @@ fn run() -> R<()> {
     ];
     for (name, rows, cols) in q8 {
         let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
-        mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, None)?;
-        if sweep {
-            for shape in matvec_shapes() {
-                mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, Some(shape))?;
-            }
-        }
+        let shapes = if sweep { matvec_shapes() } else { Vec::new() };
+        mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, &shapes)?;
     }
-    experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters)?;
-    experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters)?;
+    // The same bytes as out_b in F16 (aligned 16-byte loads, no block decode): what the products
+    // reach when a row's loads are simplest.
+    let shapes = if sweep { matvec_shapes() } else { Vec::new() };
+    mat_vecs(&gpu, "f16_ref", GgmlType::F16, 4096, 4096, &x, &y, iters, 18, &shapes)?;
+    experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;
+    experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;
     for ratio in [0usize, 4, 128] {
         attention(&gpu, &cfg, ratio, 4096, iters)?;
     }
@@ -101,20 +101,23 @@ fn time(gpu: &Gpu, step: Step, iters: usize, f: impl Fn(&mut Encoder, usize) -> 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize, shape: Option<MatVecShape>) -> R<()> {
+/// Times the product under the shape `matvec_shape` picks, then under each of `sweep`.
+fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize, sweep: &[MatVecShape]) -> R<()> {
     let nb = rows * cols / ty.block_elems();
     let w = ds4_quant::random_valid_blocks(ty, 7, nb);
     let ts: Vec<ResidentTensor> = (0..copies).map(|i| ResidentTensor::upload(gpu, &format!("{name}{i}"), ty, &w, rows, cols)).collect::<Result<_, _>>().map_err(es)?;
-    let sh = shape.unwrap_or_else(|| matvec_shape(ty, rows, cols));
-    let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::with_shape(gpu, t, x, y, Product::Vec, sh)).collect::<Result<_, _>>().map_err(es)?;
-    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % copies].encode(e))?;
-    let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
-    println!("{tag},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
+    for shape in std::iter::once(None).chain(sweep.iter().map(Some)) {
+        let sh = shape.copied().unwrap_or_else(|| matvec_shape(ty, rows, cols));
+        let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::with_shape(gpu, t, x, y, Product::Vec, sh)).collect::<Result<_, _>>().map_err(es)?;
+        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % copies].encode(e))?;
+        let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
+        println!("{tag},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
+    }
     Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
-fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expert: usize, k: usize, iters: usize) -> R<()> {
+fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expert: usize, k: usize, iters: usize, sweep: &[MatVecShape]) -> R<()> {
     let nb = n_expert * rows * cols / ty.block_elems();
     let w = ds4_quant::random_valid_blocks(ty, 11, nb);
     let t = ResidentTensor::upload(gpu, name, ty, &w, n_expert * rows, cols).map_err(es)?;
@@ -129,10 +132,14 @@ fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expe
     }).collect::<Result<_, WgpuError>>().map_err(es)?;
     let x = GpuBuffer::from_slice(gpu, "x", &vec![0.01f32; k * cols]).map_err(es)?;
     let y = GpuBuffer::new(gpu, "y", k * rows).map_err(es)?;
-    let ops: Vec<ExpertMatVec> = id_bufs.iter().map(|ib| ExpertMatVec::new(gpu, &t, n_expert, ib, &x, true, &y, k, 1)).collect::<Result<_, _>>().map_err(es)?;
-    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % sets].encode(e))?;
     let bytes = (k * rows * cols / ty.block_elems() * ty.block_bytes()) as f64;
-    println!("{name},{k}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), bytes / us / 1e3);
+    for shape in std::iter::once(None).chain(sweep.iter().map(Some)) {
+        let sh = shape.copied().unwrap_or_else(|| expert_shape(ty, rows, cols, k));
+        let ops: Vec<ExpertMatVec> = id_bufs.iter().map(|ib| ExpertMatVec::with_shape(gpu, &t, n_expert, ib, &x, true, &y, k, 1, sh)).collect::<Result<_, _>>().map_err(es)?;
+        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % sets].encode(e))?;
+        let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
+        println!("{tag},{k}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), bytes / us / 1e3);
+    }
     Ok(())
 }
 

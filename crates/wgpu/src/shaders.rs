@@ -79,14 +79,24 @@ impl MatVecShape {
     pub fn rows(&self) -> u32 {
         MATVEC_THREADS / self.seg * self.rows_per_thread
     }
+
+    /// The shape of the batched modules (TB tokens a thread too): at most `MAX_BATCH_ROWS_PER_THREAD`
+    /// rows a thread. The same segment, so the same sums.
+    pub fn batched(self) -> Self {
+        Self { rows_per_thread: self.rows_per_thread.min(MAX_BATCH_ROWS_PER_THREAD), ..self }
+    }
 }
+
+/// Rows a thread of a batched module takes at most (R x TB partial sums a thread).
+pub const MAX_BATCH_ROWS_PER_THREAD: u32 = 2;
 
 /// Threads a row may take.
 pub const MATVEC_SEGS: [u32; 6] = [8, 16, 32, 64, 128, 256];
 /// Rows a thread may take.
-pub const MATVEC_ROWS_PER_THREAD: [u32; 2] = [1, 2];
+pub const MATVEC_ROWS_PER_THREAD: [u32; 4] = [1, 2, 4, 8];
 
-/// Every product shape (`MATVEC_SEGS` x `MATVEC_ROWS_PER_THREAD`).
+/// Every product shape (`MATVEC_SEGS` x `MATVEC_ROWS_PER_THREAD`; the batched modules take the
+/// `batched()` ones).
 pub fn matvec_shapes() -> Vec<MatVecShape> {
     MATVEC_SEGS.iter().flat_map(|&seg| MATVEC_ROWS_PER_THREAD.iter().map(move |&rows_per_thread| MatVecShape { seg, rows_per_thread })).collect()
 }
@@ -101,18 +111,21 @@ pub fn matvec_unit(ty: GgmlType) -> usize {
 }
 
 /// The shape of a product of `rows` x `cols` (`rows`: every row the dispatch covers, e.g. the rows of
-/// all of a step's expert slots). A row gets about two units a thread; few rows get more threads
-/// each (so that a small matrix still spreads over the GPU); many rows take two a thread (each
-/// activation load serves both).
+/// all of a step's expert slots), from a sweep of every shape on an H100 (`kernel_bench --sweep`):
+/// a thread takes as many rows as leave at least `MATVEC_MIN_WORKGROUPS` workgroups (each activation
+/// load then serves all its rows: the activations' loads, not the weights', bound these kernels),
+/// and two units of a row where rows are plenty even at 8 a thread (one otherwise).
 pub fn matvec_shape(ty: GgmlType, rows: usize, cols: usize) -> MatVecShape {
     let units = (cols / matvec_unit(ty)).max(1);
-    let mut seg = prev_pow2(units / 2).clamp(8, 256);
-    while seg < 256 && seg < units && rows * seg < 65536 {
-        seg *= 2;
-    }
-    let rows_per_thread = if rows * seg as usize >= 256 * 1024 { 2 } else { 1 };
+    let seg_for = |per_thread: usize| prev_pow2(units / per_thread).clamp(8, MATVEC_THREADS as usize);
+    let workgroups = |seg: usize, r: u32| rows / (MATVEC_THREADS as usize / seg * r as usize);
+    let seg = if workgroups(seg_for(2), 8) >= MATVEC_MIN_WORKGROUPS { seg_for(2) } else { seg_for(1) };
+    let rows_per_thread = MATVEC_ROWS_PER_THREAD.into_iter().rev().find(|&r| workgroups(seg, r) >= MATVEC_MIN_WORKGROUPS).unwrap_or(1);
     MatVecShape { seg: seg as u32, rows_per_thread }
 }
+
+/// Workgroups a product keeps at least when its threads take several rows (two per SM of an H100).
+pub const MATVEC_MIN_WORKGROUPS: usize = 256;
 
 fn prev_pow2(n: usize) -> usize {
     if n == 0 {
@@ -314,7 +327,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
     let mut out = Vec::new();
     for ty in MATVEC_TYPES {
         for tb in [1, BATCH_TILE] {
-            for shape in matvec_shapes() {
+            for shape in matvec_shapes().into_iter().filter(|s| tb == 1 || *s == s.batched()) {
                 for f16 in [F16Unpack::Native, F16Unpack::Bits] {
                     if let Some(wgsl) = matvec_source(ty, tb, shape, f16) {
                         out.push(ModuleSource { name: matvec_key(ty, tb, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
@@ -341,7 +354,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
     }
     for ty in MATVEC_TYPES {
         for walk in [ExpertWalk::PerSlot, ExpertWalk::Grouped] {
-            for shape in matvec_shapes() {
+            for shape in matvec_shapes().into_iter().filter(|s| walk == ExpertWalk::PerSlot || *s == s.batched()) {
                 for f16 in [F16Unpack::Native, F16Unpack::Bits] {
                     if let Some(wgsl) = expert_matvec_source(ty, walk, shape, f16) {
                         out.push(ModuleSource { name: expert_matvec_key(ty, walk, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });

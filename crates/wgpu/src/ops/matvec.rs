@@ -85,6 +85,7 @@ impl MatVec {
         }
         let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
+        let shape = if tile > 1 { shape.batched() } else { shape };
         let key = matvec_key(ty, tile, shape, f16);
         let pipeline = gpu.pipeline(&key, || {
             matvec_source(ty, tile, shape, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no mat-vec kernel for {}", ty.name()) })

@@ -94,7 +94,13 @@ impl ExpertMatVec {
     /// slot (true: down over the activations); `y`: max_tokens x k rows of r.
     #[allow(clippy::too_many_arguments)]
     pub fn new(gpu: &Gpu, w: &ResidentTensor, n_expert: usize, ids: &GpuBuffer, x: &GpuBuffer, per_slot: bool, y: &GpuBuffer, k: usize, max_tokens: u32) -> Result<Self, WgpuError> {
-        Self::build(gpu, w, n_expert, ExpertWalk::PerSlot, &[&ids.buffer], x, per_slot, y, k, max_tokens)
+        Self::build(gpu, w, n_expert, ExpertWalk::PerSlot, &[&ids.buffer], x, per_slot, y, k, max_tokens, None)
+    }
+
+    /// As `new`, with the workgroup shape given (benchmarks compare shapes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_shape(gpu: &Gpu, w: &ResidentTensor, n_expert: usize, ids: &GpuBuffer, x: &GpuBuffer, per_slot: bool, y: &GpuBuffer, k: usize, max_tokens: u32, shape: MatVecShape) -> Result<Self, WgpuError> {
+        Self::build(gpu, w, n_expert, ExpertWalk::PerSlot, &[&ids.buffer], x, per_slot, y, k, max_tokens, Some(shape))
     }
 
     /// As `new`, one workgroup per (row, tile of slots that chose the same expert) from `groups`
@@ -108,7 +114,7 @@ impl ExpertMatVec {
         let walk = if groups.tile == BATCH_TILE { ExpertWalk::Grouped } else if groups.tile == MATMUL_TILE { ExpertWalk::Tiled } else {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("expert tiles of {} slots (the kernels take {BATCH_TILE} or {MATMUL_TILE})", groups.tile) });
         };
-        Self::build(gpu, w, ne, walk, &[&groups.tiles.buffer, &groups.order.buffer], x, per_slot, y, k, max_tokens)
+        Self::build(gpu, w, ne, walk, &[&groups.tiles.buffer, &groups.order.buffer], x, per_slot, y, k, max_tokens, None)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -123,6 +129,7 @@ impl ExpertMatVec {
         y: &GpuBuffer,
         k: usize,
         max_tokens: u32,
+        shape: Option<MatVecShape>,
     ) -> Result<Self, WgpuError> {
         let bad = |reason: String| WgpuError::BadShape { what: w.name.clone(), reason };
         if n_expert == 0 || !w.rows.is_multiple_of(n_expert) || !w.cols.is_multiple_of(8) {
@@ -139,7 +146,8 @@ impl ExpertMatVec {
         }
         let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
         let ty = w.ty;
-        let shape = expert_shape(ty, r, w.cols, k);
+        let shape = shape.unwrap_or_else(|| expert_shape(ty, r, w.cols, k));
+        let shape = if walk == ExpertWalk::PerSlot { shape } else { shape.batched() };
         let key = expert_matvec_key(ty, walk, shape, f16);
         let pipeline = gpu.pipeline(&key, || expert_matvec_source(ty, walk, shape, f16).ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
