@@ -177,6 +177,50 @@ fn every_workgroup_shape() {
     }
 }
 
+/// A grouped product (rows of group g take inputs [g * cols, (g + 1) * cols) of each activation row)
+/// under every rows-per-thread, with groups that a thread's rows straddle (6 rows a group against 4
+/// or 8 rows a thread) and bindings that end inside a group: against the reference, one token and a
+/// batch, and a token's batch row equal to its mat-vec bit for bit.
+#[test]
+fn grouped_products_every_rows_per_thread() {
+    use ds4_wgpu::shaders::MatVecShape;
+    let (ty, rows, cols, group_rows) = (GgmlType::Q8_0, 48, 64, 6);
+    let stride = rows / group_rows * cols;
+    let row_bytes = ty.row_bytes(cols).expect("row bytes") as u64;
+    let Some(gpu) = common::gpu(common::opts(false, Some(row_bytes * 20 + 4))) else { return };
+    let w = weights(ty, rows, cols, 90);
+    let t = ResidentTensor::upload(&gpu, "w", ty, &w, rows, cols).expect("upload");
+    assert!(t.parts.len() >= 3);
+    let mut deq = vec![0f32; rows * cols];
+    ds4_quant::dequantize(ty, &w, &mut deq).expect("dequantize");
+    let ntok = 3;
+    let xs = common::normals(700, ntok * stride);
+    let xb = GpuBuffer::from_slice(&gpu, "xs", &xs).expect("xs");
+    let x1 = GpuBuffer::from_slice(&gpu, "x1", &xs[(ntok - 1) * stride..]).expect("x1");
+    for rows_per_thread in [1, 2, 4, 8] {
+        let shape = MatVecShape { seg: 8, rows_per_thread };
+        let yb = GpuBuffer::new(&gpu, "ys", ntok * rows).expect("ys");
+        let op = MatVec::grouped_with_shape(&gpu, &t, &xb, &yb, Product::Batched { max_tokens: ntok as u32 }, group_rows, stride, shape).expect("grouped op");
+        gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| op.encode(e)).expect("run");
+        let ys = yb.read(&gpu, ntok * rows).expect("read");
+        for i in 0..ntok {
+            for r in 0..rows {
+                let xin = &xs[i * stride + (r / group_rows) * cols..][..cols];
+                let wr = &deq[r * cols..(r + 1) * cols];
+                let want: f64 = wr.iter().zip(xin).map(|(&a, &b)| a as f64 * b as f64).sum();
+                let mag: f64 = wr.iter().zip(xin).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+                let err = (ys[i * rows + r] as f64 - want).abs() / (1e-5 * mag);
+                assert!(err <= 1.0, "{shape:?} token {i} row {r}: {err} x the bound");
+            }
+        }
+        let y1 = GpuBuffer::new(&gpu, "y1", rows).expect("y1");
+        let one = MatVec::grouped_with_shape(&gpu, &t, &x1, &y1, Product::Vec, group_rows, stride, shape).expect("grouped op");
+        gpu.run(Step { ntok: 1, pos: 0 }, |e| one.encode(e)).expect("run");
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&y1.read(&gpu, rows).expect("read")), bits(&ys[(ntok - 1) * rows..]), "{shape:?}: mat-vec differs from its batch row");
+    }
+}
+
 /// The shapes picked for Flash's products (the best or within 10 % of the best of every shape in a
 /// sweep on an H100): up to 8 rows a thread while 256 workgroups remain, two units a thread for the
 /// largest matrices.

@@ -62,10 +62,16 @@ impl MatVec {
     /// `[g * group_rows, (g + 1) * group_rows)` of `w` take inputs `[g * w.cols, (g + 1) * w.cols)` of
     /// each activation row of `x_stride` floats (groups x w.cols); y holds rows of `w.rows`.
     pub fn grouped(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, group_rows: usize, x_stride: usize) -> Result<Self, WgpuError> {
+        Self::grouped_with_shape(gpu, w, x, y, kind, group_rows, x_stride, matvec_shape(w.ty, w.rows, w.cols))
+    }
+
+    /// As `grouped`, with the workgroup shape given (tests take every rows-per-thread).
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_with_shape(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, group_rows: usize, x_stride: usize, shape: MatVecShape) -> Result<Self, WgpuError> {
         if group_rows == 0 || !w.rows.is_multiple_of(group_rows) || x_stride < w.rows / group_rows * w.cols || !x_stride.is_multiple_of(4) {
             return Err(WgpuError::BadShape { what: w.name.clone(), reason: format!("{} rows in groups of {group_rows}, {} columns per group, activation rows of {x_stride}", w.rows, w.cols) });
         }
-        Self::build(gpu, w, x, y, kind, Groups { rows: group_rows, x_stride }, matvec_shape(w.ty, w.rows, w.cols))
+        Self::build(gpu, w, x, y, kind, Groups { rows: group_rows, x_stride }, shape)
     }
 
     fn build(gpu: &Gpu, w: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, kind: Product, groups: Groups, shape: MatVecShape) -> Result<Self, WgpuError> {
