@@ -12,6 +12,10 @@ use crate::shaders::{INDEXER_SCORES, TOP_K};
 
 /// The widest indexer head the score kernel stages in workgroup memory.
 pub const INDEXER_MAX_DIM: usize = 256;
+/// Most indexer heads (the scores kernel keeps each candidate's head terms in workgroup memory).
+pub const INDEXER_MAX_HEADS: usize = 128;
+/// Candidates a workgroup of the scores kernel takes (`CW` in indexer_scores.wgsl).
+const SCORE_CANDIDATES: u32 = 16;
 
 #[derive(Debug, Clone, Copy)]
 pub struct IndexerShape {
@@ -51,6 +55,7 @@ impl Indexer {
         let IndexerShape { heads, dim, ratio, top_k, capacity, max_tokens } = shape;
         let m = max_tokens.max(1) as usize;
         let ok = heads > 0
+            && heads <= INDEXER_MAX_HEADS
             && dim > 0
             && dim <= INDEXER_MAX_DIM
             && dim.is_multiple_of(4)
@@ -63,7 +68,7 @@ impl Indexer {
             && b.sel.len() >= m * top_k
             && capacity < 1 << 24;
         if !ok {
-            return Err(WgpuError::BadShape { what: "indexer".into(), reason: format!("{heads} heads of {dim} (a multiple of 4, at most {INDEXER_MAX_DIM}), ratio {ratio}, top-k {top_k}, {capacity} rows: a zero size or a buffer too small") });
+            return Err(WgpuError::BadShape { what: "indexer".into(), reason: format!("{heads} heads (at most {INDEXER_MAX_HEADS}) of {dim} (a multiple of 4, at most {INDEXER_MAX_DIM}), ratio {ratio}, top-k {top_k}, {capacity} rows: a zero size or a buffer too small") });
         }
         let wscale = 1.0 / ((dim * heads) as f32).sqrt();
         let sp: [u32; 8] = [u32_of("heads", heads)?, u32_of("dim", dim)?, u32_of("ratio", ratio)?, u32_of("top k", top_k)?, u32_of("capacity", capacity)?, wscale.to_bits(), 0, 0];
@@ -92,7 +97,7 @@ impl Indexer {
         let pass = enc.pass();
         pass.set_pipeline(&self.scores);
         pass.set_bind_group(0, &self.scores_bind, &[]);
-        pass.dispatch_workgroups((nc_max as u32).div_ceil(64), st.ntok, 1);
+        pass.dispatch_workgroups((nc_max as u32).div_ceil(SCORE_CANDIDATES), st.ntok, 1);
         pass.set_pipeline(&self.top_k);
         pass.set_bind_group(0, &self.top_k_bind, &[]);
         pass.dispatch_workgroups(st.ntok, 1, 1);

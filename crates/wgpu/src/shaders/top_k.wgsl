@@ -44,16 +44,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if ((kk & mask) == prefix) { atomicAdd(&hist[(kk >> shift) & 255u], 1u); }
         }
         workgroupBarrier();
-        if (lid == 0u) {
-            var above = 0u;
-            var b = 255u;
-            loop {
-                let n = atomicLoad(&hist[b]);
-                if (above + n >= left || b == 0u) { break; }
-                above += n;
-                b -= 1u;
-            }
-            found = vec2<u32>(b, above);
+        // The digit: the highest bin where the count of keys from the top reaches `left` (bin 0 if
+        // none does), and the keys above it. Counts from the top by a suffix sum over the bins
+        // (Hillis-Steele, one bin a thread) instead of one thread walking them.
+        let n = atomicLoad(&hist[lid]);
+        scan[lid] = n;
+        workgroupBarrier();
+        for (var s = 1u; s < WG; s <<= 1u) {
+            var v = scan[lid];
+            if (lid + s < WG) { v += scan[lid + s]; }
+            workgroupBarrier();
+            scan[lid] = v;
+            workgroupBarrier();
+        }
+        let incl = scan[lid];
+        if ((incl >= left && incl - n < left) || (lid == 0u && incl < left)) {
+            found = vec2<u32>(lid, incl - n);
         }
         workgroupBarrier();
         let f = found;
