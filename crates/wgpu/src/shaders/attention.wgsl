@@ -30,7 +30,7 @@ struct Params {
 @group(0) @binding(8) var<uniform> p: Params;
 @group(0) @binding(9) var<uniform> step: Step;
 
-const WG: u32 = 64u;
+const WG: u32 = 128u;
 const HG: u32 = 4u;
 const MAXD: u32 = 512u;
 // vec4s of a head per thread in the accumulation (rows are read as vec4: d is a multiple of 4).
@@ -61,7 +61,7 @@ fn nsplit_of(ntok: u32) -> u32 {
     return select(p.splits, 1u, ntok > p.short_step && step.batch == 0u);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(128)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32 SG_PARAMS) {
     SG_INIT
     let g = wid.x;
@@ -125,18 +125,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             for (var j = 0u; j < PER; j++) { acc[k][j] *= alpha; }
             m[k] = mt[k];
         }
-        for (var l = 0u; l < cnt; l++) {
-            let code_l = src[l];
-            var e: array<f32, HG>;
+        // Two candidates a round, their rows loaded before either is added (the loads overlap);
+        // each is added in candidate order as one a round would.
+        for (var l = 0u; l < cnt; l += 2u) {
+            let two = l + 1u < cnt;
+            let code0 = src[l];
+            let code1 = src[min(l + 1u, cnt - 1u)];
+            var e0: array<f32, HG>;
+            var e1: array<f32, HG>;
             for (var k = 0u; k < HG; k++) {
-                e[k] = exp(sc[k * TILE + l] - m[k]);
-                den[k] += e[k];
+                e0[k] = exp(sc[k * TILE + l] - m[k]);
+                den[k] += e0[k];
+                if (two) {
+                    e1[k] = exp(sc[k * TILE + l + 1u] - m[k]);
+                    den[k] += e1[k];
+                }
             }
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
                 if (i < d4) {
-                    let v = row_val(code_l, i);
-                    for (var k = 0u; k < HG; k++) { acc[k][j] += e[k] * v; }
+                    let v0 = row_val(code0, i);
+                    let v1 = row_val(code1, i);
+                    for (var k = 0u; k < HG; k++) { acc[k][j] += e0[k] * v0; }
+                    if (two) {
+                        for (var k = 0u; k < HG; k++) { acc[k][j] += e1[k] * v1; }
+                    }
                 }
             }
         }
