@@ -338,6 +338,40 @@ fn router_flash_width_with_strong_bias() {
     }
 }
 
+#[test]
+fn router_ties_to_the_lowest_index() {
+    // The most experts (1024) and picks (16), gate rows repeated in threes (experts 3g..3g+2 have
+    // the same logit, bit for bit), with and without a bias repeated the same way: the 16th pick
+    // splits a group of three, so ties decide which expert is chosen, as in the serial selection.
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let (ne, k, e, ntok) = (1024usize, 16usize, 64usize, 3usize);
+    let rows = common::normals(12, ne.div_ceil(3) * e);
+    let bytes: Vec<u8> = (0..ne).flat_map(|x| rows[x / 3 * e..(x / 3 + 1) * e].iter().flat_map(|v| half::f16::from_f32(*v * 0.2).to_bits().to_le_bytes())).collect();
+    let gate = ResidentTensor::upload(&gpu, "gate", GgmlType::F16, &bytes, ne, e).unwrap();
+    let group_bias = common::normals(13, ne.div_ceil(3));
+    let bias: Vec<f32> = (0..ne).map(|x| group_bias[x / 3] * 0.1).collect();
+    let xn = common::normals(14, ntok * e);
+    let tokens = vec![0u32; ntok];
+    for (normalize, bias) in [(true, Some(&bias[..])), (false, None)] {
+        let rc = RouteConfig { n_expert: ne, k, normalize, scale: 1.5 };
+        let (logits, ids, wts) = gpu_route(&gpu, &rc, &gate, Routing::TopK { bias }, &xn, &tokens);
+        for i in 0..ntok {
+            let l = &logits[i * ne..(i + 1) * ne];
+            assert!(l.chunks(3).all(|g| g.iter().all(|v| v.to_bits() == g[0].to_bits())), "token {i}: repeated rows should give equal logits");
+            let (mut want_ids, mut want_w) = (vec![0u32; k], vec![0f32; k]);
+            moe::route(l, bias, None, k, normalize, 1.5, &mut want_ids, &mut want_w);
+            let last = want_ids[k - 1] as usize / 3 * 3;
+            assert!((last..(last + 3).min(ne)).any(|x| !want_ids.contains(&(x as u32))), "token {i}: the last pick should leave a tied expert out");
+            let mut order: Vec<usize> = (0..k).collect();
+            order.sort_by_key(|&s| want_ids[s]);
+            let sorted: Vec<u32> = order.iter().map(|&s| want_ids[s]).collect();
+            assert_eq!(&ids[i * k..(i + 1) * k], &sorted[..], "token {i} (bias {})", bias.is_some());
+            let sw: Vec<f32> = order.iter().map(|&s| want_w[s]).collect();
+            assert!(rel(&wts[i * k..(i + 1) * k], &sw) <= 1e-6, "token {i} weights");
+        }
+    }
+}
+
 /// A stacked expert tensor of `ty`: n_expert x r rows of `cols`.
 struct Stack {
     ty: GgmlType,

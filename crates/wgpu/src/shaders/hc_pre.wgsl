@@ -25,49 +25,46 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 const MAX_HC: u32 = 8u;
 var<workgroup> pre: array<f32, MAX_HC>;
-var<workgroup> c: array<f32, 64>;   // comb, row-major [r][k]
+var<workgroup> c: array<f32, 128>;  // the comb matrix, row-major [r][k], in two halves (at 0 and 64)
 
-// The comb matrix, one thread per element (r, k) (n x n <= 64 threads; the others only join the
-// barriers). Each thread sums its row or column in index order, as the CPU does, so the result is
-// the serial one bit for bit; a single thread running the whole Sinkhorn loop is a long serial chain.
+// The Sinkhorn loop, one thread per comb element (r, k) (n x n <= 64 threads; the others only join
+// the barriers). Each thread sums its row or column in index order, as the CPU does, so the result
+// is the serial one bit for bit. A step reads one half of `c` and writes the other, so it needs one
+// barrier (before its writes are read) instead of a pair. (Fusing a row and a column step, each
+// thread summing every row of its column, would halve the barriers again but added about 4 ms per
+// entry on lavapipe, the CI adapter.)
 
-// Row sums (normalise = false: row softmax) of the element's row, then the new value; a barrier
-// between reading and writing.
-fn row_step(lid: u32, n: u32, eps: f32, softmax: bool) {
-    let owns = lid < n * n;
-    let r = lid / n;
-    var v = 0.0;
-    if (owns) {
-        v = c[lid];
-        if (softmax) {
-            var mx = c[r * n];
-            for (var k = 1u; k < n; k++) { mx = max(mx, c[r * n + k]); }
-            var s = 0.0;
-            for (var k = 0u; k < n; k++) { s += exp(c[r * n + k] - mx); }
-            v = exp(v - mx) / s + eps;
-        } else {
-            var s = 0.0;
-            for (var k = 0u; k < n; k++) { s += c[r * n + k]; }
-            v = v / (s + eps);
-        }
+// The row step at element lid of the half at `src`: the row softmax + eps (first), or the
+// normalisation by the row sum.
+fn row_value(src: u32, n: u32, lid: u32, eps: f32, softmax: bool) -> f32 {
+    let b = src + (lid / n) * n;
+    let v = c[src + lid];
+    if (softmax) {
+        var mx = c[b];
+        for (var j = 1u; j < n; j++) { mx = max(mx, c[b + j]); }
+        var s = 0.0;
+        for (var j = 0u; j < n; j++) { s += exp(c[b + j] - mx); }
+        return exp(v - mx) / s + eps;
     }
-    workgroupBarrier();
-    if (owns) { c[lid] = v; }
-    workgroupBarrier();
+    var s = 0.0;
+    for (var j = 0u; j < n; j++) { s += c[b + j]; }
+    return v / (s + eps);
 }
 
-fn col_step(lid: u32, n: u32, eps: f32) {
-    let owns = lid < n * n;
+// The column step at element lid of the half at `src`.
+fn col_value(src: u32, n: u32, lid: u32, eps: f32) -> f32 {
     let k = lid % n;
-    var v = 0.0;
-    if (owns) {
-        var s = 0.0;
-        for (var r = 0u; r < n; r++) { s += c[r * n + k]; }
-        v = c[lid] / (s + eps);
-    }
+    var s = 0.0;
+    for (var r = 0u; r < n; r++) { s += c[src + r * n + k]; }
+    return c[src + lid] / (s + eps);
+}
+
+// Writes the owners' new values into the other half once every thread has read `src`; returns it.
+fn publish(lid: u32, owns: bool, v: f32, src: u32) -> u32 {
+    let dst = 64u - src;
+    if (owns) { c[dst + lid] = v; }
     workgroupBarrier();
-    if (owns) { c[lid] = v; }
-    workgroupBarrier();
+    return dst;
 }
 
 // pre, post and the Sinkhorn matrix of token t from its scaled mix (as hc::pre_from_mix).
@@ -76,21 +73,26 @@ fn mix_weights(lid: u32, t: u32, inv: f32) {
     let mb = t * p.nm;
     let cb = t * (n + n * n);
     let eps = p.hc_eps;
+    let owns = lid < n * n;
     if (lid < n) {
         pre[lid] = sigmoid(mix[mb + lid] * inv * hw[0] + hw[3u + lid]) + eps;
         coef[cb + lid] = 2.0 * sigmoid(mix[mb + n + lid] * inv * hw[1] + hw[3u + n + lid]);
     }
-    if (lid < n * n) {
+    if (owns) {
         c[lid] = mix[mb + 2u * n + lid] * inv * hw[2] + hw[3u + 2u * n + lid];
     }
     workgroupBarrier();
-    row_step(lid, n, eps, true);
-    col_step(lid, n, eps);
+    var v = 0.0;
+    if (owns) { v = row_value(0u, n, lid, eps, true); }
+    var src = publish(lid, owns, v, 0u);
+    if (owns) { v = col_value(src, n, lid, eps); }
     for (var it = 1u; it < p.iters; it++) {
-        row_step(lid, n, eps, false);
-        col_step(lid, n, eps);
+        src = publish(lid, owns, v, src);
+        if (owns) { v = row_value(src, n, lid, eps, false); }
+        src = publish(lid, owns, v, src);
+        if (owns) { v = col_value(src, n, lid, eps); }
     }
-    if (lid < n * n) { coef[cb + n + lid] = c[lid]; }
+    if (owns) { coef[cb + n + lid] = v; }
 }
 
 @compute @workgroup_size(256)

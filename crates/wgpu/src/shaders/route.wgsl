@@ -28,10 +28,8 @@ const WG: u32 = 256u;
 const MAX_EXPERT: u32 = 1024u;
 const MAX_K: u32 = 16u;
 var<workgroup> score: array<f32, MAX_EXPERT>;  // p(e)
-var<workgroup> taken: array<u32, 32>;          // bit e: already selected
-var<workgroup> rs: array<f32, WG>;
-var<workgroup> ri: array<u32, WG>;
-var<workgroup> sel: array<u32, MAX_K>;
+var<workgroup> key: array<f32, MAX_EXPERT>;    // p(e) + bias[e]: what the choice ranks
+var<workgroup> sel: array<u32, MAX_K>;         // the picks in selection order
 
 // log(1 + u) for 0 <= u <= 1 as 2 atanh(u / (2 + u)) (|z| <= 1/3, 9 terms: < 1e-8 relative),
 // independent of the platform's log accuracy near 1.
@@ -55,11 +53,34 @@ fn softplus(v: f32) -> f32 {
     return max(v, 0.0) + log1p_small(exp(-abs(v)));
 }
 
-// Whether candidate (sa, ia) beats (sb, ib): valid, strictly greater, ties to the lower index.
-fn better(sa: f32, ia: u32, sb: f32, ib: u32) -> bool {
-    if (ia == 0xffffffffu) { return false; }
-    if (ib == 0xffffffffu) { return true; }
-    return sa > sb || (sa == sb && ia < ib);
+// Expert e's place in the choice: the experts ahead of it (a greater key, or an equal key and a
+// lower index), counted only up to k (from there on e is not picked). Every thread ranks its own
+// experts against all n keys in workgroup memory, so the k picks need one barrier instead of k
+// rounds of a tree argmax; the picks are exactly the serial selection's, in its order. (A NaN key
+// breaks the order: the picks are then undefined, but stay expert ids, as `sel` starts zeroed.)
+fn rank(e: u32, ne: u32, k: u32) -> u32 {
+    let v = key[e];
+    var ahead = 0u;
+    for (var j = 0u; j < e && ahead < k; j++) { ahead += u32(key[j] >= v); }
+    for (var j = e + 1u; j < ne && ahead < k; j++) { ahead += u32(key[j] > v); }
+    return ahead;
+}
+
+// Slot s (< k) of token t: its weight (the sum over the picks in selection order, as the CPU) and
+// its place among the k ids in ascending order (equal ids, possible in a hash row, keep their
+// selection order), so no thread has to sort.
+fn write_slot(t: u32, s: u32, k: u32, zero: bool) {
+    let id = sel[s];
+    var sum = 0.0;
+    var at = 0u;
+    for (var j = 0u; j < k; j++) {
+        let o = sel[j];
+        sum += score[o];
+        at += u32(o < id || (o == id && j < s));
+    }
+    let denom = select(1.0, max(sum, 6.1035156e-5), p.normalize != 0u);
+    ids[t * k + at] = id;
+    wts[t * k + at] = select(score[id] / denom * p.scale, 0.0, zero);
 }
 
 @compute @workgroup_size(256)
@@ -68,73 +89,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (t >= step.ntok) { return; }
     let ne = p.n_expert;
     let k = p.k;
-    for (var e = lid; e < ne; e += WG) { score[e] = sqrt(softplus(logits[t * ne + e])); }
-    if (lid < 32u) { taken[lid] = 0u; }
+    for (var e = lid; e < ne; e += WG) {
+        let v = sqrt(softplus(logits[t * ne + e]));
+        score[e] = v;
+        key[e] = v;
+        if (p.has_bias != 0u) { key[e] = v + bias[e]; }
+    }
+    let token = tok[t];
+    let unknown = p.hash != 0u && token >= p.n_vocab;
+    if (p.hash != 0u && lid < k) {
+        var e = 0u;
+        if (!unknown) { e = tid2eid[token * k + lid]; }  // not `select`: it would read past the table
+        sel[lid] = e;
+    }
     workgroupBarrier();
-    if (p.hash != 0u) {
-        if (lid == 0u) {
-            let id = tok[t];
-            for (var s = 0u; s < k; s++) { sel[s] = select(0u, tid2eid[id * k + s], id < p.n_vocab); }
+    if (p.hash == 0u) {
+        for (var e = lid; e < ne; e += WG) {
+            let at = rank(e, ne, k);
+            if (at < k) { sel[at] = e; }
         }
-    } else {
-        for (var s = 0u; s < k; s++) {
-            var bs = 0.0;
-            var bi = 0xffffffffu;
-            for (var e = lid; e < ne; e += WG) {
-                if ((taken[e >> 5u] & (1u << (e & 31u))) != 0u) { continue; }
-                var v = score[e];
-                if (p.has_bias != 0u) { v += bias[e]; }
-                if (better(v, e, bs, bi)) { bs = v; bi = e; }
-            }
-            rs[lid] = bs;
-            ri[lid] = bi;
-            workgroupBarrier();
-            for (var h = WG / 2u; h > 0u; h >>= 1u) {
-                if (lid < h && better(rs[lid + h], ri[lid + h], rs[lid], ri[lid])) {
-                    rs[lid] = rs[lid + h];
-                    ri[lid] = ri[lid + h];
-                }
-                workgroupBarrier();
-            }
-            if (lid == 0u) {
-                let b = ri[0];
-                sel[s] = b;
-                taken[b >> 5u] |= 1u << (b & 31u);
-            }
-            workgroupBarrier();
-        }
+        workgroupBarrier();
     }
-    if (lid != 0u) { return; }
-    var w: array<f32, MAX_K>;
-    var sum = 0.0;
-    for (var s = 0u; s < k; s++) {
-        w[s] = score[sel[s]];
-        sum += w[s];
-    }
-    let denom = select(1.0, max(sum, 6.1035156e-5), p.normalize != 0u);
-    var id_s: array<u32, MAX_K>;
-    for (var s = 0u; s < k; s++) {
-        w[s] = w[s] / denom * p.scale;
-        id_s[s] = sel[s];
-    }
-    if (p.hash != 0u && tok[t] >= p.n_vocab) {
-        for (var s = 0u; s < k; s++) { w[s] = 0.0; }
-    }
-    // Insertion sort of the slots by expert id (stable: equal ids keep their selection order).
-    for (var s = 1u; s < k; s++) {
-        let ci = id_s[s];
-        let cw = w[s];
-        var j = s;
-        while (j > 0u && id_s[j - 1u] > ci) {
-            id_s[j] = id_s[j - 1u];
-            w[j] = w[j - 1u];
-            j--;
-        }
-        id_s[j] = ci;
-        w[j] = cw;
-    }
-    for (var s = 0u; s < k; s++) {
-        ids[t * k + s] = id_s[s];
-        wts[t * k + s] = w[s];
-    }
+    if (lid < k) { write_slot(t, lid, k, unknown); }
 }
