@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
-use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, MatVec, Product};
+use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, HcDims, HcPre, MatVec, Product};
 use ds4_wgpu::shaders::{expert_shape, matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
@@ -78,6 +78,7 @@ fn run() -> R<()> {
     for ratio in [0usize, 4, 128] {
         attention(&gpu, &cfg, ratio, 4096, iters)?;
     }
+    hc_entry(&gpu, &cfg, iters, &shapes)?;
     Ok(())
 }
 
@@ -164,5 +165,36 @@ fn attention(gpu: &Gpu, cfg: &ds4_model::config::Config, ratio: usize, pos: usiz
     let op = Attention::new(gpu, &bufs, shape, CpuRope::for_layer(cfg, ratio).freqs()).map_err(es)?;
     let us = time(gpu, Step { ntok: 1, pos: pos as u32 }, iters, |e, _| op.encode(e))?;
     println!("attention_r{ratio},{nh}x{d} at {pos} top_k {top_k},{us:.2},", );
+    Ok(())
+}
+
+/// The hyper-connection entry of one token at Flash's shape: its mix product alone (F16, n_mix x
+/// n_hc * n_embd), then the whole entry (the product and the one-workgroup entry kernel).
+fn hc_entry(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize, sweep: &[MatVecShape]) -> R<()> {
+    let dims = HcDims { n_hc: cfg.n_hc, n_embd: cfg.n_embd, sinkhorn_iters: cfg.sinkhorn_iters, hc_eps: cfg.hc_eps, rms_eps: cfg.rms_eps };
+    let (hd, nm, e) = (dims.hc_dim(), dims.n_mix(), cfg.n_embd);
+    let w = ds4_quant::random_valid_blocks(GgmlType::F16, 3, nm * hd / GgmlType::F16.block_elems());
+    let t = ResidentTensor::upload(gpu, "hc_fn", GgmlType::F16, &w, nm, hd).map_err(es)?;
+    let x = GpuBuffer::from_slice(gpu, "streams", &vec![0.01f32; hd]).map_err(es)?;
+    let mix = GpuBuffer::new(gpu, "mix", nm).map_err(es)?;
+    mat_vecs_on(gpu, "hc_mix", &t, &x, &mix, iters, sweep)?;
+    let xn = GpuBuffer::new(gpu, "xn", e).map_err(es)?;
+    let coef = GpuBuffer::new(gpu, "coef", dims.coef_len()).map_err(es)?;
+    let op = HcPre::new(gpu, &dims, &t, &[0.1; 3], &vec![0.0; nm], &vec![1.0; e], &x, &mix, &xn, &coef, 1).map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| op.encode(e))?;
+    println!("hc_entry,{}x{nm}x{hd} + entry kernel,{us:.2},", GgmlType::F16.name());
+    Ok(())
+}
+
+/// Times a product over one resident tensor under the shape `matvec_shape` picks and each of `sweep`.
+fn mat_vecs_on(gpu: &Gpu, name: &str, t: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, iters: usize, sweep: &[MatVecShape]) -> R<()> {
+    let bytes = (t.rows * t.row_bytes) as f64;
+    for shape in std::iter::once(None).chain(sweep.iter().map(Some)) {
+        let sh = shape.copied().unwrap_or_else(|| matvec_shape(t.ty, t.rows, t.cols));
+        let op = MatVec::with_shape(gpu, t, x, y, Product::Vec, sh).map_err(es)?;
+        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| op.encode(e))?;
+        let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
+        println!("{tag},{}x{}x{},{us:.2},{:.1}", t.ty.name(), t.rows, t.cols, bytes / us / 1e3);
+    }
     Ok(())
 }
