@@ -41,9 +41,8 @@ impl HcDims {
     }
 
     fn check(&self, what: &str) -> Result<(), WgpuError> {
-        // The kernels read the streams as vec4s.
-        if self.n_hc == 0 || self.n_hc > MAX_HC || self.n_embd == 0 || !self.n_embd.is_multiple_of(4) {
-            return Err(WgpuError::BadShape { what: what.into(), reason: format!("{} streams of {} (1..={MAX_HC} streams of a multiple of 4)", self.n_hc, self.n_embd) });
+        if self.n_hc == 0 || self.n_hc > MAX_HC || self.n_embd == 0 {
+            return Err(WgpuError::BadShape { what: what.into(), reason: format!("{} streams of {} (1..={MAX_HC} streams)", self.n_hc, self.n_embd) });
         }
         Ok(())
     }

@@ -15,7 +15,7 @@ struct Params {
 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
-@group(0) @binding(0) var<storage, read> x4: array<vec4<f32>>; // ntok x n_hc x e / 4
+@group(0) @binding(0) var<storage, read> x: array<f32>;       // ntok x n_hc x e
 @group(0) @binding(1) var<storage, read> mix: array<f32>;     // ntok x nm (raw projections)
 @group(0) @binding(2) var<storage, read_write> xn: array<f32>; // ntok x e
 @group(0) @binding(3) var<storage, read_write> coef: array<f32>; // ntok x (n_hc + n_hc^2): post, comb
@@ -100,26 +100,28 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.x;
     if (t >= step.ntok) { return; }
     let n = p.n_hc;
-    let e4 = p.e / 4u;
-    let xb4 = t * n * e4;
-    let inv = 1.0 / sqrt(wg_sum(lid, sum_squares(lid, xb4, n * e4)) / f32(n * p.e) + p.rms_eps);
+    let e = p.e;
+    let hd = n * e;
+    let xb = t * hd;
+    var ss = 0.0;
+    for (var i = lid; i < hd; i += WG) {
+        let v = x[xb + i];
+        ss += v * v;
+    }
+    let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(hd) + p.rms_eps);
     mix_weights(lid, t, inv);
     // Collapse into xn (each thread keeps its own columns), then the weighted RMS norm.
-    var w: array<f32, 8>;
-    for (var s = 0u; s < n; s++) { w[s] = pre[s]; }
-    let ob = t * p.e;
-    var ss2 = vec4<f32>(0.0);
-    for (var j = lid; j < e4; j += WG) {
-        let acc = collapse4(xb4, e4, n, j, w);
-        xn[ob + 4u * j] = acc.x;
-        xn[ob + 4u * j + 1u] = acc.y;
-        xn[ob + 4u * j + 2u] = acc.z;
-        xn[ob + 4u * j + 3u] = acc.w;
+    let ob = t * e;
+    var ss2 = 0.0;
+    for (var j = lid; j < e; j += WG) {
+        var acc = 0.0;
+        for (var s = 0u; s < n; s++) { acc += pre[s] * x[xb + s * e + j]; }
+        xn[ob + j] = acc;
         ss2 += acc * acc;
     }
-    let inv2 = 1.0 / sqrt(wg_sum(lid, (ss2.x + ss2.y) + (ss2.z + ss2.w)) / f32(p.e) + p.rms_eps);
+    let inv2 = 1.0 / sqrt(wg_sum(lid, ss2) / f32(e) + p.rms_eps);
     let nb = 3u + p.nm;
-    for (var j = lid; j < p.e; j += WG) {
+    for (var j = lid; j < e; j += WG) {
         xn[ob + j] = xn[ob + j] * inv2 * hw[nb + j];
     }
 }
