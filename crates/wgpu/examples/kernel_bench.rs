@@ -102,19 +102,11 @@ fn time(gpu: &Gpu, step: Step, iters: usize, f: impl Fn(&mut Encoder, usize) -> 
 }
 
 #[allow(clippy::too_many_arguments)]
-/// Times the product under the shape `matvec_shape` picks, then under each of `sweep`.
+/// Uploads `copies` copies of a random `rows` x `cols` matrix and times its product (`mat_vecs_on`).
 fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &GpuBuffer, y: &GpuBuffer, iters: usize, copies: usize, sweep: &[MatVecShape]) -> R<()> {
-    let nb = rows * cols / ty.block_elems();
-    let w = ds4_quant::random_valid_blocks(ty, 7, nb);
+    let w = ds4_quant::random_valid_blocks(ty, 7, rows * cols / ty.block_elems());
     let ts: Vec<ResidentTensor> = (0..copies).map(|i| ResidentTensor::upload(gpu, &format!("{name}{i}"), ty, &w, rows, cols)).collect::<Result<_, _>>().map_err(es)?;
-    for shape in std::iter::once(None).chain(sweep.iter().map(Some)) {
-        let sh = shape.copied().unwrap_or_else(|| matvec_shape(ty, rows, cols));
-        let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::with_shape(gpu, t, x, y, Product::Vec, sh)).collect::<Result<_, _>>().map_err(es)?;
-        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % copies].encode(e))?;
-        let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
-        println!("{tag},{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), w.len() as f64 / us / 1e3);
-    }
-    Ok(())
+    mat_vecs_on(gpu, name, &ts, x, y, iters, sweep)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -177,7 +169,7 @@ fn hc_entry(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize, sweep: &[M
     let t = ResidentTensor::upload(gpu, "hc_fn", GgmlType::F16, &w, nm, hd).map_err(es)?;
     let x = GpuBuffer::from_slice(gpu, "streams", &vec![0.01f32; hd]).map_err(es)?;
     let mix = GpuBuffer::new(gpu, "mix", nm).map_err(es)?;
-    mat_vecs_on(gpu, "hc_mix", &t, &x, &mix, iters, sweep)?;
+    mat_vecs_on(gpu, "hc_mix", std::slice::from_ref(&t), &x, &mix, iters, sweep)?;
     let xn = GpuBuffer::new(gpu, "xn", e).map_err(es)?;
     let coef = GpuBuffer::new(gpu, "coef", dims.coef_len()).map_err(es)?;
     let op = HcPre::new(gpu, &dims, &t, &[0.1; 3], &vec![0.0; nm], &vec![1.0; e], &x, &mix, &xn, &coef, 1).map_err(es)?;
@@ -186,13 +178,15 @@ fn hc_entry(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize, sweep: &[M
     Ok(())
 }
 
-/// Times a product over one resident tensor under the shape `matvec_shape` picks and each of `sweep`.
-fn mat_vecs_on(gpu: &Gpu, name: &str, t: &ResidentTensor, x: &GpuBuffer, y: &GpuBuffer, iters: usize, sweep: &[MatVecShape]) -> R<()> {
+/// Times the product of the copies `ts` (dispatches rotate over them) under the shape
+/// `matvec_shape` picks, then under each of `sweep`.
+fn mat_vecs_on(gpu: &Gpu, name: &str, ts: &[ResidentTensor], x: &GpuBuffer, y: &GpuBuffer, iters: usize, sweep: &[MatVecShape]) -> R<()> {
+    let t = &ts[0];
     let bytes = (t.rows * t.row_bytes) as f64;
     for shape in std::iter::once(None).chain(sweep.iter().map(Some)) {
         let sh = shape.copied().unwrap_or_else(|| matvec_shape(t.ty, t.rows, t.cols));
-        let op = MatVec::with_shape(gpu, t, x, y, Product::Vec, sh).map_err(es)?;
-        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| op.encode(e))?;
+        let ops: Vec<MatVec> = ts.iter().map(|t| MatVec::with_shape(gpu, t, x, y, Product::Vec, sh)).collect::<Result<_, _>>().map_err(es)?;
+        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % ops.len()].encode(e))?;
         let tag = if shape.is_some() { format!("{name}@s{}r{}", sh.seg, sh.rows_per_thread) } else { name.to_string() };
         println!("{tag},{}x{}x{},{us:.2},{:.1}", t.ty.name(), t.rows, t.cols, bytes / us / 1e3);
     }

@@ -25,6 +25,11 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 struct W8 { a: vec4<f32>, b: vec4<f32> }
 
+// Whether global row g lies in this dispatch's binding part (a stacked expert tensor's parts).
+fn in_part(g: u32) -> bool {
+    return g >= p.y_off && g - p.y_off < p.rows;
+}
+
 // 4 bytes starting at an even byte offset.
 fn word_at(b: u32) -> u32 {
     let i = b >> 2u;

@@ -4,10 +4,6 @@
 // y[slot][r] = W_id[r] . x[slot / x_div].
 const RW: u32 = (WG / SEG) * R;
 
-fn in_part(g: u32) -> bool {
-    return g >= p.y_off && g - p.y_off < p.rows;
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_prelude(lid);

@@ -15,11 +15,6 @@ struct Expert {
 
 const RW: u32 = (WG / SEG) * R;
 
-// Whether row rr of expert id lies in this dispatch's binding part.
-fn in_part(g: u32) -> bool {
-    return g >= p.y_off && g - p.y_off < p.rows;
-}
-
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     load_prelude(lid);
