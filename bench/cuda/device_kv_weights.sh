@@ -43,15 +43,16 @@ for w in device host; do
   grep -v uploading /tmp/bench_$w.log | grep -E "cuda:|t/s|error" | head -8
   cat $OUT/bench_$w.csv
 done
-el "ds4 greedy text on flash:4, device copy vs host-mapped (engine defaults, then DS4_CUDA_FAST=0: f32 activations on both)"
+el "ds4 greedy text on flash:4, device copy vs host-mapped (engine defaults, then --quality: f32 activations on both)"
 for fast in 1 0; do
+  q=""; [ $fast = 0 ] && q="--quality"
   for w in device host; do
-    DS4_CUDA_FAST=$fast timeout 120 $B/ds4 -m $M --backend cuda --cuda-weights $w -p "The history of the river" -n 48 --temp 0 --nothink --ctx 4096 > /tmp/ds4_${w}_$fast.txt 2> /tmp/ds4_${w}_$fast.err
-    echo "ds4 $w DS4_CUDA_FAST=$fast rc=$?"
+    timeout 120 $B/ds4 -m $M --backend cuda --cuda-weights $w $q -p "The history of the river" -n 48 --temp 0 --nothink --ctx 4096 > /tmp/ds4_${w}_$fast.txt 2> /tmp/ds4_${w}_$fast.err
+    echo "ds4 $w ${q:-default} rc=$?"
     grep -E "GPU plan|free of|registered|memory:" /tmp/ds4_${w}_$fast.err
-    (echo "== ds4 flash:4 --cuda-weights $w DS4_CUDA_FAST=$fast: stderr"; grep -v uploading /tmp/ds4_${w}_$fast.err; echo "== stdout"; cat /tmp/ds4_${w}_$fast.txt) >> $OUT/ds4.log
+    (echo "== ds4 flash:4 --cuda-weights $w ${q:-default}: stderr"; grep -v uploading /tmp/ds4_${w}_$fast.err; echo "== stdout"; cat /tmp/ds4_${w}_$fast.txt) >> $OUT/ds4.log
   done
-  [ -s /tmp/ds4_device_$fast.txt ] && cmp /tmp/ds4_device_$fast.txt /tmp/ds4_host_$fast.txt && echo "ds4 greedy text identical (device copy vs host-mapped, DS4_CUDA_FAST=$fast)" | tee -a $OUT/ds4.log
+  [ -s /tmp/ds4_device_$fast.txt ] && cmp /tmp/ds4_device_$fast.txt /tmp/ds4_host_$fast.txt && echo "ds4 greedy text identical (device copy vs host-mapped, ${q:-default})" | tee -a $OUT/ds4.log
 done
 el "ds4 --kv-save on CUDA, --kv-load on CPU and on CUDA (embedded tiny model)"
 rm -f /tmp/g.kv /tmp/c.kv

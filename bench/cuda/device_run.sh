@@ -36,14 +36,11 @@ for mode in "${@:-all}"; do
     el "unprofiled (same shape)"
     timeout ${PROF_T:-120} $B/ds4-bench -m /dev/shm/flash${PL:-6}.gguf --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 4096 --step-mul 8 \
       --gen-tokens 32 --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 --csv $OUT/small.csv 2>&1 | grep -v "uploading weights" | grep -E "ctx|t/s"
-    cat $OUT/small.csv
-    el "unprofiled, CUDA graph off (same shape)"
-    DS4_CUDA_GRAPH=0 timeout ${PROF_T:-120} $B/ds4-bench -m /dev/shm/flash${PL:-6}.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 \
-      --gen-tokens 32 --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 2>&1 | grep -v "uploading weights" | grep -E "^ctx|t/s|^[0-9]" ;;
+    cat $OUT/small.csv ;;
   ab)
     # Decode A/B of engine switches on flash:PL at ctx 4096 (one line per setting: env, prefill t/s, decode t/s).
     [ -f /dev/shm/flash${PL:-6}.gguf ] || timeout 240 $B/ds4-gguf synth flash:${PL:-6} /dev/shm/flash${PL:-6}.gguf --mix q2 2>&1 | tail -1
-    for setting in ${AB:-"X=1" "DS4_CUDA_HC_DEC=0" "DS4_CUDA_FAST=0"}; do
+    for setting in ${AB:-"X=1" "DS4_CUDA_HOSTTIME=1"}; do
       env ${setting//,/ } timeout 120 $B/ds4-bench -m /dev/shm/flash${PL:-6}.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 \
         --gen-tokens ${GEN:-64} --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 > /tmp/ab_run.log 2>&1
       r=$(grep -E "^4096," /tmp/ab_run.log | tail -1)

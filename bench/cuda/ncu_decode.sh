@@ -6,8 +6,8 @@ export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/
 B=${B:-device-bin}; OUT=${OUT:-/tmp/out}; L=${1:-6}; mkdir -p $OUT
 [ -f /dev/shm/flash$L.gguf ] || $B/ds4-gguf synth flash:$L /dev/shm/flash$L.gguf --mix q2 2>&1 | tail -1
 cat README.md README.md README.md > /tmp/prompt.txt
-# Default: 64-token prefill through the mat-vec kernels, then decode launch by launch, caches flushed and
-# clocks locked per kernel; skip the load and prefill launches. REAL=1: decode through the CUDA graph
+# Default: a 64-token prefill, then decode launch by launch (DS4_CUDA_PROFILE=1 keeps the steps out of
+# CUDA graphs), caches flushed and clocks locked per kernel; skip the load and prefill launches. REAL=1: decode through the CUDA graph
 # (kernel nodes profiled one by one) after a CTX-token prefill, warm caches and free clocks.
 if [ "${REAL:-0}" = 1 ]; then
   CTX=${CTX:-4096}
@@ -16,7 +16,7 @@ if [ "${REAL:-0}" = 1 ]; then
     $B/ds4-bench -m /dev/shm/flash$L.gguf --prompt-file /tmp/prompt.txt --ctx-start $CTX --ctx-max $CTX --gen-tokens 16 \
     --prefill-chunk 4096 --backend cuda --mem-limit-gb 200 > $OUT/ncu_decode.csv 2> $OUT/ncu_decode.err
 else
-  DS4_CUDA_GRAPH=0 DS4_CUDA_GEMM_MIN=1000000 timeout 400 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv \
+  DS4_CUDA_PROFILE=1 timeout 400 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv \
     --launch-skip ${SKIP:-3000} --launch-count ${COUNT:-900} \
     $B/ds4-bench -m /dev/shm/flash$L.gguf --prompt-file /tmp/prompt.txt --ctx-start 64 --ctx-max 64 --gen-tokens 16 \
     --prefill-chunk 64 --backend cuda --mem-limit-gb 200 > $OUT/ncu_decode.csv 2> $OUT/ncu_decode.err

@@ -229,8 +229,8 @@ impl CudaOps {
     /// Per-expert products over the grouped token rows: for each expert with `m` tokens (rows
     /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with enough
     /// tokens take tensor cores: one grouped `moe_gemm*` launch per matrix kind over all of them
-    /// (reading IQ2_XXS / Q2_K blocks as stored, or f16), or else (DS4_CUDA_GROUPED=0, shapes the
-    /// kernel does not take) a group of experts is dequantized by one launch per matrix into the expert
+    /// (reading IQ2_XXS / Q2_K blocks as stored, or f16), or else (`grouped_gemm` false, as tests compare,
+    /// or shapes the kernel does not take) a group of experts is dequantized by one launch per matrix into the expert
     /// scratch and its cuBLAS GEMMs run round-robin on the side streams (one GEMM of ~100 tokens leaves
     /// most SMs idle). Smaller groups take the quantized mat-vec.
     fn expert_mats(&mut self, mats: &[(DM, u64)], x32: u64, xh: u64, ch: &[i32], offs: &[i32]) -> Result<()> {
