@@ -63,8 +63,6 @@ if [ -n "${FLASH:-}" ]; then
 fi
 if [ -n "${WGPU_TESTS:-}" ]; then
   el "wgpu tests on the GPU"
-  for t in $B/wgpu-*-tests; do
-    timeout 100 $t --test-threads 1 2>&1 | tee -a $OUT/wgpu_tests.log | grep -E "test result|on .*\(Vulkan\)"
-  done
+  . bench/wgpu/gpu_tests.sh
 fi
 el done

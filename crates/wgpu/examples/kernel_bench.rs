@@ -64,14 +64,13 @@ fn run() -> R<()> {
         ("shexp_down", e, cfg.ff_exp),
         ("head", 129280, e),
     ];
+    let shapes = if sweep { matvec_shapes() } else { Vec::new() };
     for (name, rows, cols) in q8 {
         let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
-        let shapes = if sweep { matvec_shapes() } else { Vec::new() };
         mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, &shapes)?;
     }
     // The same bytes as out_b in F16 (aligned 16-byte loads, no block decode): what the products
     // reach when a row's loads are simplest.
-    let shapes = if sweep { matvec_shapes() } else { Vec::new() };
     mat_vecs(&gpu, "f16_ref", GgmlType::F16, 4096, 4096, &x, &y, iters, 18, &shapes)?;
     experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;
     experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;

@@ -13,38 +13,19 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let id = tiles[1u + 3u * tile];
     let pos0 = tiles[2u + 3u * tile];
     let nt = min(tiles[3u + 3u * tile], BN);
-    let nchunks = p.cols / 8u;
-    let nks = (nchunks + 3u) / 4u;
     let lr = lid / 4u;
-    let lc = lid % 4u;
     // The loader's weight row (global row g of the stack, in this part or not) and input slot.
     let g = id * ex.r_exp + r0 + lr;
-    let wok = r0 + lr < ex.r_exp && g >= p.y_off && g - p.y_off < p.rows;
+    let wok = r0 + lr < ex.r_exp && in_part(g);
     let rb = p.w_off + select(0u, g - p.y_off, wok) * p.row_bytes;
-    let xok = lr < nt;
     let xrow = (order[pos0 + min(lr, nt - 1u)] / ex.x_div) * p.x_stride4;
+    let acc = tile_products(lid, wok, rb, lr < nt, xrow);
     let tr = lid / 16u;
     let tt = lid % 16u;
-    var acc: array<vec4<f32>, 4>;
-    for (var ks = 0u; ks < nks; ks++) {
-        let c = ks * 4u + lc;
-        var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        var xa = vec4<f32>(0.0);
-        var xb = vec4<f32>(0.0);
-        if (c < nchunks) {
-            if (wok) { wv = load8(rb, c); }
-            if (xok) {
-                xa = x[xrow + 2u * c];
-                xb = x[xrow + 2u * c + 1u];
-            }
-        }
-        tile_stage(lid, wv, xa, xb);
-        tile_accumulate(lid, &acc);
-    }
     for (var i = 0u; i < 4u; i++) {
         let r = r0 + tr * 4u + i;
         let gr = id * ex.r_exp + r;
-        if (r < ex.r_exp && gr >= p.y_off && gr - p.y_off < p.rows) {
+        if (r < ex.r_exp && in_part(gr)) {
             for (var j = 0u; j < 4u; j++) {
                 let t = tt * 4u + j;
                 if (t < nt) { y[order[pos0 + t] * ex.r_exp + r] = acc[i][j]; }

@@ -13,36 +13,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ntok = step.ntok;
     // Uniform exits only: every thread reaches the barriers.
     if (row0 >= p.rows || t0 >= ntok) { return; }
-    let nchunks = p.cols / 8u;
-    let nks = (nchunks + 3u) / 4u;
     // Loading: thread lid dequantizes chunk lid % 4 of tile row lid / 4 and loads the same 8 columns
     // of tile token lid / 4.
     let lr = lid / 4u;
-    let lc = lid % 4u;
     let wrow = row0 + lr;
     let rb = p.w_off + min(wrow, p.rows - 1u) * p.row_bytes;
     let xbase = p.x_off4 + select(0u, (p.y_off + row0) / max(p.group_rows, 1u) * p.group_x4, p.group_rows != 0u);
     let xt = t0 + lr;
     let xrow = xbase + min(xt, ntok - 1u) * p.x_stride4;
+    let acc = tile_products(lid, wrow < p.rows, rb, xt < ntok, xrow);
     // Computing: rows 4 * (lid / 16) .., tokens 4 * (lid % 16) .. of the tile.
     let tr = lid / 16u;
     let tt = lid % 16u;
-    var acc: array<vec4<f32>, 4>;
-    for (var ks = 0u; ks < nks; ks++) {
-        let c = ks * 4u + lc;
-        var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        var xa = vec4<f32>(0.0);
-        var xb = vec4<f32>(0.0);
-        if (c < nchunks) {
-            if (wrow < p.rows) { wv = load8(rb, c); }
-            if (xt < ntok) {
-                xa = x[xrow + 2u * c];
-                xb = x[xrow + 2u * c + 1u];
-            }
-        }
-        tile_stage(lid, wv, xa, xb);
-        tile_accumulate(lid, &acc);
-    }
     for (var i = 0u; i < 4u; i++) {
         let row = row0 + tr * 4u + i;
         if (row < p.rows) {

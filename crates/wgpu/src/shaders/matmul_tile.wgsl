@@ -47,3 +47,27 @@ fn tile_accumulate(lid: u32, acc: ptr<function, array<vec4<f32>, 4>>) {
     }
     workgroupBarrier();
 }
+
+// The whole column walk of a tile: each step this thread loads chunk lid % 4 of its weight row at
+// `rb` (when `wok`) and of its input row at `xrow` (when `xok`; zeros otherwise), stages them, and
+// accumulates its 4 x 4 outputs, which it returns.
+fn tile_products(lid: u32, wok: bool, rb: u32, xok: bool, xrow: u32) -> array<vec4<f32>, 4> {
+    let nchunks = p.cols / 8u;
+    var acc: array<vec4<f32>, 4>;
+    for (var ks = 0u; ks < (nchunks + 3u) / 4u; ks++) {
+        let c = ks * 4u + lid % 4u;
+        var wv = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+        var xa = vec4<f32>(0.0);
+        var xb = vec4<f32>(0.0);
+        if (c < nchunks) {
+            if (wok) { wv = load8(rb, c); }
+            if (xok) {
+                xa = x[xrow + 2u * c];
+                xb = x[xrow + 2u * c + 1u];
+            }
+        }
+        tile_stage(lid, wv, xa, xb);
+        tile_accumulate(lid, &acc);
+    }
+    return acc;
+}
