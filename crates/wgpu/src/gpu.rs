@@ -63,6 +63,11 @@ pub struct Caps {
     pub subgroup: bool,
     /// `IMMEDIATES` (push constants) enabled.
     pub immediates: bool,
+    /// Side of the square cooperative matrices (8 or 16) with f16 inputs and an f32 accumulator, where
+    /// the adapter has them and `SHADER_F16` and `SUBGROUP` are on (tensor cores on NVIDIA, simdgroup
+    /// matrices on Apple): prefill products use them (`GpuOptions::disable` with
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` keeps the f32 tiles).
+    pub coop: Option<u32>,
     /// `unpack2x16float` usable (wgpu's SHADER_F16_IN_F32 downlevel flag; treated as absent when
     /// SHADER_F16 is disabled through `GpuOptions::disable`, which selects every fallback).
     pub f16_in_f32: bool,
@@ -82,6 +87,21 @@ pub struct Caps {
 /// The optional features the kernels use when present.
 pub const OPTIONAL_FEATURES: wgpu::Features =
     wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP).union(wgpu::Features::IMMEDIATES);
+
+/// The square cooperative-matrix side (f16 A and B, f32 C) the kernels use: 16 where the adapter has
+/// it (NVIDIA), else 8 (Apple); None without the feature, f16 or subgroups.
+fn coop_side(adapter: &wgpu::Adapter, features: wgpu::Features, have: wgpu::Features) -> Option<u32> {
+    let needs = wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP;
+    if !have.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) || !features.contains(needs) {
+        return None;
+    }
+    let props = adapter.cooperative_matrix_properties();
+    [16u32, 8].into_iter().find(|&n| {
+        props.iter().any(|p| {
+            p.m_size == n && p.n_size == n && p.k_size == n && p.ab_type == wgpu::CooperativeScalarType::F16 && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+    })
+}
 
 /// Rows a batched step can have: the step uniform holds each row's KV slot and position (seq.wgsl
 /// declares the same 64).
@@ -192,6 +212,10 @@ impl Gpu {
             return Err(WgpuError::MissingFeature { adapter: info.name.clone(), feature: feature_name(missing) });
         }
         let mut features = (have & OPTIONAL_FEATURES) | (opts.require & have);
+        let coop = coop_side(&adapter, features, have);
+        if coop.is_some() {
+            features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let profile = (opts.profile || crate::profile::wanted()) && have.contains(crate::profile::FEATURES);
         if profile {
             features |= crate::profile::FEATURES;
@@ -201,7 +225,9 @@ impl Gpu {
             label: Some("ds4-wgpu"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            // SAFETY: the only experimental feature requested is cooperative matrices, used by the
+            // prefill products alone, each checked against the f32 tiles on the device (ops tests).
+            experimental_features: if coop.is_some() { unsafe { wgpu::ExperimentalFeatures::enabled() } } else { wgpu::ExperimentalFeatures::disabled() },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -233,6 +259,7 @@ impl Gpu {
             f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
             immediates: features.contains(wgpu::Features::IMMEDIATES),
+            coop,
             f16_in_f32: adapter.get_downlevel_capabilities().flags.contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
                 && !opts.disable.contains(wgpu::Features::SHADER_F16),
             subgroup_min_size: info.subgroup_min_size,

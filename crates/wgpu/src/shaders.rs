@@ -320,6 +320,8 @@ pub struct ModuleSource {
     pub subgroup: bool,
     /// Uses unpack2x16float (SHADER_F16_IN_F32 downlevel flag).
     pub f16_in_f32: bool,
+    /// Uses cooperative matrices with f16 (EXPERIMENTAL_COOPERATIVE_MATRIX, SHADER_F16, SUBGROUP).
+    pub coop: bool,
 }
 
 /// Every module the crate can build (for the naga validation / translation test).
@@ -330,7 +332,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
             for shape in matvec_shapes().into_iter().filter(|s| tb == 1 || *s == s.batched()) {
                 for f16 in [F16Unpack::Native, F16Unpack::Bits] {
                     if let Some(wgsl) = matvec_source(ty, tb, shape, f16) {
-                        out.push(ModuleSource { name: matvec_key(ty, tb, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+                        out.push(ModuleSource { name: matvec_key(ty, tb, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native, coop: false });
                     }
                 }
             }
@@ -339,17 +341,17 @@ pub fn all_modules() -> Vec<ModuleSource> {
     for ty in MATVEC_TYPES {
         for f16 in [F16Unpack::Native, F16Unpack::Bits] {
             if let Some(wgsl) = matmul_source(ty, f16) {
-                out.push(ModuleSource { name: matmul_key(ty, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+                out.push(ModuleSource { name: matmul_key(ty, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native, coop: false });
             }
             let any = matvec_shapes()[0];
             if let Some(wgsl) = expert_matvec_source(ty, ExpertWalk::Tiled, any, f16) {
-                out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, any, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+                out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, any, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native, coop: false });
             }
         }
     }
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
         for tile in ATTENTION_TILES {
-            out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}"), wgsl: attention_source(reduce, tile), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false });
+            out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}"), wgsl: attention_source(reduce, tile), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false, coop: false });
         }
     }
     for ty in MATVEC_TYPES {
@@ -357,7 +359,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
             for shape in matvec_shapes().into_iter().filter(|s| walk == ExpertWalk::PerSlot || *s == s.batched()) {
                 for f16 in [F16Unpack::Native, F16Unpack::Bits] {
                     if let Some(wgsl) = expert_matvec_source(ty, walk, shape, f16) {
-                        out.push(ModuleSource { name: expert_matvec_key(ty, walk, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native });
+                        out.push(ModuleSource { name: expert_matvec_key(ty, walk, shape, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native, coop: false });
                     }
                 }
             }
@@ -384,7 +386,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("top_k", TOP_K.to_string()),
     ];
     for (name, wgsl) in plain {
-        out.push(ModuleSource { name: name.to_string(), wgsl, subgroup: false, f16_in_f32: false });
+        out.push(ModuleSource { name: name.to_string(), wgsl, subgroup: false, f16_in_f32: false, coop: false });
     }
     out
 }

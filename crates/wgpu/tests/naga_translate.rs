@@ -11,6 +11,7 @@ fn caps_of(m: &ModuleSource) -> Capabilities {
     let mut caps = Capabilities::empty();
     caps.set(Capabilities::SUBGROUP, m.subgroup);
     caps.set(Capabilities::SHADER_FLOAT16_IN_FLOAT32, m.f16_in_f32);
+    caps.set(Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16, m.coop);
     caps
 }
 
@@ -61,7 +62,7 @@ fn feature_modules_need_their_capability() {
     // The variants that use an optional capability must not slip into the fallback set: without it
     // they fail validation (and the fallbacks pass with none: see above).
     for m in ds4_wgpu::shaders::all_modules() {
-        if m.subgroup || m.f16_in_f32 {
+        if m.subgroup || m.f16_in_f32 || m.coop {
             let module = naga::front::wgsl::parse_str(&m.wgsl).expect("parses");
             let r = Validator::new(ValidationFlags::all(), Capabilities::empty()).validate(&module);
             assert!(r.is_err(), "{} validated without its capability", m.name);
