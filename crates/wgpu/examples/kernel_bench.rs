@@ -78,6 +78,41 @@ fn run() -> R<()> {
         attention(&gpu, &cfg, ratio, 4096, iters)?;
     }
     hc_entry(&gpu, &cfg, iters, &shapes)?;
+    // Prefill: the tiled products of a 4096-token chunk, on this device's tiles and, where it has
+    // cooperative matrices, on the f32 tiles of a second device opened without them.
+    prefill_tiles(&gpu, &cfg, iters)?;
+    if gpu.caps().coop.is_some() {
+        let mut o = opts.clone();
+        o.disable |= ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let f32_gpu = Gpu::new(&o).map_err(es)?;
+        prefill_tiles(&f32_gpu, &cfg, iters)?;
+    }
+    Ok(())
+}
+
+/// The tiled products of a 4096-token prefill chunk at Flash's dense shapes (Q8_0 q_b, out_b, shared
+/// expert gate; the same gate shape in IQ2_XXS, the routed experts' type): µs per dispatch and
+/// TFLOP/s (in the gb_per_s column), tagged with the tile kind.
+fn prefill_tiles(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize) -> R<()> {
+    let ntok = 4096usize;
+    let e = cfg.n_embd;
+    let tag = match gpu.caps().coop { Some(n) => format!("coop{n}"), None => "f32".to_string() };
+    let shapes = [
+        ("q_b", GgmlType::Q8_0, cfg.n_head * cfg.head_dim, cfg.q_lora),
+        ("out_b", GgmlType::Q8_0, e, cfg.o_groups * cfg.o_lora),
+        ("shexp_gate", GgmlType::Q8_0, cfg.ff_exp, e),
+        ("gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e),
+    ];
+    for (name, ty, rows, cols) in shapes {
+        let w = ds4_quant::random_valid_blocks(ty, 7, rows * cols / ty.block_elems());
+        let t = ResidentTensor::upload(gpu, name, ty, &w, rows, cols).map_err(es)?;
+        let x = GpuBuffer::from_slice(gpu, "tile x", &vec![0.01f32; ntok * cols]).map_err(es)?;
+        let y = GpuBuffer::new(gpu, "tile y", ntok * rows).map_err(es)?;
+        let op = MatVec::new(gpu, &t, &x, &y, Product::Batched { max_tokens: ntok as u32 }).map_err(es)?;
+        let us = time(gpu, Step { ntok: ntok as u32, pos: 0 }, (iters / 20).max(3), |e, _| op.encode(e))?;
+        let flop = 2.0 * (ntok * rows * cols) as f64;
+        println!("tile_{tag}_{name},{ntok}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), flop / us / 1e6);
+    }
     Ok(())
 }
 

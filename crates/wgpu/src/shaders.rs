@@ -10,6 +10,7 @@ const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
 const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
 const MATMUL_TILE_FNS: &str = include_str!("shaders/matmul_tile.wgsl");
+const MATMUL_COOP_TILE_FNS: &str = include_str!("shaders/matmul_coop_tile.wgsl");
 const EXPERT_TILES: &str = include_str!("shaders/expert_tiles.wgsl");
 const SEG_REDUCE: &str = include_str!("shaders/seg_reduce.wgsl");
 const IQ2_GRID: &str = include_str!("shaders/iq2_grid.wgsl");
@@ -216,6 +217,68 @@ pub fn matmul_source(ty: GgmlType, f16: F16Unpack) -> Option<String> {
     Some(format!("{MATVEC_COMMON}\n{}\n{load}\n{MATMUL_TILE_FNS}\n{MATMUL_MAIN}", unpack_source(f16)))
 }
 
+/// Sides of the cooperative matrices the coop tiles are built for (`Caps::coop`).
+pub const COOP_SIDES: [u32; 2] = [16, 8];
+
+/// Workgroup memory of the coop tile (f16 weight and input tiles, the f32 output tile, the IQ2_XXS grid).
+pub const MATMUL_COOP_SHARED_BYTES: u32 = 2 * 5120 + 16384 + 2048;
+
+/// matmul_coop_tile.wgsl for `n` x `n` matrices: its accumulator code written out for the TPS token
+/// tiles each of the 8 subgroups takes (2 at n = 16, 8 at n = 8).
+fn coop_tile_fns(n: u32) -> String {
+    let tps = (MATMUL_TILE / n) / (8 / (MATMUL_TILE / n));
+    let mut decl = String::new();
+    let mut mma = String::new();
+    let mut store = String::new();
+    for j in 0..tps {
+        decl += &format!("    var c{j} = coopLoad<coop_matNxN<f32, C>>(&cs[0], BM);\n");
+        mma += &format!("            c{j} = coopMultiplyAdd(a, coopLoad<coop_matNxN<f16, B>>(&xh[(tt0 + {j}u) * CN * LS + kk], LS), c{j});\n");
+        store += &format!("    coopStore(c{j}, &cs[(tt0 + {j}u) * CN * BM + rt * CN], BM);\n");
+    }
+    MATMUL_COOP_TILE_FNS
+        .replace("//ACC_DECL\n", &decl)
+        .replace("//ACC_MMA\n", &mma)
+        .replace("//ACC_STORE\n", &store)
+        .replace("coop_matNxN", &format!("coop_mat{n}x{n}"))
+        .replace("COOP_N", &n.to_string())
+}
+
+/// A tiled product's main (matmul_main.wgsl, matmul_expert_main.wgsl) for the coop tile: it also
+/// takes its subgroup's index, which picks the subgroup's output tiles.
+fn coop_main(main: &str) -> String {
+    let out = main
+        .replace("@builtin(local_invocation_index) lid: u32)", "@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sgid: u32)")
+        .replace("    load_prelude(lid);\n", "    load_prelude(lid);\n    sg_id = sgid;\n");
+    debug_assert!(out.contains("sg_id = sgid"), "a tiled main changed shape");
+    out
+}
+
+/// The tiled product module on `n` x `n` cooperative matrices (f16 inputs, f32 sums).
+pub fn matmul_coop_source(ty: GgmlType, f16: F16Unpack, n: u32) -> Option<String> {
+    let load = load8_source(ty)?;
+    Some(format!("enable f16;\nenable wgpu_cooperative_matrix;\n{MATVEC_COMMON}\n{}\n{load}\n{}\n{}", unpack_source(f16), coop_tile_fns(n), coop_main(MATMUL_MAIN)))
+}
+
+/// The routed-expert tiled product module on `n` x `n` cooperative matrices.
+pub fn expert_coop_source(ty: GgmlType, f16: F16Unpack, n: u32) -> Option<String> {
+    let table = format!("@binding({})", expert_table_binding(ExpertWalk::Tiled));
+    let load = load8_source(ty)?.replace("@binding(5)", &table);
+    Some(format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n{MATVEC_COMMON}\n{}\n{load}\n{EXPERT_TILES}\n{}\n{}",
+        unpack_source(f16),
+        coop_tile_fns(n),
+        coop_main(MATMUL_EXPERT_MAIN)
+    ))
+}
+
+/// The pipeline-cache keys of the coop tiled products.
+pub fn matmul_coop_key(ty: GgmlType, f16: F16Unpack, n: u32) -> String {
+    format!("matmul_coop{n}_{}_{f16:?}", ty.name())
+}
+pub fn expert_coop_key(ty: GgmlType, f16: F16Unpack, n: u32) -> String {
+    format!("expert_coop{n}_{}_{f16:?}", ty.name())
+}
+
 /// The pipeline-cache key of a tiled product module.
 pub fn matmul_key(ty: GgmlType, f16: F16Unpack) -> String {
     format!("matmul_{}_{f16:?}", ty.name())
@@ -346,6 +409,19 @@ pub fn all_modules() -> Vec<ModuleSource> {
             let any = matvec_shapes()[0];
             if let Some(wgsl) = expert_matvec_source(ty, ExpertWalk::Tiled, any, f16) {
                 out.push(ModuleSource { name: expert_matvec_key(ty, ExpertWalk::Tiled, any, f16), wgsl, subgroup: false, f16_in_f32: f16 == F16Unpack::Native, coop: false });
+            }
+        }
+    }
+    for ty in MATVEC_TYPES {
+        for f16 in [F16Unpack::Native, F16Unpack::Bits] {
+            for n in COOP_SIDES {
+                let f16_in_f32 = f16 == F16Unpack::Native;
+                if let Some(wgsl) = matmul_coop_source(ty, f16, n) {
+                    out.push(ModuleSource { name: matmul_coop_key(ty, f16, n), wgsl, subgroup: true, f16_in_f32, coop: true });
+                }
+                if let Some(wgsl) = expert_coop_source(ty, f16, n) {
+                    out.push(ModuleSource { name: expert_coop_key(ty, f16, n), wgsl, subgroup: true, f16_in_f32, coop: true });
+                }
             }
         }
     }

@@ -384,12 +384,14 @@ impl Stack {
     fn new(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Self {
         Self { ty, rows, cols, bytes: ds4_quant::random_valid_blocks(ty, seed, rows * cols / ty.block_elems()) }
     }
-    /// (dot, sum |w x|) of global row `g` with x in f64.
-    fn dot(&self, g: usize, x: &[f32]) -> (f64, f64) {
+    /// (dot, sum |w x|) of global row `g` with x in f64; with `round16` of the weights and inputs
+    /// rounded to f16 (the cooperative-matrix tiles' inputs).
+    fn dot(&self, g: usize, x: &[f32], round16: bool) -> (f64, f64) {
         let rb = self.ty.row_bytes(self.cols).unwrap();
         let mut row = vec![0f32; self.cols];
         ds4_quant::dequantize(self.ty, &self.bytes[g * rb..(g + 1) * rb], &mut row).unwrap();
-        row.iter().zip(x).fold((0.0, 0.0), |(s, a), (&w, &v)| (s + w as f64 * v as f64, a + (w as f64 * v as f64).abs()))
+        let h = |v: f32| if round16 { half::f16::from_f32(v).to_f32() as f64 } else { v as f64 };
+        row.iter().zip(x).fold((0.0, 0.0), |(s, a), (&w, &v)| (s + h(w) * h(v), a + (h(w) * h(v)).abs()))
     }
 }
 
@@ -400,8 +402,19 @@ fn expert_products_every_type_straddling_parts() {
     // than one tile of 4, expert 2 in exactly one), experts whose rows straddle a part boundary.
     let ids: Vec<u32> = vec![0, 2, 3, 5, 1, 1, 4, 5, 2, 2, 2, 2, 5, 5, 5, 5, 5, 5, 5, 0, 3, 1, 4, 2, 0, 0, 0, 0, 0, 0, 3, 5];
     let mut worst = 0f64;
-    for fallback in [false, true] {
-        let Some(gpu) = common::gpu(common::opts(fallback, Some(4 << 10))) else { return };
+    // The f32 tiles with and without the optional features, then (where the adapter has them) the
+    // cooperative-matrix tiles, checked against the product of their f16-rounded inputs.
+    for mode in ["f32 tiles", "fallback", "coop"] {
+        let fallback = mode == "fallback";
+        let mut o = common::opts(fallback, Some(4 << 10));
+        if mode == "f32 tiles" {
+            o.disable |= ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
+        let Some(gpu) = common::gpu(o) else { return };
+        if mode == "coop" && gpu.caps().coop.is_none() {
+            eprintln!("no cooperative matrices on {}: coop expert tiles not tested", gpu.caps().adapter);
+            break;
+        }
         let idb = buf(&gpu, MAXT as usize * k);
         idb.write_u32(&gpu, &ids).unwrap();
         let groups = ExpertGroups::new(&gpu, &idb, n_expert, k, MAXT).unwrap();
@@ -441,10 +454,11 @@ fn expert_products_every_type_straddling_parts() {
                     for slot in 0..nt * k {
                         let xr = if per_slot { slot } else { slot / k };
                         for row in 0..r {
-                            let (want, mag) = st.dot(ids[slot] as usize * r + row, &x[xr * cols..(xr + 1) * cols]);
+                            let round16 = mode == "coop" && walk == "tiled";
+                            let (want, mag) = st.dot(ids[slot] as usize * r + row, &x[xr * cols..(xr + 1) * cols], round16);
                             let err = (y[slot * r + row] as f64 - want).abs() / (1e-5 * mag + 1e-30);
                             worst = worst.max(err);
-                            assert!(err <= 1.0, "{ty:?} {walk} fallback={fallback} per_slot={per_slot} slot {slot} row {row}: {} vs {want}", y[slot * r + row]);
+                            assert!(err <= 1.0, "{ty:?} {walk} {mode} per_slot={per_slot} slot {slot} row {row}: {} vs {want}", y[slot * r + row]);
                         }
                     }
                 }

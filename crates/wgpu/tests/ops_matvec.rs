@@ -32,8 +32,18 @@ fn weights(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
 
 /// (max error / bound ratio, max absolute error) of y against the f64 reference of W x_t.
 fn compare(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &[f32], ntok: usize) -> (f64, f64) {
+    compare_inputs(ty, w, rows, cols, x, y, ntok, false)
+}
+
+/// As `compare`; with `round16` the reference takes the weights and inputs rounded to f16 (the coop
+/// tiles' inputs), so the same f32-summation bound holds for them.
+#[allow(clippy::too_many_arguments)]
+fn compare_inputs(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &[f32], ntok: usize, round16: bool) -> (f64, f64) {
     let mut deq = vec![0f32; rows * cols];
     ds4_quant::dequantize(ty, w, &mut deq).expect("dequantize");
+    let h = |v: f32| if round16 { half::f16::from_f32(v).to_f32() } else { v };
+    let x16: Vec<f32> = x.iter().map(|&v| h(v)).collect();
+    let x = if round16 { &x16[..] } else { x };
     let (mut worst, mut max_abs) = (0f64, 0f64);
     for t in 0..ntok {
         let xt = &x[t * cols..(t + 1) * cols];
@@ -42,11 +52,13 @@ fn compare(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], y: &[f32
         ds4_quant::matvec(&MatRef::new(ty, w, rows, cols).expect("matref"), xt, &mut exact, Precision::Exact);
         for r in 0..rows {
             let wr = &deq[r * cols..(r + 1) * cols];
-            let refv: f64 = wr.iter().zip(xt).map(|(&a, &b)| a as f64 * b as f64).sum();
-            let mag: f64 = wr.iter().zip(xt).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let refv: f64 = wr.iter().zip(xt).map(|(&a, &b)| h(a) as f64 * b as f64).sum();
+            let mag: f64 = wr.iter().zip(xt).map(|(&a, &b)| (h(a) as f64 * b as f64).abs()).sum();
             let got = y[t * rows + r] as f64;
             let err = (got - refv).abs();
-            assert!((exact[r] as f64 - refv).abs() <= 1e-5 * mag, "CPU exact path disagrees with the f64 reference");
+            if !round16 {
+                assert!((exact[r] as f64 - refv).abs() <= 1e-5 * mag, "CPU exact path disagrees with the f64 reference");
+            }
             worst = worst.max(err / (1e-5 * mag));
             max_abs = max_abs.max(err);
         }
@@ -279,14 +291,26 @@ fn unchecked_kernels_match_checked() {
 
 /// The tiled product (prefill steps of 16+ tokens) against the CPU reference: every quant type and
 /// f16 decode, rows and tokens that leave partial tiles (70 rows in parts of 16, 70 and 17 tokens),
-/// columns that leave a partial column step (F16: 33 chunks of 8), with and without subgroups.
+/// columns that leave a partial column step (F16: 33 chunks of 8): the f32 tiles with and without
+/// subgroups, and the cooperative-matrix tiles where the adapter has them (against the product of
+/// the f16-rounded inputs: the same f32-summation bound then holds).
 #[test]
 fn tiled_product_matches_cpu() {
-    for fallback in [false, true] {
+    let coop_off = ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    for mode in ["fallback", "f32 tiles", "coop"] {
         for ty in MATVEC_TYPES {
             let cols = cols_for(ty);
             let row_bytes = ty.row_bytes(cols).expect("row bytes") as u64;
-            let Some(gpu) = common::gpu(common::opts(fallback, Some(row_bytes * ROWS_PER_PART as u64 + 4))) else { return };
+            let mut o = common::opts(mode == "fallback", Some(row_bytes * ROWS_PER_PART as u64 + 4));
+            if mode == "f32 tiles" {
+                o.disable |= coop_off;
+            }
+            let Some(gpu) = common::gpu(o) else { return };
+            let coop = mode == "coop";
+            if coop && gpu.caps().coop.is_none() {
+                eprintln!("no cooperative matrices on {}: coop tiles not tested", gpu.caps().adapter);
+                return;
+            }
             let w = weights(ty, ROWS, cols, 60 + ty as u64);
             let t = ResidentTensor::upload(&gpu, "w", ty, &w, ROWS, cols).expect("upload");
             let m = 70;
@@ -298,9 +322,14 @@ fn tiled_product_matches_cpu() {
                 yb.write(&gpu, &vec![f32::NAN; m * ROWS]).expect("clear");
                 gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| mm.encode(e)).expect("run");
                 let ys = yb.read(&gpu, ntok * ROWS).expect("read");
-                let (ratio, abs) = compare(ty, &w, ROWS, cols, &xs, &ys, ntok);
-                eprintln!("{} tiled {ntok} tokens fallback={fallback}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name());
-                assert!(ratio <= 1.0, "{} tiled product, {ntok} tokens (fallback={fallback}): error {ratio} x the bound", ty.name());
+                let (ratio, abs) = compare_inputs(ty, &w, ROWS, cols, &xs, &ys, ntok, coop);
+                eprintln!("{} tiled {ntok} tokens {mode}: max err {abs:.3e}, {ratio:.4} of the bound", ty.name());
+                assert!(ratio <= 1.0, "{} tiled product, {ntok} tokens ({mode}): error {ratio} x the bound", ty.name());
+                if coop {
+                    // The same outputs against the unrounded inputs: how far f16 inputs move them.
+                    let (r32, a32) = compare(ty, &w, ROWS, cols, &xs, &ys, ntok);
+                    eprintln!("{} coop {ntok} tokens vs f32 inputs: max err {a32:.3e}, {r32:.3} x the f32 bound", ty.name());
+                }
             }
         }
     }

@@ -9,11 +9,19 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{matmul_key, matmul_source, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, MatVecShape, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
+use crate::shaders::{matmul_coop_key, matmul_coop_source, matmul_key, matmul_source, MATMUL_COOP_SHARED_BYTES, matvec_key, matvec_shape, matvec_source, needs_table, F16Unpack, MatVecShape, BATCH_TILE, MATMUL_MIN_TOKENS, MATMUL_SHARED_BYTES, MATMUL_TILE};
 
 /// Whether the adapter's workgroup memory holds the tiled products' tiles.
 pub(crate) fn tiled_products_fit(gpu: &Gpu) -> bool {
     gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64
+}
+
+/// The side of the cooperative matrices the tiled products use on this device, if any: the coop
+/// tile needs them, 8 subgroups of 32 in its 256 threads, and room for its f32 output tile.
+pub(crate) fn coop_tile_side(gpu: &Gpu) -> Option<u32> {
+    let c = gpu.caps();
+    let fits = gpu.workgroup_memory() >= MATMUL_COOP_SHARED_BYTES as u64;
+    c.coop.filter(|_| fits && c.subgroup_min_size == 32 && c.subgroup_max_size == 32)
 }
 
 /// One token or a batch of up to `max_tokens` (activation rows, token-major).
@@ -124,8 +132,11 @@ impl MatVec {
         let parts = bind_parts(&pipeline, shape.rows(), "")?;
         let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
         let matmul = if tile > 1 && tiles_groups && tiled_products_fit(gpu) {
-            let key = matmul_key(ty, f16);
-            let mm = gpu.pipeline(&key, || matmul_source(ty, f16).ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
+            let (key, src) = match coop_tile_side(gpu) {
+                Some(n) => (matmul_coop_key(ty, f16, n), matmul_coop_source(ty, f16, n)),
+                None => (matmul_key(ty, f16), matmul_source(ty, f16)),
+            };
+            let mm = gpu.pipeline(&key, || src.ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
             let mparts = bind_parts(&mm, MATMUL_TILE, " tiles")?;
             Some((mm, mparts))
         } else {
