@@ -249,6 +249,54 @@ fn hc_entry_exit_and_head_match_cpu() {
     assert!(w_trans > 10.0 * BOUND, "a transposed comb should fail the bound (got {w_trans:.2e})");
 }
 
+/// The entry at the model shapes, where the kernel holds the streams in registers (Flash 4 x 4096
+/// and Pro 4 x 7168: 16 and 28 floats a stream a thread; 3 x 264: fewer streams, a width not a
+/// multiple of 256), and at shapes it reads from storage (8 streams; a width over 8192), one token
+/// and 3, against the CPU on a random F16 projection.
+#[test]
+fn hc_entry_at_model_shapes_matches_cpu() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let cfg = synth::shape("flash").unwrap();
+    let mut worst = 0f32;
+    for (i, (n, e)) in [(4usize, 4096usize), (4, 7168), (3, 264), (8, 512), (4, 8224)].into_iter().enumerate() {
+        let d = HcDims { n_hc: n, n_embd: e, sinkhorn_iters: cfg.sinkhorn_iters, hc_eps: cfg.hc_eps, rms_eps: cfg.rms_eps };
+        let (hd, nm, seed) = (d.hc_dim(), d.n_mix(), 300 + 10 * i as u64);
+        // Mix values of order 1 (unit-RMS flat streams), so the sigmoids and the softmax do not saturate.
+        let wf: Vec<f32> = common::normals(seed, nm * hd).iter().map(|v| v / (hd as f32).sqrt()).collect();
+        let wq = ds4_quant::quantize(GgmlType::F16, &wf).unwrap();
+        let mut wd = vec![0f32; nm * hd];
+        ds4_quant::dequantize(GgmlType::F16, &wq, &mut wd).unwrap();
+        let fn_t = ResidentTensor::upload(&gpu, "hc_fn", GgmlType::F16, &wq, nm, hd).unwrap();
+        let scale = [0.6f32, 0.8, 1.3];
+        let base: Vec<f32> = common::normals(seed + 1, nm).iter().map(|v| v * 0.5).collect();
+        let norm: Vec<f32> = common::normals(seed + 2, e).iter().map(|v| 1.0 + 0.2 * v).collect();
+        let (xb, mix, xn, coef) = (buf(&gpu, 3 * hd), buf(&gpu, 3 * nm), buf(&gpu, 3 * e), buf(&gpu, 3 * d.coef_len()));
+        let pre = HcPre::new(&gpu, &d, &fn_t, &scale, &base, &norm, &xb, &mix, &xn, &coef, 3).unwrap();
+        for ntok in [1usize, 3] {
+            let x: Vec<f32> = common::normals(seed + 3 + ntok as u64, ntok * hd).iter().enumerate().map(|(j, v)| v * (1.0 + ((j / e) % n) as f32 * 0.5)).collect();
+            xb.write(&gpu, &x).unwrap();
+            gpu.run(Step { ntok: ntok as u32, pos: 0 }, |enc| pre.encode(enc)).unwrap();
+            let (mut want_xn, mut want_coef) = (vec![0f32; ntok * e], Vec::new());
+            let mut flat = vec![0f32; hd];
+            for t in 0..ntok {
+                let xt = &x[t * hd..(t + 1) * hd];
+                hc::flat_norm(xt, &mut flat, cfg.rms_eps);
+                let m: Vec<f32> = wd.chunks(hd).map(|r| r.iter().zip(&flat).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect();
+                let out = &mut want_xn[t * e..(t + 1) * e];
+                let hm = hc::pre_from_mix(&m, &scale, &base, n, cfg.sinkhorn_iters, cfg.hc_eps, xt, out);
+                cops::rms_norm(out, Some(&norm), cfg.rms_eps);
+                want_coef.extend(coef_of(&hm, n));
+            }
+            let (rx, rc) = (rel(&xn.read(&gpu, ntok * e).unwrap(), &want_xn), rel(&coef.read(&gpu, ntok * d.coef_len()).unwrap(), &want_coef));
+            eprintln!("hc entry {n} x {e}, {ntok} tokens: xn {rx:.2e}, post/comb {rc:.2e} of the largest value");
+            worst = worst.max(rx).max(rc);
+        }
+    }
+    // As the tiny model's entry (measured <= 1.8e-7 there).
+    const BOUND: f32 = 1e-6;
+    assert!(worst <= BOUND, "hc entry off the CPU beyond {BOUND}: {worst:.2e}");
+}
+
 /// Routes `xn` (ntok rows) on the device; returns (logits, ids, weights).
 #[allow(clippy::too_many_arguments)]
 fn gpu_route(gpu: &Gpu, rc: &RouteConfig, gate: &ResidentTensor, routing: Routing, xn: &[f32], tokens: &[u32]) -> (Vec<f32>, Vec<u32>, Vec<f32>) {
