@@ -6,9 +6,11 @@ use ds4_model::{KvState, Logits, Result, Stage};
 use ds4_wgpu::{BackendChoice, GpuOptions, WgpuStage};
 
 /// How to open the device for `backend` (Vulkan or Metal), with `slots` KV slots for the stage.
-pub(crate) fn options(backend: Backend, slots: usize) -> GpuOptions {
+/// `Precision::Exact` (`--quality`) keeps the prefill products in f32: no cooperative matrices (f16).
+pub(crate) fn options(backend: Backend, slots: usize, precision: ds4_quant::Precision) -> GpuOptions {
     let choice = if backend == Backend::Metal { BackendChoice::Metal } else { BackendChoice::Vulkan };
-    GpuOptions { backend: choice, kv_slots: slots, ..GpuOptions::default() }
+    let disable = if precision == ds4_quant::Precision::Exact { ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX } else { ds4_wgpu::wgpu::Features::empty() };
+    GpuOptions { backend: choice, kv_slots: slots, disable, ..GpuOptions::default() }
 }
 
 /// Device bytes the stage of `stage`'s layers needs at `ctx` / `nmax` with `slots` resident sessions
@@ -18,14 +20,14 @@ pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, slots: usize) -
 /// Builds the stage on the device `backend` names, holding `slots` sessions; it refuses itself,
 /// before allocating, when its plan does not fit the device.
 pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend, slots: usize) -> Result<Box<dyn DeviceStage>> {
-    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend, slots))?;
+    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend, slots, stage.opts.precision))?;
     Ok(Box::new(WgpuDevice { stage: s, backend }))
 }
 
 /// The kind of the best adapter of the platform's wgpu API (opening it, as the stage would); None when
 /// none opens.
 pub(crate) fn probe() -> Option<AdapterKind> {
-    let gpu = ds4_wgpu::Gpu::new(&options(Backend::wgpu_default(), 1)).ok()?;
+    let gpu = ds4_wgpu::Gpu::new(&options(Backend::wgpu_default(), 1, ds4_quant::Precision::Fast)).ok()?;
     Some(if gpu.caps().device_type == ds4_wgpu::wgpu::DeviceType::Cpu { AdapterKind::Cpu } else { AdapterKind::Gpu })
 }
 
