@@ -221,7 +221,7 @@ pub fn matmul_source(ty: GgmlType, f16: F16Unpack) -> Option<String> {
 pub const COOP_SIDES: [u32; 2] = [16, 8];
 
 /// Workgroup memory of the coop tile (f16 weight and input tiles, the f32 output tile, the IQ2_XXS grid).
-pub const MATMUL_COOP_SHARED_BYTES: u32 = 2 * 5120 + 16384 + 2048;
+pub const MATMUL_COOP_SHARED_BYTES: u32 = 2 * 9216 + 16384 + 2048;
 
 /// matmul_coop_tile.wgsl for `n` x `n` matrices: its accumulator code written out for the TPS token
 /// tiles each of the 8 subgroups takes (2 at n = 16, 8 at n = 8).
