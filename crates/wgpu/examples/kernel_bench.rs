@@ -81,13 +81,11 @@ fn run() -> R<()> {
     // Prefill: the tiled products of a 4096-token chunk, on this device's tiles and, where it has
     // cooperative matrices, on the f32 tiles of a second device opened without them.
     prefill_tiles(&gpu, &cfg, iters)?;
-    prefill_attention(&gpu, &cfg, iters)?;
     if gpu.caps().coop.is_some() {
         let mut o = opts.clone();
         o.disable |= ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let f32_gpu = Gpu::new(&o).map_err(es)?;
         prefill_tiles(&f32_gpu, &cfg, iters)?;
-        prefill_attention(&f32_gpu, &cfg, iters)?;
     }
     Ok(())
 }
@@ -114,46 +112,6 @@ fn prefill_tiles(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize) -> R<
         let us = time(gpu, Step { ntok: ntok as u32, pos: 0 }, (iters / 20).max(3), |e, _| op.encode(e))?;
         let flop = 2.0 * (ntok * rows * cols) as f64;
         println!("tile_{tag}_{name},{ntok}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), flop / us / 1e6);
-    }
-    Ok(())
-}
-
-/// The attention of a 4096-token prefill chunk from position 0 at Flash's shape (64 heads of 512,
-/// window 128), ratio 0, 4 (the indexer's 512 picks once a token sees more) and 128, on this device's
-/// prefill kernel (coop or f32), with the inverse RoPE and the ring store the op also records: µs per
-/// step and TFLOP/s of the two products (4 x heads x head_dim per candidate) in the gb_per_s column.
-fn prefill_attention(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize) -> R<()> {
-    let ntok = 4096usize;
-    let (nh, d, swa) = (cfg.n_head, cfg.head_dim, cfg.swa);
-    let tag = match gpu.caps().coop { Some(n) => format!("coop{n}"), None => "f32".to_string() };
-    let vals = |n: usize| (0..n).map(|i| ((i * 2654435761usize) % 1000) as f32 * 1e-3 - 0.5).collect::<Vec<f32>>();
-    let q = GpuBuffer::from_slice(gpu, "q", &vals(ntok * nh * d)).map_err(es)?;
-    let kv = GpuBuffer::from_slice(gpu, "kv", &vals(ntok * d)).map_err(es)?;
-    let ring = GpuBuffer::new(gpu, "ring", swa * d).map_err(es)?;
-    let sinks = GpuBuffer::from_slice(gpu, "sinks", &vec![0.0; nh]).map_err(es)?;
-    let o = GpuBuffer::new(gpu, "o", ntok * nh * d).map_err(es)?;
-    for ratio in [0usize, 4, 128] {
-        let top_k = if ratio == 4 { cfg.idx_topk } else { 0 };
-        let cap = ntok.checked_div(ratio).map_or(1, |c| c + 1);
-        let comp = GpuBuffer::from_slice(gpu, "comp", &vals(cap * d)).map_err(es)?;
-        // Each token's picks: distinct rows among those it sees (read only where it sees more than top-k).
-        let picks: Vec<u32> = (0..ntok * top_k.max(1)).map(|i| {
-            let (t, j) = (i / top_k.max(1), i % top_k.max(1));
-            let nc = ((t + 1) / 4).max(1);
-            ((j * 7 + t) % nc) as u32
-        }).collect();
-        let sel = GpuBuffer::new(gpu, "sel", picks.len()).map_err(es)?;
-        sel.write_u32(gpu, &picks).map_err(es)?;
-        let bufs = AttentionBuffers { q: &q, kv: &kv, ring: &ring, comp: (ratio != 0).then_some(&comp), sel: (top_k != 0).then_some(&sel), sinks: &sinks, o: &o };
-        let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: ntok as u32 };
-        let op = Attention::new(gpu, &bufs, shape, CpuRope::for_layer(cfg, ratio).freqs()).map_err(es)?;
-        let us = time(gpu, Step { ntok: ntok as u32, pos: 0 }, (iters / 40).max(3), |e, _| op.encode(e))?;
-        let cand: usize = (0..ntok).map(|p| {
-            let nc = (p + 1).checked_div(ratio).unwrap_or(0);
-            (p + 1).min(swa) + if top_k != 0 { nc.min(top_k) } else { nc }
-        }).sum();
-        let flop = 4.0 * (cand * nh * d) as f64;
-        println!("prefill_attention_{tag}_r{ratio},{nh}x{d} x {ntok} tokens top_k {top_k},{us:.2},{:.1}", flop / us / 1e6);
     }
     Ok(())
 }

@@ -26,7 +26,6 @@ const ATTENTION: &str = concat!(include_str!("shaders/attention.wgsl"), include_
 const ATTENTION_SCORE_THREAD: &str = include_str!("shaders/attention_score_thread.wgsl");
 const ATTENTION_SCORE_SUBGROUP: &str = include_str!("shaders/attention_score_subgroup.wgsl");
 pub const ATTENTION_MERGE: &str = include_str!("shaders/attention_merge.wgsl");
-const ATTENTION_COOP: &str = concat!(include_str!("shaders/attention_coop.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const RING_STORE: &str = concat!(include_str!("shaders/ring_store.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const INDEXER_SCORES: &str = concat!(include_str!("shaders/indexer_scores.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const TOP_K: &str = concat!(include_str!("shaders/top_k.wgsl"), include_str!("shaders/seq.wgsl"));
@@ -375,70 +374,6 @@ pub fn attention_source(reduce: Reduce, tile: u32) -> String {
     format!("const TILE: u32 = {tile}u;\n{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
 }
 
-/// Heads a workgroup of the coop attention serves (one row of `n` x `n` matrices); candidates
-/// per tile are twice that.
-pub fn attention_coop_heads(n: u32) -> u32 {
-    n
-}
-
-/// Workgroup memory of the coop attention (attention_coop.wgsl's arrays): the tile's rows in f16
-/// (2n x 520), the partial scores (4 subgroups x n x 2n f32), P (n x (2n + 8) f16), zeros (n x n
-/// f32), two reductions of 128 and the heads' softmax state.
-pub fn attention_coop_shared_bytes(n: u32) -> u64 {
-    let n = n as u64;
-    2 * n * 520 * 2 + 4 * n * 2 * n * 4 + n * (2 * n + 8) * 2 + n * n * 4 + 2 * 128 * 4 + 3 * n * 4 + 8
-}
-
-/// The pipeline-cache key of the coop attention.
-pub fn attention_coop_key(n: u32) -> String {
-    format!("attention_coop{n}")
-}
-
-/// The prefill attention on `n` x `n` cooperative matrices (attention_coop.wgsl): the per-tile
-/// products written out for the OWN = 512 / n / 4 query and output tiles each of the 4 subgroups
-/// holds (separate variables: no arrays of matrices).
-pub fn attention_coop_source(n: u32) -> String {
-    let own = 512 / n / 4;
-    let (a, b, c) = (format!("coop_mat{n}x{n}<f16, A>"), format!("coop_mat{n}x{n}<f16, B>"), format!("coop_mat{n}x{n}<f32, C>"));
-    let (mut q, mut acc, mut s, mut resc, mut pv, mut write) = (String::new(), String::new(), String::new(), String::new(), String::new(), String::new());
-    for j in 0..own {
-        // Query tile j of this subgroup: heads x dims (sg + 4j) n .., row-major in kt.
-        q += &format!("    let qa{j} = coopLoadT<{a}>(&kt[(sg + {j}u * NS) * N], KS);\n");
-        acc += &format!("    var acc{j} = coopLoad<{c}>(&zs[0], N);\n");
-        resc += &format!("            coopStoreT(acc{j}, &sp[sg * N * N], N);\n            scale_transit(lid);\n            acc{j} = coopLoadT<{c}>(&sp[sg * N * N], N);\n            workgroupBarrier();\n");
-        write += &format!("    coopStoreT(acc{j}, &sp[sg * N * N], N);\n    write_transit(lid, {j}u, t, h0, nhg);\n");
-    }
-    for ct in 0..2 {
-        s += &format!("        var s{ct} = coopLoad<{c}>(&zs[0], N);\n");
-    }
-    for j in 0..own {
-        for ct in 0..2 {
-            // K^T chunk: dims (sg + 4j) n .. x candidates ct n .., column-major in kt (a candidate's row is a column).
-            s += &format!("        s{ct} = coopMultiplyAdd(qa{j}, coopLoad<{b}>(&kt[{ct}u * N * KS + (sg + {j}u * NS) * N], KS), s{ct});\n");
-        }
-    }
-    for ct in 0..2 {
-        s += &format!("        coopStoreT(s{ct}, &sp[sg * HG * T + {ct}u * N], T);\n");
-    }
-    for kc in 0..2 {
-        pv += &format!("        let pa{kc} = coopLoadT<{a}>(&pt[{kc}u * N], PS);\n");
-    }
-    for kc in 0..2 {
-        for j in 0..own {
-            // V chunk: candidates kc n .. x dims (sg + 4j) n .., row-major in kt.
-            pv += &format!("        acc{j} = coopMultiplyAdd(pa{kc}, coopLoadT<{b}>(&kt[{kc}u * N * KS + (sg + {j}u * NS) * N], KS), acc{j});\n");
-        }
-    }
-    let body = ATTENTION_COOP
-        .replace("//GEN_Q\n", &q)
-        .replace("//GEN_ACC\n", &acc)
-        .replace("//GEN_S\n", &s)
-        .replace("//GEN_RESCALE\n", &resc)
-        .replace("//GEN_PV\n", &pv)
-        .replace("//GEN_WRITE\n", &write);
-    format!("enable f16;\nenable wgpu_cooperative_matrix;\nconst N: u32 = {n}u;\nconst T: u32 = {}u;\nconst OWN: u32 = {own}u;\n{body}", 2 * n)
-}
-
 /// One WGSL module the crate builds, with what it needs from the adapter.
 #[derive(Debug, Clone)]
 pub struct ModuleSource {
@@ -489,9 +424,6 @@ pub fn all_modules() -> Vec<ModuleSource> {
                 }
             }
         }
-    }
-    for n in COOP_SIDES {
-        out.push(ModuleSource { name: attention_coop_key(n), wgsl: attention_coop_source(n), subgroup: true, f16_in_f32: false, coop: true });
     }
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
         for tile in ATTENTION_TILES {

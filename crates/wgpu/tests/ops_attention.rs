@@ -54,14 +54,6 @@ fn qat_flips(got: &[f32], want: &[f32], rel: f64, abs: f64, step_rel: f64, floor
     flips
 }
 
-/// The device without cooperative matrices (`common::opts` otherwise): the f32 prefill kernel, whose
-/// bounds these tests hold (the coop kernel has its own test, `coop_prefill_attention_matches_cpu`).
-fn f32_opts(fallback: bool) -> ds4_wgpu::GpuOptions {
-    let mut o = common::opts(fallback, None);
-    o.disable |= ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-    o
-}
-
 fn run(gpu: &Gpu, ntok: usize, pos: usize, f: impl FnOnce(&mut ds4_wgpu::Encoder) -> Result<(), ds4_wgpu::WgpuError>) {
     gpu.run(Step { ntok: ntok as u32, pos: pos as u32 }, f).expect("step runs");
 }
@@ -276,48 +268,26 @@ struct AttnCase {
 enum Mistake {
     None,
     SinkOff,
-    /// The sink left out of the softmax.
-    SinkDropped,
     WindowShort,
 }
-
-/// The inputs of a case and its bound: queries and compressed rows scaled (sharper softmax, a
-/// compressed row outscoring the window), rows FP8-simulated on their non-rotated part (as the KV
-/// rows are), which kernel the op must pick, and the bound (rel, abs) of `worst`.
-#[derive(Clone, Copy)]
-struct CaseData {
-    q_scale: f32,
-    comp_scale: f32,
-    fp8_rows: bool,
-    coop: bool,
-    bound: (f64, f64),
-}
-
-/// The f32 kernels' cases: unit-scale rows and queries, bound 1e-5 |o| + 1.5e-6.
-const F32_DATA: CaseData = CaseData { q_scale: 1.0, comp_scale: 1.0, fp8_rows: false, coop: false, bound: (1e-5, 1.5e-6) };
 
 /// Attention of every token of `steps` (consecutive chunks from position 0) on the device, with the
 /// ring filled only by the op's own stores, against `attend_head` over the stage's candidate rows
 /// (window from the history, then all compressed rows or the picks) and the inverse rotation.
-/// Returns the largest error over all steps relative to `data.bound`; for the f32 kernels rel 1e-5 /
-/// abs 1.5e-6: outputs are weighted averages of rows of unit scale, each weight off by the device's
-/// exp (Vulkan allows 3 + 2|x| ulp), and the inverse rotation adds ~3.5e-6 x the pair's magnitude.
-fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake: Mistake, expect_splits: Option<u32>, data: CaseData) -> f64 {
+/// Returns the largest error over all steps relative to rel 1e-5 / abs 1.5e-6: outputs are weighted
+/// averages of rows of unit scale, each weight off by the device's exp (Vulkan allows 3 + 2|x| ulp),
+/// and the inverse rotation adds ~3.5e-6 x the pair's magnitude.
+fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake: Mistake, expect_splits: Option<u32>) -> f64 {
     let AttnCase { d, n_head: nh, swa, ratio, top_k } = c;
     let total: usize = steps.iter().sum();
     let m = *steps.iter().max().unwrap();
     let rope = CpuRope::for_layer(cfg, ratio);
     let seed = (d * 7 + ratio * 131 + top_k) as u64;
-    let mut hist = scaled(seed, total * d, 1.0);
-    let qs = scaled(seed + 1, total * nh * d, data.q_scale);
+    let hist = scaled(seed, total * d, 1.0);
+    let qs = scaled(seed + 1, total * nh * d, 1.0);
     let sinks = scaled(seed + 2, nh, 1.0);
     let cap = compressed_capacity(total, ratio);
-    let mut comp_rows = scaled(seed + 3, cap.max(1) * d, data.comp_scale);
-    if data.fp8_rows {
-        for r in hist.chunks_mut(d).chain(comp_rows.chunks_mut(d)) {
-            qat::fp8_simulate(&mut r[..d - cfg.rope_dim], 64);
-        }
-    }
+    let comp_rows = scaled(seed + 3, cap.max(1) * d, 1.0);
 
     let qb = GpuBuffer::new(gpu, "q", m * nh * d).unwrap();
     let kb = GpuBuffer::new(gpu, "kv", m * d).unwrap();
@@ -337,7 +307,6 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
     };
     let shape = AttentionShape { n_head: nh, head_dim: d, swa, ratio, top_k, capacity: cap, max_tokens: m as u32 };
     let op = Attention::new(gpu, &bufs, shape, rope.freqs()).unwrap();
-    assert_eq!(op.coop_side().is_some(), data.coop, "the prefill kernel is not the one under test");
     let want_reduce = if gpu.caps().subgroup { ds4_wgpu::shaders::Reduce::Subgroup } else { ds4_wgpu::shaders::Reduce::Tree };
     assert_eq!(op.reduce, want_reduce);
     if let Some(want) = expect_splits {
@@ -380,19 +349,14 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
                     picks[i].iter().map(|&r| &comp_rows[r as usize * d..(r as usize + 1) * d]).collect()
                 };
                 let rows = raw.chain(comp.iter().copied());
-                let sink = match mistake {
-                    Mistake::SinkOff => sinks[h] + 0.25,
-                    // exp(-inf - max) = 0: no sink term.
-                    Mistake::SinkDropped => f32::NEG_INFINITY,
-                    _ => sinks[h],
-                };
+                let sink = sinks[h] + if mistake == Mistake::SinkOff { 0.25 } else { 0.0 };
                 let out = &mut want[(i * nh + h) * d..(i * nh + h + 1) * d];
                 let qh = &qs[((p * nh) + h) * d..((p * nh) + h + 1) * d];
                 attend_head(qh, rows, sink, &mut scores, out);
                 rope.apply(out, p, true);
             }
         }
-        let w = worst(&got, &want, data.bound.0, data.bound.1);
+        let w = worst(&got, &want, 1e-5, 1.5e-6);
         if mistake == Mistake::None && w > 1.0 {
             eprintln!("step {si} (pos {pos}, {n} tokens): {w:.3} of the bound");
         }
@@ -414,7 +378,7 @@ fn attention_fallback_matches_cpu() {
 }
 
 fn attention_suite(fallback: bool) {
-    let Some(gpu) = common::gpu(f32_opts(fallback)) else { return };
+    let Some(gpu) = common::gpu(common::opts(fallback, None)) else { return };
     if !fallback && !gpu.caps().subgroup {
         panic!("adapter {} has no SUBGROUP: the subgroup path cannot be tested here", gpu.caps().adapter);
     }
@@ -429,7 +393,7 @@ fn attention_suite(fallback: bool) {
         (AttnCase { d, n_head: nh, swa, ratio: 128, top_k: 0 }, &long[..]),
     ];
     for (c, st) in cases {
-        let w = attention_case(&gpu, &cfg, c, st, Mistake::None, None, F32_DATA);
+        let w = attention_case(&gpu, &cfg, c, st, Mistake::None, None);
         eprintln!("attention (fallback {fallback}) d={} ratio {} top-k {}: {w:.3} of the bound", c.d, c.ratio, c.top_k);
         assert!(w <= 1.0, "attention ratio {}: {w} x the bound", c.ratio);
     }
@@ -437,74 +401,23 @@ fn attention_suite(fallback: bool) {
     let fl = flash();
     let c = AttnCase { d: fl.head_dim, n_head: 2, swa: fl.swa, ratio: 4, top_k: 16 };
     // Decode steps split the 144 candidates over 9 workgroups (tiles of 16); so does the 6-token step.
-    let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None, Some(9), F32_DATA);
+    let w = attention_case(&gpu, &fl, c, &[1, 127, 1, 1, 64, 6], Mistake::None, Some(9));
     eprintln!("attention (fallback {fallback}) d=512 swa=128 ratio 4 top-k 16: {w:.3} of the bound");
     assert!(w <= 1.0);
     // 6 heads: a full and a partial group of 4; decode steps split the (at most 32 + 66) candidates in
     // 7, the 60-token chunk does not split.
     let c = AttnCase { d, n_head: 6, swa, ratio: 4, top_k: 0 };
-    let w = attention_case(&gpu, &cfg, c, &[1, 200, 1, 1, 60], Mistake::None, Some(7), F32_DATA);
+    let w = attention_case(&gpu, &cfg, c, &[1, 200, 1, 1, 60], Mistake::None, Some(7));
     eprintln!("attention (fallback {fallback}) 6 heads, ratio 4 without an indexer, split: {w:.3} of the bound");
     assert!(w <= 1.0);
     // The comparison catches a wrong sink and a window one row short.
     let c = AttnCase { d, n_head: nh, swa, ratio: 4, top_k: cfg.idx_topk };
     for mistake in [Mistake::SinkOff, Mistake::WindowShort] {
-        let w = attention_case(&gpu, &cfg, c, &steps, mistake, None, F32_DATA);
+        let w = attention_case(&gpu, &cfg, c, &steps, mistake, None);
         eprintln!("attention with an injected mistake: {w:.1} x the bound");
         assert!(w > 10.0, "an injected mistake went unnoticed ({w})");
     }
 }
-
-/// Prefill steps on cooperative matrices (attention_coop.wgsl: f16 queries, rows and softmax weights,
-/// f32 sums) against `attend_head` in f32, at Flash's 64 heads of 512: window only, ratio 4 with
-/// picks (top-k 16, so picks start at position 67), ratio 128; sharp scores (queries x 4, compressed
-/// rows x 3: a compressed row outscores the window's best by more than the kernel's TAU after the
-/// first tiles, so the accumulators are rescaled); 6 heads of 128 (a partial group of 16). Rows
-/// FP8-simulated as the KV rows are (exact in f16 but for the RoPE tail). The one-token steps take the
-/// split kernel. Bounds set from a CPU model of the kernel's roundings (f16 queries, rows and weights,
-/// tiles of 32, the reference raised only past 8), run on these cases: 0.61 of the unit bound at
-/// worst, 0.62 of the sharp one; a dropped sink 62x, a window one row short 116x. A skip (and a pass)
-/// where the adapter has no cooperative matrices.
-#[test]
-fn coop_prefill_attention_matches_cpu() {
-    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
-    if gpu.caps().coop.is_none() {
-        eprintln!("adapter {} has no cooperative matrices: coop prefill attention skipped", gpu.caps().adapter);
-        return;
-    }
-    let fl = flash();
-    let (d, nh, swa) = (fl.head_dim, fl.n_head, fl.swa);
-    let unit = CaseData { q_scale: 1.0, comp_scale: 1.0, fp8_rows: true, coop: true, bound: COOP_BOUND };
-    let sharp = CaseData { q_scale: 4.0, comp_scale: 3.0, bound: COOP_SHARP_BOUND, ..unit };
-    let r4 = AttnCase { d, n_head: nh, swa, ratio: 4, top_k: 16 };
-    let cases = [
-        ("window only", &fl, AttnCase { d, n_head: nh, swa, ratio: 0, top_k: 0 }, &[1, 150, 40][..], unit),
-        ("ratio 4, picks", &fl, r4, &[1, 100, 40][..], unit),
-        ("ratio 128", &fl, AttnCase { d, n_head: nh, swa, ratio: 128, top_k: 0 }, &[1, 300, 20][..], unit),
-        ("ratio 4, sharp scores", &fl, r4, &[1, 100, 40][..], sharp),
-    ];
-    for (name, cfg, c, steps, data) in cases {
-        let w = attention_case(&gpu, cfg, c, steps, Mistake::None, None, data);
-        eprintln!("coop attention {name}: {w:.3} of the bound");
-        assert!(w <= 1.0, "coop attention {name}: {w} x the bound");
-    }
-    let t = tiny();
-    let c = AttnCase { d: t.head_dim, n_head: 6, swa: t.swa, ratio: 4, top_k: t.idx_topk };
-    let w = attention_case(&gpu, &t, c, &[1, 60, 20], Mistake::None, None, unit);
-    eprintln!("coop attention 6 heads of {}: {w:.3} of the bound", t.head_dim);
-    assert!(w <= 1.0, "coop attention 6 heads: {w} x the bound");
-    // The bound still catches a dropped sink and a window one row short (prefill steps only).
-    for mistake in [Mistake::SinkDropped, Mistake::WindowShort] {
-        let w = attention_case(&gpu, &fl, r4, &[100, 40], mistake, None, unit);
-        eprintln!("coop attention with an injected mistake: {w:.1} x the bound");
-        assert!(w > 10.0, "an injected mistake went unnoticed ({w})");
-    }
-}
-
-/// Bounds (rel, abs) of the coop kernel: unit-scale scores, and scores of std ~12 (f16 queries put
-/// an error of ~2^-12 x the score scale on each score; outputs reach 10 there).
-const COOP_BOUND: (f64, f64) = (1.5e-2, 1.5e-3);
-const COOP_SHARP_BOUND: (f64, f64) = (2e-2, 6e-2);
 
 /// Indexer scores and picks of every token of `steps` (chunks starting at `pos0`) against
 /// `indexer_scores` + `top_k_indices` on the same finished queries, weights and rows. Keys have
@@ -671,7 +584,7 @@ fn grouped_output_projection_matches_per_group_products() {
 /// uploaded, bound, compiled or allocated per step.
 #[test]
 fn composed_ratio4_attention_block_matches_cpu_stage_sequence() {
-    let Some(gpu) = common::gpu(f32_opts(false)) else { return };
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
     let cfg = tiny();
     let (d, nh, swa, id, ih, topk, eps) = (cfg.head_dim, cfg.n_head, cfg.swa, cfg.idx_dim, cfg.idx_heads, cfg.idx_topk, cfg.rms_eps);
     let ratio = 4;

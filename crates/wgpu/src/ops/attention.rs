@@ -7,8 +7,6 @@
 //! compressed rows hold one part per KV slot; a batched step (one sequence per row) reads each row's
 //! own slot and splits as a one-token step does, so each row sums as it does decoded alone; so does a
 //! short step of up to `SHORT_STEP` tokens (an MTP verify), whose rows then equal decode steps bit for bit.
-//! Longer steps (prefill) run on cooperative matrices where the adapter has them (attention_coop.wgsl:
-//! a token's heads x candidates products in f16 with f32 sums), else on the f32 kernel.
 use std::sync::Arc;
 
 use super::{check_tokens, grid, u32_of, Rope};
@@ -16,7 +14,7 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::{attention_coop_heads, attention_coop_key, attention_coop_shared_bytes, attention_coop_source, attention_source, Reduce, ATTENTION_MERGE, ATTENTION_TILES, RING_STORE};
+use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, ATTENTION_TILES, RING_STORE};
 
 /// The widest head the kernel holds in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
@@ -69,8 +67,6 @@ pub struct Attention {
     /// The kernel for steps that split (`SPLIT_TILE`) and for the others (`LONG_TILE`), with their bindings.
     split: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
     long: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
-    /// The prefill kernel on cooperative matrices, its side and its head groups, where the adapter has them.
-    coop: Option<(Arc<wgpu::ComputePipeline>, wgpu::BindGroup, u32, u32)>,
     merge: Arc<wgpu::ComputePipeline>,
     merge_bind: wgpu::BindGroup,
     groups: usize,
@@ -163,14 +159,6 @@ impl Attention {
             Ok((pipeline, bind))
         };
         let (split, long) = (kernel(SPLIT_TILE)?, kernel(LONG_TILE)?);
-        let coop = match coop_side(gpu) {
-            Some(n) => {
-                let pipeline = gpu.pipeline(&attention_coop_key(n), || Ok(attention_coop_source(n)))?;
-                let bind = gpu.bind_group("attention coop", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &uni, &gpu.step])?;
-                Some((pipeline, bind, n, u32_of("head groups", n_head.div_ceil(attention_coop_heads(n) as usize))?))
-            }
-            None => None,
-        };
         let merge = gpu.pipeline("attention_merge", || Ok(ATTENTION_MERGE.to_string()))?;
         let merge_bind = gpu.bind_group("attention merge", &merge, &[&part.buffer, &b.o.buffer, &uni, &gpu.step])?;
 
@@ -181,12 +169,7 @@ impl Attention {
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
         let part_len = part.len();
-        Ok(Self { reduce, split, long, coop, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
-    }
-
-    /// The side of the cooperative matrices prefill steps run on (None: the f32 kernel).
-    pub fn coop_side(&self) -> Option<u32> {
-        self.coop.as_ref().map(|c| c.2)
+        Ok(Self { reduce, split, long, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
     }
 
     /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
@@ -215,16 +198,10 @@ impl Attention {
         }
         {
             let pass = enc.pass();
-            let (pipeline, bind, groups) = match (&self.coop, short) {
-                (Some((p, b, _, g)), false) => (p, b, *g),
-                _ => {
-                    let (p, b) = if short { &self.split } else { &self.long };
-                    (p, b, self.groups as u32)
-                }
-            };
+            let (pipeline, bind) = if short { &self.split } else { &self.long };
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, bind, &[]);
-            pass.dispatch_workgroups(groups, st.ntok, nsplit);
+            pass.dispatch_workgroups(self.groups as u32, st.ntok, nsplit);
             if nsplit > 1 {
                 pass.set_pipeline(&self.merge);
                 pass.set_bind_group(0, &self.merge_bind, &[]);
@@ -239,16 +216,6 @@ impl Attention {
         pass.dispatch_workgroups(self.store_wg_x.min(n.div_ceil(64)), n.div_ceil(64).div_ceil(self.store_wg_x), 1);
         Ok(())
     }
-}
-
-/// The matrix side of the coop prefill kernel on this device: the adapter's (`Caps::coop`), where its
-/// workgroup memory holds the kernel's and its subgroups can be 32 wide (the kernel's tiling assumes
-/// 4 subgroups of 32 and writes NaN otherwise, which the tests would show).
-fn coop_side(gpu: &Gpu) -> Option<u32> {
-    let c = gpu.caps();
-    let n = c.coop?;
-    let fits = attention_coop_shared_bytes(n) <= gpu.workgroup_memory();
-    (fits && c.subgroup_min_size <= 32 && c.subgroup_max_size >= 32).then_some(n)
 }
 
 /// The most candidate rows a token attends to: its window, then the compressed rows (all of them, or
