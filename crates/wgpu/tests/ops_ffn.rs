@@ -249,10 +249,9 @@ fn hc_entry_exit_and_head_match_cpu() {
     assert!(w_trans > 10.0 * BOUND, "a transposed comb should fail the bound (got {w_trans:.2e})");
 }
 
-/// The entry at the model shapes, where the kernel holds the streams in registers (Flash 4 x 4096
-/// and Pro 4 x 7168: 16 and 28 floats a stream a thread; 3 x 264: fewer streams, a width not a
-/// multiple of 256), and at shapes it reads from storage (8 streams; a width over 8192), one token
-/// and 3, against the CPU on a random F16 projection.
+/// The entry at the model shapes (Flash 4 x 4096, Pro 4 x 7168), with fewer streams and a width not a
+/// multiple of 256 (3 x 264), 8 streams and a width over 8192, one token and 3, against the CPU on a
+/// random F16 projection.
 #[test]
 fn hc_entry_at_model_shapes_matches_cpu() {
     let Some(gpu) = common::gpu(common::opts(false, None)) else { return };

@@ -57,7 +57,6 @@ fn need(what: &str, cond: bool, reason: impl FnOnce() -> String) -> Result<(), W
 }
 
 /// Sub-layer entry: `xn` = rms_norm(sum_s pre[s] X[s]) * norm, and the exit coefficients into `coef`.
-/// The mix product, then one workgroup per token (`hc_pre.wgsl`).
 pub struct HcPre {
     mix: StepMatVec,
     pipeline: Arc<wgpu::ComputePipeline>,

@@ -16,6 +16,11 @@ pub(crate) fn tiled_products_fit(gpu: &Gpu) -> bool {
     gpu.workgroup_memory() >= MATMUL_SHARED_BYTES as u64
 }
 
+/// Columns from which a dense tiled product takes the coop tile. On an H100 (kernel_bench, 4096
+/// tokens) the coop tile ran 1.3-1.8x the f32 tile at 4096 and 8192 columns but 0.7x at q_b's 1024
+/// (32768 rows): its fixed cost per workgroup (zeroed and staged outputs) weighs on short columns.
+pub(crate) const COOP_MIN_COLS: usize = 2048;
+
 /// The side of the cooperative matrices the tiled products use on this device, if any: the coop
 /// tile needs them, 8 subgroups of 32 in its 256 threads, and room for its f32 output tile.
 pub(crate) fn coop_tile_side(gpu: &Gpu) -> Option<u32> {
@@ -132,7 +137,7 @@ impl MatVec {
         let parts = bind_parts(&pipeline, shape.rows(), "")?;
         let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
         let matmul = if tile > 1 && tiles_groups && tiled_products_fit(gpu) {
-            let (key, src) = match coop_tile_side(gpu) {
+            let (key, src) = match coop_tile_side(gpu).filter(|_| w.cols >= COOP_MIN_COLS) {
                 Some(n) => (matmul_coop_key(ty, f16, n), matmul_coop_source(ty, f16, n)),
                 None => (matmul_key(ty, f16), matmul_source(ty, f16)),
             };
