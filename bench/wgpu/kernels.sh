@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call for the wgpu kernels on Vulkan (results under $OUT, at most 8 files come back):
-#  1. kernel_bench: each decode kernel at the Flash shapes, this build with every product shape
+#  1. kernel_bench: each decode kernel and the prefill tiles (coop and f32) at the Flash shapes, this build with every product shape
 #     (--sweep) -> kernels.csv, and the previous build's (device-bin/old-kb.xz) -> kernels_old.csv;
 #  2. flash:6 decode / prefill, the previous ds4-bench (device-bin/old-bench.xz) and this one
 #     -> ab_vulkan_flash6.csv;
 #  3. the per-op profile of this one and the previous one (DS4_WGPU_PROFILE=1) -> profile_vulkan.log,
 #     profile_vulkan_old.log;
 #  4. with MTP=1, the MTP verify-step costs on flash:6 (bench/wgpu/mtp_costs.sh) -> mtp_costs_vulkan.txt;
-#  5. with FLASH=flash:30, Vulkan and CUDA on that model -> vulkan_vs_cuda.csv;
+#  5. with FLASH=flash:30, Vulkan (and Vulkan with --quality: f32 prefill tiles) and CUDA on that model
+#     -> vulkan_vs_cuda.csv;
 #  6. with WGPU_TESTS=1, the wgpu tests on the GPU -> wgpu_tests.log.
 # Prepare: bench/cuda/build_device_bin.sh and the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/wgpu/kernels.sh
@@ -56,9 +57,10 @@ if [ -n "${FLASH:-}" ]; then
   rm -f /dev/shm/flash6.gguf
   export LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
   echo "backend,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes" > $OUT/vulkan_vs_cuda.csv
-  for be in vulkan cuda; do
+  # "vulkan --quality": the prefill products on f32 tiles (no cooperative matrices), same call.
+  for be in vulkan "vulkan --quality" cuda; do
     el "$FLASH on $be"
-    timeout 200 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend $be --gen-tokens 64 2>/tmp/$be.err | grep "^4096," | sed "s/^/$be,/" | tee -a $OUT/vulkan_vs_cuda.csv
+    timeout 200 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend $be --gen-tokens 64 2>/tmp/err.log | grep "^4096," | sed "s/^/${be// /},/" | tee -a $OUT/vulkan_vs_cuda.csv
   done
 fi
 if [ -n "${WGPU_TESTS:-}" ]; then
