@@ -18,7 +18,7 @@ pub(crate) fn tiled_products_fit(gpu: &Gpu) -> bool {
 
 /// Columns from which a dense tiled product takes the coop tile. On an H100 (kernel_bench, 4096
 /// tokens) the coop tile ran 1.3-1.8x the f32 tile at 4096 and 8192 columns but 0.7x at q_b's 1024
-/// (32768 rows): its fixed cost per workgroup (zeroed and staged outputs) weighs on short columns.
+/// (32768 rows), likely its fixed cost per workgroup (zeroed and staged outputs) over few column steps.
 pub(crate) const COOP_MIN_COLS: usize = 2048;
 
 /// The side of the cooperative matrices the tiled products use on this device, if any: the coop
