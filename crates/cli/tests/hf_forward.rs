@@ -105,9 +105,9 @@ fn compare_tiny(dir: &Path, qat: bool) -> Measured {
     for (i, &p) in lpos.iter().enumerate().filter(|&(_, &p)| p < upto) {
         let got = &logits[p * v..(p + 1) * v];
         let w = &want[i * v..(i + 1) * v];
-        let e = got.iter().zip(w).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let e = got.iter().zip(w).fold(0f32, |m, (a, b)| nan_max(m, (a - b).abs()));
         per_pos.push(e);
-        logit_err = logit_err.max(e);
+        logit_err = nan_max(logit_err, e);
         asserted += 1;
         if am(got) == am(w) {
             argmax_ok += 1;
@@ -201,7 +201,7 @@ fn tiny_quantized_matches_transformers_on_dequantized_weights() {
             for (i, &p) in lpos.iter().enumerate() {
                 let got = &logits[p * v..(p + 1) * v];
                 let w = &want[i * v..(i + 1) * v];
-                worst = worst.max(got.iter().zip(w).fold(0f32, |a, (x, y)| a.max((x - y).abs())));
+                worst = nan_max(worst, got.iter().zip(w).fold(0f32, |a, (x, y)| nan_max(a, (x - y).abs())));
                 let am = |x: &[f32]| (0..x.len()).max_by(|&a, &b| x[a].total_cmp(&x[b])).unwrap();
                 argmax_ok += (am(got) == am(w)) as usize;
             }
@@ -214,3 +214,6 @@ fn tiny_quantized_matches_transformers_on_dequantized_weights() {
         }
     }
 }
+
+/// The larger of two error measures, NaN counting as unbounded (`f32::max` would skip it).
+fn nan_max(a: f32, b: f32) -> f32 { if a.is_nan() || b.is_nan() { f32::INFINITY } else { a.max(b) } }

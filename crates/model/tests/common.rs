@@ -36,8 +36,17 @@ pub fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-/// max |a-b| / max |b|
+/// max |a-b| / max |b|; a NaN difference makes it infinite (`f32::max` would skip it).
 pub fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let m = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-    a.iter().zip(b).fold(0f32, |e, (x, y)| e.max((x - y).abs())) / m
+    a.iter().zip(b).fold(0f32, |e, (x, y)| nan_max(e, (x - y).abs())) / m
+}
+
+/// The larger of two error measures, NaN counting as unbounded.
+pub fn nan_max(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::INFINITY
+    } else {
+        a.max(b)
+    }
 }

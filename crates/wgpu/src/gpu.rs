@@ -466,6 +466,25 @@ impl Gpu {
         self.buffer_with(label, bytes, bytes.len() as u64, wgpu::BufferUsages::UNIFORM)
     }
 
+    /// Test hook: runs a module whose only binding (0) is a storage buffer of `out_floats` f32 (zeroed),
+    /// over `groups` workgroups, and returns the buffer: probes of what the driver does (e.g. the
+    /// cooperative-matrix layouts, `tests/ops_matvec.rs`).
+    #[doc(hidden)]
+    pub fn run_probe(&self, key: &str, wgsl: &str, groups: u32, out_floats: usize) -> Result<Vec<f32>, WgpuError> {
+        let out = crate::GpuBuffer::new(self, key, out_floats)?;
+        let src = wgsl.to_string();
+        let pipeline = self.pipeline(key, || Ok(src))?;
+        let bind = self.bind_group(key, &pipeline, &[&out.buffer])?;
+        self.run(Step { ntok: 1, pos: 0 }, |enc| {
+            let pass = enc.pass();
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+            Ok(())
+        })?;
+        out.read(self, out_floats)
+    }
+
     /// Records work through `f` and runs it with `step` (one 16-byte uniform write), waiting for it.
     pub fn run(&self, step: Step, f: impl FnOnce(&mut Encoder) -> Result<(), WgpuError>) -> Result<(), WgpuError> {
         let mut enc = self.begin(step);

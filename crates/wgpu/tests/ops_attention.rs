@@ -35,7 +35,7 @@ fn scaled(seed: u64, n: usize, s: f32) -> Vec<f32> {
 /// ops_misc): they use an absolute part of 4e-6.
 fn worst(got: &[f32], want: &[f32], rel: f64, abs: f64) -> f64 {
     assert_eq!(got.len(), want.len());
-    got.iter().zip(want).map(|(&a, &b)| ((a - b).abs() as f64) / (rel * (b.abs() as f64) + abs)).fold(0.0, f64::max)
+    got.iter().zip(want).map(|(&a, &b)| ((a - b).abs() as f64) / (rel * (b.abs() as f64) + abs)).fold(0.0, common::worse)
 }
 
 /// Elements of a QAT'd row set outside the fine bound (a value that sits on a rounding boundary can
@@ -45,7 +45,8 @@ fn qat_flips(got: &[f32], want: &[f32], rel: f64, abs: f64, step_rel: f64, floor
     let mut flips = 0;
     for (i, (&a, &b)) in got.iter().zip(want).enumerate() {
         let err = (a - b).abs() as f64;
-        if err > rel * b.abs() as f64 + abs {
+        // `!(<=)`: a NaN element counts (and then fails the grid-step check).
+        if !(err <= rel * b.abs() as f64 + abs) {
             let mag = a.abs().max(b.abs()) as f64;
             assert!(err <= step_rel * mag + floor, "element {i}: {a} vs {b}: more than one grid step");
             flips += 1;
@@ -360,7 +361,7 @@ fn attention_case(gpu: &Gpu, cfg: &Config, c: AttnCase, steps: &[usize], mistake
         if mistake == Mistake::None && w > 1.0 {
             eprintln!("step {si} (pos {pos}, {n} tokens): {w:.3} of the bound");
         }
-        worst_all = worst_all.max(w);
+        worst_all = common::worse(worst_all, w);
         pos += n;
     }
     worst_all
@@ -474,7 +475,7 @@ fn indexer_case(gpu: &Gpu, ih: usize, id: usize, top_k: usize, pos0: usize, step
             let gs = &got_s[i * cap..i * cap + nc];
             // Sums of ih relu'd dots of id products: bound 1e-5 x sum |w_h| |q_h| |k| (~ the terms' scale).
             let scale: f32 = wh.iter().map(|w| w.abs()).sum::<f32>() * (id as f32).sqrt();
-            worst_all = worst_all.max(worst(gs, &want_s, 0.0, 1e-5 * scale as f64));
+            worst_all = common::worse(worst_all, worst(gs, &want_s, 0.0, 1e-5 * scale as f64));
             // The picks are exactly top_k_indices of the device's scores, and of the CPU's.
             top_k_indices(gs, top_k, &mut scratch, &mut from_gpu);
             assert_eq!(sel, &from_gpu[..], "token at {p}: picks differ from top_k_indices of the device scores");
@@ -564,7 +565,7 @@ fn grouped_output_projection_matches_per_group_products() {
                 let wr = &deq[r * gin..(r + 1) * gin];
                 let want: f64 = wr.iter().zip(xin).map(|(&a, &b)| a as f64 * b as f64).sum();
                 let mag: f64 = wr.iter().zip(xin).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
-                worst_r = worst_r.max((y[i * rows + r] as f64 - want).abs() / (1e-5 * mag));
+                worst_r = common::worse(worst_r, (y[i * rows + r] as f64 - want).abs() / (1e-5 * mag));
             }
         }
         eprintln!("grouped projection ({g} groups, {ntok} tokens): {worst_r:.4} of the bound");
@@ -694,7 +695,7 @@ fn composed_ratio4_attention_block_matches_cpu_stage_sequence() {
                 rope.apply(out, p, true);
             }
         }
-        worst_all = worst_all.max(worst(&got, &want, 1e-5, 1.5e-6));
+        worst_all = common::worse(worst_all, worst(&got, &want, 1e-5, 1.5e-6));
         pos += n;
     }
     eprintln!("composed ratio-4 attention block: {worst_all:.3} of the bound");

@@ -78,7 +78,7 @@ fn streams(cfg: &Config, ntok: usize, seed: u64) -> Vec<f32> {
 fn rel(got: &[f32], want: &[f32]) -> f32 {
     assert_eq!(got.len(), want.len());
     let m = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-    got.iter().zip(want).fold(0f32, |a, (g, w)| a.max((g - w).abs())) / m
+    got.iter().zip(want).fold(0f32, |a, (g, w)| common::worse32(a, (g - w).abs())) / m
 }
 
 /// The CPU sub-layer entry (as `Stage::hc_pre` + the sub-layer norm): xn rows and the mixes.
@@ -176,10 +176,10 @@ fn hc_entry_exit_and_head_match_cpu() {
             let pre = HcPre::new(&gpu, &d, &fn_t, &hcw.scale, &hcw.base, norm, &xb, &mix, &xn, &coef, MAXT).unwrap();
             gpu.run(step, |enc| pre.encode(enc)).unwrap();
             let (want_xn, mixes) = cpu_pre(cfg, w, hcw, norm, &x, ntok, cfg.sinkhorn_iters);
-            w_xn = w_xn.max(rel(&xn.read(&gpu, ntok * e).unwrap(), &want_xn));
+            w_xn = common::worse32(w_xn, rel(&xn.read(&gpu, ntok * e).unwrap(), &want_xn));
             let want_coef: Vec<f32> = mixes.iter().flat_map(|m| coef_of(m, n)).collect();
             let got_coef = coef.read(&gpu, ntok * d.coef_len()).unwrap();
-            w_coef = w_coef.max(rel(&got_coef, &want_coef));
+            w_coef = common::worse32(w_coef, rel(&got_coef, &want_coef));
 
             // Injected mistakes: the Sinkhorn loop cut to its first normalisation, or to all but
             // its last iteration (converged by then: measured at the f32 noise level, not asserted).
@@ -200,7 +200,7 @@ fn hc_entry_exit_and_head_match_cpu() {
             for i in 0..ntok {
                 hc::post(&mixes[i], n, &y[i * e..(i + 1) * e], &mut want_x[i * hd..(i + 1) * hd], &mut tmp);
             }
-            w_post = w_post.max(rel(&xb.read(&gpu, ntok * hd).unwrap(), &want_x));
+            w_post = common::worse32(w_post, rel(&xb.read(&gpu, ntok * hd).unwrap(), &want_x));
             // Injected mistake: comb read transposed (comb[c][r]).
             let transposed: Vec<f32> = mixes
                 .iter()
@@ -236,7 +236,7 @@ fn hc_entry_exit_and_head_match_cpu() {
                 HeadRows::All => (out.read(&gpu, ntok * e).unwrap(), &want[..]),
                 HeadRows::Last => (out.read(&gpu, e).unwrap(), &want[(ntok - 1) * e..]),
             };
-            w_head = w_head.max(rel(&got, want));
+            w_head = common::worse32(w_head, rel(&got, want));
         }
     }
     eprintln!("hc: xn {w_xn:.2e}, post/comb {w_coef:.2e}, exit {w_post:.2e}, head {w_head:.2e} of the largest value");
@@ -288,7 +288,7 @@ fn hc_entry_at_model_shapes_matches_cpu() {
             }
             let (rx, rc) = (rel(&xn.read(&gpu, ntok * e).unwrap(), &want_xn), rel(&coef.read(&gpu, ntok * d.coef_len()).unwrap(), &want_coef));
             eprintln!("hc entry {n} x {e}, {ntok} tokens: xn {rx:.2e}, post/comb {rc:.2e} of the largest value");
-            worst = worst.max(rx).max(rc);
+            worst = common::worse32(common::worse32(worst, rx), rc);
         }
     }
     // As the tiny model's entry (measured <= 1.8e-7 there).
@@ -329,11 +329,11 @@ fn router_matches_cpu_biased_and_hash() {
             let xn = common::normals(300 + il as u64 + ntok as u64, ntok * e);
             let (logits, ids, wts) = gpu_route(&gpu, &rc, &gate, routing, &xn, &tokens[..ntok]);
             let want_logits = mm(w, &lw.gate_inp, &xn, ntok);
-            w_log = w_log.max(rel(&logits, &want_logits));
+            w_log = common::worse32(w_log, rel(&logits, &want_logits));
             for i in 0..ntok {
                 let (want_ids, want_w) = cpu_route(cfg, lw, &want_logits[i * ne..(i + 1) * ne], tokens[i]);
                 assert_eq!(&ids[i * k..(i + 1) * k], &want_ids[..], "layer {il} token {i}: experts");
-                w_wt = w_wt.max(rel(&wts[i * k..(i + 1) * k], &want_w));
+                w_wt = common::worse32(w_wt, rel(&wts[i * k..(i + 1) * k], &want_w));
                 if let Some(b) = &lw.exp_bias {
                     // Injected mistake: weights from the biased selection scores.
                     let p: Vec<f32> = want_ids.iter().map(|&x| cops::softplus(want_logits[i * ne + x as usize]).sqrt() + b[x as usize]).collect();
@@ -504,7 +504,7 @@ fn expert_products_every_type_straddling_parts() {
                             let round16 = mode == "coop" && walk == "tiled";
                             let (want, mag) = st.dot(ids[slot] as usize * r + row, &x[xr * cols..(xr + 1) * cols], round16);
                             let err = (y[slot * r + row] as f64 - want).abs() / (1e-5 * mag + 1e-30);
-                            worst = worst.max(err);
+                            worst = common::worse(worst, err);
                             assert!(err <= 1.0, "{ty:?} {walk} {mode} per_slot={per_slot} slot {slot} row {row}: {} vs {want}", y[slot * r + row]);
                         }
                     }
@@ -619,7 +619,7 @@ fn moe_sublayer_matches_cpu() {
                 let got = xb.read(&gpu, ntok * hd).unwrap();
                 let err = rel(&got, &want);
                 eprintln!("moe {mix:?} layer {il} ({}) ntok {ntok}: {err:.2e} of the largest stream value", if lw.tid2eid.is_some() { "hash" } else { "biased" });
-                worst = worst.max(err);
+                worst = common::worse32(worst, err);
             }
             if mix == Mix::Q2 && il == 3 {
                 // A clamp the tiny model's activations reach (its own, 10, they do not), then the
@@ -647,7 +647,7 @@ fn moe_sublayer_matches_cpu() {
                     let err = rel(&xb.read(&gpu, ntok * hd).unwrap(), want);
                     eprintln!("moe {label}: {err:.2e}");
                     if ok {
-                        worst = worst.max(err);
+                        worst = common::worse32(worst, err);
                     } else {
                         injected = injected.min(err);
                     }

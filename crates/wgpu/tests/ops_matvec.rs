@@ -69,8 +69,8 @@ fn compare_inputs(ty: GgmlType, w: &[u8], rows: usize, cols: usize, x: &[f32], y
             if !round16 {
                 assert!((exact[r] as f64 - refv).abs() <= 1e-5 * mag, "CPU exact path disagrees with the f64 reference");
             }
-            worst = worst.max(err / (1e-5 * mag));
-            max_abs = max_abs.max(err);
+            worst = common::worse(worst, err / (1e-5 * mag));
+            max_abs = common::worse(max_abs, err);
         }
     }
     (worst, max_abs)
@@ -345,4 +345,74 @@ fn tiled_product_matches_cpu() {
             }
         }
     }
+}
+
+/// The probes of `cooperative_matrix_layouts` for side `n`: (name, whether out[c n + r] holds m(c, r)
+/// rather than m(r, c)) per probe, and the module. Probe k leaves its matrix in out[k n n ..] through
+/// the confirmed column-major store; the last one stores the control's matrix row-major instead.
+fn coop_layout_probes(n: u32) -> (Vec<(&'static str, bool)>, String) {
+    let nn = n * n;
+    let (a, b, c) = (format!("coop_mat{n}x{n}<f16, A>"), format!("coop_mat{n}x{n}<f16, B>"), format!("coop_mat{n}x{n}<f32, C>"));
+    let control = format!("coopMultiplyAdd(coopLoadT<{a}>(&mh[0], N), coopLoad<{b}>(&eh[0], N), z)");
+    let probes = [
+        ("coopLoad A (column-major)", format!("coopMultiplyAdd(coopLoad<{a}>(&mh[0], N), coopLoad<{b}>(&eh[0], N), z)"), true),
+        ("coopLoadT B (row-major)", format!("coopMultiplyAdd(coopLoadT<{a}>(&eh[0], N), coopLoadT<{b}>(&mh[0], N), z)"), false),
+        ("coopLoad C (column-major)", format!("coopLoad<{c}>(&mf[0], N)"), true),
+        ("coopLoadT C (row-major)", format!("coopLoadT<{c}>(&mf[0], N)"), false),
+        ("control: coopLoadT A, coopLoad B, coopStore C", control.clone(), false),
+    ];
+    let mut body = String::new();
+    for (k, (_, m, _)) in probes.iter().enumerate() {
+        body += &format!("    coopStore({m}, &cs[{}u], N);\n", k as u32 * nn);
+    }
+    let k = probes.len() as u32;
+    body += &format!("    coopStoreT({control}, &cs[{}u], N);\n", k * nn);
+    let total = (k + 1) * nn;
+    let wgsl = format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\nconst N: u32 = {n}u;\n@group(0) @binding(0) var<storage, read_write> out: array<f32>;\n\
+         var<workgroup> mh: array<f16, {nn}>;\nvar<workgroup> eh: array<f16, {nn}>;\nvar<workgroup> mf: array<f32, {nn}>;\nvar<workgroup> cs: array<f32, {total}>;\n\
+         @compute @workgroup_size(32)\nfn main(@builtin(local_invocation_index) lid: u32) {{\n\
+         for (var e = lid; e < N * N; e += 32u) {{ mh[e] = f16(f32(e)); mf[e] = f32(e); eh[e] = select(f16(0.0), f16(1.0), e / N == e % N); cs[e] = 0.0; }}\n\
+         workgroupBarrier();\n    let z = coopLoad<{c}>(&cs[0], N);\n    workgroupBarrier();\n{body}    workgroupBarrier();\n\
+         for (var e = lid; e < {total}u; e += 32u) {{ out[e] = cs[e]; }}\n}}\n"
+    );
+    let names = probes.iter().map(|p| (p.0, p.2)).chain([("coopStoreT C (row-major)", true)]).collect();
+    (names, wgsl)
+}
+
+/// The cooperative-matrix load and store forms against their definitions (SPIR-V KHR layouts:
+/// row-major (r, c) at `p[r * stride + c]`, column-major at `p[c * stride + r]`), one subgroup of 32 at
+/// the adapter's side N: every form a kernel may use, each read back through forms the coop tiles have
+/// confirmed on the H100 (`coopLoadT` A, `coopLoad` B, `coopStore` C). m(r, c) = r N + c (exact in
+/// f16), the identity from the same forms. The modules are validated by naga everywhere; they run
+/// only where the adapter has cooperative matrices (not lavapipe).
+#[test]
+fn cooperative_matrix_layouts() {
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+    for n in [8u32, 16] {
+        let (_, wgsl) = coop_layout_probes(n);
+        let module = naga::front::wgsl::parse_str(&wgsl).unwrap_or_else(|e| panic!("probe {n}: {}", e.emit_to_string(&wgsl)));
+        Validator::new(ValidationFlags::all(), Capabilities::COOPERATIVE_MATRIX | Capabilities::SHADER_FLOAT16)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("probe {n}: {}", e.emit_to_string(&wgsl)));
+    }
+    let Some(gpu) = common::gpu(ds4_wgpu::GpuOptions::default()) else { return };
+    let Some(side) = gpu.caps().coop else {
+        eprintln!("no cooperative matrices on {}: layouts not probed", gpu.caps().adapter);
+        return;
+    };
+    let (names, wgsl) = coop_layout_probes(side);
+    let n = side as usize;
+    let out = gpu.run_probe("coop layouts", &wgsl, 1, names.len() * n * n).expect("probe");
+    let mut wrong = Vec::new();
+    for (k, &(name, transposed)) in names.iter().enumerate() {
+        let got = &out[k * n * n..(k + 1) * n * n];
+        let want = |r: usize, c: usize| if transposed { (c * n + r) as f32 } else { (r * n + c) as f32 };
+        let ok = (0..n).all(|r| (0..n).all(|c| got[c * n + r] == want(r, c)));
+        eprintln!("{name}: {}", if ok { "as defined" } else { "NOT as defined" });
+        if !ok {
+            wrong.push(name);
+        }
+    }
+    assert!(wrong.is_empty(), "cooperative-matrix forms not as defined on {}: {wrong:?}", gpu.caps().adapter);
 }

@@ -24,7 +24,7 @@ fn rms_norm_matches_cpu() {
             ds4_model::ops::rms_norm(row, weighted.then_some(&g[..]), 1e-6);
         }
         // f32 tree sum of 4096 squares vs the CPU's f64 sum: < 2e-6 relative; 4e-6 allowed.
-        let worst = got.iter().zip(&want).map(|(a, b)| ((a - b).abs() / (4e-6 * b.abs() + 1e-7)) as f64).fold(0.0, f64::max);
+        let worst = got.iter().zip(&want).map(|(a, b)| ((a - b).abs() / (4e-6 * b.abs() + 1e-7)) as f64).fold(0.0, common::worse);
         eprintln!("rms norm weighted={weighted}: {worst:.3} of the bound");
         assert!(worst <= 1.0, "rms norm (weighted={weighted}) off by {worst} x the bound");
     }
@@ -56,7 +56,7 @@ fn rope_matches_cpu_at_large_positions() {
                     let mag = (pa[0].abs() + pa[1].abs()) as f64;
                     for k in 0..2 {
                         let err = (pb.0[k] - pb.1[k]).abs() as f64;
-                        worst = worst.max(err / (3.5e-6 * mag + 1e-12));
+                        worst = common::worse(worst, err / (3.5e-6 * mag + 1e-12));
                     }
                 }
                 eprintln!("rope ratio={ratio} inverse={inverse} pos={pos}: {worst:.3} of the bound");
@@ -87,7 +87,7 @@ fn swiglu_matches_cpu() {
             };
             // Vulkan's exp is within (3 + 2|x|) ulp; the rest is a few f32 roundings.
             let bound = (8.0 + 2.0 * a[i].abs() as f64) * f32::EPSILON as f64 * want.abs() as f64 + 1e-30;
-            worst = worst.max((got[i] - want).abs() as f64 / bound);
+            worst = common::worse(worst, (got[i] - want).abs() as f64 / bound);
         }
         eprintln!("swiglu clamp={clamp:?}: {worst:.3} of the bound");
         assert!(worst <= 1.0, "swiglu (clamp {clamp:?}) off by {worst} x the bound");

@@ -46,7 +46,7 @@ fn opts() -> Option<GpuOptions> {
 fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
     let m = b.iter().fold(0f64, |m, &v| m.max(v.abs() as f64));
-    a.iter().zip(b).fold(0f64, |w, (&x, &y)| w.max((x as f64 - y as f64).abs())) / m
+    a.iter().zip(b).fold(0f64, |w, (&x, &y)| common::worse(w, (x as f64 - y as f64).abs())) / m
 }
 
 fn argmax(l: &[f32]) -> u32 {
@@ -66,7 +66,7 @@ fn compare(cpu: &mut Stage, gpu: &mut WgpuStage, prompt: &[u32], chunk: usize, s
     for c in prompt.chunks(chunk) {
         lc = cpu.forward(&mut kc, c, None, Logits::Last).unwrap().to_vec();
         lg = gpu.forward(&mut kg, c, None, Logits::Last).unwrap().to_vec();
-        worst = worst.max(rel_err(&lg, &lc));
+        worst = common::worse(worst, rel_err(&lg, &lc));
     }
     let (mut tc, mut tg) = (Vec::new(), Vec::new());
     let counters = gpu.ops.gpu().counters();
@@ -77,7 +77,7 @@ fn compare(cpu: &mut Stage, gpu: &mut WgpuStage, prompt: &[u32], chunk: usize, s
         lc = cpu.forward(&mut kc, &[a], None, Logits::Last).unwrap().to_vec();
         lg = gpu.forward(&mut kg, &[b], None, Logits::Last).unwrap().to_vec();
         if a == b {
-            worst = worst.max(rel_err(&lg, &lc));
+            worst = common::worse(worst, rel_err(&lg, &lc));
         }
     }
     let after = gpu.ops.gpu().counters();

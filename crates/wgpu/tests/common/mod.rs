@@ -33,3 +33,22 @@ pub fn normals(seed: u64, n: usize) -> Vec<f32> {
     let mut r = ds4_quant::random::SplitMix64(seed);
     (0..n).map(|_| r.normal()).collect()
 }
+
+/// The larger of two error measures, NaN counting as unbounded: `f64::max` returns the other argument
+/// for NaN, so an unwritten output (the tests pre-fill outputs with NaN) or a poisoned one would pass.
+pub fn worse(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() {
+        f64::INFINITY
+    } else {
+        a.max(b)
+    }
+}
+
+/// `worse` for f32 error measures.
+pub fn worse32(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::INFINITY
+    } else {
+        a.max(b)
+    }
+}
