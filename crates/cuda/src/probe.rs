@@ -676,7 +676,7 @@ pub fn router_check(seed: u64, e: usize, ne: usize, k: usize) -> ds4_model::Resu
         g.dtoh(&mut e2, w2.ptr)?;
         let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
         let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-        let wd = e1.iter().zip(&e2).map(|(x, y)| ((x - y).abs() / x.abs().max(1e-30)) as f64).fold(0.0, f64::max);
+        let wd = e1.iter().zip(&e2).map(|(x, y)| ((x - y).abs() / x.abs().max(1e-30)) as f64).fold(0.0, |m, v| if v.is_nan() { f64::INFINITY } else { m.max(v) });
         Ok((i1 == i2, wd, (num / den.max(1e-30)).sqrt()))
     })()
     .map_err(me)
