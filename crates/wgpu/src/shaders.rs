@@ -244,19 +244,20 @@ fn coop_tile_fns(n: u32) -> String {
 }
 
 /// A tiled product's main (matmul_main.wgsl, matmul_expert_main.wgsl) for the coop tile: it also
-/// takes its subgroup's index, which picks the subgroup's output tiles.
-fn coop_main(main: &str) -> String {
-    let out = main
-        .replace("@builtin(local_invocation_index) lid: u32)", "@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sgid: u32)")
-        .replace("    load_prelude(lid);\n", "    load_prelude(lid);\n    sg_id = sgid;\n");
-    debug_assert!(out.contains("sg_id = sgid"), "a tiled main changed shape");
-    out
+/// takes its subgroup's index, which picks the subgroup's output tiles. None if the main no longer
+/// has the signature and prologue this edits (every subgroup would take subgroup 0's tiles).
+fn coop_main(main: &str) -> Option<String> {
+    let (sig, prologue) = ("@builtin(local_invocation_index) lid: u32)", "    load_prelude(lid);\n");
+    if main.matches(sig).count() != 1 || main.matches(prologue).count() != 1 {
+        return None;
+    }
+    Some(main.replace(sig, "@builtin(local_invocation_index) lid: u32, @builtin(subgroup_id) sgid: u32)").replace(prologue, "    load_prelude(lid);\n    sg_id = sgid;\n"))
 }
 
 /// The tiled product module on `n` x `n` cooperative matrices (f16 inputs, f32 sums).
 pub fn matmul_coop_source(ty: GgmlType, f16: F16Unpack, n: u32) -> Option<String> {
     let load = load8_source(ty)?;
-    Some(format!("enable f16;\nenable wgpu_cooperative_matrix;\n{MATVEC_COMMON}\n{}\n{load}\n{}\n{}", unpack_source(f16), coop_tile_fns(n), coop_main(MATMUL_MAIN)))
+    Some(format!("enable f16;\nenable wgpu_cooperative_matrix;\n{MATVEC_COMMON}\n{}\n{load}\n{}\n{}", unpack_source(f16), coop_tile_fns(n), coop_main(MATMUL_MAIN)?))
 }
 
 /// The routed-expert tiled product module on `n` x `n` cooperative matrices.
@@ -267,7 +268,7 @@ pub fn expert_coop_source(ty: GgmlType, f16: F16Unpack, n: u32) -> Option<String
         "enable f16;\nenable wgpu_cooperative_matrix;\n{MATVEC_COMMON}\n{}\n{load}\n{EXPERT_TILES}\n{}\n{}",
         unpack_source(f16),
         coop_tile_fns(n),
-        coop_main(MATMUL_EXPERT_MAIN)
+        coop_main(MATMUL_EXPERT_MAIN)?
     ))
 }
 
