@@ -20,7 +20,10 @@ export DS4_WEIGHTS=mmap
 T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 cat README.md README.md README.md > /tmp/prompt.txt
-[ -f /dev/shm/flash6.gguf ] || (timeout 200 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 > /tmp/synth.log 2>&1 &)
+# The model is written while the kernels are timed; waited for by its process id (a `pgrep -f` on its
+# command line also matches a calling shell whose command line names it, and never ends).
+SP=
+[ -f /dev/shm/flash6.gguf ] || { timeout 200 $B/ds4-gguf synth flash:6 /dev/shm/flash6.gguf --mix q2 > /tmp/synth.log 2>&1 & SP=$!; }
 el "kernel bench"
 timeout 200 $B/kernel_bench ${ITERS:-200} --sweep > $OUT/kernels.csv 2>&1
 if [ -f $B/old-kb.xz ]; then
@@ -31,7 +34,7 @@ if [ -f $B/old-kb.xz ]; then
   timeout 150 /tmp/old-kb ${ITERS:-200} > $OUT/kernels_old2.csv 2>&1
   paste -d, $OUT/kernels_old.csv $OUT/kernels_new2.csv $OUT/kernels_old2.csv | cut -d, -f1,3,7,11
 fi
-while pgrep -f "ds4-gguf synth" >/dev/null; do sleep 2; done; tail -1 /tmp/synth.log 2>/dev/null
+[ -n "$SP" ] && wait $SP; tail -1 /tmp/synth.log 2>/dev/null
 bench() { timeout ${TO:-150} $1 -m /dev/shm/flash6.gguf --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --prefill-chunk 4096 --mem-limit-gb 200 --backend vulkan "${@:2}"; }
 if [ -f $B/old-bench.xz ]; then
   xz -dc $B/old-bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench
