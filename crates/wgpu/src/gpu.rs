@@ -65,8 +65,9 @@ pub struct Caps {
     pub immediates: bool,
     /// Side of the square cooperative matrices (8 or 16) with f16 inputs and an f32 accumulator, where
     /// the adapter has them and `SHADER_F16` and `SUBGROUP` are on (tensor cores on NVIDIA, simdgroup
-    /// matrices on Apple): prefill products use them (`GpuOptions::disable` with
-    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` keeps the f32 tiles).
+    /// matrices on Apple). The prefill tiles use them where subgroups are exactly 32 wide
+    /// (`ops::matvec::coop_tile_side`; not Metal, where wgpu reports 4 to 64); `GpuOptions::disable`
+    /// with `EXPERIMENTAL_COOPERATIVE_MATRIX` keeps the f32 tiles.
     pub coop: Option<u32>,
     /// `unpack2x16float` usable (wgpu's SHADER_F16_IN_F32 downlevel flag; treated as absent when
     /// SHADER_F16 is disabled through `GpuOptions::disable`, which selects every fallback).
