@@ -246,6 +246,3 @@ fn auto_micro_chunk_and_prefill_bits() {
     let e = l16.iter().zip(&rl[0]).map(|(a, b)| (a - b).abs()).fold(0f32, nan_max);
     assert!(e > 0.0, "the 16-bit prefill went over the wire in 16 bits");
 }
-
-/// The larger of two error measures, NaN counting as unbounded (`f32::max` would skip it).
-fn nan_max(a: f32, b: f32) -> f32 { if a.is_nan() || b.is_nan() { f32::INFINITY } else { a.max(b) } }

@@ -71,6 +71,3 @@ fn a_trained_model_keeps_its_greedy_tokens_at_32_16_and_8_bits() {
         }
     }
 }
-
-/// The larger of two error measures, NaN counting as unbounded (`f32::max` would skip it).
-fn nan_max(a: f32, b: f32) -> f32 { if a.is_nan() || b.is_nan() { f32::INFINITY } else { a.max(b) } }

@@ -2,6 +2,9 @@
 //! (f32 activations on dequantized weights) on a *trained* model: the copy-task model of
 //! `tools/reference/trained_tiny.py` (crates/dist/tests/fixtures/copy_task), QAT on in both. Random-weight
 //! models have near-flat logits, so their argmax agreement says little; a trained model's margins are real.
+mod common;
+
+use common::nan_max;
 use ds4_gguf::GgufFile;
 use ds4_model::{Config, LayerRange, Logits, Options, Stage, Weights};
 use ds4_quant::Precision;
@@ -59,6 +62,3 @@ fn fast_path_error_is_bounded_on_a_trained_model() {
     assert!(median <= 1.2e-2, "median {median:.3e} exceeds 1.2e-2");
     assert!(p99 <= 2.7e-2, "p99 {p99:.3e} exceeds 2.7e-2");
 }
-
-/// The larger of two error measures, NaN counting as unbounded (`f32::max` would skip it).
-fn nan_max(a: f32, b: f32) -> f32 { if a.is_nan() || b.is_nan() { f32::INFINITY } else { a.max(b) } }

@@ -204,3 +204,6 @@ pub fn proc_worker_env(path: &Path, layers: &str, addr: &str, extra: &[&str], en
         .unwrap();
     ProcWorker { child }
 }
+
+/// The larger of two error measures, NaN counting as unbounded (`f32::max` would skip it).
+pub fn nan_max(a: f32, b: f32) -> f32 { if a.is_nan() || b.is_nan() { f32::INFINITY } else { a.max(b) } }

@@ -137,11 +137,11 @@ impl MatVec {
         let parts = bind_parts(&pipeline, shape.rows(), "")?;
         let tiles_groups = group_rows == 0 || group_rows % MATMUL_TILE == 0;
         let matmul = if tile > 1 && tiles_groups && tiled_products_fit(gpu) {
-            let (key, src) = match coop_tile_side(gpu).filter(|_| w.cols >= COOP_MIN_COLS) {
-                Some(n) => (matmul_coop_key(ty, f16, n), matmul_coop_source(ty, f16, n)),
-                None => (matmul_key(ty, f16), matmul_source(ty, f16)),
-            };
-            let mm = gpu.pipeline(&key, || src.ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
+            // The module text is built only on a pipeline-cache miss.
+            let coop = coop_tile_side(gpu).filter(|_| w.cols >= COOP_MIN_COLS);
+            let key = coop.map_or_else(|| matmul_key(ty, f16), |n| matmul_coop_key(ty, f16, n));
+            let src = || coop.map_or_else(|| matmul_source(ty, f16), |n| matmul_coop_source(ty, f16, n));
+            let mm = gpu.pipeline(&key, || src().ok_or_else(|| WgpuError::BadShape { what: key.clone(), reason: format!("no tiled product for {}", ty.name()) }))?;
             let mparts = bind_parts(&mm, MATMUL_TILE, " tiles")?;
             Some((mm, mparts))
         } else {

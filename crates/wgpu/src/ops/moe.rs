@@ -149,11 +149,10 @@ impl ExpertMatVec {
         let shape = shape.unwrap_or_else(|| expert_shape(ty, r, w.cols, k));
         let shape = if walk == ExpertWalk::PerSlot { shape } else { shape.batched() };
         let coop = if walk == ExpertWalk::Tiled { super::matvec::coop_tile_side(gpu) } else { None };
-        let (key, src) = match coop {
-            Some(n) => (expert_coop_key(ty, f16, n), expert_coop_source(ty, f16, n)),
-            None => (expert_matvec_key(ty, walk, shape, f16), expert_matvec_source(ty, walk, shape, f16)),
-        };
-        let pipeline = gpu.pipeline(&key, || src.ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
+        // The module text is built only on a pipeline-cache miss.
+        let key = coop.map_or_else(|| expert_matvec_key(ty, walk, shape, f16), |n| expert_coop_key(ty, f16, n));
+        let src = || coop.map_or_else(|| expert_matvec_source(ty, walk, shape, f16), |n| expert_coop_source(ty, f16, n));
+        let pipeline = gpu.pipeline(&key, || src().ok_or_else(|| bad(format!("no expert kernel for {}", ty.name()))))?;
         let table = if needs_table(ty) { Some(gpu.iq2_grid()?) } else { None };
         let exp: [u32; 4] = [u32_of("slots", k)?, if per_slot { 1 } else { u32_of("slots", k)? }, u32_of("rows per expert", r)?, 0];
         let ex_uni = gpu.uniform(&format!("{} experts", w.name), bytemuck::cast_slice(&exp))?;
