@@ -144,6 +144,13 @@ impl DeviceStage for CudaPipeline {
 
     fn upload_kv(&mut self, kv: &KvState) -> Result<()> { CudaPipeline::upload_kv(self, kv) }
 
+    /// On the last part's GPU (it holds the output matrix the drafter reads).
+    fn mtp_drafter(&mut self, mtp: &Stage, ctx: usize) -> Result<(Box<dyn crate::drafter::DeviceDrafter>, u64)> {
+        let d = self.stages.last().expect("a pipeline has at least one stage").mtp_drafter(mtp, ctx)?;
+        let bytes = d.ops().device_bytes();
+        Ok((Box::new(d), bytes))
+    }
+
     fn kv_slots(&self) -> usize { if self.stages.len() == 1 { self.stages[0].slots() } else { 1 } }
 
     fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> {

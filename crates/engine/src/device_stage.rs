@@ -45,6 +45,12 @@ pub(crate) trait DeviceStage: Send {
     /// Counters for benchmark output (None when the backend has none).
     fn report(&mut self) -> Option<String>;
 
+    /// The MTP drafter of `mtp` (`Mtp::stage`, the block bound from the MTP file) on this device,
+    /// reading the stage's output matrix, with a cache for `ctx` positions; and its device bytes.
+    fn mtp_drafter(&mut self, _mtp: &ds4_model::Stage, _ctx: usize) -> Result<(Box<dyn crate::drafter::DeviceDrafter>, u64)> {
+        Err(ds4_model::ModelError::Invalid(format!("the MTP drafter does not run on the {} backend", self.backend().name())))
+    }
+
     /// KV slots the device holds: sessions resident at once, each in the slot `KvState::slot` names.
     fn kv_slots(&self) -> usize { 1 }
 

@@ -285,7 +285,8 @@ impl Engine {
         Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None }
     }
 
-    /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it.
+    /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it (on a GPU
+    /// backend, on its device: built there from `model`'s weights).
     pub fn attach_mtp(&mut self, model: ds4_model::mtp::Mtp, opts: crate::speculative::MtpOptions) -> Result<(), EngineError> {
         opts.validate()?;
         self.backend().speculative().map_err(EngineError::Unsupported)?;
@@ -293,7 +294,15 @@ impl Engine {
         if !(r.embed && r.head) {
             return Err(EngineError::Unsupported("MTP drafting needs the embedding and the output head on this stage".into()));
         }
-        self.mtp = Some(crate::speculative::MtpEngine { model, opts });
+        let device = match self.gpu.as_mut() {
+            Some(g) => {
+                let (dev, bytes) = g.mtp_drafter(&model.stage, self.ctx)?;
+                self.plan.device += bytes;
+                Some(crate::drafter::DeviceMtp::new(dev, bytes))
+            }
+            None => None,
+        };
+        self.mtp = Some(crate::speculative::MtpEngine::new(model, opts, device));
         Ok(())
     }
 
@@ -446,7 +455,7 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        let gpu = load_device(&stage, &opts, &mut memory, place)?;
+        let mut gpu = load_device(&stage, &opts, &mut memory, place)?;
         if opts.backend == Backend::Cpu {
             // A verify step runs 1 + draft tokens with a logit row each.
             let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
@@ -454,11 +463,23 @@ impl LoadPlan {
         }
         let mtp = match &opts.mtp {
             Some(m) => {
-                let model = ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?;
+                let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                let mtp = match gpu.as_mut() {
+                    // A GPU backend drafts on its device: the block's weights stay in the file's
+                    // mapping until the device takes them.
+                    Some(g) => {
+                        let model = ds4_model::mtp::Mtp::load_mapped(&m.path, &stage.cfg, opts.options)?;
+                        let (dev, bytes) = g.mtp_drafter(&model.stage, opts.ctx)?;
+                        memory.device += bytes;
+                        crate::speculative::MtpEngine::new(model, m.clone(), Some(crate::drafter::DeviceMtp::new(dev, bytes)))
+                    }
+                    None => crate::speculative::MtpEngine::new(ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?, m.clone(), None),
+                };
                 if !opts.quiet {
-                    eprintln!("mtp: {} ({:.2} GiB), draft {}, margin {}", m.path.display(), model.resident_bytes() as f64 / (1u64 << 30) as f64, m.draft, m.margin);
+                    let place = if mtp.on_device() { format!(", drafting on {} (device {:.2} GiB, the output matrix shared with the model)", opts.backend.name(), gib(mtp.device_bytes())) } else { String::new() };
+                    eprintln!("mtp: {} ({:.2} GiB), draft {}, margin {}{place}", m.path.display(), gib(mtp.model.resident_bytes()), m.draft, m.margin);
                 }
-                Some(crate::speculative::MtpEngine { model, opts: m.clone() })
+                Some(mtp)
             }
             None => None,
         };

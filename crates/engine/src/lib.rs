@@ -4,6 +4,7 @@ mod backend;
 mod cuda_pipeline;
 mod default_model;
 mod device_stage;
+mod drafter;
 mod engine;
 mod error;
 pub mod logprobs;

@@ -93,7 +93,7 @@ impl Session {
         h.clear();
         h.extend_from_slice(engine.hidden(tokens.len())?);
         let m = engine.mtp.as_mut().expect("checked above");
-        let r = st.observe(&mut m.model, &engine.stage, &h, tokens, self.kv.pos, false);
+        let r = st.observe(&mut m.drafter(), &engine.stage, &h, tokens, self.kv.pos, false);
         st.scratch = h;
         r
     }

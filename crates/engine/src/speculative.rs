@@ -8,6 +8,7 @@
 //! distributions (temperature, min-p, top-k, top-p applied): the output distribution is the sampler's.
 //! Greedy is the case of one-hot p: a draft is kept iff it is the argmax, so greedy output is
 //! token-for-token the output without MTP.
+use crate::drafter::{DeviceMtp, Drafter};
 use crate::error::EngineError;
 use ds4_model::mtp::Mtp;
 use ds4_model::KvState;
@@ -44,8 +45,53 @@ impl MtpOptions {
 
 /// A loaded MTP drafter and its settings.
 pub struct MtpEngine {
+    /// The drafter on the GPU backend's device (declared first: dropped before the block it was
+    /// built from, whose mapped weights a device may read in place).
+    pub(crate) device: Option<DeviceMtp>,
+    /// The block on the host: the drafter on the CPU backend; on a GPU backend its configuration
+    /// (weights bound in place in the file, not run).
     pub model: Mtp,
     pub opts: MtpOptions,
+}
+
+/// Drafter cache id of callers outside a session (`MtpEngine::forward`); sessions take 1, 2, ...
+const EXTERNAL_ID: u64 = 0;
+
+/// A fresh drafter cache id (see `DeviceMtp`: which cache the device holds).
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(EXTERNAL_ID + 1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl MtpEngine {
+    pub(crate) fn new(model: Mtp, opts: MtpOptions, device: Option<DeviceMtp>) -> Self { Self { device, model, opts } }
+
+    /// The drafter drafts on the GPU backend's device (else on the CPU).
+    pub fn on_device(&self) -> bool { self.device.is_some() }
+
+    /// Device bytes of the drafter (0 on the CPU).
+    pub fn device_bytes(&self) -> u64 { self.device.as_ref().map_or(0, |d| d.bytes) }
+
+    pub(crate) fn drafter(&mut self) -> Drafter<'_> {
+        match self.device.as_mut() {
+            Some(dev) => Drafter::Device { dev, cpu: &self.model },
+            None => Drafter::Cpu(&mut self.model),
+        }
+    }
+
+    /// A fresh drafter cache for `ctx` positions (on a GPU backend it carries the position only).
+    pub fn new_kv(&self, ctx: usize) -> KvState { self.model.new_kv(ctx) }
+
+    /// Runs the block over pairs at `kv.pos..` where the engine drafts (`Mtp::forward`'s contract):
+    /// `hidden` one HC row of the main model per pair, `tokens[i]` the token after row i; the logits of
+    /// the last pair's next token when `logits`. The device drafter keeps one cache: a session drafting
+    /// in between starts this one over.
+    pub fn forward(&mut self, main: &ds4_model::Stage, kv: &mut KvState, hidden: &[f32], tokens: &[u32], logits: bool) -> Result<&[f32], EngineError> {
+        match self.device.as_mut() {
+            Some(dev) => dev.forward(main, EXTERNAL_ID, kv, hidden, tokens, logits),
+            None => Ok(self.model.forward(main, kv, hidden, tokens, logits)?),
+        }
+    }
 }
 
 /// What speculative decoding needs from the caller's sampler.
@@ -121,15 +167,21 @@ pub(crate) struct MtpState {
     pub ctx: usize,
     /// Reused copy of the main model's hidden rows (read from the backend before observing them).
     pub scratch: Vec<f32>,
+    /// Which drafter cache this is (a device drafter holds one cache at a time; snapshots share it).
+    pub id: u64,
 }
 
 impl MtpState {
     pub fn new(m: &Mtp, ctx: usize) -> Self {
-        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx, scratch: Vec::new() }
+        Self { kv: m.new_kv(ctx), ready_h: Vec::new(), ready_t: Vec::new(), pending: Vec::new(), at: 0, ctx, scratch: Vec::new(), id: next_id() }
     }
 
     pub fn reset(&mut self, m: &Mtp) {
         self.kv = m.new_kv(self.ctx);
+        self.clear();
+    }
+
+    fn clear(&mut self) {
         self.ready_h.clear();
         self.ready_t.clear();
         self.pending.clear();
@@ -143,7 +195,7 @@ impl MtpState {
     /// `hidden`: queues the pairs (hidden of i, token i+1) that became complete and keeps the last row
     /// pending; runs the queue now unless `defer`. A gap (the main state moved without us, e.g. a
     /// restored snapshot) restarts the drafter's cache: only draft quality depends on it, never the output.
-    pub fn observe(&mut self, m: &mut Mtp, main: &ds4_model::Stage, hidden: &[f32], tokens: &[u32], pos: usize, defer: bool) -> Result<(), EngineError> {
+    pub(crate) fn observe(&mut self, d: &mut Drafter<'_>, main: &ds4_model::Stage, hidden: &[f32], tokens: &[u32], pos: usize, defer: bool) -> Result<(), EngineError> {
         let n = tokens.len();
         let hd = main.cfg.hc_dim();
         if n == 0 {
@@ -157,7 +209,8 @@ impl MtpState {
                 self.ready_t.push(tokens[0]);
             }
         } else {
-            self.reset(m);
+            self.kv = d.new_kv(self.ctx);
+            self.clear();
         }
         self.ready_h.extend_from_slice(&hidden[..(n - 1) * hd]);
         self.ready_t.extend_from_slice(&tokens[1..]);
@@ -165,25 +218,25 @@ impl MtpState {
         self.pending.extend_from_slice(&hidden[(n - 1) * hd..n * hd]);
         self.at = pos;
         if !defer {
-            self.flush(m, main)?;
+            self.flush(d, main)?;
         }
         Ok(())
     }
 
     /// Runs the queued pairs through the block.
-    fn flush(&mut self, m: &mut Mtp, main: &ds4_model::Stage) -> Result<(), EngineError> {
+    fn flush(&mut self, d: &mut Drafter<'_>, main: &ds4_model::Stage) -> Result<(), EngineError> {
         if self.ready_t.is_empty() {
             return Ok(());
         }
         if self.kv.pos + self.ready_t.len() > self.kv.ctx {
             // Full: start over (relative positions are all the window-only block sees).
-            self.kv = m.new_kv(self.ctx);
+            self.kv = d.new_kv(self.ctx);
             let hd = main.cfg.hc_dim();
             let keep = self.ready_t.len().min(self.ctx);
             self.ready_h.drain(..(self.ready_t.len() - keep) * hd);
             self.ready_t.drain(..self.ready_t.len() - keep);
         }
-        m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, false)?;
+        d.forward(main, self.id, &mut self.kv, &self.ready_h, &self.ready_t, false)?;
         self.ready_h.clear();
         self.ready_t.clear();
         Ok(())
@@ -191,17 +244,17 @@ impl MtpState {
 
     /// The first draft step: the queued pairs and (pending row, `tok`) in one pass of the block; returns
     /// the logits of the token after `tok`. Consumes the pending row.
-    pub fn first_draft<'a>(&mut self, m: &'a mut Mtp, main: &ds4_model::Stage, tok: u32) -> Result<&'a [f32], EngineError> {
+    pub(crate) fn first_draft<'a>(&mut self, d: &'a mut Drafter<'_>, main: &ds4_model::Stage, tok: u32) -> Result<&'a [f32], EngineError> {
         if self.kv.pos + self.ready_t.len() + 1 > self.kv.ctx {
-            self.flush(m, main)?;
+            self.flush(d, main)?;
         }
         self.ready_h.extend_from_slice(&self.pending);
         self.ready_t.push(tok);
         self.pending.clear();
-        let r = m.forward(main, &mut self.kv, &self.ready_h, &self.ready_t, true);
+        let r = d.forward(main, self.id, &mut self.kv, &self.ready_h, &self.ready_t, true);
         self.ready_h.clear();
         self.ready_t.clear();
-        Ok(r?)
+        r
     }
 }
 
@@ -295,10 +348,11 @@ impl crate::session::Session {
             drafts.clear();
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
-            let mut l = st.first_draft(&mut me.model, &engine.stage, tok)?.to_vec();
+            let mut dr = me.drafter();
+            let mut l = st.first_draft(&mut dr, &engine.stage, tok)?.to_vec();
             // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
             let base = st.kv.pos;
-            st.kv.begin_journal();
+            dr.begin_journal(&mut st.kv)?;
             for i in 0..room {
                 if top_margin(&l) < margin {
                     break;
@@ -309,12 +363,11 @@ impl crate::session::Session {
                 if i + 1 == room {
                     break;
                 }
-                let h = me.model.last_hidden().to_vec();
                 l.clear();
-                l.extend_from_slice(me.model.forward(&engine.stage, &mut st.kv, &h, std::slice::from_ref(&d), true)?);
+                l.extend_from_slice(dr.forward_own(&engine.stage, st.id, &mut st.kv, d)?);
             }
-            st.kv.rollback(base).map_err(EngineError::Invalid)?;
-            st.kv.end_journal();
+            dr.rollback(st.id, &mut st.kv, base)?;
+            dr.end_journal(&mut st.kv);
             let k = drafts.len();
             if k == 0 {
                 self.step(engine, tok)?;
@@ -372,7 +425,7 @@ impl crate::session::Session {
             self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
-            st.observe(&mut me.model, &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
+            st.observe(&mut me.drafter(), &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
             if let Some(s) = stop {
                 break Ok(s);
             }

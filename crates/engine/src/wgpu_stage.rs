@@ -31,6 +31,11 @@ pub(crate) fn probe() -> Option<AdapterKind> {
     Some(if gpu.caps().device_type == ds4_wgpu::wgpu::DeviceType::Cpu { AdapterKind::Cpu } else { AdapterKind::Gpu })
 }
 
+/// Pairs one step of the device MTP drafter takes: more than a first draft ever has (the pairs of
+/// a verify step plus one), and a run of a prefill chunk's pairs is cut to the block's window
+/// (`GpuMtp::forward`) and goes in a few steps.
+const MTP_STEP_PAIRS: usize = 32;
+
 struct WgpuDevice {
     stage: WgpuStage,
     backend: Backend,
@@ -64,6 +69,11 @@ impl DeviceStage for WgpuDevice {
     fn report(&mut self) -> Option<String> {
         let profile = self.stage.profile_report().unwrap_or_default();
         Some(format!("{}: {}{profile}", self.backend.name(), self.stage.device_name()))
+    }
+
+    fn mtp_drafter(&mut self, mtp: &Stage, ctx: usize) -> Result<(Box<dyn crate::drafter::DeviceDrafter>, u64)> {
+        let d = self.stage.mtp_drafter(mtp, MTP_STEP_PAIRS, ctx)?;
+        Ok((Box::new(d), ds4_wgpu::plan_mtp(mtp, ctx, MTP_STEP_PAIRS).total()))
     }
 
     fn kv_slots(&self) -> usize { self.stage.slots() }

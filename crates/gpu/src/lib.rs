@@ -3,9 +3,11 @@
 mod attention;
 mod error;
 mod ffn;
+mod mtp;
 mod ops;
 mod stage;
 
 pub use error::{GpuError, Result};
+pub use mtp::{GpuMtp, MtpDevice, MtpOps, PairHidden};
 pub use ops::{Compressor, DeviceOps, Lane, LayerInfo, Step, Sub};
 pub use stage::GpuStage;

@@ -84,6 +84,16 @@ impl Mtp {
         Ok(Self::new(Stage::new(cfg, w, opts)))
     }
 
+    /// Checks the file against the main model, then binds its tensors in place in the file's mapping
+    /// (nothing copied): for a device drafter, which uploads (or wraps) them itself and runs this
+    /// stage only for its configuration and cache shape.
+    pub fn load_mapped(path: &Path, main: &Config, opts: Options) -> Result<Self> {
+        let f = check_file(path, main)?;
+        let cfg = block_config(main);
+        let w = Weights::bind_mtp(f, None, &cfg)?;
+        Ok(Self::new(Stage::new(cfg, w, opts)))
+    }
+
     fn new(stage: Stage) -> Self {
         Self { stage, x: Vec::new(), rows: Vec::new(), proj: Vec::new(), ep: Vec::new(), flat: Vec::new(), mix: Vec::new(), cur: Vec::new(), logits: Vec::new(), last_n: 0 }
     }

@@ -25,5 +25,5 @@ pub use error::WgpuError;
 pub use gpu::{BackendChoice, Caps, Gpu, GpuOptions, Step, MAX_BATCH_ROWS, OPTIONAL_FEATURES};
 pub use loader::{library_present, VULKAN_LOADER};
 pub use resident::{HostBytes, ResidentTensor, TensorPart};
-pub use stage::{plan, plan_bytes, plan_slots, BatchFault, PlanBytes, WgpuOps, WgpuStage};
+pub use stage::{plan, plan_bytes, plan_mtp, plan_slots, BatchFault, PlanBytes, WgpuMtp, WgpuMtpOps, WgpuOps, WgpuStage};
 pub use wgpu;

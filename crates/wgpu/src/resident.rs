@@ -52,6 +52,23 @@ fn rows_per_part(row_bytes: u64, limit: u64) -> u64 {
 }
 
 impl ResidentTensor {
+    /// The same device bytes under a second owner (no copy): a buffer lives while any owner does.
+    pub fn share(&self) -> Self {
+        self.stacked(1)
+    }
+
+    /// The matrix `copies` times on top of itself (rows `c * rows + r` are row r), over the same
+    /// buffers: a grouped product over it applies the matrix to each of `copies` slices of an
+    /// activation row (the MTP's h_proj on every HC stream) in one dispatch per part.
+    pub fn stacked(&self, copies: usize) -> Self {
+        let parts = (0..copies)
+            .flat_map(|c| {
+                self.parts.iter().map(move |p| TensorPart { buffer: p.buffer.clone(), row0: c * self.rows + p.row0, rows: p.rows, byte_offset: p.byte_offset, imported: p.imported })
+            })
+            .collect();
+        Self { name: self.name.clone(), ty: self.ty, rows: copies * self.rows, cols: self.cols, row_bytes: self.row_bytes, parts }
+    }
+
     /// Uploads `data` (exactly rows x row_bytes(cols)) once, in as many parts as the binding limit needs.
     pub fn upload(gpu: &Gpu, name: &str, ty: GgmlType, data: &[u8], rows: usize, cols: usize) -> Result<Self, WgpuError> {
         let row_bytes = ty

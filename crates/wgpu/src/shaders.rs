@@ -51,8 +51,13 @@ pub const MOE_SWIGLU: &str = include_str!("shaders/moe_swiglu.wgsl");
 const MATVEC_EXPERT_GROUPED_MAIN: &str = include_str!("shaders/matvec_expert_grouped_main.wgsl");
 pub const EXPERT_GROUPS: &str = include_str!("shaders/expert_groups.wgsl");
 
-/// The weight types with mat-vec kernels.
+/// The weight types with mat-vec kernels, as enumerated for validation and benchmarks. F32 (the MTP
+/// file's HC and router matrices) has kernels too (`MATVEC_F32`), checked on their own
+/// (tests/matvec_f32.rs).
 pub const MATVEC_TYPES: [GgmlType; 5] = [GgmlType::F16, GgmlType::Q8_0, GgmlType::Q2_K, GgmlType::Q4_K, GgmlType::IQ2_XXS];
+
+/// F32 weights: mat-vec, batched and tiled products (8 values a unit, as F16).
+pub const MATVEC_F32: GgmlType = GgmlType::F32;
 
 /// Token tile of the batched product (tokens per workgroup; weights are dequantized once per tile).
 pub const BATCH_TILE: u32 = 4;
@@ -104,7 +109,7 @@ pub fn matvec_shapes() -> Vec<MatVecShape> {
 
 /// Values a thread dots at once (`UNIT` of the type's `dotu`).
 pub fn matvec_unit(ty: GgmlType) -> usize {
-    if ty == GgmlType::F16 {
+    if matches!(ty, GgmlType::F16 | GgmlType::F32) {
         8
     } else {
         32
@@ -149,6 +154,7 @@ pub enum Reduce {
 fn load8_source(ty: GgmlType) -> Option<String> {
     Some(match ty {
         GgmlType::F16 => include_str!("shaders/load_f16.wgsl").to_string(),
+        GgmlType::F32 => include_str!("shaders/load_f32.wgsl").to_string(),
         GgmlType::Q8_0 => include_str!("shaders/load_q8_0.wgsl").to_string(),
         GgmlType::Q2_K => include_str!("shaders/load_q2_k.wgsl").to_string(),
         GgmlType::Q4_K => format!("{Q4_K_SCALES}{}", include_str!("shaders/load_q4_k.wgsl")),
@@ -162,6 +168,7 @@ fn load8_source(ty: GgmlType) -> Option<String> {
 fn dot_source(ty: GgmlType) -> Option<String> {
     Some(match ty {
         GgmlType::F16 => include_str!("shaders/dot_f16.wgsl").to_string(),
+        GgmlType::F32 => include_str!("shaders/dot_f32.wgsl").to_string(),
         GgmlType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl").to_string(),
         GgmlType::Q2_K => include_str!("shaders/dot_q2_k.wgsl").to_string(),
         GgmlType::Q4_K => format!("{Q4_K_SCALES}{}", include_str!("shaders/dot_q4_k.wgsl")),

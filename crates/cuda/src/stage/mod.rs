@@ -23,9 +23,11 @@ mod ffn;
 mod graph;
 pub(super) mod host_time;
 mod kv_io;
+mod mtp;
 mod state;
 
 pub use build::GpuPlan;
+pub use mtp::{CudaMtp, CudaMtpOps, CUDA_MTP_STEP_PAIRS};
 
 use graph::DecodeGraph;
 

@@ -1,6 +1,6 @@
-// In place, per row of n values (rows = step.ntok): x = x / sqrt(mean(x^2) + eps) [* g].
-// One workgroup of 256 per row; sum of squares by a tree in workgroup memory.
-struct Params { n: u32, has_g: u32, eps: f32, pad: u32 }
+// In place, per row of n values (rows = step.ntok x per_tok; per_tok 0 counts as 1): x = x /
+// sqrt(mean(x^2) + eps) [* g]. One workgroup of 256 per row; sum of squares by a tree in workgroup memory.
+struct Params { n: u32, has_g: u32, eps: f32, per_tok: u32 }
 struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
 @group(0) @binding(1) var<storage, read> g: array<f32>;
@@ -13,7 +13,7 @@ var<workgroup> red: array<f32, WG>;
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let r = wid.x;
-    if (r >= step.ntok) { return; }
+    if (r >= step.ntok * max(p.per_tok, 1u)) { return; }
     let base = r * p.n;
     var ss = 0.0;
     for (var i = lid; i < p.n; i += WG) {

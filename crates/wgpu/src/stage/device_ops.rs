@@ -16,9 +16,8 @@ pub(super) fn err(e: WgpuError) -> ds4_gpu::GpuError {
 }
 
 impl WgpuOps {
-    /// Records `f` on layer `li` into the open step.
     /// The open step's encoder (opened by the first op after `begin_step` / `begin_record`).
-    fn enc(&mut self) -> Result<&mut Encoder> {
+    pub(super) fn enc(&mut self) -> Result<&mut Encoder> {
         let step = self.step.ok_or("wgpu: an op was recorded outside a step")?;
         Ok(self.enc.get_or_insert_with(|| Encoder::new(&self.gpu, step)))
     }

@@ -36,6 +36,15 @@ pub(crate) struct HeadOps {
     _w: [ResidentTensor; 2],
 }
 
+/// The tensors of a head: HC collapse (`hc_fn`, `scale`, `base`), output norm, output matrix.
+pub(crate) struct HeadParts<'a> {
+    pub hc_fn: ResidentTensor,
+    pub scale: f32,
+    pub base: &'a [f32],
+    pub norm: &'a [f32],
+    pub output: ResidentTensor,
+}
+
 /// Which rows the head normalised in this step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum HeadPick {
@@ -46,16 +55,29 @@ pub(crate) enum HeadPick {
 impl HeadOps {
     pub fn new(gpu: &Gpu, cfg: &Config, w: &Weights, wk: &Work, nmax: u32) -> Result<Option<Self>, WgpuError> {
         let Some(hw) = &w.head else { return Ok(None) };
-        let dims = hc_dims(cfg);
         let hfn = upload(gpu, w, &hw.hc_fn, "output_hc_fn")?;
         let out = upload(gpu, w, &hw.output, "output")?;
-        let head = |rows| HcHead::new(gpu, &dims, &hfn, hw.hc_scale[0], &hw.hc_base, &hw.norm, &wk.x, &wk.mix, &wk.head, rows, nmax);
+        let p = HeadParts { hc_fn: hfn, scale: hw.hc_scale[0], base: &hw.hc_base, norm: &hw.norm, output: out };
+        Ok(Some(Self::with(gpu, cfg, p, wk, nmax)?))
+    }
+
+    /// A head over the given tensors (the MTP drafter's: its own collapse and norm, the main model's
+    /// output matrix).
+    pub fn with(gpu: &Gpu, cfg: &Config, p: HeadParts, wk: &Work, nmax: u32) -> Result<Self, WgpuError> {
+        let dims = hc_dims(cfg);
+        let HeadParts { hc_fn: hfn, scale, base, norm, output: out } = p;
+        let head = |rows| HcHead::new(gpu, &dims, &hfn, scale, base, norm, &wk.x, &wk.mix, &wk.head, rows, nmax);
         let (all, last) = (head(HeadRows::All)?, head(HeadRows::Last)?);
         // Every row's logits only as far as the logits buffer holds rows (checked per step).
         let logits_all = StepMatVec::new(gpu, &out, &wk.head, &wk.logits, wk.logit_rows as u32)?;
         let logits_last = MatVec::new(gpu, &out, &wk.head, &wk.logits, Product::Vec)?;
         let argmax = Argmax::new(gpu, &wk.logits, cfg.n_vocab)?;
-        Ok(Some(Self { all, last, logits_all, logits_last, argmax, _w: [hfn, out] }))
+        Ok(Self { all, last, logits_all, logits_last, argmax, _w: [hfn, out] })
+    }
+
+    /// The output matrix (vocabulary x n_embd), resident.
+    pub fn output(&self) -> &ResidentTensor {
+        &self._w[1]
     }
 
     pub fn norm(&self, enc: &mut Encoder, pick: HeadPick) -> Result<(), WgpuError> {

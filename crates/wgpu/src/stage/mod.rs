@@ -9,10 +9,12 @@ mod device_ops;
 mod head;
 mod kv;
 mod layer;
+mod mtp;
 mod plan;
 mod work;
 
 use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
 
 use ds4_gpu::{GpuError, GpuStage};
 use ds4_model::{Config, KvState, LayerRange, Logits, ModelError, Stage};
@@ -24,14 +26,16 @@ use head::{EmbedOps, HeadOps, HeadPick};
 use layer::{Build, Layer};
 use work::Work;
 
-pub use plan::{plan, plan_bytes, plan_slots, PlanBytes};
+pub use mtp::{WgpuMtp, WgpuMtpOps};
+pub use plan::{plan, plan_bytes, plan_mtp, plan_slots, PlanBytes};
 
 /// Replay keys of the GPU stage (token or hidden input, times no head / logits / logits and pick).
 const REPLAY_KEYS: usize = 6;
 
 /// The device side of a stage (see the module doc).
 pub struct WgpuOps {
-    gpu: Gpu,
+    /// Shared with the MTP drafter's ops on the same device (it reads the stage's output matrix).
+    gpu: Arc<Gpu>,
     cfg: Config,
     range: LayerRange,
     work: Work,
@@ -76,7 +80,7 @@ pub enum BatchFault {
 impl WgpuOps {
     /// Builds the layers `part` of `stage` on `gpu`: uploads their weights once, allocates the KV
     /// state of `slots` sessions for `ctx` and the work buffers for `nmax` tokens, and builds every op.
-    pub fn build(gpu: Gpu, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slots: usize) -> Result<Self, WgpuError> {
+    pub fn build(gpu: Arc<Gpu>, stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slots: usize) -> Result<Self, WgpuError> {
         let cfg = stage.cfg.clone();
         let w = &stage.w;
         let slots = plan::check_slots(slots, nmax)?;
@@ -154,7 +158,7 @@ impl WgpuStage {
         let slots = plan::check_slots(opts.kv_slots, nmax).map_err(we)?;
         let gpu = Gpu::new(opts).map_err(we)?;
         plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots).map_err(we)?;
-        let ops = WgpuOps::build(gpu, stage, ctx, nmax, part, slots).map_err(we)?;
+        let ops = WgpuOps::build(Arc::new(gpu), stage, ctx, nmax, part, slots).map_err(we)?;
         let cfg = stage.cfg.clone();
         Ok(Self(GpuStage::new(cfg, ops, part, nmax, ctx).map_err(ge)?))
     }

@@ -62,6 +62,23 @@ pub fn plan_slots(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slot
     PlanBytes { weights, kv: kv as u64 * 4, work: work as u64 * 4 }
 }
 
+/// Device bytes of the MTP drafter of `mtp` (`ds4_model::mtp::Mtp::stage`) with steps of `nmax` pairs
+/// at `ctx` (`WgpuStage::mtp_drafter`): the MTP weights, the block's window cache (ring, snapshot,
+/// checkpoint), its work buffers and the pair inputs. The output matrix is the main stage's (shared,
+/// not counted again).
+pub fn plan_mtp(mtp: &Stage, ctx: usize, nmax: usize) -> PlanBytes {
+    let cfg = &mtp.cfg;
+    let nmax = nmax.max(1);
+    let il = cfg.n_layer.saturating_sub(1);
+    let part = LayerRange { first: il, last: il, embed: false, head: false };
+    let kv = 3 * cfg.swa * cfg.head_dim;
+    let rows = logit_rows(cfg, nmax, (2u64 << 30) - 1);
+    let splits = split_len(cfg, &mtp.w, part, ctx, nmax, 1);
+    let inputs = nmax * (2 * cfg.n_embd + cfg.hc_dim() + cfg.n_hc + cfg.n_hc * cfg.n_hc);
+    let work: usize = sizes(cfg, nmax, ctx, rows, splits).iter().map(|(_, n)| n).sum::<usize>() + moe_floats(cfg, nmax) + cfg.n_vocab + inputs;
+    PlanBytes { weights: mtp.w.resident_bytes(), kv: kv as u64 * 4, work: work as u64 * 4 }
+}
+
 /// Device bytes the stage of `part` needs (see [`plan`]): the memory plan's GPU line.
 pub fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> u64 {
     plan(stage, ctx, nmax, part).total()
