@@ -104,22 +104,30 @@ pub(crate) fn ks4(rows: usize, cols: usize, z: usize) -> usize {
 /// y = x·Wᵀ over `n` tokens for `z` matrix slots (MV_ARGS in matvec.cuh).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+    launch_mv_split(g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z, z)
+}
+
+/// [`launch_mv`] with the K split chosen as for `ks_z` slots: a slot's sums depend on the split
+/// only, so `z` slots launched with the split of `ks_z` give each slot the rows a launch of `ks_z`
+/// slots gives (a verify step's rows, each its decode step's).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mv_split(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize, ks_z: usize) -> Result<()> {
     let nt4 = n > 1;
     // Eight tokens a pass (weights read once) for 5..8 tokens where a tiled kernel exists.
     let nt = if !nt4 { 1 } else if n > 4 && mv4_name(m, 8).is_some() { 8 } else { 4 };
     if n == 1 && ((m.ty == GgmlType::IQ2_XXS && m.split && m.cols % 1024 == 0 && m.cols <= 32768) || (m.ty == GgmlType::Q2_K && m.cols % 512 == 0)) {
-        return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z);
+        return launch_mvq(g, m, w, w_mat_bytes, eids, x, x_z, y, y_z, rows, z, ks_z);
     }
     let (name, ks, rows_per_block) = match mv4_name(m, nt) {
         Some(name) => {
-            let ks = ks4(rows, m.cols, z);
+            let ks = ks4(rows, m.cols, ks_z);
             (name, ks, 4 * (8 / ks))
         }
         None => {
             if m.split {
                 return Err(format!("no mat-vec kernel for split-layout {}", m.ty.name()));
             }
-            let ks = ks(rows * z);
+            let ks = ks(rows * ks_z);
             (mv_name(m.ty, nt4)?, ks, 8 / ks)
         }
     };
@@ -143,9 +151,9 @@ pub(crate) fn launch_mv(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u
 
 /// One-token IQ2_XXS / Q2_K mat-vec through `mvq_*_n1` (8 rows per warp; IQ2 activations in shared memory).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize) -> Result<()> {
+pub(crate) fn launch_mvq(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, x: u64, x_z: usize, y: u64, y_z: usize, rows: usize, z: usize, ks_z: usize) -> Result<()> {
     let iq2 = m.ty == GgmlType::IQ2_XXS;
-    let ks = mvq_ks(m, rows, z);
+    let ks = mvq_ks(m, rows, ks_z);
     let args = [
         A::P(w),
         A::P(w_mat_bytes as u64),

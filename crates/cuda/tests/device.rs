@@ -838,7 +838,7 @@ fn batch_run(m: &Model, lens: &[usize; 4], chunk: usize, steps: usize, rowwise: 
     // Batched: session i in KV slot i.
     let mut gpu = ds4_cuda::CudaStage::new_slots(&m.stage, ctx, chunk, m.stage.w.range, 0, WeightPlace::Device, 4).unwrap();
     assert_eq!(gpu.slots(), 4);
-    gpu.batch_rowwise = rowwise;
+    gpu.ops.set_exact_batches(rowwise);
     let mut kvs: Vec<ds4_model::KvState> = (0..4)
         .map(|i| {
             let mut kv = m.stage.new_kv(ctx);
@@ -887,10 +887,10 @@ fn batch_run(m: &Model, lens: &[usize; 4], chunk: usize, steps: usize, rowwise: 
     BatchRun { alone, batched }
 }
 
-/// Deterministic mode (`batch_rowwise`, `--deterministic`): each batch row is a one-token decode step of
-/// its session in its own slot (replayed from that slot's own decode graph), so
-/// every row's logits are bit-identical to the session decoded alone, and its greedy tokens equal —
-/// through a session joining mid-stream, one leaving, and rows listed out of slot order.
+/// Deterministic mode (exact batches, `--deterministic`): each batch row is computed as a one-token
+/// decode step of its session computes it (exact_rows.rs), so every row's logits are bit-identical to
+/// the session decoded alone, and its greedy tokens equal — through a session joining mid-stream, one
+/// leaving, and rows listed out of slot order.
 fn deterministic_batch_case(mix: Mix) {
     if !gpu_present() {
         return;
@@ -993,7 +993,7 @@ fn batch_bad_input_is_refused() {
     let e = gpu.forward_batch(&mut first_two(&mut kvs), &[1, 2]).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("appears twice"), "{e}");
     // Still usable: a valid batch runs, and each row equals its session's single step (deterministic).
-    gpu.batch_rowwise = true;
+    gpu.ops.set_exact_batches(true);
     kvs[1].slot = 1;
     let rows = gpu.forward_batch(&mut first_two(&mut kvs), &[1, 2]).unwrap().to_vec();
     let mut fresh = ds4_cuda::CudaStage::new(&m.stage, ctx, 8).unwrap();
@@ -1004,3 +1004,87 @@ fn batch_bad_input_is_refused() {
         assert!(rows[j * v..(j + 1) * v] == want[..], "row {j} after refused batches differs from a fresh stage's step");
     }
 }
+
+/// Speculative verification on CUDA: a journaled step of 2..5 tokens (the current token and its
+/// drafts) runs as exact rows, so every row's logits are those of decoding the tokens one by one, bit
+/// for bit; a rollback past a rejected draft (the accepted tokens re-run as exact rows) leaves the
+/// state decoding would have left (the next steps' logits are checked too). Prompt of 100 in chunks of
+/// 32, then verify steps up to position 170: across the ratio-128 window end (127) and many ratio-4
+/// ones, every draft length and every number of accepted drafts. Both precisions (the int8-activation
+/// products of `Precision::Fast` and the f32 ones).
+fn verify_case(shape: &str, mix: Mix, precision: Precision, end: usize) {
+    if !gpu_present() {
+        return;
+    }
+    let m = load_p(shape, mix, 13, true, precision);
+    let (ctx, chunk, plen) = (end + 16, 32, 100);
+    let v = m.stage.cfg.n_vocab;
+    let prompt: Vec<u32> = (0..plen as u32).map(|k| (k * 2654435761u32 >> 9) % v as u32).collect();
+    let prefill = |gpu: &mut ds4_cuda::CudaStage, kv: &mut ds4_model::KvState| -> Vec<f32> {
+        let mut last = Vec::new();
+        for c in prompt.chunks(chunk) {
+            last = gpu.forward(kv, c, None, Logits::Last).unwrap().to_vec();
+        }
+        last
+    };
+    // Reference: greedy decode one token at a time; logits[i] follow token toks[i] at position plen + i.
+    let (mut toks, mut logits) = (Vec::new(), Vec::new());
+    {
+        let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, chunk).unwrap();
+        let mut kv = m.stage.new_kv(ctx);
+        let mut l = prefill(&mut gpu, &mut kv);
+        while kv.pos < end + 6 {
+            let t = argmax_row(&l);
+            l = gpu.forward(&mut kv, &[t], None, Logits::Last).unwrap().to_vec();
+            toks.push(t);
+            logits.push(l.clone());
+        }
+    }
+    let bits = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+    let mut gpu = ds4_cuda::CudaStage::new(&m.stage, ctx, chunk).unwrap();
+    assert!(gpu.ops.verify_capable(), "this stage cannot verify as exact rows");
+    let mut kv = m.stage.new_kv(ctx);
+    prefill(&mut gpu, &mut kv);
+    let (mut steps, mut rows_checked) = (0usize, 0usize);
+    while kv.pos < end {
+        let i = kv.pos - plen;
+        let len = 2 + steps % 4;
+        gpu.begin_journal(&kv).unwrap();
+        let rows = gpu.forward(&mut kv, &toks[i..i + len], None, Logits::All).unwrap().to_vec();
+        assert_eq!(rows.len(), len * v);
+        for r in 0..len {
+            let (got, want) = (&rows[r * v..(r + 1) * v], &logits[i + r]);
+            assert!(bits(got, want), "{shape} {mix:?} {precision:?}: verify step at {} row {r} of {len} differs from decoding (rel err {:.2e})", plen + i, rel_err(got, want));
+        }
+        rows_checked += len;
+        // Accept 0 ..= len - 1 drafts in turn (all of them every fourth step).
+        let keep = 1 + (steps * 7 + 3) % len;
+        gpu.rollback(&mut kv, plen + i + keep).unwrap();
+        gpu.end_journal();
+        assert_eq!(kv.pos, plen + i + keep);
+        steps += 1;
+    }
+    // The state after the last rollback is decoding's: plain steps go on bit for bit.
+    for _ in 0..3 {
+        let i = kv.pos - plen;
+        let got = gpu.forward(&mut kv, &toks[i..i + 1], None, Logits::Last).unwrap().to_vec();
+        assert!(bits(&got, &logits[i]), "{shape} {mix:?} {precision:?}: decode at {} after verify steps differs (rel err {:.2e})", plen + i, rel_err(&got, &logits[i]));
+    }
+    println!("model {shape} {mix:?} {precision:?}: {steps} verify steps ({rows_checked} rows) from {plen} to {end}: every row and the decode after them bit-identical to decoding");
+}
+
+#[test]
+fn verify_rows_tiny_q2_equal_decode_bitwise() {
+    verify_case("tiny", Mix::Q2, Precision::Fast, 170);
+    verify_case("tiny", Mix::Q2, Precision::Exact, 170);
+}
+
+#[test]
+fn verify_rows_tiny_q4_equal_decode_bitwise() {
+    verify_case("tiny", Mix::Q4, Precision::Fast, 170);
+    verify_case("tiny", Mix::Q4, Precision::Exact, 170);
+}
+
+#[test]
+#[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
+fn verify_rows_flash4_q2_equal_decode_bitwise() { verify_case("flash:4", Mix::Q2, Precision::Fast, 140); }

@@ -62,7 +62,7 @@ impl CudaPipeline {
             parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part_placed(stage, ctx, nmax, p, d, place)).collect::<Result<Vec<_>>>()?
         };
         for s in stages.iter_mut() {
-            s.batch_rowwise = deterministic;
+            s.ops.set_exact_batches(deterministic);
         }
         Ok(Self { stages, hidden: Vec::new() })
     }
@@ -125,6 +125,9 @@ impl CudaPipeline {
     }
 }
 
+/// A GPU stage error as the model's error type.
+fn gpu_err(e: ds4_gpu::GpuError) -> ModelError { ModelError::Invalid(format!("cuda: {e}")) }
+
 impl DeviceStage for CudaPipeline {
     fn backend(&self) -> Backend { Backend::Cuda }
 
@@ -149,6 +152,27 @@ impl DeviceStage for CudaPipeline {
         let d = self.stages.last().expect("a pipeline has at least one stage").mtp_drafter(mtp, ctx)?;
         let bytes = d.ops().device_bytes();
         Ok((Box::new(d), bytes))
+    }
+
+    // Speculative verification on one GPU (the verify steps run as exact rows: each its decode step).
+    fn begin_journal(&mut self, kv: &KvState) -> Result<()> {
+        match self.stages.as_mut_slice() {
+            [one] => one.begin_journal(kv).map_err(gpu_err),
+            _ => Err(ModelError::Invalid("cuda: speculative decoding (--mtp) runs on one GPU, not over several --cuda-devices parts".into())),
+        }
+    }
+
+    fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<()> {
+        match self.stages.as_mut_slice() {
+            [one] => one.rollback(kv, pos).map_err(gpu_err),
+            _ => Err(ModelError::Invalid("cuda: speculative decoding (--mtp) runs on one GPU".into())),
+        }
+    }
+
+    fn end_journal(&mut self) {
+        if let [one] = self.stages.as_mut_slice() {
+            one.end_journal();
+        }
     }
 
     fn kv_slots(&self) -> usize { if self.stages.len() == 1 { self.stages[0].slots() } else { 1 } }

@@ -155,6 +155,12 @@ pub trait DeviceOps {
     // Speculative verification: a second saved copy of the mutable state, taken before a verify
     // step and restored when drafts are rejected.
     fn can_checkpoint(&self) -> bool { false }
+    /// Most tokens a verify step (a journaled multi-token forward) runs as the rows of a batched step
+    /// over the selected slot at consecutive positions (`begin_batch` with that slot repeated), for a
+    /// backend whose multi-token steps round differently from its decode steps: each row is then
+    /// computed as its decode step computes it. 0: the backend's short steps already give the decode
+    /// rows bit for bit (or it cannot), and verify steps run as ordinary steps.
+    fn verify_rows(&self) -> usize { 0 }
     /// Saves (`restore` false) or restores the checkpoint (window ring, compressor frontiers).
     fn checkpoint(&mut self, _restore: bool) -> Result<()> { Err("this backend cannot checkpoint its KV state".into()) }
 

@@ -28,13 +28,12 @@ pub struct GpuStage<D: DeviceOps> {
     pub trace: Option<Vec<Vec<f32>>>,
     /// Replay recorded decode steps (where the backend can); off, every step issues its ops.
     pub use_replay: bool,
-    /// Deterministic batches: `forward_batch` runs each row as its own one-token decode step (for a
-    /// backend whose batched kernels round differently from its decode kernels, e.g. CUDA), so every
-    /// row is bit-identical to decoding that sequence alone; weights are then read once per row.
-    pub batch_rowwise: bool,
     /// While speculative verification runs (slot 0 only): the position the checkpoint holds and the
     /// tokens fed since.
     journal: Option<Journal>,
+    /// Logits rows before the ones the last forward call returns (a verify step computes every
+    /// row's logits; asked for the last, it returns that one).
+    logits_skip: usize,
 }
 
 /// The device state saved at `from` and the tokens fed after it (a rollback re-runs a prefix of them).
@@ -68,8 +67,8 @@ impl<D: DeviceOps> GpuStage<D> {
             hidden_host: Vec::new(),
             trace: None,
             use_replay: true,
-            batch_rowwise: false,
             journal: None,
+            logits_skip: 0,
         })
     }
 
@@ -97,12 +96,14 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.bind()?;
         self.ops.note_call(tokens.len() == 1);
         self.use_slot(kv)?;
+        self.logits_skip = 0;
         let rows = self.forward_dev(kv, tokens, hidden_in, want, false)?;
-        let v = self.cfg.n_vocab;
-        self.logits_host.resize(rows * v, 0.0);
+        let (v, skip) = (self.cfg.n_vocab, self.logits_skip);
+        self.logits_host.resize((skip + rows) * v, 0.0);
         self.ops.sync()?;
         if rows > 0 {
             self.ops.read_logits(&mut self.logits_host)?;
+            self.logits_host.drain(..skip * v);
         }
         Ok(&self.logits_host)
     }
@@ -226,8 +227,12 @@ impl<D: DeviceOps> GpuStage<D> {
         if self.snap_pos[0].is_some_and(|s| s > from) {
             self.snap_pos[0] = None;
         }
-        // Re-run without the journal (it would record the tokens again), then keep them in it.
-        if !j.tokens.is_empty() {
+        // Re-run without the journal (it would record the tokens again), then keep them in it. Several
+        // tokens run as a verify step where the backend needs one for decode rows bit for bit.
+        let n = j.tokens.len();
+        if n > 1 && n <= self.ops.verify_rows() {
+            self.verify_rows(kv, &j.tokens, Logits::None)?;
+        } else if n > 0 {
             self.forward_dev(kv, &j.tokens, None, Logits::None, false)?;
         }
         self.ops.sync()?;
@@ -301,6 +306,9 @@ impl<D: DeviceOps> GpuStage<D> {
                 return Err(GpuError::Journal("a journaled stage takes consecutive token input"));
             }
         }
+        if journaled && hidden_in.is_none() && !top1 && n > 1 && n <= self.ops.verify_rows() {
+            return self.verify_rows(kv, tokens, want);
+        }
         let d = self.cfg.head_dim;
         let step = Step { n, pos0: kv.pos, decode: n == 1 && d % 4 == 0 && d <= 1024, batch: false };
         self.ops.begin_step(step, tokens)?;
@@ -339,6 +347,52 @@ impl<D: DeviceOps> GpuStage<D> {
             self.snap_pos[self.cur] = Some(kv.pos);
         }
         Ok(rows)
+    }
+
+    /// A verify step (`DeviceOps::verify_rows`): the tokens as the rows of a batched step over the
+    /// selected slot at consecutive positions, each row computed as its decode step computes it, so
+    /// the state and logits are those of decoding the tokens one by one. The head runs on every row
+    /// (one recording serves every verify step of `n` rows); `want` picks the rows returned.
+    fn verify_rows(&mut self, kv: &mut KvState, tokens: &[u32], want: Logits) -> Result<usize> {
+        let n = tokens.len();
+        let slot = self.cur;
+        self.batch_rows.clear();
+        self.batch_rows.extend((0..n).map(|r| (slot, kv.pos + r)));
+        let step = Step { n, pos0: kv.pos + n - 1, decode: false, batch: true };
+        self.ops.begin_batch(step, &self.batch_rows, tokens)?;
+        let head = self.ops.has_head();
+        self.replay_batch_step(step, head.then_some((0, n)))?;
+        kv.pos += n;
+        self.dev_pos[slot] = kv.pos;
+        if let Some(j) = self.journal.as_mut().filter(|_| slot == 0) {
+            j.tokens.extend_from_slice(tokens);
+        }
+        // As after any multi-token step: a later rewind to this position finds it.
+        self.ops.snapshot(false)?;
+        self.snap_pos[slot] = Some(kv.pos);
+        self.logits_skip = if head && want == Logits::Last { n - 1 } else { 0 };
+        Ok(match want {
+            _ if !head => 0,
+            Logits::None => 0,
+            Logits::Last => 1,
+            Logits::All => n,
+        })
+    }
+
+    /// Runs the batched step begun, from its recording where the backend records batched steps.
+    fn replay_batch_step(&mut self, step: Step, head: Option<(usize, usize)>) -> Result<()> {
+        if self.use_replay && self.trace.is_none() && self.ops.can_replay_batch() {
+            // Recorded once for these slots (the rows' positions are read on the device), then replayed.
+            if !self.ops.has_batch_replay() {
+                self.ops.begin_batch_record()?;
+                let body = self.run(step, true, head, false);
+                self.ops.end_batch_record(body.is_ok())?;
+                body?;
+            }
+            self.ops.replay_batch()
+        } else {
+            self.run(step, true, head, false)
+        }
     }
 
     /// Records a decode step of kind `key` for replay.
@@ -389,9 +443,6 @@ impl<D: DeviceOps> GpuStage<D> {
             self.use_slot(kv)?;
             self.sync_state(kv.pos)?;
         }
-        if self.batch_rowwise {
-            return self.batch_by_rows(kvs, tokens);
-        }
         self.batch_rows.clear();
         self.batch_rows.extend(kvs.iter().map(|kv| (kv.slot, kv.pos)));
         let pos0 = self.batch_rows.iter().map(|r| r.1).max().unwrap_or(0);
@@ -399,19 +450,7 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.note_call(false);
         self.ops.begin_batch(step, &self.batch_rows, tokens)?;
         let head = self.ops.has_head();
-        let hr = head.then_some((0, n));
-        if self.use_replay && self.trace.is_none() && self.ops.can_replay_batch() {
-            // Recorded once for these slots (the rows' positions are read on the device), then replayed.
-            if !self.ops.has_batch_replay() {
-                self.ops.begin_batch_record()?;
-                let body = self.run(step, true, hr, false);
-                self.ops.end_batch_record(body.is_ok())?;
-                body?;
-            }
-            self.ops.replay_batch()?;
-        } else {
-            self.run(step, true, hr, false)?;
-        }
+        self.replay_batch_step(step, head.then_some((0, n)))?;
         for kv in kvs.iter_mut() {
             kv.pos += 1;
             self.dev_pos[kv.slot] = kv.pos;
@@ -421,26 +460,6 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.sync()?;
         if rows > 0 {
             self.ops.read_logits(&mut self.logits_host)?;
-        }
-        Ok(&self.logits_host)
-    }
-
-    /// `forward_batch` in deterministic mode (inputs checked): row r is a decode step of `kvs[r]` alone
-    /// (replayed where the backend can), its logits row copied out after it. A stage without the head
-    /// returns no rows (and its hidden streams are the last row's).
-    fn batch_by_rows(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> {
-        let v = self.cfg.n_vocab;
-        let head = self.ops.has_head();
-        let want = if head { Logits::Last } else { Logits::None };
-        self.logits_host.resize(if head { kvs.len() * v } else { 0 }, 0.0);
-        for (r, (kv, t)) in kvs.iter_mut().zip(tokens).enumerate() {
-            self.ops.note_call(true);
-            self.use_slot(kv)?;
-            let rows = self.forward_dev(kv, std::slice::from_ref(t), None, want, false)?;
-            self.ops.sync()?;
-            if rows > 0 {
-                self.ops.read_logits(&mut self.logits_host[r * v..(r + 1) * v])?;
-            }
         }
         Ok(&self.logits_host)
     }

@@ -69,11 +69,14 @@ struct Mock {
     slot: usize,
     slot_ops: Vec<(usize, &'static str)>,
     batch: Vec<(usize, usize)>,
+    /// `verify_rows` (0: none), and whether the backend checkpoints (always when it verifies).
+    verify: usize,
+    checkpoints: bool,
 }
 
 impl Mock {
     fn new(layers: Vec<LayerInfo>) -> Self {
-        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0, slots: 1, slot: 0, slot_ops: vec![], batch: vec![] }
+        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0, slots: 1, slot: 0, slot_ops: vec![], batch: vec![], verify: 0, checkpoints: false }
     }
     fn op(&mut self, name: String, reads: &[&str], writes: &[&str]) {
         let r: Vec<String> = reads.iter().map(|s| s.to_string()).collect();
@@ -238,8 +241,15 @@ impl DeviceOps for Mock {
         self.slot = slot;
         Ok(())
     }
+    fn can_checkpoint(&self) -> bool { self.checkpoints || self.verify > 0 }
+    fn checkpoint(&mut self, restore: bool) -> R<()> {
+        self.slot_ops.push((self.slot, if restore { "checkpoint restore" } else { "checkpoint" }));
+        Ok(())
+    }
+    fn verify_rows(&self) -> usize { self.verify }
     fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> R<()> {
-        if self.slots == 1 {
+        let verify = rows.windows(2).all(|w| w[1] == (w[0].0, w[0].1 + 1));
+        if self.slots == 1 && !(verify && self.verify >= rows.len()) {
             return Err("one slot".into());
         }
         assert!(step.batch && !step.decode && step.n == rows.len() && tokens.len() == rows.len());
@@ -470,35 +480,58 @@ fn batched_steps_keep_each_slot_s_bookkeeping() {
     assert!(matches!(one.forward_batch(&mut [&mut a, &mut b], &[1, 2]), Err(GpuError::BatchOverSlots { n: 2, slots: 1 })));
 }
 
-/// Deterministic batches (`batch_rowwise`): each row is its own decode step of its sequence, in its
-/// slot at its position (recorded once, then replayed), never a batched step; one logits row per
-/// sequence in the order given, positions advanced; bad batches are still refused before any op.
+/// Verify steps on a backend that asks for them (`verify_rows`, e.g. CUDA, whose multi-token kernels
+/// round differently from its decode kernels): a journaled multi-token forward runs as a batched step
+/// over the selected slot at consecutive positions (the head on every row; the last row returned when
+/// only it is asked for), and a rollback restores the checkpoint and re-runs the kept tokens the same
+/// way (one kept token: a decode step). Without a journal, or past `verify_rows` tokens, a step is an
+/// ordinary one.
 #[test]
-fn rowwise_batches_run_a_decode_step_per_row() {
-    let mut st = stage_slots(layers(), 3);
-    st.batch_rowwise = true;
+fn journaled_steps_run_as_verify_rows() {
+    let mut st = stage(layers());
+    st.ops.verify = 4;
     let c = st.cfg.clone();
-    let mut kvs: Vec<KvState> = (0..3).map(|s| KvState { slot: s, ..kv_of(&c, 256) }).collect();
-    for (s, kv) in kvs.iter_mut().enumerate() {
-        st.forward(kv, &[1, 2, 3, 4][..2 + s], None, Logits::Last).unwrap();
-    }
+    let v = c.n_vocab;
+    let mut kv = kv_of(&c, 256);
+    st.forward(&mut kv, &[1, 2, 3], None, Logits::Last).unwrap();
+    assert!(st.ops.batch.is_empty());
+    st.begin_journal(&kv).unwrap();
+    assert_eq!(st.ops.slot_ops.last(), Some(&(0, "checkpoint")));
+    let l = st.forward(&mut kv, &[4, 5, 6], None, Logits::All).unwrap();
+    assert_eq!(l.len(), 3 * v);
+    assert_eq!(st.ops.batch, vec![(0, 3), (0, 4), (0, 5)]);
+    assert_eq!(kv.pos, 6);
+    st.ops.batch.clear();
+    st.rollback(&mut kv, 5).unwrap();
+    assert_eq!(st.ops.slot_ops.iter().filter(|o| o.1 == "checkpoint restore").count(), 1);
+    assert_eq!(st.ops.batch, vec![(0, 3), (0, 4)], "the kept tokens re-run as verify rows");
+    assert_eq!(kv.pos, 5);
+    st.ops.batch.clear();
     st.ops.log.clear();
-    st.ops.slot_ops.clear();
-    // Rows out of slot order: slot 2, then 0, then 1.
-    let (a, rest) = kvs.split_at_mut(1);
-    let (b, c2) = rest.split_at_mut(1);
-    let mut refs: Vec<&mut KvState> = vec![&mut c2[0], &mut a[0], &mut b[0]];
-    let l = st.forward_batch(&mut refs, &[5, 6, 7]).unwrap();
-    assert_eq!(l.len(), 3 * c.n_vocab);
-    assert!(!st.ops.log.iter().any(|o| o == "batch"), "{:?}", st.ops.log);
-    assert_eq!(st.ops.slot_ops, vec![(2, "replay"), (0, "replay"), (1, "replay")]);
+    st.rollback(&mut kv, 4).unwrap();
+    assert!(st.ops.batch.is_empty() && st.ops.log.iter().any(|o| o.starts_with("replay")), "one kept token: a decode step {:?}", st.ops.log);
+    assert_eq!(kv.pos, 4);
+    // The last row only.
+    let l = st.forward(&mut kv, &[5, 6], None, Logits::Last).unwrap();
+    assert_eq!((l.len(), kv.pos), (v, 6));
+    assert_eq!(st.ops.batch, vec![(0, 4), (0, 5)]);
+    st.end_journal();
+    // No journal: an ordinary step.
+    st.ops.batch.clear();
+    st.forward(&mut kv, &[7, 8], None, Logits::Last).unwrap();
+    assert!(st.ops.batch.is_empty());
+    // More tokens than verify_rows: an ordinary step.
+    st.begin_journal(&kv).unwrap();
+    st.forward(&mut kv, &[1, 2, 3, 4, 5], None, Logits::All).unwrap();
+    assert!(st.ops.batch.is_empty());
     assert!(st.ops.clk.errors.is_empty(), "{:?}", st.ops.clk.errors);
-    assert_eq!(kvs.iter().map(|k| k.pos).collect::<Vec<_>>(), [3, 4, 5]);
-    st.ops.log.clear();
-    let mut four: Vec<KvState> = (0..4).map(|s| KvState { slot: s % 3, ..kv_of(&c, 256) }).collect();
-    let mut refs: Vec<&mut KvState> = four.iter_mut().collect();
-    assert!(matches!(st.forward_batch(&mut refs, &[1; 4]), Err(GpuError::BatchOverSlots { n: 4, slots: 3 })));
-    refs[1].slot = 0;
-    assert!(matches!(st.forward_batch(&mut refs[..2], &[1, 2]), Err(GpuError::SlotTwice { slot: 0 })));
-    assert!(st.ops.log.is_empty(), "ops ran: {:?}", st.ops.log);
+    // A backend that does not ask for verify rows runs journaled steps as ordinary ones.
+    let mut plain = stage(layers());
+    plain.ops.verify = 0;
+    plain.ops.checkpoints = true;
+    let mut kv = kv_of(&c, 256);
+    plain.forward(&mut kv, &[1, 2, 3], None, Logits::Last).unwrap();
+    plain.begin_journal(&kv).unwrap();
+    plain.forward(&mut kv, &[4, 5, 6], None, Logits::All).unwrap();
+    assert!(plain.ops.batch.is_empty());
 }

@@ -297,7 +297,9 @@ impl CudaOps {
         let (o, low, y) = (self.wk.o.ptr, self.wk.low.ptr, self.wk.y.ptr);
         let (g, hpg, ol) = (cfg.o_groups, cfg.heads_per_group(), cfg.o_lora);
         let gin = hpg * cfg.head_dim;
-        if let Some((q, qdd)) = self.ls.pre_o.take() {
+        if self.exact {
+            self.out_a_rows(out_a, n)?;
+        } else if let Some((q, qdd)) = self.ls.pre_o.take() {
             launch_mvq8(&mut self.g, &out_a, out_a.ptr, ol * out_a.row_bytes, 0, q, qdd, gin, low, ol, ol, g)?;
         } else if n < self.gemm_min || !self.gemm_ok(&out_a) {
             self.mv(out_a.ptr, &out_a, ol * out_a.row_bytes, 0, o, qd, gin, low, g * ol, ol, ol, n, g)?;

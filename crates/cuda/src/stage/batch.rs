@@ -6,7 +6,7 @@
 //! is recorded, so each slot has its own graphs (`graphs[slot]`), valid whenever that slot is selected.
 //!
 //! A batched step (`Step::batch`, one token per row, row r in slot `batch[r].0` at position
-//! `batch[r].1`) runs the row-independent ops (entries, norms, projections, router, experts, head) on
+//! `batch[r].1`; a slot on several rows holds a verify step's consecutive positions, exact_rows.rs) runs the row-independent ops (entries, norms, projections, router, experts, head) on
 //! all rows at once with the multi-token kernels; the ops that read or write a sequence's state or
 //! depend on its position (rope, compressors, indexer selection, attention, ring store) run row by
 //! row: the one-token prefill kernels (not decode mode: the position is an argument) on row r's
@@ -39,12 +39,28 @@ impl CudaOps {
 
     /// Prepares a batched step: the rows' slots and positions, the token ids (checked by the stage).
     pub(super) fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> Result<()> {
-        if rows.len() != step.n || tokens.len() != step.n || step.n > self.batch.capacity() {
-            return Err(format!("batched step of {} rows and {} tokens for {} slots", rows.len(), tokens.len(), self.slots()));
+        if rows.len() != step.n || tokens.len() != step.n || step.n > self.batch_cap {
+            return Err(format!("batched step of {} rows and {} tokens for {} rows", rows.len(), tokens.len(), self.batch_cap));
         }
         if let Some(&(s, _)) = rows.iter().find(|r| r.0 >= self.slots()) {
             return Err(format!("KV slot {s} out of range: this stage holds {}", self.slots()));
         }
+        // A slot on several rows (a verify step): its rows follow each other at consecutive positions.
+        let same_slot = rows.iter().enumerate().any(|(i, r)| rows[..i].iter().any(|o| o.0 == r.0));
+        if same_slot {
+            for (i, r) in rows.iter().enumerate() {
+                if let Some(prev) = rows[..i].iter().rev().find(|o| o.0 == r.0) {
+                    if r.1 != prev.1 + 1 {
+                        return Err(format!("rows of KV slot {} at positions {} then {}: a slot's rows must be consecutive", r.0, prev.1, r.1));
+                    }
+                }
+            }
+            if !self.verify_capable() {
+                return Err("this stage cannot run a slot on several rows of a step".into());
+            }
+        }
+        self.same_slot = same_slot;
+        self.exact = same_slot || self.exact_batches;
         self.pend = None;
         self.decode_mode = false;
         self.g.pdl_now = false;
@@ -277,7 +293,8 @@ impl CudaOps {
     /// streams (rows are different sessions: independent; a lane's rows run in order, so per-lane
     /// scratch suffices), then joins the streams. Tiny per-row kernels then overlap on the GPU.
     fn rows_spread(&mut self, n: usize, mut f: impl FnMut(&mut Self, usize, usize) -> Result<()>) -> Result<()> {
-        let lanes = n.clamp(1, SIDE_STREAMS + 1);
+        // Rows of one sequence depend on each other (state, ring): in order on one stream.
+        let lanes = if self.same_slot { 1 } else { n.clamp(1, SIDE_STREAMS + 1) };
         for k in 1..lanes {
             self.g.fork(k)?;
         }

@@ -1,7 +1,7 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv, launch_mvq8, launch_q80, q80_ok};
+use crate::matvec::{launch_dq, launch_mv_split, launch_mvq8, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
 
 impl CudaOps {
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in matvec.cuh).
@@ -9,15 +9,22 @@ impl CudaOps {
     /// CPU); the quantized copy goes to the current stream's own scratch (side streams run at once).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn mv(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize) -> Result<()> {
+        self.mv_split(w, m, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z, z)
+    }
+
+    /// [`CudaOps::mv`] with the K split of a launch of `ks_z` slots (each slot then sums as it does
+    /// there: the rows of a batch or verify step as their decode steps).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn mv_split(&mut self, w: u64, m: &DM, w_mat_bytes: usize, eids: u64, x: u64, ldx: usize, x_z: usize, y: u64, ldy: usize, y_z: usize, rows: usize, n: usize, z: usize, ks_z: usize) -> Result<()> {
         let rows_in = if x_z == 0 { 1 } else { z };
         if self.fast_q8 && n == 1 && q80_ok(m) && m.cols * rows_in <= self.wk.xq80_cap {
             let s = self.g.current();
             let q = self.wk.xq80.ptr + (s * self.wk.xq80_cap) as u64;
             let d = self.wk.xq80d.ptr + (s * self.wk.xq80_cap / 32 * 4) as u64;
             launch_q80(&mut self.g, x, x_z, m.cols, rows_in, q, d)?;
-            return launch_mvq8(&mut self.g, m, w, w_mat_bytes, eids, q, d, if x_z == 0 { 0 } else { m.cols }, y, y_z, rows, z);
+            return launch_mvq8_ks(&mut self.g, m, w, w_mat_bytes, eids, q, d, if x_z == 0 { 0 } else { m.cols }, y, y_z, rows, z, mvq_ks(m, rows, ks_z));
         }
-        launch_mv(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z)
+        launch_mv_split(&mut self.g, m, w, w_mat_bytes, eids, x, ldx, x_z, y, ldy, y_z, rows, n, z, ks_z)
     }
 
     /// f16 copy of matrix `idx` of a stack (the weights themselves when already F16).
@@ -53,6 +60,11 @@ impl CudaOps {
         // Few output rows (the hyper-connection mix: 24 rows of 16384; the indexer weights: 64): in
         // prefill cuBLAS took milliseconds for these (7 ms at 24 x 4096 tokens x 16384); the mat-vec
         // kernel reads the small matrix from L2 per 4 tokens.
+        if self.exact {
+            // Each row as its one-token product (its own input row, the one-token K split).
+            let w = m.ptr + (idx * m.mat_bytes()) as u64;
+            return self.mv_split(w, m, 0, 0, x, ldx, ldx, y, ldy, ldy, m.rows, 1, n, 1);
+        }
         if n < self.gemm_min || !self.gemm_ok(m) || m.rows < 128 {
             let w = m.ptr + (idx * m.mat_bytes()) as u64;
             return self.mv(w, m, 0, 0, x, ldx, 0, y, ldy, 0, m.rows, n, 1);
@@ -148,8 +160,12 @@ impl CudaOps {
         }
         let (x, mix, mixes, xn) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr, self.wk.xn.ptr);
         let hd = nh * e;
-        if self.decode_mode && n == 1 && hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192 {
+        let fused = hc_fn.ty == GgmlType::F16 && !hc_fn.split && hc_fn.cols == hd && hd % 256 == 0 && e % 256 == 0 && e <= 8192;
+        if self.decode_mode && n == 1 && fused {
             return self.hc_pre_dec(hc_fn, scale, base, norm, want);
+        }
+        if self.exact && fused {
+            return self.hc_pre_rows(hc_fn, scale, base, norm, n);
         }
         self.flush_exit()?;
         self.mm(&hc_fn, x, n, mix)?;
@@ -166,16 +182,20 @@ impl CudaOps {
             A::P(norm),
             A::F(self.cfg.rms_eps),
             A::P(xn),
-            A::I(!self.decode_mode as i32),
+            A::I(!(self.decode_mode || self.exact) as i32),
         ];
-        if self.decode_mode {
+        if self.decode_mode || self.exact {
             // The Sinkhorn matrix is only read by hc_post: off the critical path, on side stream 1
-            // (joined before hc_post by the sub-layer's branch joins).
+            // (joined before hc_post by the sub-layer's branch joins; a batched step has none: in order).
             let (it, he, re) = (self.cfg.sinkhorn_iters as i32, self.cfg.hc_eps, self.cfg.rms_eps);
-            self.g.fork(1)?;
+            if self.decode_mode {
+                self.g.fork(1)?;
+            }
             let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
             self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
-            self.g.to_main();
+            if self.decode_mode {
+                self.g.to_main();
+            }
         }
         self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)?;
         Ok(XnCopies::default())
@@ -209,7 +229,7 @@ impl CudaOps {
 
     /// The arguments of `hc_entry_dec`'s entry part: mix weights, streams, slice records and
     /// ticket / barrier, HC scale and base, raw mix, mixes, norm weight, xn and its int8 copies.
-    fn entry_args(&self, hc_fn: DM, scale: u64, base: u64, norm: u64, copies: [u64; 4], ticket: u64) -> [A; 19] {
+    pub(super) fn entry_args(&self, hc_fn: DM, scale: u64, base: u64, norm: u64, copies: [u64; 4], ticket: u64) -> [A; 19] {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
         let [q80, d80, q8k, d8k] = copies;
         [

@@ -240,7 +240,8 @@ impl CudaOps {
         // large allocation when it and the weights cannot fit.
         let kvf: Vec<KvFloats> = layers.iter().enumerate().map(|(li, l)| KvFloats::new(&cfg, part.first + li, l.ratio, l.indexer.is_some(), ctx)).collect();
         // One KV set per slot (session decoded in a batch).
-        plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>();
+        // (Slot 0 also holds the verification checkpoint.)
+        plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>() + kvf.iter().map(|f| 4 * f.snap() as u64).sum::<u64>();
         let refuse = |plan: &GpuPlan, what: &str| -> String {
             let hint = if wplace == WeightPlace::Device { ", read the weights from host memory with --cuda-weights host" } else { "" };
             let sessions = if slots > 1 { format!(", fewer batched sessions (--batched-session / --concurrency, now {slots})") } else { String::new() };
@@ -252,7 +253,7 @@ impl CudaOps {
         if (plan.weights + plan.vectors + plan.kv) as f64 > plan.free as f64 * 0.97 {
             return Err(refuse(&plan, "the stage does not fit in the GPU's free memory"));
         }
-        let kv_set = || -> Result<Vec<DKv>> {
+        let kv_set = |ckpt: bool| -> Result<Vec<DKv>> {
             let mut kv = Vec::new();
             for f in &kvf {
                 let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
@@ -267,15 +268,17 @@ impl CudaOps {
                     ist_sc: opt(f.ist)?,
                     ist_len: f.ist,
                     snap: g.alloc_zeroed(f.snap() * 4)?,
+                    ckpt: if ckpt { Some(g.alloc_zeroed(f.snap() * 4)?) } else { None },
                 });
             }
             Ok(kv)
         };
         // Slot 0 is selected (in `kv`); the others wait in `parked` (slot 0's entry there is empty).
-        let kv = kv_set()?;
+        // Slot 0 also holds the verification checkpoint.
+        let kv = kv_set(true)?;
         let mut parked = vec![Vec::new()];
         for _ in 1..slots {
-            parked.push(kv_set()?);
+            parked.push(kv_set(false)?);
         }
         let free_kv = free_mem()?;
 
@@ -283,6 +286,8 @@ impl CudaOps {
         let (d, id) = (cfg.head_dim, cfg.idx_dim);
         let n = nmax;
         let (e, hd, k, ff, ne) = (cfg.n_embd, cfg.hc_dim(), cfg.n_expert_used, cfg.ff_exp, cfg.n_expert);
+        // Rows of a batched step: one per slot, or a verify step's (each within the activation rows).
+        let brows = slots.max(VERIFY_ROWS.min(nmax));
         let f = |c: usize| g.alloc(c * 4);
         let cap4 = compressed_capacity(ctx, 4);
         let ldsc = cap4.max(1);
@@ -331,7 +336,8 @@ impl CudaOps {
         };
         // Largest one-token mat-vec input: columns times the slots reading their own rows (the
         // output projection's groups, the routed experts).
-        let xq80_cap = (max_cols * cfg.o_groups.max(k).max(1)).max(cfg.q_dim()).next_multiple_of(256);
+        // (Exact rows quantize each of their rows: a batch's or verify step's rows times the widest input.)
+        let xq80_cap = (max_cols * cfg.o_groups.max(k).max(1)).max(brows * max_cols.max(cfg.q_dim())).next_multiple_of(256);
         let act8 = |len: usize, block: usize| -> Result<ActQ8> { Ok(ActQ8 { q: g.alloc(len.max(1))?, d: g.alloc(len.div_ceil(block).max(1) * 4)? }) };
         let hcd_slices = hd.div_ceil(256);
         let wk = Work {
@@ -369,8 +375,8 @@ impl CudaOps {
             gx: f(n * k * e)?,
             gw: f(n * k)?,
             gtok: f(n * k)?,
-            rep_tok: f((slots * k).max(1))?,
-            bpos: g.alloc(slots * 8)?,
+            rep_tok: f((brows * k).max(1))?,
+            bpos: g.alloc(brows * 8)?,
             slot_pos: f(n * k)?,
             counts: f(ne)?,
             cursor: f(ne)?,
@@ -394,8 +400,8 @@ impl CudaOps {
             xq80d: g.alloc((SIDE_STREAMS + 1) * xq80_cap / 32 * 4)?,
             xq80_cap,
             // One token's k expert inputs, or a batched step's slots·k (decode's per-slot kernels).
-            xq: g.alloc((slots * k * e.max(ff)).max(e).next_multiple_of(256))?,
-            xqd: g.alloc((slots * k * e.max(ff)).max(e).div_ceil(256) * 4)?,
+            xq: g.alloc((brows * k * e.max(ff)).max(e).next_multiple_of(256))?,
+            xqd: g.alloc((brows * k * e.max(ff)).max(e).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
             gptr_cap: n * k / 64 + ne + 1,
             q8_xn: act8(e, 32)?,
@@ -403,13 +409,16 @@ impl CudaOps {
             q8_qr: act8(cfg.q_lora, 32)?,
             q8_o: act8(cfg.q_dim(), 32)?,
             q8_sh: act8(ff, 32)?,
+            gids: f((brows * cfg.o_groups).max(1))?,
             // Slice records of hc_pre_dec, or hc_entry_dec's block records plus one double per block.
             hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices)?,
             // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
         };
-        let rep: Vec<i32> = (0..slots * k).map(|j| (j / k.max(1)) as i32).collect();
+        let rep: Vec<i32> = (0..brows * k).map(|j| (j / k.max(1)) as i32).collect();
         g.htod(wk.rep_tok.ptr, &rep)?;
+        let gids: Vec<i32> = (0..brows * cfg.o_groups).map(|j| (j % cfg.o_groups.max(1)) as i32).collect();
+        g.htod(wk.gids.ptr, &gids)?;
         let dpos_buf = g.alloc(8)?;
         // Shared-memory limits of the decode kernels are raised now: a graph capture should only record launches.
         if d % 4 == 0 && d <= 1024 {
@@ -503,7 +512,11 @@ impl CudaOps {
             kv,
             slot: 0,
             parked,
-            batch: Vec::with_capacity(slots),
+            batch: Vec::with_capacity(brows),
+            batch_cap: brows,
+            exact: false,
+            exact_batches: false,
+            same_slot: false,
             wk,
             ctx,
             counts_host: vec![0; stage.cfg.n_expert],

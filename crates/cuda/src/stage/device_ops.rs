@@ -21,6 +21,8 @@ impl DeviceOps for CudaOps {
     fn begin_step(&mut self, step: Step, tokens: &[u32]) -> R<()> {
         // A step that failed part-way may have left an exit pending on streams that are now rewritten.
         self.pend = None;
+        self.exact = false;
+        self.same_slot = false;
         self.g.htod(self.wk.tokens.ptr, tokens)?;
         self.decode_mode = step.decode;
         self.g.pdl_now = step.decode;
@@ -104,6 +106,10 @@ impl DeviceOps for CudaOps {
 
     fn reset_state(&mut self) -> R<()> { Ok(CudaOps::reset_state(self)?) }
     fn snapshot(&mut self, restore: bool) -> R<()> { Ok(CudaOps::snapshot(self, restore)?) }
+    // Verify steps run as exact rows (exact_rows.rs): the multi-token kernels round otherwise.
+    fn can_checkpoint(&self) -> bool { self.verify_capable() }
+    fn checkpoint(&mut self, restore: bool) -> R<()> { Ok(CudaOps::checkpoint(self, restore)?) }
+    fn verify_rows(&self) -> usize { if self.verify_capable() { self.batch_cap } else { 0 } }
     fn download_kv(&mut self, kv: &mut KvState) -> R<()> { Ok(CudaOps::download_kv(self, kv)?) }
     fn upload_kv(&mut self, kv: &KvState) -> R<()> { Ok(CudaOps::upload_kv(self, kv)?) }
 

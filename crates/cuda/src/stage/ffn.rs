@@ -15,7 +15,7 @@ impl CudaOps {
         let q8k_exp = [&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m));
         let has_shared = l.shared.is_some();
         let gi = l.gate_inp;
-        if self.decode_mode && n == 1 && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
+        if (self.decode_mode && n == 1 || self.exact) && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
             let r = self.route_args(li);
             self.entry_route = Some([A::P(gi.ptr), r[1], r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]]);
         }
@@ -55,7 +55,11 @@ impl CudaOps {
             return Ok(());
         }
         let gate_inp = self.layers[li].gate_inp;
-        if self.decode_mode && s.n == 1 && gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0 {
+        let dec_route = gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0;
+        if self.exact && dec_route {
+            return self.route_rows(li, s.n);
+        }
+        if self.decode_mode && s.n == 1 && dec_route {
             // The weights, input, width and ticket, then the router's arguments after its logits pointer.
             let r = self.route_args(li);
             let args = [A::P(gate_inp.ptr), A::P(self.wk.xn.ptr), A::I(e as i32), r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]];
@@ -131,8 +135,8 @@ impl CudaOps {
     fn experts_rows(&mut self, n: usize, gate: DM, up: DM, down: DM, clamp: f32) -> Result<()> {
         let (e, k, ff) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.ff_exp);
         let z = n * k;
-        if z > self.batch.capacity() * k {
-            return Err(format!("batched experts: {n} rows exceed the {} KV slots", self.batch.capacity()));
+        if n > self.batch_cap {
+            return Err(format!("batched experts: {n} rows exceed the {} rows a batched step holds", self.batch_cap));
         }
         let wk = &self.wk;
         let (xn, rep, eids, ew, gx, ex_a, ex_b, ex_out, xq, xd) = (wk.xn.ptr, wk.rep_tok.ptr, wk.eids.ptr, wk.ew.ptr, wk.gx.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.xq.ptr, wk.xqd.ptr);
@@ -143,8 +147,9 @@ impl CudaOps {
             launch_mvq8_ks(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xq, xd, e, ex_b, ff, ff, z, mvq_ks(&up, ff, k))?;
             launch_mvq8_ks(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xq, xd, e, ex_a, ff, ff, z, mvq_ks(&gate, ff, k))?;
         } else {
-            self.mv(up.ptr, &up, up.mat_bytes(), eids, gx, e, e, ex_b, ff, ff, ff, 1, z)?;
-            self.mv(gate.ptr, &gate, gate.mat_bytes(), eids, gx, e, e, ex_a, ff, ff, ff, 1, z)?;
+            // The K split of decode's k slots: each slot sums as there.
+            self.mv_split(up.ptr, &up, up.mat_bytes(), eids, gx, e, e, ex_b, ff, ff, ff, 1, z, k)?;
+            self.mv_split(gate.ptr, &gate, gate.mat_bytes(), eids, gx, e, e, ex_a, ff, ff, ff, 1, z, k)?;
         }
         let (sq, sd) = if q8 && ff % 256 == 0 { (xq, xd) } else { (0, 0) };
         self.g.launch("swiglu", (cdiv(z * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((z * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(ew), A::P(0), A::P(0), A::P(sq), A::P(sd)])?;
@@ -154,7 +159,7 @@ impl CudaOps {
             }
             launch_mvq8_ks(&mut self.g, &down, down.ptr, down.mat_bytes(), eids, xq, xd, ff, ex_out, e, e, z, mvq_ks(&down, e, k))
         } else {
-            self.mv(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, z)
+            self.mv_split(down.ptr, &down, down.mat_bytes(), eids, ex_a, ff, ff, ex_out, e, e, e, 1, z, k)
         }
     }
 
@@ -167,7 +172,7 @@ impl CudaOps {
     }
 
     /// Arguments of the `route` kernel for layer `li` (gate logits in `rlog`).
-    fn route_args(&self, li: usize) -> [A; 10] {
+    pub(super) fn route_args(&self, li: usize) -> [A; 10] {
         let cfg = &self.cfg;
         let l = &self.layers[li];
         [

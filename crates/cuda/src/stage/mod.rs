@@ -14,11 +14,15 @@ use std::sync::atomic::Ordering;
 /// Batches at least this large go through dequantize-to-f16 + cuBLAS instead of the mat-vec kernels.
 const GEMM_MIN: usize = 16;
 
+/// Most rows of a verify step (MTP: the current token and up to 4 drafts, with room to spare).
+pub const VERIFY_ROWS: usize = 8;
+
 mod attention;
 mod batch;
 mod blocks;
 mod build;
 mod device_ops;
+mod exact_rows;
 mod ffn;
 mod graph;
 pub(super) mod host_time;
@@ -116,6 +120,8 @@ struct DKv {
     ist_len: usize,
     /// Snapshot of the mutable parts (ring, frontiers), restored when a session rewinds to it.
     snap: DBuf,
+    /// The speculative verification's checkpoint of the same parts (slot 0 only).
+    ckpt: Option<DBuf>,
 }
 
 struct Work {
@@ -192,6 +198,8 @@ struct Work {
     q8_qr: ActQ8,
     q8_o: ActQ8,
     q8_sh: ActQ8,
+    /// Group index of each (row, group) slot of the grouped output projection over exact rows.
+    gids: DBuf,
     /// Slice records and ticket of the fused decode sub-layer entry (`hc_pre_dec`).
     hcd_part: DBuf,
     hcd_ticket: DBuf,
@@ -266,8 +274,17 @@ pub struct CudaOps {
     /// `select_slot` swaps sets, so the buffers, and the pointers each slot's graphs captured, never move).
     slot: usize,
     parked: Vec<Vec<DKv>>,
-    /// (slot, position) of each row of the batched step in progress (capacity: the slots).
+    /// (slot, position) of each row of the batched step in progress.
     batch: Vec<(usize, usize)>,
+    /// Rows a batched step may have: the slots, or `VERIFY_ROWS` for a verify step's rows.
+    batch_cap: usize,
+    /// The step in progress computes every row as its decode step does (`exact_rows.rs`).
+    exact: bool,
+    /// Batches of distinct sessions take exact rows too (`--deterministic`).
+    pub exact_batches: bool,
+    /// The batched step in progress has one slot on several rows (a verify step): its per-row ops run
+    /// in row order on one stream.
+    same_slot: bool,
     wk: Work,
     ctx: usize,
     counts_host: Vec<i32>,
@@ -431,9 +448,9 @@ impl CudaStage {
     pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> { self.0.hidden(n).map_err(ge) }
 
     /// One decode step for several sessions, each in its own KV slot (`GpuStage::forward_batch`): one
-    /// logits row per session. Rows are bit-identical to decoding alone only with
-    /// `batch_rowwise` (the deterministic mode); by default the batch's products use the multi-token
-    /// kernels (weights read once per batch), which round differently.
+    /// logits row per session. Rows are bit-identical to decoding alone only with exact batches
+    /// (`CudaOps::set_exact_batches`, the deterministic mode); by default the batch's products use the
+    /// multi-token kernels (weights read once per batch), which round differently.
     /// A batch of one session is its decode step (that slot's CUDA graph), not a one-row batch.
     pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> {
         match (kvs, tokens) {

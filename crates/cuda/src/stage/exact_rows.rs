@@ -1,0 +1,106 @@
+//! Exact rows: a batched step whose every row is computed as a decode step of that row alone
+//! computes it, bit for bit. A verify step (speculative decoding: the current token and its drafts
+//! at consecutive positions of one sequence) runs this way, so accepting drafts never changes the
+//! output; so do batches of sessions under `--deterministic`. The multi-token kernels read the
+//! weights once for all tokens but sum in other orders; here each row keeps its decode arithmetic:
+//! - products: each row an input of its own through the one-token kernels (int8 activations where
+//!   decode takes them, quantized per row as the decode producers quantize), the rows as slots of
+//!   one launch with the one-token K split (a slot's sums depend on the split only);
+//! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the router) per row, the
+//!   exits stand-alone (they round as the fused one);
+//! - the per-sequence ops (compressors, indexer, attention) row by row at each row's position
+//!   through the decode kernels (batch.rs), in row order on one stream when rows share a slot.
+use super::*;
+use crate::matvec::{launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
+
+impl CudaOps {
+    /// Whether verify steps can run as exact rows here: rows attend through the decode kernels, the
+    /// activation buffers hold a few rows, slot 0 holds the checkpoint.
+    pub fn verify_capable(&self) -> bool {
+        let ckpt = if self.slot == 0 { &self.kv } else { &self.parked[0] };
+        self.batch_cap >= 2 && self.dec_attn_rows() && ckpt.iter().all(|l| l.ckpt.is_some())
+    }
+
+    /// Batches of distinct sessions as exact rows (`--deterministic`) or with the multi-token
+    /// kernels (the default: weights read once per batch); recorded batched steps are dropped.
+    pub fn set_exact_batches(&mut self, on: bool) {
+        if on != self.exact_batches {
+            self.exact_batches = on;
+            self.batch_graphs.clear();
+        }
+    }
+
+    /// The sub-layer entry of `n` exact rows: `hc_entry_dec` once per row (no exit folded in: the
+    /// stand-alone exits round as the fused one does), routing the row when the FFN asked for it,
+    /// then the rows' Sinkhorn matrices.
+    pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<XnCopies> {
+        let cfg = &self.cfg;
+        let (e, nh, k) = (cfg.n_embd, cfg.n_hc, cfg.n_expert_used);
+        let (hd, nm, nmix) = (nh * e, cfg.hc_mix(), nh + nh * nh);
+        let route = self.entry_route.take();
+        let wk = &self.wk;
+        let (x, mix, mixes, xn, tokens, eids, ew) = (wk.x.ptr, wk.mix.ptr, wk.mixes.ptr, wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr);
+        let ticket = wk.hcd_ticket.ptr + 8;
+        for r in 0..n {
+            let mut head = self.entry_args(hc_fn, scale, base, norm, [0; 4], ticket);
+            let at = |p: u64, floats: usize| A::P(p + (r * floats * 4) as u64);
+            head[2] = at(x, hd);
+            head[10] = at(mix, nm);
+            head[11] = at(mixes, nmix);
+            head[14] = at(xn, e);
+            let mut rt = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
+            if route.is_some() {
+                rt[6] = at(tokens, 1);
+                rt[10] = at(eids, k);
+                rt[11] = at(ew, k);
+            }
+            let mut all = [A::P(0); 35];
+            all[..19].copy_from_slice(&head);
+            all[19..23].copy_from_slice(&[A::I(0), A::P(0), A::I(0), A::P(0)]);
+            all[23..].copy_from_slice(&rt);
+            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
+        }
+        // The rows' Sinkhorn matrices, in order (a batched step joins no side stream before the exit).
+        let (it, he, re) = (cfg.sinkhorn_iters as i32, cfg.hc_eps, cfg.rms_eps);
+        let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
+        self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
+        Ok(XnCopies { q80: false, q8k: false, routed: route.is_some() })
+    }
+
+    /// Gate logits and routing of `n` exact rows where decode takes `gate_route_dec`: one launch per row.
+    pub(super) fn route_rows(&mut self, li: usize, n: usize) -> Result<()> {
+        let (e, k) = (self.cfg.n_embd, self.cfg.n_expert_used);
+        let gate_inp = self.layers[li].gate_inp;
+        let r = self.route_args(li);
+        let wk = &self.wk;
+        let (xn, tokens, eids, ew, ticket) = (wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr, wk.hcd_ticket.ptr + 4);
+        for row in 0..n {
+            let at = |p: u64, floats: usize| A::P(p + (row * floats * 4) as u64);
+            let args = [A::P(gate_inp.ptr), at(xn, e), A::I(e as i32), r[0], A::P(ticket), r[1], r[2], r[3], at(tokens, 1), r[5], r[6], r[7], at(eids, k), at(ew, k)];
+            self.g.launch("gate_route_dec", ((self.cfg.n_expert / 4) as u32, 1, 1), 256, 0, &args)?;
+        }
+        Ok(())
+    }
+
+    /// The grouped output projection of `n` exact rows: slot (row r, group g) reads group g's
+    /// matrix (`gids`) with row r's inputs, `n × groups` slots with the one-token K split.
+    pub(super) fn out_a_rows(&mut self, out_a: DM, n: usize) -> Result<()> {
+        let cfg = &self.cfg;
+        let (qd, g, ol, d) = (cfg.q_dim(), cfg.o_groups, cfg.o_lora, cfg.head_dim);
+        let gin = cfg.heads_per_group() * d;
+        let (o, low, gids) = (self.wk.o.ptr, self.wk.low.ptr, self.wk.gids.ptr);
+        let wmb = ol * out_a.row_bytes;
+        if self.fast_q8 && q80_ok(&out_a) && d % 32 == 0 {
+            // Decode takes the Q8_0 copy the attention merge writes: the same quantization per row.
+            if n * qd > self.wk.xq80_cap {
+                return Err(format!("{n} exact rows of {qd} attention outputs exceed the Q8_0 scratch"));
+            }
+            let s = self.g.current();
+            let q = self.wk.xq80.ptr + (s * self.wk.xq80_cap) as u64;
+            let dq = self.wk.xq80d.ptr + (s * self.wk.xq80_cap / 32 * 4) as u64;
+            launch_q80(&mut self.g, o, qd, qd, n, q, dq)?;
+            return launch_mvq8_ks(&mut self.g, &out_a, out_a.ptr, wmb, gids, q, dq, gin, low, ol, ol, n * g, mvq_ks(&out_a, ol, g));
+        }
+        self.mv_split(out_a.ptr, &out_a, wmb, gids, o, qd, gin, low, g * ol, ol, ol, 1, n * g, g)
+    }
+}
