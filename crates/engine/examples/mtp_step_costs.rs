@@ -1,10 +1,11 @@
 //! The cost of one verify step of 1 + k tokens (k = 0..4) relative to a plain decode step, on the CPU
 //! backend, at a given context: what MTP speculation pays per step. Each step is journaled and rolled
 //! back, so every repetition runs at the same position. With an MTP file, also the cost of one draft
-//! step (the MTP block). Prints the decode rate these costs give at acceptance rates 0.6 / 0.8 / 0.9
+//! step (the MTP block, its input and its head: where the engine drafts, i.e. on the device for a GPU
+//! backend, with the logits row brought back as a session's draft step does). Prints the decode rate these costs give at acceptance rates 0.6 / 0.8 / 0.9
 //! (computed from the measured costs, assuming each draft is accepted independently with that rate).
 //!
-//! cargo run --release -p ds4-engine --example mtp_step_costs -- MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda]
+//! cargo run --release -p ds4-engine --example mtp_step_costs -- MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda|vulkan|metal]
 //! (a GPU backend needs the stage's KV journal: `Engine::kv_begin_journal` / `kv_rollback`.)
 use ds4_engine::{Backend, Engine, LoadOptions, MtpOptions, Session};
 use ds4_model::Logits;
@@ -20,7 +21,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 fn main() {
     let mut a = std::env::args().skip(1);
     let usage = || -> ! {
-        eprintln!("usage: mtp_step_costs MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda]");
+        eprintln!("usage: mtp_step_costs MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--backend cpu|cuda|vulkan|metal]");
         std::process::exit(2)
     };
     let Some(model) = a.next() else { usage() };
@@ -60,14 +61,16 @@ fn main() {
         costs.push(median(t));
     }
     let mut draft_cost = 0.0;
+    let mut drafter = "";
     if let Some(m) = eng.mtp.as_mut() {
+        drafter = if m.on_device() { backend.name() } else { "cpu" };
         let hd = eng.stage.cfg.hc_dim();
         let hidden = vec![0.1f32; hd];
-        let mut kv = m.model.new_kv(at + 16);
+        let mut kv = m.new_kv(at + 16);
         let mut t = Vec::new();
         for r in 0..reps + 1 {
             let t0 = Instant::now();
-            m.model.forward(&eng.stage, &mut kv, &hidden, &[1], true).unwrap();
+            m.forward(&eng.stage, &mut kv, &hidden, &[1], true).unwrap();
             if r > 0 {
                 t.push(t0.elapsed().as_secs_f64());
             }
@@ -75,7 +78,7 @@ fn main() {
         draft_cost = median(t);
     }
     let c1 = costs[0];
-    println!("context {at}, {} threads, median of {reps}", rayon::current_num_threads());
+    println!("context {at}, {} threads, median of {reps}, backend {}{}", rayon::current_num_threads(), backend.name(), if drafter.is_empty() { String::new() } else { format!(", MTP drafter on {drafter}") });
     println!("tokens per verify step | ms | relative to one decode step");
     for (i, c) in costs.iter().enumerate() {
         println!("{} | {:.2} | {:.3}", i + 1, c * 1e3, c / c1);

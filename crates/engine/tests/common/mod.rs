@@ -2,6 +2,8 @@
 //! (an oracle that proposes chosen drafts, greedy over the block's own drafts), two-turn plain and
 //! speculative generation.
 #![allow(dead_code)]
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod drafter;
 use ds4_engine::speculative::SpecSampler;
 use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, Session, StopReason};
 use ds4_model::synth::{self, Mix, SynthSpec};
