@@ -19,6 +19,9 @@ for l in sys.stdin:
 cp "$(exe -p ds4-cuda --features cuda --test device)" device-bin/device-tests
 cp "$(exe -p ds4-engine --features cuda --test cuda_pipeline)" device-bin/engine-tests
 cp "$(exe -p ds4-engine --features cuda --test decode_batch_cuda)" device-bin/engine-batch-tests
+# MTP on CUDA: greedy identity with speculation, and the GPU drafter against the CPU block.
+cp "$(exe -p ds4-engine --features cuda --test mtp_cuda)" device-bin/engine-mtp-tests
+cp "$(exe -p ds4-engine --features cuda --test mtp_drafter_cuda)" device-bin/engine-drafter-tests
 # Per-module NVRTC compile times on the device's cores (bench/cuda/cold_start.sh runs it).
 cp "$(exe -p ds4-cuda --features cuda --test nvrtc_compile)" device-bin/nvrtc-tests
 # The wgpu ops and the whole stage against the CPU, on the GPU through Vulkan (bench/wgpu/h200.sh).

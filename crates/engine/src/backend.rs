@@ -59,11 +59,12 @@ impl Backend {
     /// True for the backends that run through the `wgpu` feature (`ds4-wgpu`).
     pub fn is_wgpu(self) -> bool { matches!(self, Self::Vulkan | Self::Metal) }
 
-    /// Ok when MTP speculative decoding runs on this backend: the CPU, and wgpu (its multi-token verify
-    /// reproduces decode steps bit for bit, so greedy output is unchanged); else the refusal for `--mtp`.
-    pub fn speculative(self) -> Result<(), String> {
+    /// Ok when MTP speculative decoding runs on this backend over `devices` GPUs (`--cuda-devices`):
+    /// every backend verifies with greedy output unchanged (the CPU's and wgpu's short steps are their
+    /// decode steps bit for bit, CUDA verifies as exact rows), on one device; else the refusal for `--mtp`.
+    pub fn speculative(self, devices: usize) -> Result<(), String> {
         match self {
-            Self::Cuda => Err("--mtp: MTP speculative decoding does not run on the CUDA backend yet (its multi-token verify does not yet reproduce decode steps bit for bit); use --backend cpu or vulkan/metal, or run without --mtp (same greedy output)".into()),
+            Self::Cuda if devices > 1 => Err(format!("--mtp: speculative decoding verifies on one GPU, not over {devices} --cuda-devices parts; use one device, or run without --mtp (same greedy output)")),
             _ => Ok(()),
         }
     }

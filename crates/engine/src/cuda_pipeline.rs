@@ -155,6 +155,8 @@ impl DeviceStage for CudaPipeline {
     }
 
     // Speculative verification on one GPU (the verify steps run as exact rows: each its decode step).
+    fn can_journal(&self) -> bool { matches!(self.stages.as_slice(), [one] if one.can_journal()) }
+
     fn begin_journal(&mut self, kv: &KvState) -> Result<()> {
         match self.stages.as_mut_slice() {
             [one] => one.begin_journal(kv).map_err(gpu_err),

@@ -28,6 +28,9 @@ pub(crate) trait DeviceStage: Send {
     /// Makes `kv` the device state: the next forward call continues from `kv.pos`.
     fn upload_kv(&mut self, kv: &KvState) -> Result<()>;
 
+    /// Whether speculative verification can run here (`begin_journal`), checked when `--mtp` loads.
+    fn can_journal(&self) -> bool { false }
+
     /// Starts speculative verification at `kv.pos` (later forward calls can be undone). Backends whose
     /// multi-token forward does not reproduce decode steps bit for bit refuse it.
     fn begin_journal(&mut self, _kv: &KvState) -> Result<()> {

@@ -126,7 +126,7 @@ impl LoadOptions {
         }
         if let Some(m) = &self.mtp {
             m.validate()?;
-            self.backend.speculative().map_err(EngineError::Unsupported)?;
+            self.backend.speculative(self.cuda_devices.len()).map_err(EngineError::Unsupported)?;
         }
         Ok(())
     }
@@ -289,7 +289,10 @@ impl Engine {
     /// backend, on its device: built there from `model`'s weights).
     pub fn attach_mtp(&mut self, model: ds4_model::mtp::Mtp, opts: crate::speculative::MtpOptions) -> Result<(), EngineError> {
         opts.validate()?;
-        self.backend().speculative().map_err(EngineError::Unsupported)?;
+        self.backend().speculative(1).map_err(EngineError::Unsupported)?;
+        if let Some(g) = self.gpu.as_ref().filter(|g| !g.can_journal()) {
+            return Err(EngineError::Unsupported(format!("--mtp: the {} backend cannot verify drafts here (over several devices?); run without --mtp", g.backend().name())));
+        }
         let r = self.range();
         if !(r.embed && r.head) {
             return Err(EngineError::Unsupported("MTP drafting needs the embedding and the output head on this stage".into()));
@@ -464,6 +467,10 @@ impl LoadPlan {
         let mtp = match &opts.mtp {
             Some(m) => {
                 let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+                if let Some(g) = gpu.as_ref().filter(|g| !g.can_journal()) {
+                    let why = if opts.cuda_devices.len() > 1 { " over several --cuda-devices parts (it verifies on one GPU)" } else { "" };
+                    return Err(EngineError::Invalid(format!("--mtp: the {} backend cannot verify drafts{why}; run without --mtp", g.backend().name())));
+                }
                 let mtp = match gpu.as_mut() {
                     // A GPU backend drafts on its device: the block's weights stay in the file's
                     // mapping until the device takes them.

@@ -60,6 +60,8 @@ impl DeviceStage for WgpuDevice {
 
     fn upload_kv(&mut self, kv: &KvState) -> Result<()> { self.stage.upload_kv(kv) }
 
+    fn can_journal(&self) -> bool { self.stage.can_journal() }
+
     fn begin_journal(&mut self, kv: &KvState) -> Result<()> { self.stage.begin_journal(kv) }
 
     fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<()> { self.stage.rollback(kv, pos) }

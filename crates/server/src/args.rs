@@ -232,7 +232,7 @@ impl Args {
                 return Err("--mtp with --batched-session > 1: batched decode does not draft; use one or the other".into());
             }
             if let Ok(b) = ds4_engine::Backend::parse(&self.backend) {
-                b.speculative()?;
+                b.speculative(self.cuda_devices.len())?;
             }
         }
         if self.dist.is_worker() {

@@ -56,7 +56,7 @@ fn greedy_is_unchanged_and_metrics_count_drafts() {
 
 #[test]
 fn bad_mtp_flags_exit_2() {
-    for args in [&["--mtp", "x.gguf", "--mtp-draft", "0"][..], &["--mtp", "x.gguf", "--mtp-draft", "5"], &["--mtp-margin", "1"], &["--mtp", "x.gguf", "--mtp-margin", "-1"], &["--mtp", "x.gguf", "--batched-session", "2", "--backend", "cpu"], &["--mtp", "x.gguf", "--backend", "cuda"]] {
+    for args in [&["--mtp", "x.gguf", "--mtp-draft", "0"][..], &["--mtp", "x.gguf", "--mtp-draft", "5"], &["--mtp-margin", "1"], &["--mtp", "x.gguf", "--mtp-margin", "-1"], &["--mtp", "x.gguf", "--batched-session", "2", "--backend", "cpu"], &["--mtp", "x.gguf", "--backend", "cuda", "--cuda-devices", "0,1"]] {
         let out = Command::new(BIN).args(args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");

@@ -188,7 +188,7 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
         if d.dump_logprobs.is_some() || d.logprobs_top_k.is_some() {
             usage("--mtp with --dump-logprobs/--logprobs-top-k: accepted drafts skip the per-token logprob output; run without --mtp");
         }
-        if let Err(e) = backend.speculative() {
+        if let Err(e) = backend.speculative(args.ds4.sw.cuda_devices.len()) {
             usage(&e);
         }
     }

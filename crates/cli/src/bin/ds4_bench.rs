@@ -207,7 +207,7 @@ fn run(a: Args) -> Result<(), String> {
         if a.concurrency > 1 {
             return Err(usage("--mtp with --concurrency > 1: batched decode does not draft; use one or the other"));
         }
-        backend.speculative().map_err(|e| usage(&e))?;
+        backend.speculative(a.ds4.sw.cuda_devices.len()).map_err(|e| usage(&e))?;
     }
     if let Err(e) = load.validate() {
         eprintln!("ds4-bench: {e}");

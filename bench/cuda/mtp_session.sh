@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One device call for MTP on CUDA (results under $OUT):
+#  1. the MTP engine tests on CUDA (greedy identity with speculation; the GPU drafter against the CPU
+#     block) -> mtp_tests.log;
+#  2. the Flash-shaped verify-rows test (flash:4, --ignored) -> verify_flash4.log;
+#  3. the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
+#     43 layers need an H200) with a synthetic MTP file, at ctx 4096, on CUDA (and Vulkan with
+#     VULKAN=1) -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
+# Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
+# Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/mtp_session.sh
+set -u
+OUT=${OUT:-/tmp/out}; B=${B:-device-bin}; FLASH=${FLASH:-flash:30}
+mkdir -p $OUT
+export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*"; }
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+M=/dev/shm/${FLASH/:/}.gguf; MTP=/dev/shm/${FLASH/:/}-mtp.gguf
+SP=
+[ -f $M ] || { timeout 400 $B/ds4-gguf synth $FLASH $M --mix q2 --mtp-out $MTP > /tmp/synth.log 2>&1 & SP=$!; }
+el "MTP engine tests on CUDA"
+for t in engine-mtp-tests engine-drafter-tests; do
+  timeout 150 $B/$t --nocapture --test-threads 1 2>&1 | tee -a $OUT/mtp_tests.log | grep -E "^test |cuda |drafter|err|panicked|result"
+done
+el "verify rows at Flash's shape (flash:4)"
+DS4_TEST_DIR=/dev/shm timeout 200 $B/device-tests --nocapture --test-threads 1 --ignored verify_rows_flash4 2>&1 | tee $OUT/verify_flash4.log | grep -E "^test |model|panicked|result"
+rm -f /dev/shm/ds4cuda-flash_4*
+[ -n "$SP" ] && wait $SP; tail -2 /tmp/synth.log
+el "step costs on CUDA"
+timeout 240 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda.txt | tail -22
+if [ -n "${VULKAN:-}" ]; then
+  . bench/wgpu/vulkan_env.sh
+  el "step costs on Vulkan"
+  timeout 200 $B/mtp_step_costs $M --mtp $MTP --backend vulkan --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_vulkan.txt | tail -22
+fi
+el done
