@@ -3,7 +3,7 @@
 #  1. the MTP engine tests on CUDA (greedy identity with speculation; the GPU drafter against the CPU
 #     block) -> mtp_tests.log;
 #  2. the Flash-shaped verify-rows test (flash:4, --ignored) -> verify_flash4.log;
-#  3. the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
+#  3. (with device-bin/old-mtp.xz, the previous build's mtp_step_costs, first) the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
 #     43 layers need an H200) with a synthetic MTP file, at ctx 4096, on CUDA (and Vulkan with
 #     VULKAN=1) -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
 # Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
@@ -25,6 +25,12 @@ el "verify rows at Flash's shape (flash:4)"
 DS4_TEST_DIR=/dev/shm timeout 200 $B/device-tests --nocapture --test-threads 1 --ignored verify_rows_flash4 2>&1 | tee $OUT/verify_flash4.log | grep -E "^test |model|panicked|result"
 rm -f /dev/shm/ds4cuda-flash_4*
 [ -n "$SP" ] && wait $SP; tail -2 /tmp/synth.log
+if [ -f $B/old-mtp.xz ]; then
+  # The previous build's mtp_step_costs first (same machine, same files): an A/B of the verify step.
+  xz -dc $B/old-mtp.xz > /tmp/old-mtp && chmod +x /tmp/old-mtp
+  el "step costs on CUDA, previous build"
+  timeout 240 /tmp/old-mtp $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda_old.txt | grep -A7 "^tokens per"
+fi
 el "step costs on CUDA"
 timeout 240 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda.txt | tail -22
 if [ -n "${VULKAN:-}" ]; then

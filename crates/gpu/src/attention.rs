@@ -6,9 +6,11 @@ use crate::error::Result;
 use crate::ops::{Compressor, DeviceOps, Step, Sub};
 use ds4_model::Config;
 
-pub(crate) fn attention<D: DeviceOps>(ops: &mut D, cfg: &Config, li: usize, step: Step) -> Result<()> {
+/// `lanes`: run the side chains on their lanes (a decode step, or a verify step whose rows the backend
+/// computes as decode steps).
+pub(crate) fn attention<D: DeviceOps>(ops: &mut D, cfg: &Config, li: usize, step: Step, lanes: bool) -> Result<()> {
     let info = ops.layer(li);
-    let dec = step.decode;
+    let dec = lanes;
     ops.hc_entry(li, Sub::Attn, step)?;
     if dec {
         ops.fork(1)?;
@@ -37,7 +39,7 @@ pub(crate) fn attention<D: DeviceOps>(ops: &mut D, cfg: &Config, li: usize, step
     // recorded for every position, and a batch's rows have their own positions, so both always run
     // the selection: the backend skips the rows that see at most top_k).
     let nc_last = if info.ratio != 0 { (step.pos0 + step.n) / info.ratio } else { 0 };
-    let idx_active = info.indexer && (nc_last > cfg.idx_topk || dec || step.batch);
+    let idx_active = info.indexer && (nc_last > cfg.idx_topk || step.decode || step.batch);
     if dec && idx_active {
         ops.fork(3)?;
         ops.indexer_weights(li, step)?;

@@ -4,9 +4,10 @@
 use crate::error::Result;
 use crate::ops::{DeviceOps, Step, Sub};
 
-pub(crate) fn ffn<D: DeviceOps>(ops: &mut D, li: usize, step: Step) -> Result<()> {
+/// `lanes` as for `attention`.
+pub(crate) fn ffn<D: DeviceOps>(ops: &mut D, li: usize, step: Step, lanes: bool) -> Result<()> {
     let info = ops.layer(li);
-    let dec = step.decode;
+    let dec = lanes;
     ops.hc_entry(li, Sub::Ffn, step)?;
     if info.shared_expert {
         if dec {

@@ -31,6 +31,8 @@ pub struct GpuStage<D: DeviceOps> {
     /// While speculative verification runs (slot 0 only): the position the checkpoint holds and the
     /// tokens fed since.
     journal: Option<Journal>,
+    /// A verify step is running (its ops take the decode step's lanes).
+    verify_lanes: bool,
     /// Logits rows before the ones the last forward call returns (a verify step computes every
     /// row's logits; asked for the last, it returns that one).
     logits_skip: usize,
@@ -69,6 +71,7 @@ impl<D: DeviceOps> GpuStage<D> {
             use_replay: true,
             journal: None,
             logits_skip: 0,
+            verify_lanes: false,
         })
     }
 
@@ -361,15 +364,16 @@ impl<D: DeviceOps> GpuStage<D> {
         let step = Step { n, pos0: kv.pos + n - 1, decode: false, batch: true };
         self.ops.begin_batch(step, &self.batch_rows, tokens)?;
         let head = self.ops.has_head();
-        self.replay_batch_step(step, head.then_some((0, n)))?;
+        self.verify_lanes = true;
+        let r = self.replay_batch_step(step, head.then_some((0, n)));
+        self.verify_lanes = false;
+        r?;
         kv.pos += n;
         self.dev_pos[slot] = kv.pos;
         if let Some(j) = self.journal.as_mut().filter(|_| slot == 0) {
             j.tokens.extend_from_slice(tokens);
         }
-        // As after any multi-token step: a later rewind to this position finds it.
-        self.ops.snapshot(false)?;
-        self.snap_pos[slot] = Some(kv.pos);
+        // (No snapshot, unlike other multi-token steps: a verify step is rolled back or continued.)
         self.logits_skip = if head && want == Logits::Last { n - 1 } else { 0 };
         Ok(match want {
             _ if !head => 0,
@@ -470,8 +474,10 @@ impl<D: DeviceOps> GpuStage<D> {
             self.ops.embed(step)?;
         }
         for li in 0..self.range.last + 1 - self.range.first {
-            crate::attention::attention(&mut self.ops, &self.cfg, li, step)?;
-            crate::ffn::ffn(&mut self.ops, li, step)?;
+            // A verify step's rows are decode steps for the backend: their side chains take lanes too.
+            let lanes = step.decode || (step.batch && self.verify_lanes);
+            crate::attention::attention(&mut self.ops, &self.cfg, li, step, lanes)?;
+            crate::ffn::ffn(&mut self.ops, li, step, lanes)?;
             if self.trace.is_some() {
                 self.ops.flush()?;
                 let mut h = vec![0f32; step.n * self.cfg.hc_dim()];

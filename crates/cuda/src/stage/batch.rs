@@ -97,7 +97,12 @@ impl CudaOps {
             Compressor::Indexer => (&l.indexer.as_ref().ok_or("layer without an indexer")?.comp, cfg.idx_dim),
         };
         let (ape, ckm, cgm, cnorm) = (c.ape, c.kv, c.gate, c.norm);
-        let (ck, cg, pooled, xn) = (self.wk.ck.ptr, self.wk.cg.ptr, self.wk.pooled.ptr, self.wk.xn.ptr);
+        // A verify step runs the indexer's compressor beside the main one (own scratch, as decode).
+        let (ck, cg) = match which {
+            Compressor::Indexer if self.same_slot => (self.wk.ick.ptr, self.wk.icg.ptr),
+            _ => (self.wk.ck.ptr, self.wk.cg.ptr),
+        };
+        let (pooled, xn) = (self.wk.pooled.ptr, self.wk.xn.ptr);
         let w = cfg.compress_coff(il) * dim;
         self.mm(&ckm, xn, s.n, ck)?;
         self.mm(&cgm, xn, s.n, cg)?;
@@ -293,8 +298,13 @@ impl CudaOps {
     /// streams (rows are different sessions: independent; a lane's rows run in order, so per-lane
     /// scratch suffices), then joins the streams. Tiny per-row kernels then overlap on the GPU.
     fn rows_spread(&mut self, n: usize, mut f: impl FnMut(&mut Self, usize, usize) -> Result<()>) -> Result<()> {
-        // Rows of one sequence depend on each other (state, ring): in order on one stream.
-        let lanes = if self.same_slot { 1 } else { n.clamp(1, SIDE_STREAMS + 1) };
+        if self.same_slot {
+            // Rows of one sequence depend on each other (state, ring): in order, on the stream the
+            // op runs on (a verify step's ops take the decode step's lanes); that stream's scratch.
+            let lane = self.g.current();
+            return (0..n).try_for_each(|r| f(self, r, lane));
+        }
+        let lanes = n.clamp(1, SIDE_STREAMS + 1);
         for k in 1..lanes {
             self.g.fork(k)?;
         }

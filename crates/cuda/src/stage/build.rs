@@ -352,10 +352,11 @@ impl CudaOps {
             kvb: f(n * d)?,
             ck: f(n * 2 * d.max(id))?,
             cg: f(n * 2 * d.max(id))?,
-            // A prefill chunk's closing windows, or one per stream for a batched step's rows.
-            pooled: f((n / 4 + 2).max(if slots > 1 { SIDE_STREAMS + 1 } else { 0 }) * d.max(id))?,
-            ick: f(2 * id)?,
-            icg: f(2 * id)?,
+            // A prefill chunk's closing windows, or one per stream for a batched or verify step's rows.
+            pooled: f((n / 4 + 2).max(SIDE_STREAMS + 1) * d.max(id))?,
+            // The indexer compressor's inputs beside the main one's: a decode or verify step's rows.
+            ick: f(brows * 2 * id)?,
+            icg: f(brows * 2 * id)?,
             ipool: f(2 * id)?,
             iq: f(n * cfg.idx_heads * id)?,
             iw: f(n * cfg.idx_heads)?,
