@@ -267,13 +267,15 @@ impl CudaOps {
         Ok(made)
     }
 
-    /// Whether a sub-layer exit of `n` tokens is left to the next entry kernel (decode).
-    fn folds_exit(&self, n: usize) -> bool { self.decode_mode && n == 1 }
+    /// Whether a sub-layer exit of `n` tokens is left to the next entry kernel (decode; exact rows,
+    /// whose entries run the decode entry per row).
+    fn folds_exit(&self, n: usize) -> bool { self.decode_mode && n == 1 || self.exact }
 
     /// The attention sub-layer's exit (HC post with the attention output `wk.y`), or its deferral.
     pub(super) fn exit_attn(&mut self, n: usize) -> Result<()> {
         if self.folds_exit(n) {
             self.pend = Some(PendingExit::Attn);
+            self.pend_rows = n;
             return Ok(());
         }
         self.hc_post(n)
@@ -284,6 +286,7 @@ impl CudaOps {
     pub(super) fn exit_ffn(&mut self, n: usize, rows: u64, slot_pos: u64, k: usize, add: u64) -> Result<()> {
         if self.folds_exit(n) && slot_pos == 0 {
             self.pend = Some(PendingExit::Ffn { rows, k, add });
+            self.pend_rows = n;
             return Ok(());
         }
         self.moe_combine_post(n, rows, slot_pos, k, add)
@@ -291,10 +294,11 @@ impl CudaOps {
 
     /// Applies a pending exit with the stand-alone kernel (before anything reads the streams).
     pub(super) fn flush_exit(&mut self) -> Result<()> {
+        let n = self.pend_rows.max(1);
         match self.pend.take() {
             None => Ok(()),
-            Some(PendingExit::Attn) => self.hc_post(1),
-            Some(PendingExit::Ffn { rows, k, add }) => self.moe_combine_post(1, rows, 0, k, add),
+            Some(PendingExit::Attn) => self.hc_post(n),
+            Some(PendingExit::Ffn { rows, k, add }) => self.moe_combine_post(n, rows, 0, k, add),
         }
     }
 

@@ -532,6 +532,7 @@ impl CudaOps {
             fast_q8: stage.opts.precision == ds4_quant::Precision::Fast,
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast,
             pend: None,
+            pend_rows: 1,
             entry_route: None,
             ls: LayerStep::default(),
             decode_mode: false,

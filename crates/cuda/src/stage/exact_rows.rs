@@ -6,8 +6,8 @@
 //! - products: each row an input of its own through the one-token kernels (int8 activations where
 //!   decode takes them, quantized per row as the decode producers quantize), the rows as slots of
 //!   one launch with the one-token K split (a slot's sums depend on the split only);
-//! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the router) per row, the
-//!   exits stand-alone (they round as the fused one);
+//! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the router and the previous
+//!   sub-layer's exit folded in) per row;
 //! - the per-sequence ops (compressors, indexer, attention) row by row at each row's position
 //!   through the decode kernels (batch.rs), in row order on one stream when rows share a slot.
 use super::*;
@@ -30,14 +30,16 @@ impl CudaOps {
         }
     }
 
-    /// The sub-layer entry of `n` exact rows: `hc_entry_dec` once per row (no exit folded in: the
-    /// stand-alone exits round as the fused one does), routing the row when the FFN asked for it,
-    /// then the rows' Sinkhorn matrices.
+    /// The sub-layer entry of `n` exact rows: `hc_entry_dec` once per row, the previous sub-layer's
+    /// exit folded in and the row routed when the FFN asked for it, as decode does; then the rows'
+    /// Sinkhorn matrices.
     pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<XnCopies> {
         let cfg = &self.cfg;
         let (e, nh, k) = (cfg.n_embd, cfg.n_hc, cfg.n_expert_used);
         let (hd, nm, nmix) = (nh * e, cfg.hc_mix(), nh + nh * nh);
         let route = self.entry_route.take();
+        // The previous sub-layer's exit, folded into each row's entry as decode folds it.
+        let exit = self.pend.take();
         let wk = &self.wk;
         let (x, mix, mixes, xn, tokens, eids, ew) = (wk.x.ptr, wk.mix.ptr, wk.mixes.ptr, wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr);
         let ticket = wk.hcd_ticket.ptr + 8;
@@ -54,16 +56,28 @@ impl CudaOps {
                 rt[10] = at(eids, k);
                 rt[11] = at(ew, k);
             }
+            let ex = match exit {
+                None => [A::I(0), A::P(0), A::I(0), A::P(0)],
+                Some(PendingExit::Attn) => [A::I(1), at(wk.y.ptr, e), A::I(0), A::P(0)],
+                Some(PendingExit::Ffn { rows, k: ek, add }) => [A::I(2), at(rows, ek * e), A::I(ek as i32), if add != 0 { at(add, e) } else { A::P(0) }],
+            };
             let mut all = [A::P(0); 35];
             all[..19].copy_from_slice(&head);
-            all[19..23].copy_from_slice(&[A::I(0), A::P(0), A::I(0), A::P(0)]);
+            all[19..23].copy_from_slice(&ex);
             all[23..].copy_from_slice(&rt);
             self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
         }
-        // The rows' Sinkhorn matrices, in order (a batched step joins no side stream before the exit).
+        // The rows' Sinkhorn matrices: beside the sub-layer on side stream 1 when the step takes the
+        // decode step's lanes (a verify step: joined before the exit, as decode), else in order.
         let (it, he, re) = (cfg.sinkhorn_iters as i32, cfg.hc_eps, cfg.rms_eps);
         let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
+        if self.same_slot {
+            self.g.fork(1)?;
+        }
         self.g.launch("hc_comb", (n as u32, 1, 1), 1024, 0, &cargs)?;
+        if self.same_slot {
+            self.g.to_main();
+        }
         Ok(XnCopies { q80: false, q8k: false, routed: route.is_some() })
     }
 

@@ -312,6 +312,8 @@ pub struct CudaOps {
     /// The exit the streams in `x` still owe (decode), applied by the next entry kernel or by
     /// [`CudaOps::flush_exit`].
     pend: Option<PendingExit>,
+    /// Rows the pending exit covers (exact rows: one per row; decode: 1).
+    pend_rows: usize,
     /// The router arguments the next decode entry kernel takes (set by the FFN sub-layer for
     /// `hc_entry_dec`, which then also computes the gate logits and routes the token).
     entry_route: Option<[A; 12]>,
