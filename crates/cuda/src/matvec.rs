@@ -284,8 +284,13 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
     if name == "mvq8_q8p" {
         return launch_q8p(g, &args, rows, z, ks);
     }
-    // (The last argument, z, is read by the mvq8_q8p kernels only.)
-    g.launch(name, (cdiv(rows, MVQ_R * (8 / ks)), 1, z as u32), 256, smem, &args[..11])
+    // (The last argument, z, is read by the mvq8_q8p kernels only.) Slots fastest: the slots of a row
+    // group run together (slots sharing a matrix read it once from DRAM).
+    let groups = cdiv(rows, MVQ_R * (8 / ks));
+    if groups > 65535 || z > u32::MAX as usize {
+        return Err(format!("int8-activation mat-vec of {rows} rows: {groups} row groups exceed the grid"));
+    }
+    g.launch(name, (z as u32, groups, 1), 256, smem, &args[..11])
 }
 
 /// Geometry of `mvq8_q8p_r*` (matvec_q80.cu): rows per warp R, blocks, tasks per block. A task is

@@ -82,8 +82,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
     extern __shared__ uint4 iq2_tab[];  // [256 points][8 copies] uint4, then [128 fields][16 copies] uint2
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
-    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
-    int z = blockIdx.z;
+    // Slot fastest (grid (z, row groups)): the slots of one row group run together, so slots that
+    // share a matrix (the rows of a verify step) read its weights from L2 after the first.
+    int r0 = (blockIdx.y * (8 / ks) + wid / ks) * MVQ_R;
+    int z = blockIdx.x;
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
     const signed char* xq = XQ + (u64)z * xq_z;
@@ -178,8 +180,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
     PDL_ENTRY
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
-    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
-    int z = blockIdx.z;
+    // Slot fastest (grid (z, row groups)): the slots of one row group run together, so slots that
+    // share a matrix (the rows of a verify step) read its weights from L2 after the first.
+    int r0 = (blockIdx.y * (8 / ks) + wid / ks) * MVQ_R;
+    int z = blockIdx.x;
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
     const signed char* xq = XQ + (u64)z * xq_z;
@@ -260,8 +264,10 @@ extern "C" __global__ void q80_quant(const float* __restrict__ X, int x_z, int c
 extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) { PDL_TRIGGER
     __shared__ float red[8][MVQ_R];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks;
-    int r0 = (blockIdx.x * (8 / ks) + wid / ks) * MVQ_R;
-    int z = blockIdx.z;
+    // Slot fastest (grid (z, row groups)): the slots of one row group run together, so slots that
+    // share a matrix (the rows of a verify step) read its weights from L2 after the first.
+    int r0 = (blockIdx.y * (8 / ks) + wid / ks) * MVQ_R;
+    int z = blockIdx.x;
     // Weights do not depend on the previous kernel: without expert ids the first weight loads are
     // issued before waiting for it (their DRAM latency overlaps its tail).
     if (eids) { PDL_WAIT }

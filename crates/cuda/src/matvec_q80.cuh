@@ -6,6 +6,8 @@
 // results are bit-identical; only the schedule differs:
 // - a task is one of mvq8_q8s_n1's blocks (8 / ks row groups of R rows, ks warps each); at most
 //   SMs x 2 blocks walk the tasks (t, t + gridDim.x, ..), as many each: no waves, no block tails;
+//   task t is slot t % nz of row group t / nz (the slots of a row group together: slots sharing a
+//   matrix, a verify step's rows, read it from L2 after the first);
 // - a warp's steps form one stream across its tasks, and the weights of the next step are requested
 //   before the current step's arithmetic (two register sets, so R = 4 rows fit 128 registers), so a
 //   warp has a step in flight while it waits, computes or reduces;
@@ -50,7 +52,7 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     // that lane k + 16 h of mvq8_q8s_n1 takes.
     const int h = lane & 1, kb = lane >> 1, lb = kb + 16 * h;
     auto fetch = [&](Q8pBuf<R>& f, int t, int j) {
-        int z = t / tpz, r0 = (t - z * tpz) * rpt + grp * R, b0 = (part + j * ks) * 32;
+        int z = t % nz, r0 = (t / nz) * rpt + grp * R, b0 = (part + j * ks) * 32;
         if (b0 >= nb) return;
         const u8* wm = W + (u64)(eids ? eids[z] : z) * w_mat_bytes;
 #pragma unroll
@@ -68,7 +70,7 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     int k = 0;  // tasks this block has finished: the parity picks the `red` buffer
     // Step j of task t from `c`; after the task's last step, its rows are summed and stored.
     auto step = [&](const Q8pBuf<R>& c, int t, int j) {
-        int z = t / tpz, r0 = (t - z * tpz) * rpt + grp * R, b0 = (part + j * ks) * 32;
+        int z = t % nz, r0 = (t / nz) * rpt + grp * R, b0 = (part + j * ks) * 32;
         if (b0 < nb) {
             int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
             bool own = b0 + lb < nb;
