@@ -102,7 +102,8 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
 //     columns and the block's part of Σ cur², published;
 //  4. barrier; the RMS norm (weight w) of its columns into xn, and the Q8_0 / Q8_K copies.
 // Replaces hc_post or moe_combine_post plus hc_pre_dec, whose single finishing block did the whole
-// collapse. Grid e/256 blocks of 256 threads; nh <= HCE_NH, nm <= HCE_NM.
+// collapse. Grid (e/256, tokens) blocks of 256 threads, every block of the grid resident (the grid
+// barriers); nh <= HCE_NH, nm <= HCE_NM.
 #define HCE_NH 5
 #define HCE_NM 35
 extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __restrict__ W, int nm, float* __restrict__ x, int e, int nh,
@@ -128,6 +129,24 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
         if (w && t < 8) asm volatile("prefetch.global.L2 [%0];" ::"l"(w + 256 * p + 32 * t));
     }
     PDL_WAIT
+    // Several tokens (exact rows: a verify step's, each computed as its decode step): grid row y is
+    // the launch's token y, with its own streams, outputs, exit inputs, routing and its own parts,
+    // barrier and router ticket (4 ints a row at `bar`, the ticket third). Decode: one row, y = 0.
+    if (blockIdx.y) {
+        const u64 row = blockIdx.y, P = gridDim.x, pst = (nm + 3) & ~1;
+        x += row * nh * e;
+        part += row * (P * pst + 2 * P);
+        bar += 4 * row;
+        mixraw += row * nm;
+        mixes += row * (nh + nh * nh);
+        xn += row * e;
+        if (q80) { q80 += row * e; d80 += row * (e / 32); }
+        if (q8k) { q8k += row * e; d8k += row * (e / 256); }
+        if (xmode == 1) ey += row * e;
+        if (xmode == 2) ey += row * ek * e;
+        if (eadd) eadd += row * e;
+        if (gW) { glog += row * P * ne; gticket += 4 * row; tokens += row; eids += row * k; ew += row * k; }
+    }
     __shared__ __align__(16) float xs[HCE_NH][256];  // read as float4
     __shared__ float red[8][HCE_NM];
     __shared__ double redd[32];

@@ -367,7 +367,7 @@ impl CudaOps {
             low: f(n * cfg.o_groups * cfg.o_lora)?,
             y: f(n * e)?,
             // Gate logits of a batch, or the folded decode router's per-block parts (hc_entry_dec).
-            rlog: f(n.max(hcd_slices) * ne)?,
+            rlog: f(n.max(brows * hcd_slices) * ne)?,
             eids: f(n * k)?,
             ew: f(n * k)?,
             ex_a: f(n * k * ff)?,
@@ -412,7 +412,9 @@ impl CudaOps {
             q8_sh: act8(ff, 32)?,
             gids: f((brows * cfg.o_groups).max(1))?,
             // Slice records of hc_pre_dec, or hc_entry_dec's block records plus one double per block.
-            hcd_part: f(hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices)?,
+            hcd_part: f(brows * (hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices))?,
+            // hc_entry_dec's barrier count, flag and router ticket of each row of an exact-rows launch.
+            hcd_rows: g.alloc_zeroed(brows * 16)?,
             // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
         };

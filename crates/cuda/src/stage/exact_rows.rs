@@ -7,7 +7,7 @@
 //!   decode takes them, quantized per row as the decode producers quantize), the rows as slots of
 //!   one launch with the one-token K split (a slot's sums depend on the split only);
 //! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the router and the previous
-//!   sub-layer's exit folded in) per row;
+//!   sub-layer's exit folded in), a grid row per token;
 //! - the per-sequence ops (compressors, indexer, attention) row by row at each row's position
 //!   through the decode kernels (batch.rs), in row order on one stream when rows share a slot.
 use super::*;
@@ -30,42 +30,48 @@ impl CudaOps {
         }
     }
 
-    /// The sub-layer entry of `n` exact rows: `hc_entry_dec` once per row, the previous sub-layer's
-    /// exit folded in and the row routed when the FFN asked for it, as decode does; then the rows'
-    /// Sinkhorn matrices.
+    /// The sub-layer entry of `n` exact rows: `hc_entry_dec` over a grid row per token (each row's own
+    /// parts, barrier and router ticket), the previous sub-layer's exit folded in and the rows routed
+    /// when the FFN asked for it, as decode does for one; then the rows' Sinkhorn matrices. A launch
+    /// takes as many rows as keep every block resident (one block an SM: the grid barriers).
     pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<XnCopies> {
         let cfg = &self.cfg;
         let (e, nh, k) = (cfg.n_embd, cfg.n_hc, cfg.n_expert_used);
         let (hd, nm, nmix) = (nh * e, cfg.hc_mix(), nh + nh * nh);
         let route = self.entry_route.take();
-        // The previous sub-layer's exit, folded into each row's entry as decode folds it.
         let exit = self.pend.take();
         let wk = &self.wk;
-        let (x, mix, mixes, xn, tokens, eids, ew) = (wk.x.ptr, wk.mix.ptr, wk.mixes.ptr, wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr);
-        let ticket = wk.hcd_ticket.ptr + 8;
-        for r in 0..n {
-            let mut head = self.entry_args(hc_fn, scale, base, norm, [0; 4], ticket);
-            let at = |p: u64, floats: usize| A::P(p + (r * floats * 4) as u64);
+        let (x, mix, mixes, xn, tokens, eids, ew, y) = (wk.x.ptr, wk.mix.ptr, wk.mixes.ptr, wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr, wk.y.ptr);
+        let rows_ptr = wk.hcd_rows.ptr;
+        let blocks = e / 256;
+        let per = if self.g.sms > 0 { (self.g.sms as usize / blocks).max(1) } else { 1 };
+        let mut r0 = 0;
+        while r0 < n {
+            let m = per.min(n - r0);
+            let at = |p: u64, floats: usize| A::P(p + (r0 * floats * 4) as u64);
+            let mut head = self.entry_args(hc_fn, scale, base, norm, [0; 4], rows_ptr);
             head[2] = at(x, hd);
             head[10] = at(mix, nm);
             head[11] = at(mixes, nmix);
             head[14] = at(xn, e);
             let mut rt = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
             if route.is_some() {
+                rt[3] = A::P(rows_ptr + 8);
                 rt[6] = at(tokens, 1);
                 rt[10] = at(eids, k);
                 rt[11] = at(ew, k);
             }
             let ex = match exit {
                 None => [A::I(0), A::P(0), A::I(0), A::P(0)],
-                Some(PendingExit::Attn) => [A::I(1), at(wk.y.ptr, e), A::I(0), A::P(0)],
+                Some(PendingExit::Attn) => [A::I(1), at(y, e), A::I(0), A::P(0)],
                 Some(PendingExit::Ffn { rows, k: ek, add }) => [A::I(2), at(rows, ek * e), A::I(ek as i32), if add != 0 { at(add, e) } else { A::P(0) }],
             };
             let mut all = [A::P(0); 35];
             all[..19].copy_from_slice(&head);
             all[19..23].copy_from_slice(&ex);
             all[23..].copy_from_slice(&rt);
-            self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
+            self.g.launch("hc_entry_dec", (blocks as u32, m as u32, 1), 256, 0, &all)?;
+            r0 += m;
         }
         // The rows' Sinkhorn matrices: beside the sub-layer on side stream 1 when the step takes the
         // decode step's lanes (a verify step: joined before the exit, as decode), else in order.
