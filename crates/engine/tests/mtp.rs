@@ -32,16 +32,7 @@ fn greedy_identity(mix: Mix, tag: &str) {
         assert_eq!(got, want, "{tag} draft {draft}: MTP greedy differs from plain greedy");
         assert!(st.drafted > 0, "{tag} draft {draft}: nothing was drafted");
         // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
-        let mut x = 99u64 + draft as u64;
-        let truth = flat.clone();
-        let oracle = move |n: usize| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let right = (x >> 33) % 10 < 7;
-            let t = truth.get(n).copied().unwrap_or(0);
-            if right { t } else { (t + 1) % v as u32 }
-        };
-        let emitted = Rc::new(Cell::new(0));
-        let mut s = Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) };
+        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 99 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 64, &mut s, &emitted, &mut st);
         assert_eq!(got, want, "{tag} draft {draft}: oracle-drafted greedy differs from plain greedy");

@@ -37,15 +37,7 @@ fn mix_case(mix: Mix, tag: &str) {
     let flat: Vec<u32> = want.concat();
     for draft in 1..=4 {
         let mut eng = cuda(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 })).expect("the GPU was there a moment ago");
-        let mut x = 7u64 + draft as u64;
-        let truth = flat.clone();
-        let oracle = move |n: usize| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let t = truth.get(n).copied().unwrap_or(0);
-            if (x >> 33) % 10 < 7 { t } else { (t + 1) % v as u32 }
-        };
-        let emitted = Rc::new(Cell::new(0));
-        let mut s = Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) };
+        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
         println!("cuda {mix:?} draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());

@@ -7,8 +7,6 @@
 #![cfg(feature = "wgpu")]
 use ds4_engine::{Backend, GenStats, MtpOptions};
 use ds4_model::synth::Mix;
-use std::cell::Cell;
-use std::rc::Rc;
 
 mod common;
 use common::*;
@@ -34,15 +32,7 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
         let draft = 3;
         let mut eng = load_on(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 }), 32, Backend::Vulkan);
         // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
-        let mut x = 7u64 + draft as u64;
-        let truth = flat.clone();
-        let oracle = move |n: usize| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let t = truth.get(n).copied().unwrap_or(0);
-            if (x >> 33) % 10 < 7 { t } else { (t + 1) % v as u32 }
-        };
-        let emitted = Rc::new(Cell::new(0));
-        let mut s = Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) };
+        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
         eprintln!("vulkan draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());

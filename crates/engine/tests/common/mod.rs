@@ -81,6 +81,22 @@ impl SpecSampler for Oracle {
     fn uniform(&mut self) -> f64 { 0.5 }
 }
 
+impl Oracle {
+    /// Proposes the true next token of `truth` (the plain greedy tokens) ~70 % of the time and a wrong
+    /// one otherwise (a stream seeded by `seed`): accepted prefixes of every length, rejections at
+    /// every depth. The counter of emitted tokens is shared with the caller.
+    pub fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (Self, Rc<Cell<usize>>) {
+        let mut x = seed;
+        let oracle = move |n: usize| {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let t = truth.get(n).copied().unwrap_or(0);
+            if (x >> 33) % 10 < 7 { t } else { (t + 1) % vocab as u32 }
+        };
+        let emitted = Rc::new(Cell::new(0));
+        (Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) }, emitted)
+    }
+}
+
 /// Greedy with the MTP block's own proposals.
 pub struct Greedy;
 impl SpecSampler for Greedy {
