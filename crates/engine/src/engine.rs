@@ -504,18 +504,20 @@ fn load_device(
     memory: &mut MemoryPlan,
     place: CudaPlace,
 ) -> Result<Option<Box<dyn DeviceStage>>, EngineError> {
-    let _ = (stage, &memory, place);
+    // Activation rows: a prefill chunk's, and at least a verify step's (the token and its drafts).
+    let rows = opts.prefill_chunk.max(opts.mtp.as_ref().map_or(0, |m| m.draft + 1));
+    let _ = (stage, &memory, place, rows);
     match opts.backend {
         Backend::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             let place = place.unwrap_or(ds4_cuda::WeightPlace::Device);
-            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, opts.prefill_chunk, &opts.cuda_devices, place, opts.batch_slots, opts.deterministic)?;
+            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, rows, &opts.cuda_devices, place, opts.batch_slots, opts.deterministic)?;
             Ok(Some(Box::new(p)))
         }
         #[cfg(feature = "wgpu")]
         b @ (Backend::Vulkan | Backend::Metal) => {
-            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, opts.prefill_chunk, opts.batch_slots);
+            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, rows, opts.batch_slots);
             if !opts.quiet {
                 eprintln!(
                 "{}: device plan {:.2} GiB (weights, KV of {} session(s) and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
@@ -527,7 +529,7 @@ fn load_device(
                 opts.prefill_chunk
                 );
             }
-            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, opts.prefill_chunk, b, opts.batch_slots)?))
+            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, rows, b, opts.batch_slots)?))
         }
         // `LoadOptions::validate` refused it before anything was read.
         #[allow(unreachable_patterns)]

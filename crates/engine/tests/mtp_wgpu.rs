@@ -40,3 +40,24 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
         assert!(st.accepted > 0 && st.accepted < st.drafted, "vulkan draft {draft}: {st:?}");
     }
 }
+
+/// A verify step holds the token and its drafts even when `--prefill-chunk` is smaller: the device's
+/// activation rows are sized for both (prefill chunk 2, draft 4: verify steps of 5 tokens).
+#[test]
+fn vulkan_mtp_with_a_prefill_chunk_below_the_verify_rows() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    let (model, mtp) = files(Mix::Q4, "q4-wgpu-chunk");
+    let mut plain = load_on(&model, None, 2, Backend::Vulkan);
+    let v = plain.cfg().n_vocab;
+    let (prompt, extra) = (tokens(9, 21, v), tokens(3, 22, v));
+    let want = plain_turns(&mut plain, &prompt, &extra, 12);
+    drop(plain);
+    let mut eng = load_on(&model, Some(MtpOptions { path: mtp, draft: 4, margin: 0.0 }), 2, Backend::Vulkan);
+    let (mut s, emitted) = Oracle::right_seven_in_ten(want.concat(), v, 5);
+    let mut st = GenStats::default();
+    let got = spec_turns(&mut eng, &prompt, &extra, 12, &mut s, &emitted, &mut st);
+    assert_eq!(got, want, "MTP greedy with --prefill-chunk 2, draft 4 differs from plain greedy");
+    assert!(st.drafted >= 4 && st.accepted > 0, "{st:?}");
+}
