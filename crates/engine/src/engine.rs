@@ -458,7 +458,13 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        let mut gpu = load_device(&stage, &opts, &mut memory, place)?;
+        // A GPU backend drafts on its device: the block's weights stay in the file's mapping until
+        // the device takes them, and the device's fit check counts them with the model's.
+        let mut gpu_mtp = match &opts.mtp {
+            Some(m) if opts.backend.is_gpu() => Some(ds4_model::mtp::Mtp::load_mapped(&m.path, &stage.cfg, opts.options)?),
+            _ => None,
+        };
+        let mut gpu = load_device(&stage, &opts, &mut memory, place, gpu_mtp.as_ref().map(|m| &m.stage))?;
         if opts.backend == Backend::Cpu {
             // A verify step runs 1 + draft tokens with a logit row each.
             let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
@@ -471,16 +477,13 @@ impl LoadPlan {
                     let why = if opts.cuda_devices.len() > 1 { " over several --cuda-devices parts (it verifies on one GPU)" } else { "" };
                     return Err(EngineError::Invalid(format!("--mtp: the {} backend cannot verify drafts{why}; run without --mtp", g.backend().name())));
                 }
-                let mtp = match gpu.as_mut() {
-                    // A GPU backend drafts on its device: the block's weights stay in the file's
-                    // mapping until the device takes them.
-                    Some(g) => {
-                        let model = ds4_model::mtp::Mtp::load_mapped(&m.path, &stage.cfg, opts.options)?;
+                let mtp = match (gpu.as_mut(), gpu_mtp.take()) {
+                    (Some(g), Some(model)) => {
                         let (dev, bytes) = g.mtp_drafter(&model.stage, opts.ctx)?;
                         memory.device += bytes;
                         crate::speculative::MtpEngine::new(model, m.clone(), Some(crate::drafter::DeviceMtp::new(dev, bytes)))
                     }
-                    None => crate::speculative::MtpEngine::new(ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?, m.clone(), None),
+                    _ => crate::speculative::MtpEngine::new(ds4_model::mtp::Mtp::load(&m.path, &stage.cfg, opts.options)?, m.clone(), None),
                 };
                 if !opts.quiet {
                     let place = if mtp.on_device() { format!(", drafting on {} (device {:.2} GiB, the output matrix shared with the model)", opts.backend.name(), gib(mtp.device_bytes())) } else { String::new() };
@@ -503,10 +506,11 @@ fn load_device(
     opts: &LoadOptions,
     memory: &mut MemoryPlan,
     place: CudaPlace,
+    mtp: Option<&Stage>,
 ) -> Result<Option<Box<dyn DeviceStage>>, EngineError> {
     // Activation rows: a prefill chunk's, and at least a verify step's (the token and its drafts).
     let rows = opts.prefill_chunk.max(opts.mtp.as_ref().map_or(0, |m| m.draft + 1));
-    let _ = (stage, &memory, place, rows);
+    let _ = (stage, &memory, place, rows, mtp);
     match opts.backend {
         Backend::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
@@ -529,7 +533,8 @@ fn load_device(
                 opts.prefill_chunk
                 );
             }
-            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, rows, b, opts.batch_slots)?))
+            let reserve = mtp.map_or(0, |m| crate::wgpu_stage::mtp_plan_bytes(m, opts.ctx));
+            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, rows, b, opts.batch_slots, reserve)?))
         }
         // `LoadOptions::validate` refused it before anything was read.
         #[allow(unreachable_patterns)]

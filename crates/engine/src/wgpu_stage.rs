@@ -7,20 +7,26 @@ use ds4_wgpu::{BackendChoice, GpuOptions, WgpuStage};
 
 /// How to open the device for `backend` (Vulkan or Metal), with `slots` KV slots for the stage.
 /// `Precision::Exact` (`--quality`) keeps the prefill products in f32: no cooperative matrices (f16).
-pub(crate) fn options(backend: Backend, slots: usize, precision: ds4_quant::Precision) -> GpuOptions {
+pub(crate) fn options(backend: Backend, slots: usize, precision: ds4_quant::Precision) -> GpuOptions { options_reserving(backend, slots, precision, 0) }
+
+/// [`options`] for a stage that shares the device with `reserve` more bytes (the MTP drafter).
+fn options_reserving(backend: Backend, slots: usize, precision: ds4_quant::Precision, reserve: u64) -> GpuOptions {
     let choice = if backend == Backend::Metal { BackendChoice::Metal } else { BackendChoice::Vulkan };
     let disable = if precision == ds4_quant::Precision::Exact { ds4_wgpu::wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX } else { ds4_wgpu::wgpu::Features::empty() };
-    GpuOptions { backend: choice, kv_slots: slots, disable, ..GpuOptions::default() }
+    GpuOptions { backend: choice, kv_slots: slots, disable, reserve_bytes: reserve, ..GpuOptions::default() }
 }
 
 /// Device bytes the stage of `stage`'s layers needs at `ctx` / `nmax` with `slots` resident sessions
 /// (the memory plan's device line).
 pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, slots: usize) -> u64 { ds4_wgpu::plan_slots(stage, ctx, nmax, stage.w.range, slots).total() }
 
+/// Device bytes the MTP drafter of `mtp` takes beside the stage (`ds4_wgpu::plan_mtp`).
+pub(crate) fn mtp_plan_bytes(mtp: &Stage, ctx: usize) -> u64 { ds4_wgpu::plan_mtp(mtp, ctx, MTP_STEP_PAIRS).total() }
+
 /// Builds the stage on the device `backend` names, holding `slots` sessions; it refuses itself,
-/// before allocating, when its plan does not fit the device.
-pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend, slots: usize) -> Result<Box<dyn DeviceStage>> {
-    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options(backend, slots, stage.opts.precision))?;
+/// before allocating, when its plan and `reserve` more bytes (the MTP drafter) do not fit the device.
+pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend, slots: usize, reserve: u64) -> Result<Box<dyn DeviceStage>> {
+    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options_reserving(backend, slots, stage.opts.precision, reserve))?;
     Ok(Box::new(WgpuDevice { stage: s, backend }))
 }
 

@@ -45,6 +45,10 @@ pub struct GpuOptions {
     /// KV slots of a stage built on this device: sessions resident at once, decoded together in
     /// batched steps (0 or 1: one; at most `MAX_BATCH_ROWS`). Counted by the stage's memory plan.
     pub kv_slots: usize,
+    /// Device bytes another stage will take on this device beside the one built with these options
+    /// (the MTP drafter): the stage's fit check counts them, so the pair is refused before anything
+    /// is uploaded. 0: none.
+    pub reserve_bytes: u64,
     /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
     #[doc(hidden)]
     pub loader_probe: Option<String>,

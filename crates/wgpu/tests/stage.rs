@@ -384,3 +384,20 @@ fn profile_times_every_op_and_changes_nothing() {
         assert!(report.contains(op), "{op} missing from the profile:\n{report}");
     }
 }
+
+/// A stage that shares the device with another (the MTP drafter: `GpuOptions::reserve_bytes`) is
+/// refused before anything is uploaded when the two do not fit together, naming the drafter's share;
+/// the same stage alone builds.
+#[test]
+fn stage_and_reserved_bytes_over_the_device_memory_are_refused() {
+    let Some(o) = opts() else { return };
+    let Some(have) = common::gpu(o.clone()).and_then(|g| g.memory_bytes()) else {
+        eprintln!("the adapter reports no memory size: nothing to refuse");
+        return;
+    };
+    let cpu = load(Mix::Q2, 11, true);
+    let r = cpu.w.range;
+    let e = WgpuStage::new(&cpu, 64, 8, r, &GpuOptions { reserve_bytes: have, ..o.clone() }).err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("MTP drafter") && e.contains("GPU memory"), "{e}");
+    assert!(WgpuStage::new(&cpu, 64, 8, r, &o).is_ok());
+}

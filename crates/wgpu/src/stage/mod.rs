@@ -157,7 +157,7 @@ impl WgpuStage {
         let nmax = nmax.max(1);
         let slots = plan::check_slots(opts.kv_slots, nmax).map_err(we)?;
         let gpu = Gpu::new(opts).map_err(we)?;
-        plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots).map_err(we)?;
+        plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots, opts.reserve_bytes).map_err(we)?;
         let ops = WgpuOps::build(Arc::new(gpu), stage, ctx, nmax, part, slots).map_err(we)?;
         let cfg = stage.cfg.clone();
         Ok(Self(GpuStage::new(cfg, ops, part, nmax, ctx).map_err(ge)?))

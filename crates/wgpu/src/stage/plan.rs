@@ -85,14 +85,19 @@ pub fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange) -> u
 }
 
 /// Refuses a plan larger than the device's memory (where the device reports it).
-pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes, slots: usize) -> Result<(), WgpuError> {
+/// `reserve`: bytes a second stage on the device will take (the MTP drafter).
+pub(super) fn check_fits(gpu: &Gpu, p: &PlanBytes, slots: usize, reserve: u64) -> Result<(), WgpuError> {
+    let need = p.total().saturating_add(reserve);
     match gpu.memory_bytes() {
-        Some(have) if p.total() > have => Err(WgpuError::OutOfMemory {
-            adapter: gpu.caps().adapter.clone(),
-            need: p.total(),
-            have,
-            detail: format!("weights {:.2} GiB, KV {:.2} GiB ({slots} KV slot(s)), work buffers {:.2} GiB", gib(p.weights), gib(p.kv), gib(p.work)),
-        }),
+        Some(have) if need > have => {
+            let also = if reserve > 0 { format!(", MTP drafter {:.2} GiB", gib(reserve)) } else { String::new() };
+            Err(WgpuError::OutOfMemory {
+                adapter: gpu.caps().adapter.clone(),
+                need,
+                have,
+                detail: format!("weights {:.2} GiB, KV {:.2} GiB ({slots} KV slot(s)), work buffers {:.2} GiB{also}", gib(p.weights), gib(p.kv), gib(p.work)),
+            })
+        }
         _ => Ok(()),
     }
 }
