@@ -9,6 +9,9 @@ use ds4_tokenizer::sampling::{argmax, Sampler, SamplerConfig};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
+mod common;
+use common::greedy_after;
+
 fn fixture() -> PathBuf { PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dist/tests/fixtures/copy_task") }
 
 fn ids(v: &serde_json::Value) -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() }
@@ -60,20 +63,8 @@ fn trained_drafts_are_accepted_and_greedy_is_unchanged() {
         let mut st = GenStats::default();
         for p in r["prompts"].as_array().unwrap() {
             let prompt = ids(&p["prompt"]);
-            let run = |eng: &mut Engine, spec: bool, st: &mut GenStats| {
-                let mut s = Session::new(eng);
-                s.sync(eng, &prompt, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
-                let mut out = Vec::new();
-                let mut g = Sampler::new(SamplerConfig::greedy());
-                if spec {
-                    s.generate_speculative(eng, 32, None, &mut g as &mut dyn SpecSampler, &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
-                } else {
-                    s.generate(eng, 32, None, true, &mut |l| argmax(l), &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
-                }
-                out
-            };
-            let want = run(&mut plain, false, &mut GenStats::default());
-            let got = run(&mut eng, true, &mut st);
+            let want = greedy_after(&mut plain, &prompt, 32, false, &mut GenStats::default());
+            let got = greedy_after(&mut eng, &prompt, 32, true, &mut st);
             assert_eq!(got, want, "draft {draft}: {prompt:?}");
             assert_eq!(want[..16], ids(&p["continuation"])[..], "the task's continuation");
         }

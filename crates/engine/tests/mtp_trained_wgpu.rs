@@ -2,11 +2,11 @@
 //! wgpu device: speculative greedy output equals plain greedy output, and the drafts are accepted as
 //! often as the CPU block's (draft 1: every draft). `--features wgpu`, lavapipe in CI.
 #![cfg(feature = "wgpu")]
-use ds4_engine::speculative::SpecSampler;
-use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, Session};
-use ds4_tokenizer::sampling::{argmax, Sampler, SamplerConfig};
+use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions};
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+
+mod common;
+use common::greedy_after;
 
 fn fixture() -> PathBuf { PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../dist/tests/fixtures/copy_task") }
 
@@ -24,15 +24,7 @@ fn run(eng: &mut Engine, spec: bool, st: &mut GenStats) -> Vec<Vec<u32>> {
     let mut all = Vec::new();
     for p in r["prompts"].as_array().unwrap() {
         let prompt = ids(&p["prompt"]);
-        let mut s = Session::new(eng);
-        s.sync(eng, &prompt, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
-        let mut out = Vec::new();
-        let mut g = Sampler::new(SamplerConfig::greedy());
-        if spec {
-            s.generate_speculative(eng, 32, None, &mut g as &mut dyn SpecSampler, &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
-        } else {
-            s.generate(eng, 32, None, true, &mut |l| argmax(l), &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
-        }
+        let out = greedy_after(eng, &prompt, 32, spec, st);
         assert_eq!(out[..16], ids(&p["continuation"])[..16], "the task's continuation");
         all.push(out);
     }

@@ -211,48 +211,74 @@ impl CudaOps {
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
         let route = self.entry_route.take();
         made.routed = route.is_some();
-        let route = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
-        let (xmode, ey, ek, eadd) = match self.pend.take() {
-            None => (0, 0, 0, 0),
-            Some(PendingExit::Attn) => (1, self.wk.y.ptr, 0, 0),
-            Some(PendingExit::Ffn { rows, k, add }) => (2, rows, k, add),
-        };
-        let head = self.entry_args(hc_fn, scale, base, norm, [q80, d80, q8k, d8k], self.wk.hcd_ticket.ptr + 8);
-        let exit = [A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)];
-        let mut all = [A::P(0); 35];
-        all[..19].copy_from_slice(&head);
-        all[19..23].copy_from_slice(&exit);
-        all[23..].copy_from_slice(&route);
+        let exit = self.pend.take();
+        let ticket = self.wk.hcd_ticket.ptr;
+        let entry = Entry { hc_fn, scale, base, norm, copies: [q80, d80, q8k, d8k], bar: ticket + 8, route, route_ticket: ticket + 4, exit };
+        let all = self.entry_args(&entry, 0);
         self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
         self.hc_comb_side(scale, base, made)
     }
 
-    /// The arguments of `hc_entry_dec`'s entry part: mix weights, streams, slice records and
-    /// ticket / barrier, HC scale and base, raw mix, mixes, norm weight, xn and its int8 copies.
-    pub(super) fn entry_args(&self, hc_fn: DM, scale: u64, base: u64, norm: u64, copies: [u64; 4], ticket: u64) -> [A; 19] {
-        let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
-        let [q80, d80, q8k, d8k] = copies;
-        [
-            A::P(hc_fn.ptr),
-            A::I(hc_fn.rows as i32),
-            A::P(self.wk.x.ptr),
+    /// The arguments of an `hc_entry_dec` launch whose first token is row `row` of the work buffers:
+    /// mix weights, streams, slice records and barrier, HC scale and base, raw mix, mixes, norm
+    /// weight, xn and its int8 copies; the pending exit; the router (gate weights, logits parts,
+    /// ticket, bias or hash table, ids, weights) or nothing.
+    pub(super) fn entry_args(&self, en: &Entry, row: usize) -> [A; 35] {
+        let c = &self.cfg;
+        let (e, nh, k) = (c.n_embd, c.n_hc, c.n_expert_used);
+        let at = |p: u64, floats: usize| p + (row * floats * 4) as u64;
+        let [q80, d80, q8k, d8k] = en.copies;
+        let (xmode, ey, ek, eadd) = match en.exit {
+            None => (0, 0, 0, 0),
+            Some(PendingExit::Attn) => (1, at(self.wk.y.ptr, e), 0, 0),
+            Some(PendingExit::Ffn { rows, k, add }) => (2, at(rows, k * e), k, if add != 0 { at(add, e) } else { 0 }),
+        };
+        let route = match en.route {
+            None => [A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)],
+            Some(li) => {
+                let l = &self.layers[li];
+                [
+                    A::P(l.gate_inp.ptr),
+                    A::I(c.n_expert as i32),
+                    A::P(self.wk.rlog.ptr),
+                    A::P(en.route_ticket),
+                    A::P(l.exp_bias.unwrap_or(0)),
+                    A::P(l.tid2eid.unwrap_or(0)),
+                    A::P(at(self.wk.tokens.ptr, 1)),
+                    A::I(k as i32),
+                    A::I(c.expert_weights_norm as i32),
+                    A::F(c.expert_weights_scale),
+                    A::P(at(self.wk.eids.ptr, k)),
+                    A::P(at(self.wk.ew.ptr, k)),
+                ]
+            }
+        };
+        let head = [
+            A::P(en.hc_fn.ptr),
+            A::I(en.hc_fn.rows as i32),
+            A::P(at(self.wk.x.ptr, nh * e)),
             A::I(e as i32),
             A::I(nh as i32),
             A::P(self.wk.hcd_part.ptr),
-            A::P(ticket),
-            A::P(scale),
-            A::P(base),
-            A::F(self.cfg.hc_eps),
-            A::P(self.wk.mix.ptr),
-            A::P(self.wk.mixes.ptr),
-            A::P(norm),
-            A::F(self.cfg.rms_eps),
-            A::P(self.wk.xn.ptr),
+            A::P(en.bar),
+            A::P(en.scale),
+            A::P(en.base),
+            A::F(c.hc_eps),
+            A::P(at(self.wk.mix.ptr, c.hc_mix())),
+            A::P(at(self.wk.mixes.ptr, nh + nh * nh)),
+            A::P(en.norm),
+            A::F(c.rms_eps),
+            A::P(at(self.wk.xn.ptr, e)),
             A::P(q80),
             A::P(d80),
             A::P(q8k),
             A::P(d8k),
-        ]
+        ];
+        let mut all = [A::P(0); 35];
+        all[..19].copy_from_slice(&head);
+        all[19..23].copy_from_slice(&[A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)]);
+        all[23..].copy_from_slice(&route);
+        all
     }
 
     /// The Sinkhorn matrix of the entry just launched, on side stream 1 (only the exit reads it).

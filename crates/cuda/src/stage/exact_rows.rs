@@ -35,46 +35,22 @@ impl CudaOps {
     /// when the FFN asked for it, as decode does for one; then the rows' Sinkhorn matrices. A launch
     /// takes as many rows as keep every block resident (one block an SM: the grid barriers).
     pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<XnCopies> {
-        let cfg = &self.cfg;
-        let (e, nh, k) = (cfg.n_embd, cfg.n_hc, cfg.n_expert_used);
-        let (hd, nm, nmix) = (nh * e, cfg.hc_mix(), nh + nh * nh);
+        let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
         let route = self.entry_route.take();
-        let exit = self.pend.take();
-        let wk = &self.wk;
-        let (x, mix, mixes, xn, tokens, eids, ew, y) = (wk.x.ptr, wk.mix.ptr, wk.mixes.ptr, wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr, wk.y.ptr);
-        let rows_ptr = wk.hcd_rows.ptr;
+        let en = Entry { hc_fn, scale, base, norm, copies: [0; 4], bar: self.wk.hcd_rows.ptr, route, route_ticket: self.wk.hcd_rows.ptr + 8, exit: self.pend.take() };
+        let (x, mix, mixes) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr);
         let blocks = e / 256;
         let per = if self.g.sms > 0 { (self.g.sms as usize / blocks).max(1) } else { 1 };
         let mut r0 = 0;
         while r0 < n {
             let m = per.min(n - r0);
-            let at = |p: u64, floats: usize| A::P(p + (r0 * floats * 4) as u64);
-            let mut head = self.entry_args(hc_fn, scale, base, norm, [0; 4], rows_ptr);
-            head[2] = at(x, hd);
-            head[10] = at(mix, nm);
-            head[11] = at(mixes, nmix);
-            head[14] = at(xn, e);
-            let mut rt = route.unwrap_or([A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]);
-            if route.is_some() {
-                rt[3] = A::P(rows_ptr + 8);
-                rt[6] = at(tokens, 1);
-                rt[10] = at(eids, k);
-                rt[11] = at(ew, k);
-            }
-            let ex = match exit {
-                None => [A::I(0), A::P(0), A::I(0), A::P(0)],
-                Some(PendingExit::Attn) => [A::I(1), at(y, e), A::I(0), A::P(0)],
-                Some(PendingExit::Ffn { rows, k: ek, add }) => [A::I(2), at(rows, ek * e), A::I(ek as i32), if add != 0 { at(add, e) } else { A::P(0) }],
-            };
-            let mut all = [A::P(0); 35];
-            all[..19].copy_from_slice(&head);
-            all[19..23].copy_from_slice(&ex);
-            all[23..].copy_from_slice(&rt);
+            let all = self.entry_args(&en, r0);
             self.g.launch("hc_entry_dec", (blocks as u32, m as u32, 1), 256, 0, &all)?;
             r0 += m;
         }
         // The rows' Sinkhorn matrices: beside the sub-layer on side stream 1 when the step takes the
         // decode step's lanes (a verify step: joined before the exit, as decode), else in order.
+        let cfg = &self.cfg;
         let (it, he, re) = (cfg.sinkhorn_iters as i32, cfg.hc_eps, cfg.rms_eps);
         let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(it), A::F(he), A::P(x), A::I(e as i32), A::P(mixes), A::F(re)];
         if self.same_slot {
@@ -87,7 +63,8 @@ impl CudaOps {
         Ok(XnCopies { q80: false, q8k: false, routed: route.is_some() })
     }
 
-    /// Gate logits and routing of `n` exact rows where decode takes `gate_route_dec`: one launch per row.
+    /// Gate logits and routing of `n` rows through `gate_route_dec` (decode's router where the entry
+    /// kernel did not route): one launch per row.
     pub(super) fn route_rows(&mut self, li: usize, n: usize) -> Result<()> {
         let (e, k) = (self.cfg.n_embd, self.cfg.n_expert_used);
         let gate_inp = self.layers[li].gate_inp;

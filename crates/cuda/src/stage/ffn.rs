@@ -16,8 +16,7 @@ impl CudaOps {
         let has_shared = l.shared.is_some();
         let gi = l.gate_inp;
         if (self.decode_mode && n == 1 || self.exact) && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
-            let r = self.route_args(li);
-            self.entry_route = Some([A::P(gi.ptr), r[1], r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]]);
+            self.entry_route = Some(li);
         }
         let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp, routed: false });
         self.entry_route = None;
@@ -56,14 +55,8 @@ impl CudaOps {
         }
         let gate_inp = self.layers[li].gate_inp;
         let dec_route = gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0;
-        if self.exact && dec_route {
+        if (self.decode_mode && s.n == 1 || self.exact) && dec_route {
             return self.route_rows(li, s.n);
-        }
-        if self.decode_mode && s.n == 1 && dec_route {
-            // The weights, input, width and ticket, then the router's arguments after its logits pointer.
-            let r = self.route_args(li);
-            let args = [A::P(gate_inp.ptr), A::P(self.wk.xn.ptr), A::I(e as i32), r[0], A::P(self.wk.hcd_ticket.ptr + 4), r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9]];
-            return self.g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &args);
         }
         self.router(li, s.n)
     }

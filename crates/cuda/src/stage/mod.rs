@@ -230,6 +230,21 @@ enum PendingExit {
     Ffn { rows: u64, k: usize, add: u64 },
 }
 
+/// What an `hc_entry_dec` launch does beside the entry itself: the weights of the sub-layer, the int8
+/// copies of xn it writes (values, scales; 0: none), its barrier, the layer it routes (and the
+/// router's ticket), and the exit it applies first.
+struct Entry {
+    hc_fn: DM,
+    scale: u64,
+    base: u64,
+    norm: u64,
+    copies: [u64; 4],
+    bar: u64,
+    route: Option<usize>,
+    route_ticket: u64,
+    exit: Option<PendingExit>,
+}
+
 /// Which int8 copies of the sub-layer input the entry kernel wrote (consumed by the products after it).
 #[derive(Clone, Copy, Default)]
 struct XnCopies {
@@ -319,7 +334,7 @@ pub struct CudaOps {
     pend_rows: usize,
     /// The router arguments the next decode entry kernel takes (set by the FFN sub-layer for
     /// `hc_entry_dec`, which then also computes the gate logits and routes the token).
-    entry_route: Option<[A; 12]>,
+    entry_route: Option<usize>,
     /// What the current layer's ops hand on.
     ls: LayerStep,
     /// The step in progress is a decode step: the position is read from `dpos` on the device, so one

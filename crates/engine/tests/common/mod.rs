@@ -153,3 +153,19 @@ pub fn spec_turns(eng: &mut Engine, prompt: &[u32], extra: &[u32], n: usize, sam
     out
 }
 
+
+/// The next `n` greedy tokens after `prompt` in a fresh session: with MTP speculation (the greedy
+/// sampler verifying the drafts) or plain.
+pub fn greedy_after(eng: &mut Engine, prompt: &[u32], n: usize, spec: bool, st: &mut GenStats) -> Vec<u32> {
+    use ds4_tokenizer::sampling::{Sampler, SamplerConfig};
+    let mut s = Session::new(eng);
+    s.sync(eng, prompt, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
+    let mut out = Vec::new();
+    let mut g = Sampler::new(SamplerConfig::greedy());
+    if spec {
+        s.generate_speculative(eng, n, None, &mut g as &mut dyn SpecSampler, &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
+    } else {
+        s.generate(eng, n, None, true, &mut |l| argmax(l), &mut |t| { out.push(t); true }, &AtomicBool::new(false), st).unwrap();
+    }
+    out
+}
