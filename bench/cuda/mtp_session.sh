@@ -5,7 +5,8 @@
 #  2. the Flash-shaped verify-rows test (flash:4, --ignored) -> verify_flash4.log;
 #  3. (with device-bin/old-mtp.xz, the previous build's mtp_step_costs, first) the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
 #     43 layers need an H200) with a synthetic MTP file, at ctx 4096, on CUDA (and Vulkan with
-#     VULKAN=1) -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
+#     VULKAN=1), and end to end: $GEN (default 128) greedy tokens plain and speculative with drafts
+#     right at a set rate -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
 # Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/mtp_session.sh
 set -u
@@ -29,13 +30,13 @@ if [ -f $B/old-mtp.xz ]; then
   # The previous build's mtp_step_costs first (same machine, same files): an A/B of the verify step.
   xz -dc $B/old-mtp.xz > /tmp/old-mtp && chmod +x /tmp/old-mtp
   el "step costs on CUDA, previous build"
-  timeout 240 /tmp/old-mtp $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda_old.txt | grep -A7 "^tokens per"
+  timeout 240 /tmp/old-mtp $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda_old.txt | grep -E "^plain decode|^[1-5] [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+$|^MTP draft|^end to end|(true|false)$"
 fi
 el "step costs on CUDA"
-timeout 240 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda.txt | tail -22
+timeout 240 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda.txt | tail -35
 if [ -n "${VULKAN:-}" ]; then
   . bench/wgpu/vulkan_env.sh
   el "step costs on Vulkan"
-  timeout 200 $B/mtp_step_costs $M --mtp $MTP --backend vulkan --ctx-at ${AT:-4096} --reps 7 2>&1 | grep -v uploading | tee $OUT/mtp_costs_vulkan.txt | tail -22
+  timeout 200 $B/mtp_step_costs $M --mtp $MTP --backend vulkan --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_vulkan.txt | tail -22
 fi
 el done

@@ -20,13 +20,15 @@
 #define ADEC_CH 16  // candidates per chunk; ADEC_CH in lib.rs (dec_attn) matches
 #define ADEC_MB 8   // chunks a merge warp loads per round
 
-// Address of candidate c: the raw window of nraw positions ending at pos (this token's row in kvb, the
-// earlier ones in the ring), then the compressed rows (the indexer's selection when use_sel).
+// Address of candidate c: the raw window of nraw positions ending at pos (this token's row in kvb, and
+// the rows of the `before` tokens of the same step before it just below it in kvb; the earlier ones in
+// the ring), then the compressed rows (the indexer's selection when use_sel).
 __device__ __forceinline__ const float* attn_row(int c, int nraw, int pos, int swa, bool use_sel, const float* kvb, const float* ring, const float* comp,
-                                                const int* sel, int d) {
+                                                const int* sel, int d, int before) {
     if (c < nraw) {
         int p = pos + 1 - nraw + c;
-        return p == pos ? kvb : ring + (u64)(p % swa) * d;
+        int back = pos - p;
+        return back <= before ? kvb - (u64)back * d : ring + (u64)(p % swa) * d;
     }
     int r = c - nraw;
     if (use_sel) r = sel[r];
@@ -73,10 +75,19 @@ template <int JM>
 __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const float* __restrict__ kvb, const float* __restrict__ ring,
                                               const float* __restrict__ comp, const int* __restrict__ sel, float* __restrict__ part, int nh, int d,
                                               long long pos, int swa, int ratio, int topk, int nsplit, const long long* dpos,
-                                              const double* __restrict__ freqs, int half, float eps) {
+                                              const double* __restrict__ freqs, int half, float eps, long long pstride) {
     static_assert(ADEC_HG == 8 && ADEC_CH == 16, "warp roles below assume 8 heads x 16 candidates, 8 warps");
     extern __shared__ __align__(16) float adsm[];
-    if (dpos) pos = *dpos;
+    // Grid z: consecutive tokens of one sequence (a verify step), each with its own query, KV row,
+    // selection, partials and position; token z reads the z tokens before it from kvb (their ring
+    // slots are written by the merge, after every token's reads).
+    const int z = blockIdx.z;
+    q += (u64)z * nh * d;
+    kvb += (u64)z * d;
+    if (sel) sel += (u64)z * topk;
+    part += (u64)z * pstride;
+    if (dpos) pos = dpos[z];
+    else pos += z;
     // Positions fit in 32 bits: 32-bit divisions (the 64-bit ones are subroutine calls).
     int ip = (int)pos;
     int nraw = min(ip + 1, swa);
@@ -113,7 +124,7 @@ __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const
             // 256 / ADEC_CH threads per row: one address (one index load, if selected) per thread.
             int c = tid / (256 / ADEC_CH);
             bool ok = c < ncv;
-            const float* row = ok ? attn_row(c0 + c, nraw, ip, swa, sel && nc > topk, kvb, ring, comp, sel, d) : q;
+            const float* row = ok ? attn_row(c0 + c, nraw, ip, swa, sel && nc > topk, kvb, ring, comp, sel, d, z) : q;
             for (int j = tid % (256 / ADEC_CH); j < dq; j += 256 / ADEC_CH) cp_async16(rows + c * d + 4 * j, row + 4 * j, ok ? 16 : 0);
         }
         asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -222,8 +233,8 @@ __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const
 }
 
 #define ADEC_ARGS const float* q, const float* kvb, const float* ring, const float* comp, const int* sel, float* part, int nh, int d, long long pos0, \
-    int swa, int ratio, int topk, int nsplit, const long long* dpos, const double* freqs, int half, float eps
-#define ADEC_CALL q, kvb, ring, comp, sel, part, nh, d, pos0, swa, ratio, topk, nsplit, dpos, freqs, half, eps
+    int swa, int ratio, int topk, int nsplit, const long long* dpos, const double* freqs, int half, float eps, long long pstride
+#define ADEC_CALL q, kvb, ring, comp, sel, part, nh, d, pos0, swa, ratio, topk, nsplit, dpos, freqs, half, eps, pstride
 // d <= 512, and the wide variant for d <= 1024 (twice the query registers).
 extern "C" __global__ void __launch_bounds__(256, 3) attn_dec(ADEC_ARGS) { PDL_TRIGGER attn_dec_impl<4>(ADEC_CALL); }
 extern "C" __global__ void __launch_bounds__(256) attn_dec_w(ADEC_ARGS) { PDL_TRIGGER attn_dec_impl<8>(ADEC_CALL); }
@@ -236,9 +247,20 @@ extern "C" __global__ void __launch_bounds__(256) attn_dec_w(ADEC_ARGS) { PDL_TR
 extern "C" __global__ void __launch_bounds__(256) attn_dec_merge(const float* __restrict__ part, const float* __restrict__ sinks, float* __restrict__ o, int nh, int d,
                                                                  long long pos, int nsplit, int swa, int ratio, int topk, const int* sel,
                                                                  const double* __restrict__ freqs, int half, const long long* dpos, const float* kvb, float* ring,
-                                                                 signed char* q80, float* d80) {
+                                                                 signed char* q80, float* d80, long long pstride) {
     PDL_TRIGGER
-    if (dpos) pos = *dpos;
+    // Grid z: the tokens of attn_dec's grid z, each its own output and ring row.
+    const int z = blockIdx.z;
+    part += (u64)z * pstride;
+    o += (u64)z * nh * d;
+    kvb += (u64)z * d;
+    if (sel) sel += (u64)z * topk;
+    if (q80) {
+        q80 += (u64)z * nh * d;
+        d80 += (u64)z * nh * d / 32;
+    }
+    if (dpos) pos = dpos[z];
+    else pos += z;
     int h = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, k = blockIdx.y * 128 + 4 * lane;
     bool on = k < d;
     int ip = (int)pos;

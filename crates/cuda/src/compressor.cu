@@ -1,9 +1,21 @@
 // ---------------------------------------------------------------------------------------------
 // Compressor: one block of `w` threads (channel j) walks the chunk's positions in order, updates
 // the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
+// With `snap` (a verify step's rows, ratio 4): the whole frontier after position i is copied to
+// snap + 16 w i (kv rows, then score rows), so a rollback to any row can restore it (stage/undo.rs).
 // ---------------------------------------------------------------------------------------------
+// Thread j's channel of the ratio-4 frontier (8 rows: the previous window and this one) into snap.
+__device__ __forceinline__ void save_frontier(float* snap, const float* st_kv, const float* st_sc, int ratio, int w, int i, int j) {
+    if (!snap || ratio != 4 || j >= w) return;
+    float* s = snap + (u64)16 * w * i;
+    for (int c = 0; c < 8; c++) {
+        s[c * w + j] = st_kv[c * w + j];
+        s[(8 + c) * w + j] = st_sc[c * w + j];
+    }
+}
+
 extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
-                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos) { PDL_ENTRY
+                                    int n, long long pos0, int ratio, int w, int d, const long long* dpos, float* snap) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     int j = threadIdx.x;
     int k = 0;
@@ -15,7 +27,10 @@ extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const flo
             st_kv[row * w + j] = kvp[(u64)i * w + j];
             st_sc[row * w + j] = gp[(u64)i * w + j] + ape[slot * w + j];
         }
-        if ((pos + 1) % ratio != 0) continue;
+        if ((pos + 1) % ratio != 0) {
+            save_frontier(snap, st_kv, st_sc, ratio, w, i, j);
+            continue;
+        }
         __syncthreads();
         if (j < d) {
             float m = -INFINITY;
@@ -45,6 +60,7 @@ extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const flo
             }
         }
         __syncthreads();
+        save_frontier(snap, st_kv, st_sc, ratio, w, i, j);
         k++;
     }
 }

@@ -31,6 +31,11 @@ pub(crate) struct DecAttn {
     pub topk: usize,
     pub nsplit: usize,
     pub eps: f32,
+    /// Consecutive tokens of one sequence in one launch (grid z; a verify step's rows; 1 for decode):
+    /// token r's query, KV row, selection, output and position follow token 0's at their row
+    /// strides, its partials `pstride` floats on.
+    pub rows: usize,
+    pub pstride: usize,
 }
 
 impl DecAttn {
@@ -57,6 +62,11 @@ impl DecAttn {
         // candidates. The grid depends on the context (nsplit), not on the position.
         let groups = nh.div_ceil(ADEC_HG);
         let gy = self.nsplit.min(g.sms.max(1) as usize * 3 / groups).max(1);
+        let rows = self.rows.max(1) as u32;
+        if rows > 1 && self.pstride < Self::part_floats(self.nsplit, nh, d) {
+            return Err(format!("decode attention over {rows} tokens needs partials {} floats apart", Self::part_floats(self.nsplit, nh, d)));
+        }
+        let pstride = A::L(self.pstride as i64);
         let args = [
             A::P(self.q),
             A::P(self.kvb),
@@ -75,8 +85,9 @@ impl DecAttn {
             A::P(self.freqs),
             A::I(half as i32),
             A::F(self.eps),
+            pstride,
         ];
-        g.launch(Self::kernel(d), (groups as u32, gy as u32, 1), 256, Self::smem(d, half), &args)?;
+        g.launch(Self::kernel(d), (groups as u32, gy as u32, rows), 256, Self::smem(d, half), &args)?;
         let args = [
             A::P(self.part),
             A::P(self.sinks),
@@ -96,7 +107,8 @@ impl DecAttn {
             A::P(self.ring),
             A::P(self.q80),
             A::P(self.d80),
+            pstride,
         ];
-        g.launch("attn_dec_merge", (nh as u32, d.div_ceil(128) as u32, 1), 256, 0, &args)
+        g.launch("attn_dec_merge", (nh as u32, d.div_ceil(128) as u32, rows), 256, 0, &args)
     }
 }

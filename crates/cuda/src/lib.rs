@@ -48,6 +48,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("argmax", [], "argmax.cu", ["argmax_row"]),
     module!("dequant", [], "dequant.cu", ["dq_q8_0", "dq_q2_k", "dq_q4_k", "dq_iq2_xxs", "dq_bf16", "dq_f32", "f32_to_f16", "f32_to_f16_v4"]),
     module!("compressor", [], "compressor.cu", ["comp_seq", "comp_reset"]),
+    module!("undo", [], "undo.cu", ["copy_jobs"]),
     module!("indexer_tc", ["tensor_core.cuh"], "indexer_tc.cu", ["idx_scores_tc"]),
     module!("split_layout", [], "split_layout.cu", ["split_rows", "dq_q8s", "dq_iq2s"]),
     module!("read_bandwidth", [], "read_bandwidth.cu", ["read_sum"]),

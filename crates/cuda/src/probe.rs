@@ -388,6 +388,8 @@ pub fn decode_attention_path(c: &AttnCase, eps: f32, max_cand: usize) -> ds4_mod
             topk: c.topk,
             nsplit,
             eps,
+            rows: 1,
+            pstride: 0,
         };
         let run = |g: &mut Gpu| -> Result<(Vec<f32>, Vec<i8>, Vec<f32>)> {
             a.launch(g)?;

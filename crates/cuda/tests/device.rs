@@ -1050,11 +1050,23 @@ fn verify_case(shape: &str, mix: Mix, precision: Precision, end: usize) {
         let i = kv.pos - plen;
         let len = 2 + steps % 4;
         gpu.begin_journal(&kv).unwrap();
-        let rows = gpu.forward(&mut kv, &toks[i..i + len], None, Logits::All).unwrap().to_vec();
-        assert_eq!(rows.len(), len * v);
-        for r in 0..len {
-            let (got, want) = (&rows[r * v..(r + 1) * v], &logits[i + r]);
-            assert!(bits(got, want), "{shape} {mix:?} {precision:?}: verify step at {} row {r} of {len} differs from decoding (rel err {:.2e})", plen + i, rel_err(got, want));
+        if steps % 2 == 1 {
+            // Greedy verification: each row's pick made on the device, the rows' logits left there.
+            let picks = gpu.forward_picks(&mut kv, &toks[i..i + len]).unwrap().to_vec();
+            assert_eq!(picks.len(), len);
+            for r in 0..len {
+                let want = &logits[i + r];
+                assert_eq!(picks[r].0, argmax_row(want), "{shape} {mix:?} {precision:?}: device pick of verify row {r} at {}", plen + i);
+                let got = gpu.logits_row(r).unwrap();
+                assert!(bits(got, want), "{shape} {mix:?} {precision:?}: verify step at {} row {r} of {len} (picked) differs from decoding (rel err {:.2e})", plen + i, rel_err(got, want));
+            }
+        } else {
+            let rows = gpu.forward(&mut kv, &toks[i..i + len], None, Logits::All).unwrap().to_vec();
+            assert_eq!(rows.len(), len * v);
+            for r in 0..len {
+                let (got, want) = (&rows[r * v..(r + 1) * v], &logits[i + r]);
+                assert!(bits(got, want), "{shape} {mix:?} {precision:?}: verify step at {} row {r} of {len} differs from decoding (rel err {:.2e})", plen + i, rel_err(got, want));
+            }
         }
         rows_checked += len;
         // Accept 0 ..= len - 1 drafts in turn (all of them every fourth step).

@@ -141,6 +141,16 @@ impl DeviceStage for CudaPipeline {
 
     fn last_logits(&mut self) -> Result<&[f32]> { CudaPipeline::last_logits(self) }
 
+    /// On one GPU (where speculative verification runs, the one caller).
+    fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<&[(u32, f32)]> {
+        match self.stages.as_mut_slice() {
+            [one] => one.forward_picks(kv, tokens),
+            _ => Err(ModelError::Invalid("cuda: verify rows picked on the device run on one GPU, not over several --cuda-devices parts".into())),
+        }
+    }
+
+    fn logits_row(&mut self, row: usize) -> Result<&[f32]> { self.stages.last_mut().expect("a pipeline has at least one stage").logits_row(row) }
+
     fn hidden(&mut self, n: usize) -> Result<&[f32]> { CudaPipeline::hidden(self, n) }
 
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()> { CudaPipeline::download_kv(self, kv) }

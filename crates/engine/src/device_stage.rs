@@ -19,6 +19,13 @@ pub(crate) trait DeviceStage: Send {
     /// The last logits row of the last forward call, downloaded.
     fn last_logits(&mut self) -> Result<&[f32]>;
 
+    /// Feeds `tokens` (token input) and returns every row's greedy pick (index, log-probability),
+    /// taken on the device where the step can (a verify step); the logits stay there (`logits_row`).
+    fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<&[(u32, f32)]>;
+
+    /// Logits row `row` of the last forward call, downloaded.
+    fn logits_row(&mut self, row: usize) -> Result<&[f32]>;
+
     /// The HC streams after the last forward call (n × hc_dim), downloaded.
     fn hidden(&mut self, n: usize) -> Result<&[f32]>;
 

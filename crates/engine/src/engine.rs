@@ -398,6 +398,26 @@ impl Engine {
         }
     }
 
+    /// Feeds `tokens` and returns every row's greedy pick (index, log-probability), taken on the GPU
+    /// where the step can (a verify step: a few bytes come back instead of the logits rows). None on
+    /// the CPU backend, without running anything: use `forward` there.
+    pub fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<Option<&[(u32, f32)]>, EngineError> {
+        match self.gpu.as_mut() {
+            Some(g) => Ok(Some(g.forward_picks(kv, tokens)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Copies logits row `row` of the last `forward_picks` call into `out` (the GPU keeps them).
+    pub fn logits_row(&mut self, row: usize, out: &mut Vec<f32>) -> Result<(), EngineError> {
+        if let Some(g) = self.gpu.as_mut() {
+            out.clear();
+            out.extend_from_slice(g.logits_row(row)?);
+            return Ok(());
+        }
+        Err(EngineError::Invalid("no device logits to fetch on the CPU backend".into()))
+    }
+
     /// Copies the logits of the last `forward_top1` call into `out` (the GPU keeps them).
     pub fn last_logits(&mut self, out: &mut Vec<f32>) -> Result<(), EngineError> {
         if let Some(g) = self.gpu.as_mut() {

@@ -86,7 +86,7 @@ impl Session {
     }
 
     /// Feeds the main model's hidden rows of the tokens just consumed to the MTP drafter (if any).
-    fn mtp_observe(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<(), EngineError> {
+    pub(crate) fn mtp_observe(&mut self, engine: &mut Engine, tokens: &[u32]) -> Result<(), EngineError> {
         let (Some(st), true) = (self.mtp.as_mut(), engine.mtp.is_some()) else { return Ok(()) };
         // The rows come from the backend that ran the step (the device on a GPU backend).
         let mut h = std::mem::take(&mut st.scratch);

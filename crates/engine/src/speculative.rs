@@ -104,12 +104,16 @@ pub trait SpecSampler {
     fn proposal(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.target(logits, out) }
     /// Uniform in [0, 1).
     fn uniform(&mut self) -> f64;
+    /// Whether `pick` and `target` are the argmax now (greedy): a GPU backend then takes each verify
+    /// row's pick on the device, and no logits row comes back per step.
+    fn greedy(&self) -> bool { false }
 }
 
 impl SpecSampler for Sampler {
     fn pick(&mut self, logits: &[f32]) -> u32 { self.sample(logits) }
     fn target(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.distribution(logits, false, out) }
     fn uniform(&mut self) -> f64 { Sampler::uniform(self) }
+    fn greedy(&self) -> bool { self.is_greedy() }
 }
 
 /// A token drawn from a distribution given as (id, probability) pairs, with uniform `u` in [0, 1).
@@ -291,8 +295,6 @@ impl crate::session::Session {
         cancel: &std::sync::atomic::AtomicBool,
         stats: &mut crate::session::GenStats,
     ) -> Result<crate::session::StopReason, EngineError> {
-        use crate::session::StopReason;
-        use std::sync::atomic::Ordering;
         if self.logits.is_empty() {
             return Err(EngineError::Invalid("nothing to continue from: empty prompt".into()));
         }
@@ -301,6 +303,37 @@ impl crate::session::Session {
         }
         ds4_model::residency::set_phase(ds4_model::residency::Phase::Decode);
         let t0 = std::time::Instant::now();
+        let mut held = Held::Host;
+        let result = self.speculate(engine, max_tokens, eos, sampler, on_token, cancel, stats, &mut held);
+        // The last token's logits where the device kept them (unknown after an error: none).
+        let fetched = match (&result, held) {
+            (Err(_), Held::Row(_) | Held::Last) => {
+                self.logits.clear();
+                Ok(())
+            }
+            (_, Held::Host) => Ok(()),
+            (Ok(_), Held::Row(r)) => engine.logits_row(r, &mut self.logits),
+            (Ok(_), Held::Last) => engine.last_logits(&mut self.logits),
+        };
+        stats.gen_time += t0.elapsed();
+        let r = result?;
+        fetched.map(|()| r)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn speculate(
+        &mut self,
+        engine: &mut crate::engine::Engine,
+        max_tokens: usize,
+        eos: Option<u32>,
+        sampler: &mut dyn SpecSampler,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        cancel: &std::sync::atomic::AtomicBool,
+        stats: &mut crate::session::GenStats,
+        held: &mut Held,
+    ) -> Result<crate::session::StopReason, EngineError> {
+        use crate::session::StopReason;
+        use std::sync::atomic::Ordering;
         let v = engine.cfg().n_vocab;
         let hd = engine.cfg().hc_dim();
         let (kmax, margin) = {
@@ -315,12 +348,20 @@ impl crate::session::Session {
         let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
         let mut rows: Vec<f32> = Vec::new();
         let mut hidden: Vec<f32> = Vec::new();
-        let result = loop {
+        let mut picks: Vec<(u32, f32)> = Vec::with_capacity(kmax + 1);
+        loop {
             if emitted >= max_tokens {
                 break Ok(StopReason::MaxTokens);
             }
             if cancel.load(Ordering::Relaxed) {
                 break Ok(StopReason::Cancelled);
+            }
+            // Greedy on a GPU backend: the device picks the tokens; the logits stay there.
+            let greedy = sampler.greedy() && engine.backend().is_gpu();
+            if !greedy && *held != Held::Host {
+                // No longer greedy (the sampler switched): the device's pick does not stand.
+                self.fetch_held(engine, held)?;
+                next = None;
             }
             let tok = match next.take() {
                 Some(t) => t,
@@ -340,7 +381,7 @@ impl crate::session::Session {
             let room = kmax.min(max_tokens - emitted).min(engine.ctx - self.tokens.len() - 1);
             let ready = self.mtp.as_ref().is_some_and(|s| s.ready(self.kv.pos));
             if room == 0 || !ready {
-                self.step(engine, tok)?;
+                next = self.plain_step(engine, tok, greedy, held)?;
                 continue;
             }
             // Draft: the pending pair (hidden of the last position, tok), then recursively on the block's
@@ -370,7 +411,7 @@ impl crate::session::Session {
             dr.end_journal(&mut st.kv);
             let k = drafts.len();
             if k == 0 {
-                self.step(engine, tok)?;
+                next = self.plain_step(engine, tok, greedy, held)?;
                 continue;
             }
             // Verify tok and the drafts in one forward of the main model.
@@ -379,10 +420,17 @@ impl crate::session::Session {
             batch.extend_from_slice(&drafts);
             let p0 = self.kv.pos;
             engine.kv_begin_journal(&mut self.kv)?;
-            let r = engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
-                rows.clear();
-                rows.extend_from_slice(l);
-            });
+            let r = if greedy {
+                engine.forward_picks(&mut self.kv, &batch).map(|p| {
+                    picks.clear();
+                    picks.extend_from_slice(p.unwrap_or_default());
+                })
+            } else {
+                engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
+                    rows.clear();
+                    rows.extend_from_slice(l);
+                })
+            };
             let r = r.and_then(|()| {
                 hidden.clear();
                 hidden.extend_from_slice(engine.hidden(k + 1)?);
@@ -396,7 +444,12 @@ impl crate::session::Session {
             let mut fed = 1;
             let mut stop = None;
             for i in 0..k {
-                sampler.target(&rows[i * v..(i + 1) * v], &mut p);
+                if greedy {
+                    p.clear();
+                    p.push((picks[i].0, 1.0));
+                } else {
+                    sampler.target(&rows[i * v..(i + 1) * v], &mut p);
+                }
                 let mut u = || sampler.uniform();
                 let d = match accept(&p, &qs[i], drafts[i], &mut u) {
                     Ok(d) => d,
@@ -421,16 +474,59 @@ impl crate::session::Session {
             engine.kv_rollback(&mut self.kv, p0 + fed)?;
             engine.kv_end_journal(&mut self.kv);
             self.tokens.extend_from_slice(&batch[..fed]);
-            self.logits.clear();
-            self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
+            if greedy {
+                // The last kept row's pick is the next token (a rejected draft's replacement is it too).
+                *held = Held::Row(fed - 1);
+                if stop.is_none() {
+                    next = Some(picks[fed - 1].0);
+                }
+            } else {
+                *held = Held::Host;
+                self.logits.clear();
+                self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
+            }
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
             st.observe(&mut me.drafter(), &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
             if let Some(s) = stop {
                 break Ok(s);
             }
-        };
-        stats.gen_time += t0.elapsed();
-        result
+        }
     }
+
+    /// One plain decode step of `tok` (no draft could be made): the next token when the device
+    /// picked it (greedy), else None with the logits in `self.logits`.
+    fn plain_step(&mut self, engine: &mut crate::engine::Engine, tok: u32, greedy: bool, held: &mut Held) -> Result<Option<u32>, EngineError> {
+        if greedy {
+            if let Some((t, _)) = engine.forward_top1(&mut self.kv, std::slice::from_ref(&tok), None)? {
+                self.tokens.push(tok);
+                *held = Held::Last;
+                self.mtp_observe(engine, std::slice::from_ref(&tok))?;
+                return Ok(Some(t));
+            }
+        }
+        self.step(engine, tok)?;
+        *held = Held::Host;
+        Ok(None)
+    }
+
+    /// Brings the logits the device kept into `self.logits`.
+    fn fetch_held(&mut self, engine: &mut crate::engine::Engine, held: &mut Held) -> Result<(), EngineError> {
+        match *held {
+            Held::Host => {}
+            Held::Row(r) => engine.logits_row(r, &mut self.logits)?,
+            Held::Last => engine.last_logits(&mut self.logits)?,
+        }
+        *held = Held::Host;
+        Ok(())
+    }
+}
+
+/// Where the logits after the last fed token are: in `Session::logits`, or still on the device (row
+/// r of the last verify step, or the last decode step's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    Host,
+    Row(usize),
+    Last,
 }

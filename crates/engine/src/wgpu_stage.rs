@@ -60,6 +60,10 @@ impl DeviceStage for WgpuDevice {
 
     fn last_logits(&mut self) -> Result<&[f32]> { self.stage.last_logits() }
 
+    fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<&[(u32, f32)]> { self.stage.forward_picks(kv, tokens) }
+
+    fn logits_row(&mut self, row: usize) -> Result<&[f32]> { self.stage.logits_row(row) }
+
     fn hidden(&mut self, n: usize) -> Result<&[f32]> { self.stage.hidden(n) }
 
     fn download_kv(&mut self, kv: &mut KvState) -> Result<()> { self.stage.download_kv(kv) }

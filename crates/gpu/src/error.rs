@@ -23,6 +23,8 @@ pub enum GpuError {
     RollbackOutOfRange { pos: usize, from: usize, to: usize },
     #[error("{0}")]
     Journal(&'static str),
+    #[error("a journaled step of {n} tokens: this backend undoes steps of at most {cap}")]
+    JournalStepTooLong { n: usize, cap: usize },
     #[error("KV slot {slot} does not exist: the stage holds {slots} (slot 0 ..= {})", slots - 1)]
     SlotOutOfRange { slot: usize, slots: usize },
     #[error("a batch of {n} sequences exceeds the {slots} KV slots the stage was built with")]

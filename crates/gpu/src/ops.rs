@@ -117,6 +117,10 @@ pub trait DeviceOps {
     fn logits(&mut self, m: usize) -> Result<()>;
     /// Greedy pick of the last logits row (index and log-probability), left on the device.
     fn argmax(&mut self) -> Result<()>;
+    /// Most logits rows `argmax_rows` picks in one step (1: only `argmax`'s one row).
+    fn top1_rows(&self) -> usize { 1 }
+    /// Greedy pick of each of the `m` logits rows, left on the device (a verify step's rows).
+    fn argmax_rows(&mut self, _m: usize) -> Result<()> { Err("this backend picks one logits row on the device".into()) }
 
     // Results to the host.
     /// Waits for everything issued.
@@ -124,6 +128,16 @@ pub trait DeviceOps {
     fn read_logits(&mut self, dst: &mut [f32]) -> Result<()>;
     fn read_hidden(&mut self, dst: &mut [f32]) -> Result<()>;
     fn read_top1(&mut self) -> Result<(u32, f32)>;
+    /// The picks of the last `argmax_rows`, one per row.
+    fn read_top1_rows(&mut self, _dst: &mut [(u32, f32)]) -> Result<()> { Err("this backend picks one logits row on the device".into()) }
+    /// Logits row `row` of the last step's head (`dst` holds one row).
+    fn read_logits_row(&mut self, row: usize, dst: &mut [f32]) -> Result<()> {
+        let v = dst.len();
+        let mut all = vec![0f32; (row + 1) * v];
+        self.read_logits(&mut all)?;
+        dst.copy_from_slice(&all[row * v..]);
+        Ok(())
+    }
 
     // KV state.
     /// Fresh state (position 0).
@@ -163,6 +177,16 @@ pub trait DeviceOps {
     fn verify_rows(&self) -> usize { 0 }
     /// Saves (`restore` false) or restores the checkpoint (window ring, compressor frontiers).
     fn checkpoint(&mut self, _restore: bool) -> Result<()> { Err("this backend cannot checkpoint its KV state".into()) }
+    /// Most rows of a journaled step this backend undoes in place (`undo_save` before the step,
+    /// `undo_rows` to roll part of it back), instead of restoring a checkpoint and running the kept
+    /// tokens again. 0: it checkpoints (`checkpoint`).
+    fn undo_rows_cap(&self) -> usize { 0 }
+    /// Before a journaled step of `n` rows at `pos..pos + n` of the selected slot: keeps what the step
+    /// will overwrite and cannot recompute (window ring rows, compressor frontiers).
+    fn undo_save(&mut self, _pos: usize, _n: usize) -> Result<()> { Err("this backend cannot undo a step in place".into()) }
+    /// After that step: returns the state to the one after its first `keep` rows (`keep` < `n`),
+    /// exactly the state decoding those rows alone leaves.
+    fn undo_rows(&mut self, _pos: usize, _n: usize, _keep: usize) -> Result<()> { Err("this backend cannot undo a step in place".into()) }
 
     // Decode replay: a backend that can record a decode step's ops once and replay them.
     fn can_replay(&self) -> bool { false }

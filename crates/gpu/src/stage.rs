@@ -36,12 +36,19 @@ pub struct GpuStage<D: DeviceOps> {
     /// Logits rows before the ones the last forward call returns (a verify step computes every
     /// row's logits; asked for the last, it returns that one).
     logits_skip: usize,
+    /// Rows of the last step whose greedy picks the device made (a verify step's), and the picks
+    /// brought back (`forward_picks`).
+    picked_rows: usize,
+    picks: Vec<(u32, f32)>,
 }
 
 /// The device state saved at `from` and the tokens fed after it (a rollback re-runs a prefix of them).
 struct Journal {
     from: usize,
     tokens: Vec<u32>,
+    /// On a backend that undoes in place: the last journaled step (position, rows), whose undo is
+    /// kept; the journal then starts at that step (`from`), the one step a rollback can undo.
+    step: Option<(usize, usize)>,
 }
 
 impl<D: DeviceOps> GpuStage<D> {
@@ -72,6 +79,8 @@ impl<D: DeviceOps> GpuStage<D> {
             journal: None,
             logits_skip: 0,
             verify_lanes: false,
+            picked_rows: 0,
+            picks: Vec::with_capacity(nmax),
         })
     }
 
@@ -128,6 +137,42 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.read_top1()
     }
 
+    /// Feeds `tokens` (token input) and returns the greedy pick (index, log-probability) of every
+    /// row: picked on the device where the step did (a verify step on a backend with `top1_rows`),
+    /// else from the downloaded logits (lowest index on ties, as the device). The logits rows stay on
+    /// the device for [`GpuStage::logits_row`].
+    pub fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<&[(u32, f32)]> {
+        self.ops.bind()?;
+        self.ops.note_call(tokens.len() == 1);
+        if !self.ops.has_head() {
+            return Err(GpuError::NoHead);
+        }
+        self.use_slot(kv)?;
+        self.picked_rows = 0;
+        let n = tokens.len();
+        let rows = self.forward_dev(kv, tokens, None, Logits::All, false)?;
+        self.ops.sync()?;
+        self.picks.clear();
+        if rows == n && self.picked_rows == n {
+            self.picks.resize(n, (0, 0.0));
+            self.ops.read_top1_rows(&mut self.picks)?;
+        } else {
+            let v = self.cfg.n_vocab;
+            self.logits_host.resize(rows * v, 0.0);
+            self.ops.read_logits(&mut self.logits_host)?;
+            self.picks.extend(self.logits_host.chunks(v).map(greedy_pick));
+        }
+        Ok(&self.picks)
+    }
+
+    /// Logits row `row` of the last forward call, downloaded.
+    pub fn logits_row(&mut self, row: usize) -> Result<&[f32]> {
+        self.ops.bind()?;
+        self.logits_host.resize(self.cfg.n_vocab, 0.0);
+        self.ops.read_logits_row(row, &mut self.logits_host)?;
+        Ok(&self.logits_host)
+    }
+
     /// The logits row of the last forward call that asked for the last row, downloaded.
     pub fn last_logits(&mut self) -> Result<&[f32]> {
         self.ops.bind()?;
@@ -182,14 +227,17 @@ impl<D: DeviceOps> GpuStage<D> {
 
     /// Whether the backend can undo forward calls (`begin_journal` / `rollback`).
     pub fn can_journal(&self) -> bool {
-        self.ops.can_checkpoint()
+        self.ops.undo_rows_cap() > 0 || self.ops.can_checkpoint()
     }
 
-    /// Starts speculative verification at `kv.pos`: the device state is checkpointed, and later
-    /// forward calls (token input only) can be undone by [`GpuStage::rollback`].
+    /// Starts speculative verification at `kv.pos`: later forward calls (token input only) can be
+    /// undone by [`GpuStage::rollback`]. A backend that undoes in place (`undo_rows_cap`) keeps what
+    /// each journaled step overwrites, and a rollback undoes the last step (a verify step: the rows
+    /// of the rejected drafts); any other has its state checkpointed here and re-runs kept tokens.
     pub fn begin_journal(&mut self, kv: &KvState) -> Result<()> {
         self.ops.bind()?;
-        if !self.ops.can_checkpoint() {
+        let in_place = self.ops.undo_rows_cap() > 0;
+        if !in_place && !self.ops.can_checkpoint() {
             return Err(GpuError::Journal("this GPU backend cannot roll its KV state back"));
         }
         if kv.slot != 0 {
@@ -197,19 +245,22 @@ impl<D: DeviceOps> GpuStage<D> {
         }
         self.use_slot(kv)?;
         self.sync_state(kv.pos)?;
-        self.ops.checkpoint(false)?;
-        self.ops.sync()?;
-        self.journal = Some(Journal { from: kv.pos, tokens: Vec::new() });
+        if !in_place {
+            self.ops.checkpoint(false)?;
+            self.ops.sync()?;
+        }
+        self.journal = Some(Journal { from: kv.pos, tokens: Vec::new(), step: None });
         Ok(())
     }
 
-    /// Returns the device state and `kv.pos` to `pos`, between the journal's start and now: the
-    /// checkpoint is restored and the tokens fed up to `pos` run again. The backend's prefill and
-    /// decode rows are bit-identical, so the state is the one a forward of those tokens left.
+    /// Returns the device state and `kv.pos` to `pos`, between the journal's start and now. In place
+    /// (`undo_rows_cap`): the last step's rows after `pos` are undone. Otherwise the checkpoint is
+    /// restored and the tokens fed up to `pos` run again. Either way the state is the one a forward
+    /// of the kept tokens left (the backend's rows are bit-identical to decode steps).
     pub fn rollback(&mut self, kv: &mut KvState, pos: usize) -> Result<()> {
         self.ops.bind()?;
         let Some(j) = self.journal.as_ref() else { return Err(GpuError::Journal("rollback without a journal")) };
-        let to = j.from + j.tokens.len();
+        let (to, step) = (j.from + j.tokens.len(), j.step);
         if kv.slot != 0 {
             return Err(GpuError::Journal("the journal is slot 0's"));
         }
@@ -220,6 +271,17 @@ impl<D: DeviceOps> GpuStage<D> {
             return Ok(());
         }
         self.use_slot(kv)?;
+        if let Some((at, n)) = step {
+            // In place: the rejected rows' writes undone, nothing runs again.
+            self.ops.undo_rows(at, n, pos - at)?;
+            self.journal.as_mut().expect("checked above").tokens.truncate(pos - at);
+            self.dev_pos[0] = pos;
+            kv.pos = pos;
+            if self.snap_pos[0].is_some_and(|s| s > pos) {
+                self.snap_pos[0] = None;
+            }
+            return Ok(self.ops.sync()?);
+        }
         let mut j = self.journal.take().expect("checked above");
         let from = j.from;
         j.tokens.truncate(pos - from);
@@ -304,9 +366,20 @@ impl<D: DeviceOps> GpuStage<D> {
         self.check(kv, tokens, hidden_in)?;
         self.sync_state(kv.pos)?;
         let journaled = self.cur == 0 && self.journal.is_some();
-        if let Some(j) = self.journal.as_ref().filter(|_| journaled) {
+        if let Some(j) = self.journal.as_mut().filter(|_| journaled) {
             if hidden_in.is_some() || kv.pos != j.from + j.tokens.len() {
                 return Err(GpuError::Journal("a journaled stage takes consecutive token input"));
+            }
+            let cap = self.ops.undo_rows_cap();
+            if cap > 0 {
+                if n > cap {
+                    return Err(GpuError::JournalStepTooLong { n, cap });
+                }
+                // Only the last step is undone in place: the journal starts again at this one.
+                j.from = kv.pos;
+                j.tokens.clear();
+                j.step = Some((kv.pos, n));
+                self.ops.undo_save(kv.pos, n)?;
             }
         }
         if journaled && hidden_in.is_none() && !top1 && n > 1 && n <= self.ops.verify_rows() {
@@ -364,10 +437,14 @@ impl<D: DeviceOps> GpuStage<D> {
         let step = Step { n, pos0: kv.pos + n - 1, decode: false, batch: true };
         self.ops.begin_batch(step, &self.batch_rows, tokens)?;
         let head = self.ops.has_head();
+        // Each row's greedy pick too, where the device can (the verify loop then brings back picks,
+        // not logits rows).
+        let top1 = head && n <= self.ops.top1_rows();
         self.verify_lanes = true;
-        let r = self.replay_batch_step(step, head.then_some((0, n)));
+        let r = self.replay_batch_step(step, head.then_some((0, n)), top1);
         self.verify_lanes = false;
         r?;
+        self.picked_rows = if top1 { n } else { 0 };
         kv.pos += n;
         self.dev_pos[slot] = kv.pos;
         if let Some(j) = self.journal.as_mut().filter(|_| slot == 0) {
@@ -384,18 +461,18 @@ impl<D: DeviceOps> GpuStage<D> {
     }
 
     /// Runs the batched step begun, from its recording where the backend records batched steps.
-    fn replay_batch_step(&mut self, step: Step, head: Option<(usize, usize)>) -> Result<()> {
+    fn replay_batch_step(&mut self, step: Step, head: Option<(usize, usize)>, top1: bool) -> Result<()> {
         if self.use_replay && self.trace.is_none() && self.ops.can_replay_batch() {
             // Recorded once for these slots (the rows' positions are read on the device), then replayed.
             if !self.ops.has_batch_replay() {
                 self.ops.begin_batch_record()?;
-                let body = self.run(step, true, head, false);
+                let body = self.run(step, true, head, top1);
                 self.ops.end_batch_record(body.is_ok())?;
                 body?;
             }
             self.ops.replay_batch()
         } else {
-            self.run(step, true, head, false)
+            self.run(step, true, head, top1)
         }
     }
 
@@ -454,7 +531,7 @@ impl<D: DeviceOps> GpuStage<D> {
         self.ops.note_call(false);
         self.ops.begin_batch(step, &self.batch_rows, tokens)?;
         let head = self.ops.has_head();
-        self.replay_batch_step(step, head.then_some((0, n)))?;
+        self.replay_batch_step(step, head.then_some((0, n)), false)?;
         for kv in kvs.iter_mut() {
             kv.pos += 1;
             self.dev_pos[kv.slot] = kv.pos;
@@ -489,10 +566,32 @@ impl<D: DeviceOps> GpuStage<D> {
         if let Some((r0, m)) = head {
             self.ops.head_norm(r0, m)?;
             self.ops.logits(m)?;
-            if top1 {
+            if top1 && m == 1 {
                 self.ops.argmax()?;
+            } else if top1 {
+                self.ops.argmax_rows(m)?;
             }
         }
         Ok(())
     }
+}
+
+/// The greedy pick of a logits row as the device makes it: the largest value (lowest index on
+/// ties; NaN never wins; all NaN: 0) and its log-probability under the row's softmax.
+fn greedy_pick(row: &[f32]) -> (u32, f32) {
+    let best = argmax(row);
+    let m = row[best];
+    let sum: f64 = row.iter().filter(|x| !x.is_nan()).map(|&x| ((x - m) as f64).exp()).sum();
+    (best as u32, -(sum.ln() as f32))
+}
+
+/// Index of the largest value, lowest on ties, NaN skipped (0 when none).
+fn argmax(row: &[f32]) -> usize {
+    let mut best = (0usize, f32::NEG_INFINITY);
+    for (i, &x) in row.iter().enumerate() {
+        if x > best.1 {
+            best = (i, x);
+        }
+    }
+    best.0
 }

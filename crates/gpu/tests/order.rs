@@ -72,11 +72,13 @@ struct Mock {
     /// `verify_rows` (0: none), and whether the backend checkpoints (always when it verifies).
     verify: usize,
     checkpoints: bool,
+    /// `undo_rows_cap` (0: the backend checkpoints instead of undoing in place).
+    undo: usize,
 }
 
 impl Mock {
     fn new(layers: Vec<LayerInfo>) -> Self {
-        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0, slots: 1, slot: 0, slot_ops: vec![], batch: vec![], verify: 0, checkpoints: false }
+        Mock { layers, log: vec![], clk: Clocks::default(), embed: true, head: true, recorded: vec![false; 6], recording: None, recorded_steps: vec![], snapshots: 0, restores: 0, resets: 0, slots: 1, slot: 0, slot_ops: vec![], batch: vec![], verify: 0, checkpoints: false, undo: 0 }
     }
     fn op(&mut self, name: String, reads: &[&str], writes: &[&str]) {
         let r: Vec<String> = reads.iter().map(|s| s.to_string()).collect();
@@ -247,6 +249,15 @@ impl DeviceOps for Mock {
         Ok(())
     }
     fn verify_rows(&self) -> usize { self.verify }
+    fn undo_rows_cap(&self) -> usize { self.undo }
+    fn undo_save(&mut self, pos: usize, n: usize) -> R<()> {
+        self.log.push(format!("undo_save {pos} {n}"));
+        Ok(())
+    }
+    fn undo_rows(&mut self, pos: usize, n: usize, keep: usize) -> R<()> {
+        self.log.push(format!("undo_rows {pos} {n} {keep}"));
+        Ok(())
+    }
     fn begin_batch(&mut self, step: Step, rows: &[(usize, usize)], tokens: &[u32]) -> R<()> {
         let verify = rows.windows(2).all(|w| w[1] == (w[0].0, w[0].1 + 1));
         if self.slots == 1 && !(verify && self.verify >= rows.len()) {
@@ -534,4 +545,43 @@ fn journaled_steps_run_as_verify_rows() {
     plain.begin_journal(&kv).unwrap();
     plain.forward(&mut kv, &[4, 5, 6], None, Logits::All).unwrap();
     assert!(plain.ops.batch.is_empty());
+}
+
+/// A backend that undoes steps in place (`undo_rows_cap`, CUDA): no checkpoint is taken; each
+/// journaled step first keeps what it overwrites (`undo_save`), and a rollback undoes the last step's
+/// rows after the kept ones without running anything again. Only the last step can be undone; a step
+/// over the cap is refused.
+#[test]
+fn journaled_steps_are_undone_in_place() {
+    let mut st = stage(layers());
+    st.ops.verify = 4;
+    st.ops.undo = 4;
+    assert!(st.can_journal());
+    let c = st.cfg.clone();
+    let mut kv = kv_of(&c, 256);
+    st.forward(&mut kv, &[1, 2, 3], None, Logits::Last).unwrap();
+    st.begin_journal(&kv).unwrap();
+    assert!(st.ops.slot_ops.iter().all(|o| !o.1.starts_with("checkpoint")), "{:?}", st.ops.slot_ops);
+    st.ops.log.clear();
+    st.forward(&mut kv, &[4, 5, 6], None, Logits::All).unwrap();
+    assert_eq!(st.ops.log.first().map(String::as_str), Some("undo_save 3 3"), "saved before the step: {:?}", st.ops.log);
+    assert_eq!(st.ops.batch, vec![(0, 3), (0, 4), (0, 5)]);
+    st.ops.batch.clear();
+    st.ops.log.clear();
+    st.rollback(&mut kv, 5).unwrap();
+    assert_eq!(st.ops.log, vec!["undo_rows 3 3 2".to_string()], "nothing runs again");
+    assert!(st.ops.batch.is_empty());
+    assert_eq!(kv.pos, 5);
+    // Further back within the same step.
+    st.ops.log.clear();
+    st.rollback(&mut kv, 4).unwrap();
+    assert_eq!((st.ops.log.clone(), kv.pos), (vec!["undo_rows 3 3 1".to_string()], 4));
+    // A new step: the journal now starts there.
+    st.forward(&mut kv, &[5, 6], None, Logits::Last).unwrap();
+    assert!(matches!(st.rollback(&mut kv, 3), Err(GpuError::RollbackOutOfRange { pos: 3, from: 4, to: 6 })));
+    st.rollback(&mut kv, 5).unwrap();
+    assert_eq!(kv.pos, 5);
+    assert!(matches!(st.forward(&mut kv, &[1, 2, 3, 4, 5], None, Logits::All), Err(GpuError::JournalStepTooLong { n: 5, cap: 4 })));
+    st.end_journal();
+    assert!(st.ops.clk.errors.is_empty(), "{:?}", st.ops.clk.errors);
 }

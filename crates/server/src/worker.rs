@@ -355,6 +355,8 @@ impl ds4_engine::SpecSampler for SpecGen<'_> {
     fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.0.borrow_mut().target(l, out) }
     fn proposal(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) { self.0.borrow_mut().proposal(l, out) }
     fn uniform(&mut self) -> f64 { self.0.borrow_mut().uniform() }
+    // The request's greedy (no logprobs, no script): the argmax everywhere, tool-call syntax included.
+    fn greedy(&self) -> bool { self.0.borrow().greedy }
 }
 
 /// Snapshot points of a prompt: the start of its first and of its last user turn.

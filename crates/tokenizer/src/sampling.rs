@@ -114,6 +114,12 @@ impl Sampler {
         self.force_greedy = on;
     }
 
+    /// Whether every pick is the argmax now (temperature 0, top-k 1, or forced greedy).
+    pub fn is_greedy(&self) -> bool {
+        let c = self.cfg;
+        self.force_greedy || c.temperature.is_nan() || c.temperature <= 0.0 || c.top_k == 1
+    }
+
     /// Sample one token id.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         self.sample_greedy_if(logits, false)
@@ -160,7 +166,7 @@ impl Sampler {
         if logits.is_empty() {
             return None;
         }
-        if greedy || self.force_greedy || c.temperature.is_nan() || c.temperature <= 0.0 || c.top_k == 1 {
+        if greedy || self.is_greedy() {
             return None;
         }
         let max = key(logits[argmax(logits) as usize]);

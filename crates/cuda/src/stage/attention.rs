@@ -70,7 +70,7 @@ impl CudaOps {
         let xn = self.wk.xn.ptr;
         self.mm(&ckm, xn, n, ck)?;
         self.mm(&cgm, xn, n, cg)?;
-        let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp)];
+        let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp), A::P(0)];
         self.compress(&args, dec, nwin, w, dim)?;
         let qat = self.qat_code(which == Compressor::Indexer);
         self.nrq_at(pooled, dim, rows + (out0 * dim * 4) as u64, dim, nwin, dim, true, cnorm, freqs, (row0 * ratio) as i64, 1, ratio, qat, cr)
@@ -281,6 +281,8 @@ impl CudaOps {
             topk,
             nsplit,
             eps: cfg.rms_eps,
+            rows: 1,
+            pstride: 0,
         };
         a.launch(&mut self.g)?;
         self.ls.pre_o = (q80 != 0).then_some((q80, d80));
@@ -316,7 +318,7 @@ impl CudaOps {
 
     /// Compressor update for a batch (`args` as comp_seq takes them): decode walks its one position
     /// (comp_seq); a prefill chunk pools its `nwin` closing windows in parallel, then updates the state.
-    pub(super) fn compress(&mut self, args: &[A; 12], dec: bool, nwin: usize, w: usize, d: usize) -> Result<()> {
+    pub(super) fn compress(&mut self, args: &[A; 13], dec: bool, nwin: usize, w: usize, d: usize) -> Result<()> {
         if dec {
             return self.g.launch("comp_seq", (1, 1, 1), (w as u32).div_ceil(32) * 32, 0, args);
         }

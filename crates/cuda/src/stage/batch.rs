@@ -124,7 +124,9 @@ impl CudaOps {
             // closing there, if any; both read the row's position on the device (the step can be
             // recorded once for every position).
             let dp = bpos + (r * 8) as u64;
-            let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp)];
+            // A verify row copies a ratio-4 frontier out after its position (its in-place undo).
+            let snap = if me.same_slot { me.frontier_snap(li, which, r) } else { 0 };
+            let args = [A::P(ck + off), A::P(cg + off), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(1), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp), A::P(snap)];
             me.compress(&args, true, 1, w, dim)?;
             me.nrq_dp(pooled, dim, rows, dim, 1, dim, true, cnorm, freqs, 0, 1, ratio, qat, ratio as i32, dp)
         })
@@ -169,6 +171,19 @@ impl CudaOps {
         let (iq, iw, scores, selp, ldsc) = (self.wk.iq.ptr, self.wk.iw.ptr, self.wk.scores.ptr, self.wk.sel.ptr, self.wk.ldsc);
         let smem = ((ih * (id + 1) + 8 * id) * 4) as u32;
         let (bpos, rows_grid) = (self.wk.bpos.ptr, compressed_capacity(self.ctx, ratio).max(1));
+        if self.same_slot {
+            // A verify step's rows: one launch each for all rows (row i at the first row's position +
+            // i: the kernels' multi-token form, each row's sums as its own launch makes them). Every
+            // row's compressed rows are in place: the rows' compressor updates ran before.
+            let (slot, pos) = self.row(0);
+            let idx_rows = self.slot_kv(slot, li).idx.as_ref().map_or(0, |b| b.ptr);
+            let args = [A::P(iq), A::P(iw), A::P(idx_rows), A::P(scores), A::I(ldsc as i32), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::I(ih as i32), A::I(id as i32), A::P(bpos)];
+            self.g.launch("idx_scores", (cdiv(rows_grid, 8), s.n as u32, 1), 256, smem, &args)?;
+            let args = [A::P(scores), A::I(ldsc as i32), A::P(selp), A::L(pos as i64), A::I(ratio as i32), A::I(topk as i32), A::P(bpos)];
+            self.g.launch("idx_topk", (s.n as u32, 1, 1), 1024, 0, &args)?;
+            self.ls.sel = selp;
+            return Ok(());
+        }
         self.rows_spread(s.n, |me, r, _| {
             let (slot, pos) = me.row(r);
             let idx_rows = me.slot_kv(slot, li).idx.as_ref().map_or(0, |b| b.ptr);
@@ -243,8 +258,8 @@ impl CudaOps {
 
     /// Each row's attention as a decode step computes it (`DecAttn`: candidates split over blocks, the
     /// raw query normed and roped inside, the merge storing the row's KV in its slot's ring), at the
-    /// row's position over its slot's rows. Rows run one after another on the stream (they share the
-    /// partials' scratch).
+    /// row's position over its slot's rows. Rows of distinct sessions spread over the streams (each
+    /// stream its partials); a verify step's rows run as one launch.
     fn batch_attend_dec(&mut self, li: usize, s: Step, selected: bool) -> Result<()> {
         let cfg = &self.cfg;
         let (d, nh, topk, swa, half, qd) = (cfg.head_dim, cfg.n_head, cfg.idx_topk, cfg.swa, cfg.rope_dim / 2, cfg.q_dim());
@@ -260,7 +275,13 @@ impl CudaOps {
         let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
         let part_bytes = (DecAttn::part_floats(self.wk.adec_splits, nh, d) * 4) as u64;
         let bpos = self.wk.bpos.ptr;
-        self.rows_spread(s.n, |me, r, lane| {
+        // A verify step's rows (one sequence): one launch for all of them, row r reading the rows
+        // before it from the step's KV rows and keeping its partials in area r.
+        let (launches, rows) = if self.same_slot { (1, s.n) } else { (s.n, 1) };
+        self.rows_spread(launches, |me, r, lane| {
+            if (lane + rows) as u64 * part_bytes > me.wk.adec.bytes as u64 {
+                return Err(format!("decode attention partials of {rows} rows on stream {lane} exceed the planned buffer"));
+            }
             let (slot, pos) = me.row(r);
             let k = me.slot_kv(slot, li);
             let a = DecAttn {
@@ -287,6 +308,8 @@ impl CudaOps {
                 topk,
                 nsplit,
                 eps,
+                rows,
+                pstride: (part_bytes / 4) as usize,
             };
             a.launch(&mut me.g)
         })?;

@@ -239,9 +239,13 @@ impl CudaOps {
         // KV state (sized by the same formulas the plan counts), refused with the numbers before any
         // large allocation when it and the weights cannot fit.
         let kvf: Vec<KvFloats> = layers.iter().enumerate().map(|(li, l)| KvFloats::new(&cfg, part.first + li, l.ratio, l.indexer.is_some(), ctx)).collect();
-        // One KV set per slot (session decoded in a batch).
-        // (Slot 0 also holds the verification checkpoint.)
-        plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>() + kvf.iter().map(|f| 4 * f.snap() as u64).sum::<u64>();
+        // One KV set per slot (session decoded in a batch). Slot 0 also holds the undo buffers of a
+        // verify step (undo.rs) of up to `ucap` rows.
+        let brows = slots.max(VERIFY_ROWS.min(nmax));
+        let ucap = brows.min(undo::UNDO_ROWS);
+        let ratios: Vec<usize> = layers.iter().map(|l| l.ratio).collect();
+        let undo_f = |f: &KvFloats, ratio: usize| undo::undo_floats(cfg.head_dim, &[(f.st, ratio), (f.ist, ratio)], ucap);
+        plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>() + kvf.iter().zip(&ratios).map(|(f, &r)| 4 * undo_f(f, r) as u64).sum::<u64>();
         let refuse = |plan: &GpuPlan, what: &str| -> String {
             let hint = if wplace == WeightPlace::Device { ", read the weights from host memory with --cuda-weights host" } else { "" };
             let sessions = if slots > 1 { format!(", fewer batched sessions (--batched-session / --concurrency, now {slots})") } else { String::new() };
@@ -253,9 +257,9 @@ impl CudaOps {
         if (plan.weights + plan.vectors + plan.kv) as f64 > plan.free as f64 * 0.97 {
             return Err(refuse(&plan, "the stage does not fit in the GPU's free memory"));
         }
-        let kv_set = |ckpt: bool| -> Result<Vec<DKv>> {
+        let kv_set = |undo: bool| -> Result<Vec<DKv>> {
             let mut kv = Vec::new();
-            for f in &kvf {
+            for (f, &ratio) in kvf.iter().zip(&ratios) {
                 let opt = |n: usize| -> Result<Option<DBuf>> { if n > 0 { Ok(Some(g.alloc_zeroed(n * 4)?)) } else { Ok(None) } };
                 kv.push(DKv {
                     ring: g.alloc_zeroed(f.ring * 4)?,
@@ -268,13 +272,13 @@ impl CudaOps {
                     ist_sc: opt(f.ist)?,
                     ist_len: f.ist,
                     snap: g.alloc_zeroed(f.snap() * 4)?,
-                    ckpt: if ckpt { Some(g.alloc_zeroed(f.snap() * 4)?) } else { None },
+                    undo: if undo { Some(g.alloc_zeroed(undo_f(f, ratio) * 4)?) } else { None },
                 });
             }
             Ok(kv)
         };
         // Slot 0 is selected (in `kv`); the others wait in `parked` (slot 0's entry there is empty).
-        // Slot 0 also holds the verification checkpoint.
+        // Slot 0 also holds the undo buffers.
         let kv = kv_set(true)?;
         let mut parked = vec![Vec::new()];
         for _ in 1..slots {
@@ -286,8 +290,8 @@ impl CudaOps {
         let (d, id) = (cfg.head_dim, cfg.idx_dim);
         let n = nmax;
         let (e, hd, k, ff, ne) = (cfg.n_embd, cfg.hc_dim(), cfg.n_expert_used, cfg.ff_exp, cfg.n_expert);
-        // Rows of a batched step: one per slot, or a verify step's (each within the activation rows).
-        let brows = slots.max(VERIFY_ROWS.min(nmax));
+        // Rows of a batched step: one per slot, or a verify step's (each within the activation rows):
+        // `brows` above.
         let f = |c: usize| g.alloc(c * 4);
         let cap4 = compressed_capacity(ctx, 4);
         let ldsc = cap4.max(1);
@@ -340,6 +344,7 @@ impl CudaOps {
         let xq80_cap = (max_cols * cfg.o_groups.max(k).max(1)).max(brows * max_cols.max(cfg.q_dim())).next_multiple_of(256);
         let act8 = |len: usize, block: usize| -> Result<ActQ8> { Ok(ActQ8 { q: g.alloc(len.max(1))?, d: g.alloc(len.div_ceil(block).max(1) * 4)? }) };
         let hcd_slices = hd.div_ceil(256);
+        let jobs_cap = layers.len() * 5 * ucap;
         let wk = Work {
             x: f(n * hd)?,
             flat: f(n * hd)?,
@@ -387,9 +392,11 @@ impl CudaOps {
             logits: f(logit_rows * cfg.n_vocab)?,
             tokens: f(n)?,
             // The argmax result, its ticket (zero between launches) and per-block parts.
-            top1: g.alloc_zeroed((3 + 3 * ARGMAX_BLOCKS as usize) * 4)?,
+            // One pick's result and scratch per verify row (argmax_rows).
+            top1: g.alloc_zeroed(VERIFY_ROWS * TOP1_INTS * 4)?,
             // One token's partials, or one set per stream for a batched step's rows.
-            adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d) * if slots > 1 { SIDE_STREAMS + 1 } else { 1 })?,
+            // Partials per stream for batched sessions, per row for a verify step's one launch.
+            adec: f(DecAttn::part_floats(adec_splits, cfg.n_head, d) * (if slots > 1 { SIDE_STREAMS + 1 } else { 1 }).max(brows))?,
             adec_splits,
             wh: g.alloc(wh_elems.max(1) * 2)?,
             wh_elems,
@@ -417,6 +424,9 @@ impl CudaOps {
             hcd_rows: g.alloc_zeroed(brows * 16)?,
             // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
+            // Undo copies: per layer a ring row and each frontier's rows (or two whole frontiers) per row.
+            jobs: g.alloc(jobs_cap * 24)?,
+            jobs_cap,
         };
         let rep: Vec<i32> = (0..brows * k).map(|j| (j / k.max(1)) as i32).collect();
         g.htod(wk.rep_tok.ptr, &rep)?;
@@ -521,6 +531,7 @@ impl CudaOps {
             exact_batches: false,
             same_slot: false,
             wk,
+            undo_table: Vec::with_capacity(3 * jobs_cap),
             ctx,
             counts_host: vec![0; stage.cfg.n_expert],
             _weights: weights,

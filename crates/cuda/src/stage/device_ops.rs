@@ -80,9 +80,18 @@ impl DeviceOps for CudaOps {
 
     fn head_norm(&mut self, r0: usize, m: usize) -> R<()> { Ok(CudaOps::head_norm(self, r0, m)?) }
     fn logits(&mut self, m: usize) -> R<()> { Ok(self.head_logits(m)?) }
-    fn argmax(&mut self) -> R<()> {
+    fn argmax(&mut self) -> R<()> { self.argmax_rows(1) }
+    fn top1_rows(&self) -> usize { VERIFY_ROWS }
+    fn argmax_rows(&mut self, m: usize) -> R<()> {
+        if m > VERIFY_ROWS {
+            return Err(format!("device picks of {m} rows: at most {VERIFY_ROWS}").into());
+        }
         let (lp, tp, v) = (self.wk.logits.ptr, self.wk.top1.ptr, self.cfg.n_vocab);
-        Ok(self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(lp), A::I(v as i32), A::P(tp)])?)
+        for r in 0..m {
+            let (row, out) = (lp + (r * v * 4) as u64, tp + (r * TOP1_INTS * 4) as u64);
+            self.g.launch("argmax_row", (ARGMAX_BLOCKS, 1, 1), 256, 0, &[A::P(row), A::I(v as i32), A::P(out)])?;
+        }
+        Ok(())
     }
 
     fn sync(&mut self) -> R<()> {
@@ -99,17 +108,39 @@ impl DeviceOps for CudaOps {
     }
     fn read_hidden(&mut self, dst: &mut [f32]) -> R<()> { Ok(self.g.dtoh(dst, self.wk.x.ptr)?) }
     fn read_top1(&mut self) -> R<(u32, f32)> {
-        let mut top = [0i32; 2];
-        self.g.dtoh(&mut top, self.wk.top1.ptr)?;
-        Ok((top[0] as u32, f32::from_bits(top[1] as u32)))
+        let mut top = [(0, 0.0)];
+        self.read_top1_rows(&mut top)?;
+        Ok(top[0])
+    }
+    fn read_top1_rows(&mut self, dst: &mut [(u32, f32)]) -> R<()> {
+        let m = dst.len();
+        if m > VERIFY_ROWS {
+            return Err(format!("device picks of {m} rows: at most {VERIFY_ROWS}").into());
+        }
+        // The results sit TOP1_INTS apart: bring back the span, keep each pick's first two ints.
+        let mut top = [0i32; VERIFY_ROWS * TOP1_INTS];
+        let span = &mut top[..(m.max(1) - 1) * TOP1_INTS + 2];
+        self.g.dtoh(span, self.wk.top1.ptr)?;
+        for (r, d) in dst.iter_mut().enumerate() {
+            *d = (span[r * TOP1_INTS] as u32, f32::from_bits(span[r * TOP1_INTS + 1] as u32));
+        }
+        Ok(())
+    }
+    fn read_logits_row(&mut self, row: usize, dst: &mut [f32]) -> R<()> {
+        let t = self.host_time.now();
+        self.g.dtoh(dst, self.wk.logits.ptr + (row * dst.len() * 4) as u64)?;
+        self.host_time.add_copy(t);
+        Ok(())
     }
 
     fn reset_state(&mut self) -> R<()> { Ok(CudaOps::reset_state(self)?) }
     fn snapshot(&mut self, restore: bool) -> R<()> { Ok(CudaOps::snapshot(self, restore)?) }
-    // Verify steps run as exact rows (exact_rows.rs): the multi-token kernels round otherwise.
-    fn can_checkpoint(&self) -> bool { self.verify_capable() }
-    fn checkpoint(&mut self, restore: bool) -> R<()> { Ok(CudaOps::checkpoint(self, restore)?) }
-    fn verify_rows(&self) -> usize { if self.verify_capable() { self.batch_cap } else { 0 } }
+    // Verify steps run as exact rows (exact_rows.rs: the multi-token kernels round otherwise) and are
+    // undone in place (undo.rs).
+    fn verify_rows(&self) -> usize { if self.verify_capable() { self.undo_cap() } else { 0 } }
+    fn undo_rows_cap(&self) -> usize { if self.verify_capable() { self.undo_cap() } else { 0 } }
+    fn undo_save(&mut self, pos: usize, n: usize) -> R<()> { Ok(CudaOps::undo_save(self, pos, n)?) }
+    fn undo_rows(&mut self, pos: usize, n: usize, keep: usize) -> R<()> { Ok(CudaOps::undo_rows(self, pos, n, keep)?) }
     fn download_kv(&mut self, kv: &mut KvState) -> R<()> { Ok(CudaOps::download_kv(self, kv)?) }
     fn upload_kv(&mut self, kv: &KvState) -> R<()> { Ok(CudaOps::upload_kv(self, kv)?) }
 

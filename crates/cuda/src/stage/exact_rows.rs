@@ -15,11 +15,8 @@ use crate::matvec::{launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
 
 impl CudaOps {
     /// Whether verify steps can run as exact rows here: rows attend through the decode kernels, the
-    /// activation buffers hold a few rows, slot 0 holds the checkpoint.
-    pub fn verify_capable(&self) -> bool {
-        let ckpt = if self.slot == 0 { &self.kv } else { &self.parked[0] };
-        self.batch_cap >= 2 && self.dec_attn_rows() && ckpt.iter().all(|l| l.ckpt.is_some())
-    }
+    /// activation buffers hold a few rows, slot 0 holds the undo buffers.
+    pub fn verify_capable(&self) -> bool { self.batch_cap >= 2 && self.dec_attn_rows() && self.undo_cap() >= 2 }
 
     /// Batches of distinct sessions as exact rows (`--deterministic`) or with the multi-token
     /// kernels (the default: weights read once per batch); recorded batched steps are dropped.

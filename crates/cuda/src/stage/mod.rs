@@ -29,6 +29,7 @@ pub(super) mod host_time;
 mod kv_io;
 mod mtp;
 mod state;
+mod undo;
 
 pub use build::GpuPlan;
 pub use mtp::{CudaMtp, CudaMtpOps, CUDA_MTP_STEP_PAIRS};
@@ -120,8 +121,8 @@ struct DKv {
     ist_len: usize,
     /// Snapshot of the mutable parts (ring, frontiers), restored when a session rewinds to it.
     snap: DBuf,
-    /// The speculative verification's checkpoint of the same parts (slot 0 only).
-    ckpt: Option<DBuf>,
+    /// What a verify step overwrites, kept for its in-place undo (slot 0 only; undo.rs).
+    undo: Option<DBuf>,
 }
 
 struct Work {
@@ -209,6 +210,9 @@ struct Work {
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
     gptrs: DBuf,
     gptr_cap: usize,
+    /// Copy table of an in-place undo (`jobs_cap` jobs of 3 u64: undo.rs).
+    jobs: DBuf,
+    jobs_cap: usize,
 }
 
 /// An int8 activation copy: values, then one f32 scale per block (32 values for Q8_0, 256 for Q8_K).
@@ -304,6 +308,8 @@ pub struct CudaOps {
     /// in row order on one stream.
     same_slot: bool,
     wk: Work,
+    /// Host copy of the undo copy table (reused: nothing allocated per step).
+    undo_table: Vec<u64>,
     ctx: usize,
     counts_host: Vec<i32>,
     _weights: Vec<DBuf>,
@@ -464,6 +470,12 @@ impl CudaStage {
     /// The logits row of the last forward call that asked for the last row, downloaded.
     pub fn last_logits(&mut self) -> ds4_model::Result<&[f32]> { self.0.last_logits().map_err(ge) }
 
+    /// Feeds `tokens` and returns every row's greedy pick (`GpuStage::forward_picks`).
+    pub fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> ds4_model::Result<&[(u32, f32)]> { self.0.forward_picks(kv, tokens).map_err(ge) }
+
+    /// Logits row `row` of the last forward call, downloaded.
+    pub fn logits_row(&mut self, row: usize) -> ds4_model::Result<&[f32]> { self.0.logits_row(row).map_err(ge) }
+
     /// The HC streams after the last forward call (n × hc_dim), downloaded.
     pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> { self.0.hidden(n).map_err(ge) }
 
@@ -486,7 +498,10 @@ impl CudaStage {
     pub fn upload_kv(&mut self, kv: &KvState) -> ds4_model::Result<()> { self.0.upload_kv(kv).map_err(ge) }
 }
 
-/// Blocks of the greedy argmax over a logits row (`argmax_row`; `top1` holds 3 + 3 x this many ints).
+/// Blocks of the greedy argmax over a logits row (`argmax_row`).
 const ARGMAX_BLOCKS: u32 = 128;
+/// Ints of one pick in `top1` (result, then the blocks' parts and the ticket); a verify step's row r
+/// picks into the r-th.
+const TOP1_INTS: usize = 3 + 3 * ARGMAX_BLOCKS as usize;
 
 const GIB: f64 = (1u64 << 30) as f64;

@@ -1,5 +1,6 @@
 //! The device KV state's lifecycle: a fresh start (compressor frontiers reset), and the snapshot of its
-//! mutable parts (window ring, frontiers) a session rewinds to, and the checkpoint a verify step rolls back to.
+//! mutable parts (window ring, frontiers) a session rewinds to. (A verify step is undone in place:
+//! undo.rs.)
 use super::*;
 
 impl CudaOps {
@@ -18,21 +19,11 @@ impl CudaOps {
         Ok(())
     }
 
-    pub(super) fn snapshot(&mut self, restore: bool) -> Result<()> { self.save_state(false, restore) }
-
-    /// Saves or restores the speculative verification's checkpoint (slot 0).
-    pub(super) fn checkpoint(&mut self, restore: bool) -> Result<()> {
-        if self.slot != 0 {
-            return Err("the verification checkpoint is slot 0's".into());
-        }
-        self.save_state(true, restore)
-    }
-
-    /// Copies the mutable parts (ring, frontiers) to (or, restoring, from) the snapshot or the checkpoint.
-    fn save_state(&mut self, ckpt: bool, restore: bool) -> Result<()> {
+    /// Copies the mutable parts (ring, frontiers) to (or, restoring, from) the snapshot.
+    pub(super) fn snapshot(&mut self, restore: bool) -> Result<()> {
         let d = self.cfg.head_dim;
         for l in &self.kv {
-            let store = if ckpt { l.ckpt.as_ref().ok_or("this KV slot holds no checkpoint")?.ptr } else { l.snap.ptr };
+            let store = l.snap.ptr;
             let mut off = 0u64;
             let mut parts: Vec<(u64, usize)> = vec![(l.ring.ptr, self.cfg.swa * d)];
             for (b, n) in [(&l.st_kv, l.st_len), (&l.st_sc, l.st_len), (&l.ist_kv, l.ist_len), (&l.ist_sc, l.ist_len)] {

@@ -79,6 +79,7 @@ impl SpecSampler for Oracle {
         self.i += 1;
     }
     fn uniform(&mut self) -> f64 { 0.5 }
+    fn greedy(&self) -> bool { true }
 }
 
 impl Oracle {
@@ -106,6 +107,7 @@ impl SpecSampler for Greedy {
         out.push((argmax(l), 1.0));
     }
     fn uniform(&mut self) -> f64 { 0.5 }
+    fn greedy(&self) -> bool { true }
 }
 
 /// Two turns: prompt, `n` tokens, the history plus `extra`, `n` more tokens (prefill in chunks).

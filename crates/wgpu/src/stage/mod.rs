@@ -188,6 +188,16 @@ impl WgpuStage {
         self.0.last_logits().map_err(ge)
     }
 
+    /// Feeds `tokens` and returns every row's greedy pick (`GpuStage::forward_picks`).
+    pub fn forward_picks(&mut self, kv: &mut KvState, tokens: &[u32]) -> Result<&[(u32, f32)], ModelError> {
+        self.0.forward_picks(kv, tokens).map_err(ge)
+    }
+
+    /// Logits row `row` of the last forward call, downloaded.
+    pub fn logits_row(&mut self, row: usize) -> Result<&[f32], ModelError> {
+        self.0.logits_row(row).map_err(ge)
+    }
+
     pub fn hidden(&mut self, n: usize) -> Result<&[f32], ModelError> {
         self.0.hidden(n).map_err(ge)
     }
