@@ -3,10 +3,12 @@
 #  1. the MTP engine tests on CUDA (greedy identity with speculation; the GPU drafter against the CPU
 #     block) -> mtp_tests.log;
 #  2. the Flash-shaped verify-rows test (flash:4, --ignored) -> verify_flash4.log;
-#  3. (with device-bin/old-mtp.xz, the previous build's mtp_step_costs, first) the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
+#  3. (with device-bin/old-mtp.xz, the previous build's mtp_step_costs, first; mid-mtp.xz an
+#     intermediate build's, next) the verify / draft step costs on $FLASH (default flash:30, which fits an 80 GB card; the full
 #     43 layers need an H200) with a synthetic MTP file, at ctx 4096, on CUDA (and Vulkan with
 #     VULKAN=1), and end to end: $GEN (default 128) greedy tokens plain and speculative with drafts
 #     right at a set rate -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
+#  4. with PROFILE=1: per-kernel times of each verify step size -> mtp_profile.txt.
 # Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/mtp_session.sh
 set -u
@@ -32,8 +34,19 @@ if [ -f $B/old-mtp.xz ]; then
   el "step costs on CUDA, previous build"
   timeout 240 /tmp/old-mtp $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda_old.txt | grep -E "^plain decode|^[1-5] [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+$|^MTP draft|^end to end|(true|false)$"
 fi
+if [ -f $B/mid-mtp.xz ]; then
+  # An intermediate build (e.g. one change of several), same measurement.
+  xz -dc $B/mid-mtp.xz > /tmp/mid-mtp && chmod +x /tmp/mid-mtp
+  el "step costs on CUDA, intermediate build"
+  timeout 240 /tmp/mid-mtp $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda_mid.txt | grep -E "^plain decode|^[1-5] [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+ [|] [0-9.]+$|^MTP draft|^end to end|(true|false)$"
+fi
 el "step costs on CUDA"
 timeout 240 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_cuda.txt | tail -35
+if [ -n "${PROFILE:-}" ]; then
+  # Per-kernel device times of each verify step size (kernel by kernel, no recorded replay).
+  el "per-kernel profile"
+  DS4_CUDA_PROFILE=1 timeout 120 $B/mtp_step_costs $M --backend cuda --ctx-at ${AT:-4096} --reps 3 > $OUT/mtp_profile.txt 2>&1
+fi
 if [ -n "${VULKAN:-}" ]; then
   . bench/wgpu/vulkan_env.sh
   el "step costs on Vulkan"

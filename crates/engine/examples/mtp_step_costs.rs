@@ -16,43 +16,20 @@
 //!
 //! cargo run --release -p ds4-engine --example mtp_step_costs -- MODEL [--mtp FILE] [--ctx-at N] [--reps N] [--gen N] [--backend cpu|cuda|vulkan|metal]
 //! (a GPU backend needs the stage's KV journal: `Engine::kv_begin_journal` / `kv_rollback`.)
-use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, Session, SpecSampler};
+use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, ScriptedDrafts, Session};
 use ds4_model::Logits;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-/// Greedy targets; drafts from the plain run's tokens, each right with probability `p`.
-struct Stand {
-    truth: Vec<u32>,
-    emitted: std::rc::Rc<std::cell::Cell<usize>>,
-    seen: usize,
-    i: usize,
-    p: f64,
-    rng: u64,
-    vocab: u32,
-}
-
-impl SpecSampler for Stand {
-    fn pick(&mut self, l: &[f32]) -> u32 { argmax(l) }
-    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) {
-        out.clear();
-        out.push((argmax(l), 1.0));
+/// Drafts from the plain run's tokens (`truth`), each right with probability `p` (a seeded stream).
+fn stand_in(truth: Vec<u32>, p: f64, seed: u64, vocab: u32) -> impl FnMut(usize) -> u32 {
+    let mut rng = seed;
+    move |n| {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let t = truth.get(n).copied().unwrap_or(0);
+        if ((rng >> 11) as f64 / (1u64 << 53) as f64) < p { t } else { (t + 1) % vocab }
     }
-    fn proposal(&mut self, _l: &[f32], out: &mut Vec<(u32, f32)>) {
-        let n = self.emitted.get();
-        if n != self.seen {
-            (self.seen, self.i) = (n, 0);
-        }
-        self.rng = self.rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        let t = self.truth.get(n + self.i).copied().unwrap_or(0);
-        let right = ((self.rng >> 11) as f64 / (1u64 << 53) as f64) < self.p;
-        out.clear();
-        out.push((if right { t } else { (t + 1) % self.vocab }, 1.0));
-        self.i += 1;
-    }
-    fn uniform(&mut self) -> f64 { 0.5 }
-    fn greedy(&self) -> bool { true }
 }
 
 fn argmax(l: &[f32]) -> u32 { l.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b }).0 as u32 }
@@ -223,8 +200,7 @@ fn end_to_end(eng: &mut Engine, s: &mut Session, gen: usize) {
             let (mut drafted, mut accepted, mut equal) = (0, 0, true);
             for run in 0..runs {
                 s.restore(start.clone());
-                let emitted = std::rc::Rc::new(std::cell::Cell::new(0usize));
-                let mut sm = Stand { truth: truth.clone(), emitted: emitted.clone(), seen: usize::MAX, i: 0, p, rng: 0x9e37 + run as u64 + 17 * k as u64, vocab };
+                let (mut sm, emitted) = ScriptedDrafts::new(stand_in(truth.clone(), p, 0x9e37 + run as u64 + 17 * k as u64, vocab));
                 let mut ids = Vec::new();
                 let mut st = GenStats::default();
                 let t0 = Instant::now();

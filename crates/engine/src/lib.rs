@@ -21,4 +21,4 @@ pub use backend::{probe_wgpu, AdapterKind, Backend};
 pub use engine::{CudaWeights, Engine, LoadOptions, LoadPlan};
 pub use error::EngineError;
 pub use session::{GenStats, Session, SessionSnapshot, StopReason};
-pub use speculative::{MtpEngine, MtpOptions, SpecSampler};
+pub use speculative::{MtpEngine, MtpOptions, ScriptedDrafts, SpecSampler};

@@ -119,6 +119,10 @@ impl Session {
         let todo = &prompt[start..];
         let total = todo.len();
         let mut done = 0;
+        // The MTP drafter is window-only: of the prompt's (hidden, token) pairs it only ever reads the
+        // last window's, so earlier chunks are not brought to it (their hidden rows stay on the
+        // device; the drafter restarts its cache at the first chunk it sees).
+        let drafter_from = prompt.len().saturating_sub(engine.cfg().swa + 1);
         for chunk in todo.chunks(self.prefill_chunk.clamp(1, engine.prefill_chunk)) {
             if cancel.load(Ordering::Relaxed) {
                 return Err(EngineError::Invalid("cancelled".into()));
@@ -127,7 +131,9 @@ impl Session {
             self.logits.clear();
             self.logits.extend_from_slice(l);
             self.tokens.extend_from_slice(chunk);
-            self.mtp_observe(engine, chunk)?;
+            if self.tokens.len() > drafter_from {
+                self.mtp_observe(engine, chunk)?;
+            }
             done += chunk.len();
             progress(done, total);
         }

@@ -116,6 +116,45 @@ impl SpecSampler for Sampler {
     fn greedy(&self) -> bool { self.is_greedy() }
 }
 
+/// Greedy verification with drafts the caller chooses: `propose(n)` is the token proposed for the
+/// n-th generated token, counted by `emitted` (the caller's `on_token` sets it to the tokens seen so
+/// far). For tests and benchmarks that need a known acceptance (random weights accept nothing);
+/// greedy targets are one-hot, so acceptance is exact.
+pub struct ScriptedDrafts {
+    pub emitted: std::rc::Rc<std::cell::Cell<usize>>,
+    seen: usize,
+    i: usize,
+    propose: Box<dyn FnMut(usize) -> u32>,
+}
+
+impl ScriptedDrafts {
+    /// The sampler and the counter of emitted tokens it shares with the caller.
+    pub fn new(propose: impl FnMut(usize) -> u32 + 'static) -> (Self, std::rc::Rc<std::cell::Cell<usize>>) {
+        let emitted = std::rc::Rc::new(std::cell::Cell::new(0));
+        (Self { emitted: emitted.clone(), seen: usize::MAX, i: 0, propose: Box::new(propose) }, emitted)
+    }
+}
+
+impl SpecSampler for ScriptedDrafts {
+    fn pick(&mut self, l: &[f32]) -> u32 { ds4_tokenizer::sampling::argmax(l) }
+    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) {
+        out.clear();
+        out.push((ds4_tokenizer::sampling::argmax(l), 1.0));
+    }
+    fn proposal(&mut self, _l: &[f32], out: &mut Vec<(u32, f32)>) {
+        // Drafts after the n-th token: n, n + 1, .. in turn.
+        let n = self.emitted.get();
+        if n != self.seen {
+            (self.seen, self.i) = (n, 0);
+        }
+        out.clear();
+        out.push(((self.propose)(n + self.i), 1.0));
+        self.i += 1;
+    }
+    fn uniform(&mut self) -> f64 { 0.5 }
+    fn greedy(&self) -> bool { true }
+}
+
 /// A token drawn from a distribution given as (id, probability) pairs, with uniform `u` in [0, 1).
 pub fn draw(dist: &[(u32, f32)], u: f64) -> u32 {
     let total: f64 = dist.iter().map(|x| x.1 as f64).sum();
@@ -348,6 +387,7 @@ impl crate::session::Session {
         let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
         let mut rows: Vec<f32> = Vec::new();
         let mut hidden: Vec<f32> = Vec::new();
+        let mut l: Vec<f32> = Vec::with_capacity(v);
         let mut picks: Vec<(u32, f32)> = Vec::with_capacity(kmax + 1);
         loop {
             if emitted >= max_tokens {
@@ -390,7 +430,8 @@ impl crate::session::Session {
             let st = self.mtp.as_mut().expect("checked");
             let me = engine.mtp.as_mut().expect("checked");
             let mut dr = me.drafter();
-            let mut l = st.first_draft(&mut dr, &engine.stage, tok)?.to_vec();
+            l.clear();
+            l.extend_from_slice(st.first_draft(&mut dr, &engine.stage, tok)?);
             // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
             let base = st.kv.pos;
             dr.begin_journal(&mut st.kv)?;

@@ -64,9 +64,8 @@ fn stops_inside_accepted_drafts() {
         for eos in [true, false] {
             let mut s = Session::new(&eng);
             s.sync(&mut eng, &prompt, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
-            let emitted = Rc::new(Cell::new(0));
             let truth = want.clone();
-            let mut o = Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(move |n| truth.get(n).copied().unwrap_or(0)) };
+            let (mut o, emitted) = Oracle::new(move |n| truth.get(n).copied().unwrap_or(0));
             let mut got = Vec::new();
             let mut st = GenStats::default();
             let e = emitted.clone();

@@ -5,7 +5,7 @@
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod drafter;
 use ds4_engine::speculative::SpecSampler;
-use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, Session, StopReason};
+use ds4_engine::{Backend, Engine, GenStats, LoadOptions, MtpOptions, ScriptedDrafts, Session, StopReason};
 use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_tokenizer::sampling::argmax;
 use std::cell::Cell;
@@ -53,48 +53,26 @@ pub fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Greedy sampler whose drafts are chosen by the test: `oracle` gives the token it proposes for the
-/// n-th generated token (counted by `emitted`). Greedy targets are one-hot, so acceptance is exact.
-pub struct Oracle {
-    pub emitted: Rc<Cell<usize>>,
-    pub seen: usize,
-    pub i: usize,
-    pub oracle: Box<dyn FnMut(usize) -> u32>,
+/// Greedy sampler whose drafts are chosen by the test (the engine's `ScriptedDrafts`).
+pub type Oracle = ScriptedDrafts;
+
+/// The oracles the tests use.
+pub trait Oracles {
+    fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (ScriptedDrafts, Rc<Cell<usize>>);
 }
 
-impl SpecSampler for Oracle {
-    fn pick(&mut self, l: &[f32]) -> u32 { argmax(l) }
-    fn target(&mut self, l: &[f32], out: &mut Vec<(u32, f32)>) {
-        out.clear();
-        out.push((argmax(l), 1.0));
-    }
-    fn proposal(&mut self, _l: &[f32], out: &mut Vec<(u32, f32)>) {
-        let n = self.emitted.get();
-        if n != self.seen {
-            self.seen = n;
-            self.i = 0;
-        }
-        out.clear();
-        out.push(((self.oracle)(n + self.i), 1.0));
-        self.i += 1;
-    }
-    fn uniform(&mut self) -> f64 { 0.5 }
-    fn greedy(&self) -> bool { true }
-}
-
-impl Oracle {
+impl Oracles for ScriptedDrafts {
     /// Proposes the true next token of `truth` (the plain greedy tokens) ~70 % of the time and a wrong
     /// one otherwise (a stream seeded by `seed`): accepted prefixes of every length, rejections at
     /// every depth. The counter of emitted tokens is shared with the caller.
-    pub fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (Self, Rc<Cell<usize>>) {
+    fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (ScriptedDrafts, Rc<Cell<usize>>) {
         let mut x = seed;
         let oracle = move |n: usize| {
             x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             let t = truth.get(n).copied().unwrap_or(0);
             if (x >> 33) % 10 < 7 { t } else { (t + 1) % vocab as u32 }
         };
-        let emitted = Rc::new(Cell::new(0));
-        (Oracle { emitted: emitted.clone(), seen: usize::MAX, i: 0, oracle: Box::new(oracle) }, emitted)
+        ScriptedDrafts::new(oracle)
     }
 }
 
