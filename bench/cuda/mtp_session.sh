@@ -8,6 +8,7 @@
 #     43 layers need an H200) with a synthetic MTP file, at ctx 4096, on CUDA (and Vulkan with
 #     VULKAN=1), and end to end: $GEN (default 128) greedy tokens plain and speculative with drafts
 #     right at a set rate -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
+#  (DEVICE_TESTS=1: the ds4-cuda device tests run beside step 1 -> device_tests.log.)
 #  4. with PROFILE=1: per-kernel times of each verify step size -> mtp_profile.txt.
 # Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/mtp_session.sh
@@ -20,6 +21,11 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 M=/dev/shm/${FLASH/:/}.gguf; MTP=/dev/shm/${FLASH/:/}-mtp.gguf
 SP=
 [ -f $M ] || { timeout 400 $B/ds4-gguf synth $FLASH $M --mix q2 --mtp-out $MTP > /tmp/synth.log 2>&1 & SP=$!; }
+DT=
+if [ -n "${DEVICE_TESTS:-}" ]; then
+  # The ds4-cuda device tests beside the engine tests (correctness only; both done before any timing).
+  (DS4_TEST_DIR=/dev/shm timeout 300 $B/device-tests --test-threads 1 > $OUT/device_tests.log 2>&1) & DT=$!
+fi
 el "MTP engine tests on CUDA"
 for t in engine-mtp-tests engine-drafter-tests; do
   timeout 150 $B/$t --nocapture --test-threads 1 2>&1 | tee -a $OUT/mtp_tests.log | grep -E "^test |cuda |drafter|err|panicked|result"
@@ -28,6 +34,7 @@ el "verify rows at Flash's shape (flash:4)"
 DS4_TEST_DIR=/dev/shm timeout 200 $B/device-tests --nocapture --test-threads 1 --ignored verify_rows_flash4 2>&1 | tee $OUT/verify_flash4.log | grep -E "^test |model|panicked|result"
 rm -f /dev/shm/ds4cuda-flash_4*
 [ -n "$SP" ] && wait $SP; tail -2 /tmp/synth.log
+if [ -n "$DT" ]; then wait $DT; grep -E "^test .*(FAILED|ok)$|test result|panicked" $OUT/device_tests.log | grep -v " ok$"; fi
 if [ -f $B/old-mtp.xz ]; then
   # The previous build's mtp_step_costs first (same machine, same files): an A/B of the verify step.
   xz -dc $B/old-mtp.xz > /tmp/old-mtp && chmod +x /tmp/old-mtp

@@ -8,13 +8,15 @@
 __device__ __forceinline__ void save_frontier(float* snap, const float* st_kv, const float* st_sc, int ratio, int w, int i, int j) {
     if (!snap || ratio != 4 || j >= w) return;
     float* s = snap + (u64)16 * w * i;
+#pragma unroll 1
     for (int c = 0; c < 8; c++) {
         s[c * w + j] = st_kv[c * w + j];
         s[(8 + c) * w + j] = st_sc[c * w + j];
     }
 }
 
-extern "C" __global__ void comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
+// Up to 1024 threads (w = 2 x 512 at Flash's ratio-4 layers): registers capped to fit the block.
+extern "C" __global__ void __launch_bounds__(1024) comp_seq(const float* kvp, const float* gp, const float* ape, float* st_kv, float* st_sc, float* pooled,
                                     int n, long long pos0, int ratio, int w, int d, const long long* dpos, float* snap) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     int j = threadIdx.x;
