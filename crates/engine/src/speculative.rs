@@ -179,6 +179,11 @@ pub fn accept(p: &[(u32, f32)], q: &[(u32, f32)], d: u32, uniform: &mut dyn FnMu
     if pd > 0.0 && (pd >= qd || (uniform() as f32) * qd < pd) {
         return Ok(d);
     }
+    if let [(id, _)] = p {
+        // One-hot p (greedy): the residual is p itself (q cannot hold all its mass at id: d was drawn
+        // from q and is not id). No draw, nothing allocated.
+        return Err(*id);
+    }
     // q by id, so that the residual over p's support costs |p|·log|q| (a full-vocabulary p is 129k ids).
     let mut qs = q.to_vec();
     qs.sort_unstable_by_key(|x| x.0);
