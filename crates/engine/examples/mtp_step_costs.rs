@@ -5,7 +5,8 @@
 //! backend, with the logits row brought back as a session's draft step does). Prints the decode rate these costs give at acceptance rates 0.6 / 0.8 / 0.9
 //! (computed from the measured costs, assuming each draft is accepted independently with that rate).
 //!
-//! A verify step's cost here is the loop's: the journal begun, the step, its hidden rows brought back
+//! A verify step's cost here is the greedy loop's: the journal begun, the step (each row's pick made on
+//! the device where the backend can, else the logits rows brought back), its hidden rows brought back
 //! (the drafter's input); a rollback (drafts rejected) is timed apart.
 //!
 //! With an MTP file, also **end to end**: `--gen N` greedy tokens plain (the token picked on the
@@ -108,7 +109,10 @@ fn main() {
             let p0 = s.kv.pos;
             let t0 = Instant::now();
             eng.kv_begin_journal(&mut s.kv).unwrap_or_else(|e| panic!("{e}"));
-            eng.forward(&mut s.kv, &toks, None, Logits::All).unwrap();
+            // As the greedy loop verifies: each row's pick on the device where the backend can.
+            if eng.forward_picks(&mut s.kv, &toks).unwrap().is_none() {
+                eng.forward(&mut s.kv, &toks, None, Logits::All).unwrap();
+            }
             let _ = eng.hidden(n).unwrap().len();
             let t1 = Instant::now();
             // The worst rollback: every draft rejected (n = 1: the step itself undone); then to p0.
