@@ -347,10 +347,175 @@ impl crate::session::Session {
         }
         ds4_model::residency::set_phase(ds4_model::residency::Phase::Decode);
         let t0 = std::time::Instant::now();
-        let mut held = Held::Host;
-        let result = self.speculate(engine, max_tokens, eos, sampler, on_token, cancel, stats, &mut held);
+        let mut kept = Held::Host;
+        let held = &mut kept;
+        // The loop, in a closure so that every way out (an error included) comes back here.
+        let result = (|| -> Result<crate::session::StopReason, EngineError> {
+            use crate::session::StopReason;
+            use std::sync::atomic::Ordering;
+            let v = engine.cfg().n_vocab;
+            let hd = engine.cfg().hc_dim();
+            let (kmax, margin) = {
+                let o = &engine.mtp.as_ref().expect("checked").opts;
+                (o.draft, o.margin)
+            };
+            let mut emitted = 0usize;
+            let mut next: Option<u32> = None;
+            let mut drafts: Vec<u32> = Vec::with_capacity(kmax);
+            let mut qs: Vec<Vec<(u32, f32)>> = vec![Vec::new(); kmax];
+            let mut p: Vec<(u32, f32)> = Vec::new();
+            let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
+            let mut rows: Vec<f32> = Vec::new();
+            let mut hidden: Vec<f32> = Vec::new();
+            let mut l: Vec<f32> = Vec::with_capacity(v);
+            let mut picks: Vec<(u32, f32)> = Vec::with_capacity(kmax + 1);
+            loop {
+                if emitted >= max_tokens {
+                    break Ok(StopReason::MaxTokens);
+                }
+                if cancel.load(Ordering::Relaxed) {
+                    break Ok(StopReason::Cancelled);
+                }
+                // Greedy on a GPU backend: the device picks the tokens; the logits stay there.
+                let greedy = sampler.greedy() && engine.backend().is_gpu();
+                if !greedy && *held != Held::Host {
+                    // No longer greedy (the sampler switched): the device's pick does not stand.
+                    self.fetch_held(engine, held)?;
+                    next = None;
+                }
+                let tok = match next.take() {
+                    Some(t) => t,
+                    None => sampler.pick(&self.logits),
+                };
+                stats.gen_tokens += 1;
+                emitted += 1;
+                if Some(tok) == eos {
+                    break Ok(StopReason::Eos);
+                }
+                if !on_token(tok) {
+                    break Ok(StopReason::Caller);
+                }
+                if self.tokens.len() >= engine.ctx {
+                    break Ok(StopReason::ContextFull);
+                }
+                let room = kmax.min(max_tokens - emitted).min(engine.ctx - self.tokens.len() - 1);
+                let ready = self.mtp.as_ref().is_some_and(|s| s.ready(self.kv.pos));
+                if room == 0 || !ready {
+                    next = self.plain_step(engine, tok, greedy, held)?;
+                    continue;
+                }
+                // Draft: the pending pair (hidden of the last position, tok), then recursively on the block's
+                // own output, while the draft is confident enough.
+                drafts.clear();
+                let st = self.mtp.as_mut().expect("checked");
+                let me = engine.mtp.as_mut().expect("checked");
+                let mut dr = me.drafter();
+                l.clear();
+                l.extend_from_slice(st.first_draft(&mut dr, &engine.stage, tok)?);
+                // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
+                let base = st.kv.pos;
+                dr.begin_journal(&mut st.kv)?;
+                for i in 0..room {
+                    if top_margin(&l) < margin {
+                        break;
+                    }
+                    sampler.proposal(&l, &mut qs[i]);
+                    let d = draw(&qs[i], if qs[i].len() == 1 { 0.0 } else { sampler.uniform() });
+                    drafts.push(d);
+                    if i + 1 == room {
+                        break;
+                    }
+                    l.clear();
+                    l.extend_from_slice(dr.forward_own(&engine.stage, st.id, &mut st.kv, d)?);
+                }
+                dr.rollback(st.id, &mut st.kv, base)?;
+                dr.end_journal(&mut st.kv);
+                let k = drafts.len();
+                if k == 0 {
+                    next = self.plain_step(engine, tok, greedy, held)?;
+                    continue;
+                }
+                // Verify tok and the drafts in one forward of the main model.
+                batch.clear();
+                batch.push(tok);
+                batch.extend_from_slice(&drafts);
+                let p0 = self.kv.pos;
+                engine.kv_begin_journal(&mut self.kv)?;
+                let r = if greedy {
+                    engine.forward_picks(&mut self.kv, &batch).map(|p| {
+                        picks.clear();
+                        picks.extend_from_slice(p.unwrap_or_default());
+                    })
+                } else {
+                    engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
+                        rows.clear();
+                        rows.extend_from_slice(l);
+                    })
+                };
+                let r = r.and_then(|()| {
+                    hidden.clear();
+                    hidden.extend_from_slice(engine.hidden(k + 1)?);
+                    Ok(())
+                });
+                if let Err(e) = r {
+                    engine.kv_end_journal(&mut self.kv);
+                    return Err(e);
+                }
+                stats.drafted += k;
+                let mut fed = 1;
+                let mut stop = None;
+                for i in 0..k {
+                    if greedy {
+                        p.clear();
+                        p.push((picks[i].0, 1.0));
+                    } else {
+                        sampler.target(&rows[i * v..(i + 1) * v], &mut p);
+                    }
+                    let mut u = || sampler.uniform();
+                    let d = match accept(&p, &qs[i], drafts[i], &mut u) {
+                        Ok(d) => d,
+                        Err(t) => {
+                            next = Some(t);
+                            break;
+                        }
+                    };
+                    stats.accepted += 1;
+                    stats.gen_tokens += 1;
+                    emitted += 1;
+                    if Some(d) == eos {
+                        stop = Some(StopReason::Eos);
+                        break;
+                    }
+                    if !on_token(d) {
+                        stop = Some(StopReason::Caller);
+                        break;
+                    }
+                    fed += 1;
+                }
+                engine.kv_rollback(&mut self.kv, p0 + fed)?;
+                engine.kv_end_journal(&mut self.kv);
+                self.tokens.extend_from_slice(&batch[..fed]);
+                if greedy {
+                    // The last kept row's pick is the next token (a rejected draft's replacement is it too).
+                    *held = Held::Row(fed - 1);
+                    if stop.is_none() {
+                        next = Some(picks[fed - 1].0);
+                    }
+                } else {
+                    *held = Held::Host;
+                    self.logits.clear();
+                    self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
+                }
+                let st = self.mtp.as_mut().expect("checked");
+                let me = engine.mtp.as_mut().expect("checked");
+                st.observe(&mut me.drafter(), &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
+                if let Some(s) = stop {
+                    break Ok(s);
+                }
+            }
+        })();
         // The last token's logits where the device kept them (unknown after an error: none).
-        let fetched = match (&result, held) {
+        let fetched = match (&result, kept) {
             (Err(_), Held::Row(_) | Held::Last) => {
                 self.logits.clear();
                 Ok(())
@@ -362,182 +527,6 @@ impl crate::session::Session {
         stats.gen_time += t0.elapsed();
         let r = result?;
         fetched.map(|()| r)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn speculate(
-        &mut self,
-        engine: &mut crate::engine::Engine,
-        max_tokens: usize,
-        eos: Option<u32>,
-        sampler: &mut dyn SpecSampler,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        cancel: &std::sync::atomic::AtomicBool,
-        stats: &mut crate::session::GenStats,
-        held: &mut Held,
-    ) -> Result<crate::session::StopReason, EngineError> {
-        use crate::session::StopReason;
-        use std::sync::atomic::Ordering;
-        let v = engine.cfg().n_vocab;
-        let hd = engine.cfg().hc_dim();
-        let (kmax, margin) = {
-            let o = &engine.mtp.as_ref().expect("checked").opts;
-            (o.draft, o.margin)
-        };
-        let mut emitted = 0usize;
-        let mut next: Option<u32> = None;
-        let mut drafts: Vec<u32> = Vec::with_capacity(kmax);
-        let mut qs: Vec<Vec<(u32, f32)>> = vec![Vec::new(); kmax];
-        let mut p: Vec<(u32, f32)> = Vec::new();
-        let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
-        let mut rows: Vec<f32> = Vec::new();
-        let mut hidden: Vec<f32> = Vec::new();
-        let mut l: Vec<f32> = Vec::with_capacity(v);
-        let mut picks: Vec<(u32, f32)> = Vec::with_capacity(kmax + 1);
-        loop {
-            if emitted >= max_tokens {
-                break Ok(StopReason::MaxTokens);
-            }
-            if cancel.load(Ordering::Relaxed) {
-                break Ok(StopReason::Cancelled);
-            }
-            // Greedy on a GPU backend: the device picks the tokens; the logits stay there.
-            let greedy = sampler.greedy() && engine.backend().is_gpu();
-            if !greedy && *held != Held::Host {
-                // No longer greedy (the sampler switched): the device's pick does not stand.
-                self.fetch_held(engine, held)?;
-                next = None;
-            }
-            let tok = match next.take() {
-                Some(t) => t,
-                None => sampler.pick(&self.logits),
-            };
-            stats.gen_tokens += 1;
-            emitted += 1;
-            if Some(tok) == eos {
-                break Ok(StopReason::Eos);
-            }
-            if !on_token(tok) {
-                break Ok(StopReason::Caller);
-            }
-            if self.tokens.len() >= engine.ctx {
-                break Ok(StopReason::ContextFull);
-            }
-            let room = kmax.min(max_tokens - emitted).min(engine.ctx - self.tokens.len() - 1);
-            let ready = self.mtp.as_ref().is_some_and(|s| s.ready(self.kv.pos));
-            if room == 0 || !ready {
-                next = self.plain_step(engine, tok, greedy, held)?;
-                continue;
-            }
-            // Draft: the pending pair (hidden of the last position, tok), then recursively on the block's
-            // own output, while the draft is confident enough.
-            drafts.clear();
-            let st = self.mtp.as_mut().expect("checked");
-            let me = engine.mtp.as_mut().expect("checked");
-            let mut dr = me.drafter();
-            l.clear();
-            l.extend_from_slice(st.first_draft(&mut dr, &engine.stage, tok)?);
-            // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
-            let base = st.kv.pos;
-            dr.begin_journal(&mut st.kv)?;
-            for i in 0..room {
-                if top_margin(&l) < margin {
-                    break;
-                }
-                sampler.proposal(&l, &mut qs[i]);
-                let d = draw(&qs[i], if qs[i].len() == 1 { 0.0 } else { sampler.uniform() });
-                drafts.push(d);
-                if i + 1 == room {
-                    break;
-                }
-                l.clear();
-                l.extend_from_slice(dr.forward_own(&engine.stage, st.id, &mut st.kv, d)?);
-            }
-            dr.rollback(st.id, &mut st.kv, base)?;
-            dr.end_journal(&mut st.kv);
-            let k = drafts.len();
-            if k == 0 {
-                next = self.plain_step(engine, tok, greedy, held)?;
-                continue;
-            }
-            // Verify tok and the drafts in one forward of the main model.
-            batch.clear();
-            batch.push(tok);
-            batch.extend_from_slice(&drafts);
-            let p0 = self.kv.pos;
-            engine.kv_begin_journal(&mut self.kv)?;
-            let r = if greedy {
-                engine.forward_picks(&mut self.kv, &batch).map(|p| {
-                    picks.clear();
-                    picks.extend_from_slice(p.unwrap_or_default());
-                })
-            } else {
-                engine.forward(&mut self.kv, &batch, None, ds4_model::Logits::All).map(|l| {
-                    rows.clear();
-                    rows.extend_from_slice(l);
-                })
-            };
-            let r = r.and_then(|()| {
-                hidden.clear();
-                hidden.extend_from_slice(engine.hidden(k + 1)?);
-                Ok(())
-            });
-            if let Err(e) = r {
-                engine.kv_end_journal(&mut self.kv);
-                return Err(e);
-            }
-            stats.drafted += k;
-            let mut fed = 1;
-            let mut stop = None;
-            for i in 0..k {
-                if greedy {
-                    p.clear();
-                    p.push((picks[i].0, 1.0));
-                } else {
-                    sampler.target(&rows[i * v..(i + 1) * v], &mut p);
-                }
-                let mut u = || sampler.uniform();
-                let d = match accept(&p, &qs[i], drafts[i], &mut u) {
-                    Ok(d) => d,
-                    Err(t) => {
-                        next = Some(t);
-                        break;
-                    }
-                };
-                stats.accepted += 1;
-                stats.gen_tokens += 1;
-                emitted += 1;
-                if Some(d) == eos {
-                    stop = Some(StopReason::Eos);
-                    break;
-                }
-                if !on_token(d) {
-                    stop = Some(StopReason::Caller);
-                    break;
-                }
-                fed += 1;
-            }
-            engine.kv_rollback(&mut self.kv, p0 + fed)?;
-            engine.kv_end_journal(&mut self.kv);
-            self.tokens.extend_from_slice(&batch[..fed]);
-            if greedy {
-                // The last kept row's pick is the next token (a rejected draft's replacement is it too).
-                *held = Held::Row(fed - 1);
-                if stop.is_none() {
-                    next = Some(picks[fed - 1].0);
-                }
-            } else {
-                *held = Held::Host;
-                self.logits.clear();
-                self.logits.extend_from_slice(&rows[(fed - 1) * v..fed * v]);
-            }
-            let st = self.mtp.as_mut().expect("checked");
-            let me = engine.mtp.as_mut().expect("checked");
-            st.observe(&mut me.drafter(), &engine.stage, &hidden[..fed * hd], &batch[..fed], self.kv.pos, true)?;
-            if let Some(s) = stop {
-                break Ok(s);
-            }
-        }
     }
 
     /// One plain decode step of `tok` (no draft could be made): the next token when the device

@@ -32,7 +32,7 @@ fn greedy_identity(mix: Mix, tag: &str) {
         assert_eq!(got, want, "{tag} draft {draft}: MTP greedy differs from plain greedy");
         assert!(st.drafted > 0, "{tag} draft {draft}: nothing was drafted");
         // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
-        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 99 + draft as u64);
+        let (mut s, emitted) = right_seven_in_ten(flat.clone(), v, 99 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 64, &mut s, &emitted, &mut st);
         assert_eq!(got, want, "{tag} draft {draft}: oracle-drafted greedy differs from plain greedy");
@@ -65,7 +65,7 @@ fn stops_inside_accepted_drafts() {
             let mut s = Session::new(&eng);
             s.sync(&mut eng, &prompt, &mut |_, _| {}, &AtomicBool::new(false)).unwrap();
             let truth = want.clone();
-            let (mut o, emitted) = Oracle::new(move |n| truth.get(n).copied().unwrap_or(0));
+            let (mut o, emitted) = ds4_engine::ScriptedDrafts::new(move |n| truth.get(n).copied().unwrap_or(0));
             let mut got = Vec::new();
             let mut st = GenStats::default();
             let e = emitted.clone();

@@ -37,7 +37,7 @@ fn mix_case(mix: Mix, tag: &str) {
     let flat: Vec<u32> = want.concat();
     for draft in 1..=4 {
         let mut eng = cuda(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 })).expect("the GPU was there a moment ago");
-        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
+        let (mut s, emitted) = right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
         println!("cuda {mix:?} draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());

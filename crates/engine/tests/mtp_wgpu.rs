@@ -32,7 +32,7 @@ fn vulkan_mtp_greedy_equals_plain_greedy_and_the_cpu() {
         let draft = 3;
         let mut eng = load_on(&model, Some(MtpOptions { path: mtp.clone(), draft, margin: 0.0 }), 32, Backend::Vulkan);
         // Drafts right ~70 % of the time: accepted prefixes of every length, rejections at every depth.
-        let (mut s, emitted) = Oracle::right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
+        let (mut s, emitted) = right_seven_in_ten(flat.clone(), v, 7 + draft as u64);
         let mut st = GenStats::default();
         let got = spec_turns(&mut eng, &prompt, &extra, 32, &mut s, &emitted, &mut st);
         eprintln!("vulkan draft {draft}: drafted {} accepted {} ({:.2})", st.drafted, st.accepted, st.acceptance());
@@ -55,7 +55,7 @@ fn vulkan_mtp_with_a_prefill_chunk_below_the_verify_rows() {
     let want = plain_turns(&mut plain, &prompt, &extra, 12);
     drop(plain);
     let mut eng = load_on(&model, Some(MtpOptions { path: mtp, draft: 4, margin: 0.0 }), 2, Backend::Vulkan);
-    let (mut s, emitted) = Oracle::right_seven_in_ten(want.concat(), v, 5);
+    let (mut s, emitted) = right_seven_in_ten(want.concat(), v, 5);
     let mut st = GenStats::default();
     let got = spec_turns(&mut eng, &prompt, &extra, 12, &mut s, &emitted, &mut st);
     assert_eq!(got, want, "MTP greedy with --prefill-chunk 2, draft 4 differs from plain greedy");

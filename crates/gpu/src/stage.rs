@@ -577,21 +577,9 @@ impl<D: DeviceOps> GpuStage<D> {
 }
 
 /// The greedy pick of a logits row as the device makes it: the largest value (lowest index on
-/// ties; NaN never wins; all NaN: 0) and its log-probability under the row's softmax.
+/// ties; NaN never wins; none: 0) and its log-probability under the row's softmax.
 fn greedy_pick(row: &[f32]) -> (u32, f32) {
-    let best = argmax(row);
-    let m = row[best];
+    let (best, m) = row.iter().enumerate().fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b });
     let sum: f64 = row.iter().filter(|x| !x.is_nan()).map(|&x| ((x - m) as f64).exp()).sum();
     (best as u32, -(sum.ln() as f32))
-}
-
-/// Index of the largest value, lowest on ties, NaN skipped (0 when none).
-fn argmax(row: &[f32]) -> usize {
-    let mut best = (0usize, f32::NEG_INFINITY);
-    for (i, &x) in row.iter().enumerate() {
-        if x > best.1 {
-            best = (i, x);
-        }
-    }
-    best.0
 }

@@ -242,7 +242,7 @@ impl CudaOps {
         // One KV set per slot (session decoded in a batch). Slot 0 also holds the undo buffers of a
         // verify step (undo.rs) of up to `ucap` rows.
         let brows = slots.max(VERIFY_ROWS.min(nmax));
-        let ucap = brows.min(undo::UNDO_ROWS);
+        let ucap = brows.min(VERIFY_ROWS);
         let ratios: Vec<usize> = layers.iter().map(|l| l.ratio).collect();
         let undo_f = |f: &KvFloats, ratio: usize| undo::undo_floats(cfg.head_dim, &[(f.st, ratio), (f.ist, ratio)], ucap);
         plan.kv = slots as u64 * kvf.iter().map(KvFloats::bytes).sum::<u64>() + kvf.iter().zip(&ratios).map(|(f, &r)| 4 * undo_f(f, r) as u64).sum::<u64>();
@@ -532,6 +532,7 @@ impl CudaOps {
             same_slot: false,
             wk,
             undo_table: Vec::with_capacity(3 * jobs_cap),
+            undo_cap: ucap,
             ctx,
             counts_host: vec![0; stage.cfg.n_expert],
             _weights: weights,

@@ -310,6 +310,8 @@ pub struct CudaOps {
     wk: Work,
     /// Host copy of the undo copy table (reused: nothing allocated per step).
     undo_table: Vec<u64>,
+    /// Rows of a step slot 0's undo buffers hold (undo.rs).
+    undo_cap: usize,
     ctx: usize,
     counts_host: Vec<i32>,
     _weights: Vec<DBuf>,

@@ -16,9 +16,6 @@ use super::*;
 use ds4_gpu::Compressor;
 use ds4_model::kv::compressor_rows;
 
-/// Rows of a step that can be undone in place.
-pub(super) const UNDO_ROWS: usize = VERIFY_ROWS;
-
 /// Where one compressor frontier of a layer lives and its place in the layer's undo buffer.
 struct Frontier {
     kv: u64,
@@ -44,11 +41,8 @@ pub(super) fn undo_floats(ring_row: usize, frontiers: &[(usize, usize)], cap: us
 }
 
 impl CudaOps {
-    /// Rows of a step slot 0 can undo in place (0 where it holds no undo buffers).
-    pub(super) fn undo_cap(&self) -> usize {
-        let kv = if self.slot == 0 { &self.kv } else { &self.parked[0] };
-        if kv.iter().all(|l| l.undo.is_some()) { self.batch_cap.min(UNDO_ROWS) } else { 0 }
-    }
+    /// Rows of a step slot 0 can undo in place (its undo buffers were sized for them at build).
+    pub(super) fn undo_cap(&self) -> usize { self.undo_cap }
 
     /// Layer `li`'s frontiers (slot 0 selected): the KV compressor's and the indexer's, placed in
     /// the undo buffer after the ring rows.

@@ -53,27 +53,16 @@ pub fn tokens(n: usize, seed: u64, vocab: usize) -> Vec<u32> {
         .collect()
 }
 
-/// Greedy sampler whose drafts are chosen by the test (the engine's `ScriptedDrafts`).
-pub type Oracle = ScriptedDrafts;
-
-/// The oracles the tests use.
-pub trait Oracles {
-    fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (ScriptedDrafts, Rc<Cell<usize>>);
-}
-
-impl Oracles for ScriptedDrafts {
-    /// Proposes the true next token of `truth` (the plain greedy tokens) ~70 % of the time and a wrong
-    /// one otherwise (a stream seeded by `seed`): accepted prefixes of every length, rejections at
-    /// every depth. The counter of emitted tokens is shared with the caller.
-    fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (ScriptedDrafts, Rc<Cell<usize>>) {
-        let mut x = seed;
-        let oracle = move |n: usize| {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let t = truth.get(n).copied().unwrap_or(0);
-            if (x >> 33) % 10 < 7 { t } else { (t + 1) % vocab as u32 }
-        };
-        ScriptedDrafts::new(oracle)
-    }
+/// Drafts (a `ScriptedDrafts`) that propose the true next token of `truth` (the plain greedy tokens)
+/// ~70 % of the time and a wrong one otherwise (a stream seeded by `seed`): accepted prefixes of every
+/// length, rejections at every depth. The counter of emitted tokens is shared with the caller.
+pub fn right_seven_in_ten(truth: Vec<u32>, vocab: usize, seed: u64) -> (ScriptedDrafts, Rc<Cell<usize>>) {
+    let mut x = seed;
+    ScriptedDrafts::new(move |n: usize| {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let t = truth.get(n).copied().unwrap_or(0);
+        if (x >> 33) % 10 < 7 { t } else { (t + 1) % vocab as u32 }
+    })
 }
 
 /// Greedy with the MTP block's own proposals.
