@@ -240,6 +240,13 @@ pub(crate) fn launch_mvq8(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids:
 /// [`launch_mvq8`] with `ks` warps sharing each row group (1, 2, 4 or 8).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
+    launch_mvq8_shared(g, m, w, w_mat_bytes, eids, xq, xd, xq_z, 1, y, y_z, rows, z, ks)
+}
+
+/// [`launch_mvq8_ks`] where `xdiv` consecutive slots read one activation row (slot z reads row
+/// z / xdiv: a batch's rows, each with its k routed experts). Q2_K and IQ2_XXS, or `xdiv` 1.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_mvq8_shared(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, eids: u64, xq: u64, xd: u64, xq_z: usize, xdiv: usize, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
     if ![1, 2, 4, 8].contains(&ks) {
         return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
     }
@@ -263,6 +270,8 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
             }
             "mvq8_q2_k_n1"
         }
+        // (The Q8_0 kernels' slots read their own rows: the spread kernel keeps no division in its loop.)
+        GgmlType::Q8_0 if xdiv != 1 => return Err("Q8_0 int8-activation mat-vec with shared activation rows".into()),
         GgmlType::Q8_0 if q80_ok(m) && q8p_geometry(g, rows, z, ks).2 <= 8 => "mvq8_q8p",
         GgmlType::Q8_0 if q80_ok(m) => "mvq8_q8s_n1",
         _ => return Err(format!("no int8-activation mat-vec for {} ({} columns, split {})", m.ty.name(), m.cols, m.split)),
@@ -284,13 +293,19 @@ pub(crate) fn launch_mvq8_ks(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize, ei
     if name == "mvq8_q8p" {
         return launch_q8p(g, &args, rows, z, ks);
     }
-    // (The last argument, z, is read by the mvq8_q8p kernels only.) Slots fastest: the slots of a row
+    if xdiv == 0 {
+        return Err("int8-activation mat-vec: zero slots per activation row".into());
+    }
+    // (The last argument, z, is read by the mvq8_q8p kernels only; the others take xdiv.) Slots fastest: the slots of a row
     // group run together (slots sharing a matrix read it once from DRAM).
     let groups = cdiv(rows, MVQ_R * (8 / ks));
     if groups > 65535 || z > u32::MAX as usize {
         return Err(format!("int8-activation mat-vec of {rows} rows: {groups} row groups exceed the grid"));
     }
-    g.launch(name, (z as u32, groups, 1), 256, smem, &args[..11])
+    let mut one = [A::I(0); 12];
+    one[..11].copy_from_slice(&args[..11]);
+    one[11] = A::I(xdiv as i32);
+    g.launch(name, (z as u32, groups, 1), 256, smem, &one)
 }
 
 /// Geometry of `mvq8_q8p_r*` (matvec_q80.cu): rows per warp R, blocks, tasks per block. A task is

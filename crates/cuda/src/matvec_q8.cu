@@ -42,7 +42,8 @@ extern "C" __global__ void q8k_quant(const float* __restrict__ X, int x_z, int c
 }
 
 #define MVQ8_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
-    const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks
+    const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int xdiv
+// (xdiv: slots that read one activation row, e.g. a row's k routed experts; slot z reads row z / xdiv.)
 
 // prmt.b32 in its generic form: a selector nibble with bit 3 set fills the byte with the sign (msb)
 // of the selected source byte (__byte_perm's documented semantics only promise the low 3 bits).
@@ -88,8 +89,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_iq2s_n1(MVQ8_ARGS) { P
     int z = blockIdx.x;
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
-    const signed char* xq = XQ + (u64)z * xq_z;
-    const float* xd = XD + (u64)z * (xq_z >> 8);
+    const signed char* xq = XQ + (u64)(z / xdiv) * xq_z;
+    const float* xd = XD + (u64)(z / xdiv) * (xq_z >> 8);
     int nb = cols >> 8, ng = nb * 8, nsteps = (ng + 31) >> 5;
     u32 ro[MVQ_R];
     mvq_row_offs(ro, r0, rows, (u64)nb * 66);
@@ -186,8 +187,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q2_k_n1(MVQ8_ARGS) {
     int z = blockIdx.x;
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
-    const signed char* xq = XQ + (u64)z * xq_z;
-    const float* xd = XD + (u64)z * (xq_z >> 8);
+    const signed char* xq = XQ + (u64)(z / xdiv) * xq_z;
+    const float* xd = XD + (u64)(z / xdiv) * (xq_z >> 8);
     int nb = cols >> 8, nsteps = (nb + 3) >> 2;
     int sb = lane >> 3, h = (lane >> 2) & 1, t = lane & 3;
     u32 ro[MVQ_R];
@@ -273,8 +274,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) mvq8_q8s_n1(MVQ8_ARGS) { PD
     if (eids) { PDL_WAIT }
     int mat = eids ? eids[z] : z;
     const u8* wm = W + (u64)mat * w_mat_bytes;
-    const signed char* xq = XQ + (u64)z * xq_z;
-    const float* xd = XD + (u64)z * (xq_z >> 5);
+    const signed char* xq = XQ + (u64)(z / xdiv) * xq_z;
+    const float* xd = XD + (u64)(z / xdiv) * (xq_z >> 5);
     int nb = cols >> 5, nsteps = (nb + 31) >> 5;
     u64 rb = (u64)nb * 34;
     float acc[MVQ_R];

@@ -17,7 +17,7 @@ impl CudaOps {
     }
 
     /// The Q8_0 copy of xn the entry wrote, if any.
-    fn pre_xn(&self) -> Option<(u64, u64)> { self.ls.xc.q80.then(|| self.wk.q8_xn.pair()) }
+    pub(super) fn pre_xn(&self) -> Option<(u64, u64)> { self.ls.xc.q80.then(|| self.wk.q8_xn.pair()) }
 
     pub(super) fn qat_code(&self, indexer: bool) -> i32 {
         match (self.opts.qat, indexer) {
@@ -68,8 +68,9 @@ impl CudaOps {
         let (nwin, cr, out0) = if dec { (1, ratio, 0) } else { ((pos0 + n) / ratio - row0, 0, row0) };
         let dp = self.dpos_arg();
         let xn = self.wk.xn.ptr;
-        self.mm(&ckm, xn, n, ck)?;
-        self.mm(&cgm, xn, n, cg)?;
+        let pre = self.pre_xn();
+        self.mm_q(&ckm, xn, n, ck, pre)?;
+        self.mm_q(&cgm, xn, n, cg, pre)?;
         let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(n as i32), A::L(pos0 as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(dp), A::P(0)];
         self.compress(&args, dec, nwin, w, dim)?;
         let qat = self.qat_code(which == Compressor::Indexer);
@@ -81,7 +82,8 @@ impl CudaOps {
         let (ih, iw, xn) = (self.cfg.idx_heads, self.wk.iw.ptr, self.wk.xn.ptr);
         let ws = 1.0 / ((self.cfg.idx_dim * self.cfg.idx_heads) as f32).sqrt();
         let iproj = self.layers[li].indexer.as_ref().ok_or("layer without an indexer")?.proj;
-        self.mm(&iproj, xn, s.n, iw)?;
+        let pre = self.pre_xn();
+        self.mm_q(&iproj, xn, s.n, iw, pre)?;
         self.g.launch("scale_inplace", (cdiv(s.n * ih, 256), 1, 1), 256, 0, &[A::P(iw), A::P((s.n * ih) as u64), A::F(ws)])
     }
 
@@ -104,7 +106,8 @@ impl CudaOps {
         let l = &self.layers[li];
         let (iqb, freqs) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs);
         let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
-        self.mm(&iqb, qr, s.n, iq)?;
+        let pre = self.ls.pre_qr;
+        self.mm_q(&iqb, qr, s.n, iq, pre)?;
         let qat = self.qat_code(true);
         self.nrq(iq, id, iq, id, s.n * ih, id, false, 0, freqs, s.pos0 as i64, ih, 1, qat)
     }

@@ -79,7 +79,8 @@ impl CudaOps {
         let d = self.cfg.head_dim;
         let (kvm, kv_norm, freqs) = (self.layers[li].kv, self.layers[li].kv_norm, self.layers[li].freqs);
         let (xn, kvb) = (self.wk.xn.ptr, self.wk.kvb.ptr);
-        self.mm_q(&kvm, xn, s.n, kvb, None)?;
+        let pre = self.pre_xn();
+        self.mm_q(&kvm, xn, s.n, kvb, pre)?;
         let qat = self.qat_code(false);
         self.nrq_rows(kvb, d, s.n, d, true, kv_norm, freqs, 1, qat)
     }
@@ -104,8 +105,9 @@ impl CudaOps {
         };
         let (pooled, xn) = (self.wk.pooled.ptr, self.wk.xn.ptr);
         let w = cfg.compress_coff(il) * dim;
-        self.mm(&ckm, xn, s.n, ck)?;
-        self.mm(&cgm, xn, s.n, cg)?;
+        let pre = self.pre_xn();
+        self.mm_q(&ckm, xn, s.n, ck, pre)?;
+        self.mm_q(&cgm, xn, s.n, cg, pre)?;
         let qat = self.qat_code(which == Compressor::Indexer);
         let dmax = cfg.head_dim.max(cfg.idx_dim);
         let bpos = self.wk.bpos.ptr;
@@ -138,7 +140,8 @@ impl CudaOps {
         let l = &self.layers[li];
         let (iqb, freqs) = (l.indexer.as_ref().ok_or("layer without an indexer")?.q_b, l.freqs);
         let (qr, iq) = (self.wk.qr.ptr, self.wk.iq.ptr);
-        self.mm(&iqb, qr, s.n, iq)?;
+        let pre = self.ls.pre_qr;
+        self.mm_q(&iqb, qr, s.n, iq, pre)?;
         let qat = self.qat_code(true);
         self.nrq_rows(iq, id, s.n * ih, id, false, 0, freqs, ih, qat)
     }
@@ -148,7 +151,8 @@ impl CudaOps {
         let (d, nh) = (self.cfg.head_dim, self.cfg.n_head);
         let (q_b, freqs) = (self.layers[li].q_b, self.layers[li].freqs);
         let (qr, q) = (self.wk.qr.ptr, self.wk.q.ptr);
-        self.mm_q(&q_b, qr, s.n, q, None)?;
+        let pre = self.ls.pre_qr;
+        self.mm_q(&q_b, qr, s.n, q, pre)?;
         if self.dec_attn_rows() {
             // The decode attention kernel norms and ropes the raw query itself.
             return Ok(());
@@ -275,6 +279,8 @@ impl CudaOps {
         let (q, kvb, o, part) = (self.wk.q.ptr, self.wk.kvb.ptr, self.wk.o.ptr, self.wk.adec.ptr);
         let part_bytes = (DecAttn::part_floats(self.wk.adec_splits, nh, d) * 4) as u64;
         let bpos = self.wk.bpos.ptr;
+        // Exact rows: each merge also writes its row's Q8_0 copy for the output projection, as decode.
+        let (q80, d80) = if self.exact && self.takes_q80(&l.out_a, s.n) && d % 32 == 0 { self.wk.q8_o.pair() } else { (0, 0) };
         // A verify step's rows (one sequence): one launch for all of them, row r reading the rows
         // before it from the step's KV rows and keeping its partials in area r.
         let (launches, rows) = if self.same_slot { (1, s.n) } else { (s.n, 1) };
@@ -295,8 +301,8 @@ impl CudaOps {
                 // Each stream its own partials.
                 part: part + lane as u64 * part_bytes,
                 o: o + (r * qd * 4) as u64,
-                q80: 0,
-                d80: 0,
+                q80: if q80 != 0 { q80 + (r * qd) as u64 } else { 0 },
+                d80: if d80 != 0 { d80 + (r * qd / 32 * 4) as u64 } else { 0 },
                 // The row's position, read on the device (the step can be recorded once).
                 dpos: bpos + (r * 8) as u64,
                 pos: pos as i64,
@@ -313,7 +319,7 @@ impl CudaOps {
             };
             a.launch(&mut me.g)
         })?;
-        self.ls.pre_o = None;
+        self.ls.pre_o = (q80 != 0).then_some((q80, d80));
         Ok(())
     }
 

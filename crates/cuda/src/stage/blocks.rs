@@ -1,7 +1,7 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv_split, launch_mvq8, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
+use crate::matvec::{launch_dq, launch_mv_split, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
 
 impl CudaOps {
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in matvec.cuh).
@@ -83,13 +83,17 @@ impl CudaOps {
 
     pub(super) fn mm(&mut self, m: &DM, x: u64, n: usize, y: u64) -> Result<()> { self.mm_idx(m, 0, x, m.cols, n, y, m.rows) }
 
-    /// Whether a one-token product with `m` takes a Q8_0 copy of its input written by the producer.
-    pub(super) fn takes_q80(&self, m: &DM, n: usize) -> bool { self.decode_mode && n == 1 && self.fast_q8 && q80_ok(m) }
+    /// Whether a one-token product with `m` takes a Q8_0 copy of its input written by the producer
+    /// (decode; exact rows, each row its own copy).
+    pub(super) fn takes_q80(&self, m: &DM, n: usize) -> bool {
+        (self.decode_mode && n == 1 || self.exact && n <= self.batch_cap) && self.fast_q8 && q80_ok(m)
+    }
 
-    /// `mm` whose input also exists as the Q8_0 copy `pre` (values, scales), when the product takes it.
+    /// `mm` whose input also exists as the Q8_0 copy `pre` (values, scales; `n` rows of `m.cols`),
+    /// when the product takes it: the rows as slots of one launch with the one-token K split.
     pub(super) fn mm_q(&mut self, m: &DM, x: u64, n: usize, y: u64, pre: Option<(u64, u64)>) -> Result<()> {
         match pre {
-            Some((q, d)) if self.takes_q80(m, n) => launch_mvq8(&mut self.g, m, m.ptr, 0, 0, q, d, 0, y, 0, m.rows, 1),
+            Some((q, d)) if self.takes_q80(m, n) => launch_mvq8_ks(&mut self.g, m, m.ptr, 0, 0, q, d, m.cols, y, m.rows, m.rows, n, mvq_ks(m, m.rows, 1)),
             _ => self.mm(m, x, n, y),
         }
     }
@@ -165,7 +169,7 @@ impl CudaOps {
             return self.hc_pre_dec(hc_fn, scale, base, norm, want);
         }
         if self.exact && fused {
-            return self.hc_pre_rows(hc_fn, scale, base, norm, n);
+            return self.hc_pre_rows(hc_fn, scale, base, norm, n, want);
         }
         self.flush_exit()?;
         self.mm(&hc_fn, x, n, mix)?;
@@ -227,7 +231,10 @@ impl CudaOps {
         let c = &self.cfg;
         let (e, nh, k) = (c.n_embd, c.n_hc, c.n_expert_used);
         let at = |p: u64, floats: usize| p + (row * floats * 4) as u64;
+        // The int8 copies: `e` values and e/32 (Q8_0) or e/256 (Q8_K) scales a row; 0 stays 0.
+        let copy_at = |p: u64, bytes: usize| if p == 0 { 0 } else { p + (row * bytes) as u64 };
         let [q80, d80, q8k, d8k] = en.copies;
+        let (q80, d80, q8k, d8k) = (copy_at(q80, e), copy_at(d80, e / 32 * 4), copy_at(q8k, e), copy_at(d8k, e / 256 * 4));
         let (xmode, ey, ek, eadd) = match en.exit {
             None => (0, 0, 0, 0),
             Some(PendingExit::Attn) => (1, at(self.wk.y.ptr, e), 0, 0),

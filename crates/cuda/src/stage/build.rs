@@ -412,11 +412,12 @@ impl CudaOps {
             xqd: g.alloc((brows * k * e.max(ff)).max(e).div_ceil(256) * 4)?,
             gptrs: g.alloc((n * k / 64 + ne + 1) * 16)?,
             gptr_cap: n * k / 64 + ne + 1,
-            q8_xn: act8(e, 32)?,
-            q8k_xn: act8(e, 256)?,
-            q8_qr: act8(cfg.q_lora, 32)?,
-            q8_o: act8(cfg.q_dim(), 32)?,
-            q8_sh: act8(ff, 32)?,
+            // A row each for the exact rows of a batched or verify step (decode: the first).
+            q8_xn: act8(brows * e, 32)?,
+            q8k_xn: act8(brows * e, 256)?,
+            q8_qr: act8(brows * cfg.q_lora, 32)?,
+            q8_o: act8(brows * cfg.q_dim(), 32)?,
+            q8_sh: act8(brows * ff, 32)?,
             gids: f((brows * cfg.o_groups).max(1))?,
             // Slice records of hc_pre_dec, or hc_entry_dec's block records plus one double per block.
             hcd_part: f(brows * (hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices))?,

@@ -29,12 +29,18 @@ impl CudaOps {
 
     /// The sub-layer entry of `n` exact rows: `hc_entry_dec` over a grid row per token (each row's own
     /// parts, barrier and router ticket), the previous sub-layer's exit folded in and the rows routed
-    /// when the FFN asked for it, as decode does for one; then the rows' Sinkhorn matrices. A launch
-    /// takes as many rows as keep every block resident (one block an SM: the grid barriers).
-    pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize) -> Result<XnCopies> {
+    /// when the FFN asked for it, as decode does for one, and each row's Q8_0 copy of xn when the
+    /// products after it take one (`want.q80`) and its Q8_K copy for the routed experts (`want.q8k`);
+    /// then the rows' Sinkhorn matrices. A launch takes as many rows as keep every block resident
+    /// (one block an SM: the grid barriers).
+    pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize, want: XnCopies) -> Result<XnCopies> {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
         let route = self.entry_route.take();
-        let en = Entry { hc_fn, scale, base, norm, copies: [0; 4], bar: self.wk.hcd_rows.ptr, route, route_ticket: self.wk.hcd_rows.ptr + 8, exit: self.pend.take() };
+        let fits = n <= self.batch_cap;
+        let (q80, q8k) = (want.q80 && self.fast_q8 && fits, want.q8k && self.fast_experts && fits);
+        let (q, qd) = if q80 { self.wk.q8_xn.pair() } else { (0, 0) };
+        let (k8, kd) = if q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
+        let en = Entry { hc_fn, scale, base, norm, copies: [q, qd, k8, kd], bar: self.wk.hcd_rows.ptr, route, route_ticket: self.wk.hcd_rows.ptr + 8, exit: self.pend.take() };
         let (x, mix, mixes) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr);
         let blocks = e / 256;
         let per = if self.g.sms > 0 { (self.g.sms as usize / blocks).max(1) } else { 1 };
@@ -57,7 +63,7 @@ impl CudaOps {
         if self.same_slot {
             self.g.to_main();
         }
-        Ok(XnCopies { q80: false, q8k: false, routed: route.is_some() })
+        Ok(XnCopies { q80, q8k, routed: route.is_some() })
     }
 
     /// Gate logits and routing of `n` rows through `gate_route_dec` (decode's router where the entry
@@ -84,8 +90,12 @@ impl CudaOps {
         let gin = cfg.heads_per_group() * d;
         let (o, low, gids) = (self.wk.o.ptr, self.wk.low.ptr, self.wk.gids.ptr);
         let wmb = ol * out_a.row_bytes;
+        if let Some((q, dq)) = self.ls.pre_o.take() {
+            // The rows' Q8_0 copies the attention merges wrote, as decode takes its one.
+            return launch_mvq8_ks(&mut self.g, &out_a, out_a.ptr, wmb, gids, q, dq, gin, low, ol, ol, n * g, mvq_ks(&out_a, ol, g));
+        }
         if self.fast_q8 && q80_ok(&out_a) && d % 32 == 0 {
-            // Decode takes the Q8_0 copy the attention merge writes: the same quantization per row.
+            // The same quantization per row as the merge's copy.
             if n * qd > self.wk.xq80_cap {
                 return Err(format!("{n} exact rows of {qd} attention outputs exceed the Q8_0 scratch"));
             }

@@ -2,7 +2,7 @@
 //! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_mvq8_ks, launch_q8k, mvq_ks, q8_ok};
+use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
 
 impl CudaOps {
     /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
@@ -133,13 +133,17 @@ impl CudaOps {
         }
         let wk = &self.wk;
         let (xn, rep, eids, ew, gx, ex_a, ex_b, ex_out, xq, xd) = (wk.xn.ptr, wk.rep_tok.ptr, wk.eids.ptr, wk.ew.ptr, wk.gx.ptr, wk.ex_a.ptr, wk.ex_b.ptr, wk.ex_out.ptr, wk.xq.ptr, wk.xqd.ptr);
-        self.g.launch("gather_rows", (z as u32, 1, 1), 256, 0, &[A::P(xn), A::P(rep), A::P(gx), A::I(e as i32)])?;
         let q8 = self.fast_experts && [&gate, &up, &down].iter().all(|m| q8_ok(m));
         if q8 {
-            launch_q8k(&mut self.g, gx, e, e, z, xq, xd)?;
-            launch_mvq8_ks(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xq, xd, e, ex_b, ff, ff, z, mvq_ks(&up, ff, k))?;
-            launch_mvq8_ks(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xq, xd, e, ex_a, ff, ff, z, mvq_ks(&gate, ff, k))?;
+            // Slot r·k + i reads row r's Q8_K copy (the entry's, or quantized here), as decode's k slots read one.
+            let (xnq, xnd) = if self.ls.xc.q8k { self.wk.q8k_xn.pair() } else { (xq, xd) };
+            if !self.ls.xc.q8k {
+                launch_q8k(&mut self.g, xn, e, e, n, xq, xd)?;
+            }
+            launch_mvq8_shared(&mut self.g, &up, up.ptr, up.mat_bytes(), eids, xnq, xnd, e, k, ex_b, ff, ff, z, mvq_ks(&up, ff, k))?;
+            launch_mvq8_shared(&mut self.g, &gate, gate.ptr, gate.mat_bytes(), eids, xnq, xnd, e, k, ex_a, ff, ff, z, mvq_ks(&gate, ff, k))?;
         } else {
+            self.g.launch("gather_rows", (z as u32, 1, 1), 256, 0, &[A::P(xn), A::P(rep), A::P(gx), A::I(e as i32)])?;
             // The K split of decode's k slots: each slot sums as there.
             self.mv_split(up.ptr, &up, up.mat_bytes(), eids, gx, e, e, ex_b, ff, ff, ff, 1, z, k)?;
             self.mv_split(gate.ptr, &gate, gate.mat_bytes(), eids, gx, e, e, ex_a, ff, ff, ff, 1, z, k)?;
