@@ -1,6 +1,6 @@
 // ---------------------------------------------------------------------------------------------
-// Compressor: one block of `w` threads (channel j) walks the chunk's positions in order, updates
-// the frontier state and pools each closing window into `pooled` (window k of the chunk, d wide).
+// Compressor: one block of `w` threads (channel j) walks the step's positions in order, updates
+// the frontier state and pools the window closing at position i into row i of `pooled` (d wide).
 // With `snap` (a verify step's rows, ratio 4): the whole frontier after position i is copied to
 // snap + 16 w i (kv rows, then score rows), so a rollback to any row can restore it (stage/undo.rs).
 // ---------------------------------------------------------------------------------------------
@@ -20,7 +20,6 @@ extern "C" __global__ void __launch_bounds__(1024) comp_seq(const float* kvp, co
                                     int n, long long pos0, int ratio, int w, int d, const long long* dpos, float* snap) { PDL_ENTRY
     if (dpos) pos0 = *dpos;
     int j = threadIdx.x;
-    int k = 0;
     for (int i = 0; i < n; i++) {
         long long pos = pos0 + i;
         int slot = (int)(pos % ratio);
@@ -52,7 +51,7 @@ extern "C" __global__ void __launch_bounds__(1024) comp_seq(const float* kvp, co
                 }
                 out = num / den;
             }
-            pooled[(u64)k * d + j] = out;
+            pooled[(u64)i * d + j] = out;
         }
         __syncthreads();
         if (ratio == 4 && j < w) {
@@ -63,7 +62,6 @@ extern "C" __global__ void __launch_bounds__(1024) comp_seq(const float* kvp, co
         }
         __syncthreads();
         save_frontier(snap, st_kv, st_sc, ratio, w, i, j);
-        k++;
     }
 }
 

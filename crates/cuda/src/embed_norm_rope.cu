@@ -92,21 +92,22 @@ __device__ void fp4_block(float* b, int n) {
 extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, int ldo, int d, int do_norm, const float* w, float eps,
                                          const double* freqs, int half, long long pos_base, int pos_div, int pos_mul, int qat,
                                          const long long* dpos, int comp_ratio) { PDL_ENTRY
-    // Decode (graph-replayable): the position comes from device memory. With comp_ratio > 0, the single
-    // row is the compressor window that closes at this position (nothing to do when none closes).
+    // Decode (graph-replayable): the position comes from device memory. With comp_ratio > 0, row r is
+    // the compressor window that closes at position dpos[r] (nothing to do when none closes there), and
+    // goes to its compressed row.
+    u64 orow = blockIdx.x;
     if (dpos && comp_ratio < 0) {
         // A batched step: `dpos` holds the position of each group of pos_div rows (one per session).
         pos_base = dpos[blockIdx.x / pos_div];
         pos_mul = 0;
+    } else if (dpos && comp_ratio) {
+        long long p = dpos[blockIdx.x];
+        if ((p + 1) % comp_ratio) return;
+        orow = (u64)(p / comp_ratio);
+        pos_base = (p / comp_ratio) * comp_ratio;
+        pos_mul = 0;
     } else if (dpos) {
-        long long p = *dpos;
-        if (comp_ratio) {
-            if ((p + 1) % comp_ratio) return;
-            out += (u64)(p / comp_ratio) * ldo;
-            pos_base = (p / comp_ratio) * comp_ratio;
-        } else {
-            pos_base = p;
-        }
+        pos_base = *dpos;
     }
     extern __shared__ double sm[];  // d doubles (+32 for reduction)
     double* red = sm + d;
@@ -173,6 +174,6 @@ extern "C" __global__ void norm_rope_qat(const float* in, int ldi, float* out, i
         }
         __syncthreads();
     }
-    out[(u64)r * ldo + j] = rowf[j];
+    out[orow * ldo + j] = rowf[j];
 }
 

@@ -48,6 +48,10 @@ impl CudaOps {
         // A slot on several rows (a verify step): its rows follow each other at consecutive positions.
         let same_slot = rows.iter().enumerate().any(|(i, r)| rows[..i].iter().any(|o| o.0 == r.0));
         if same_slot {
+            // (The step's per-sequence ops then walk one slot: attention and compressors in one launch.)
+            if rows.iter().any(|r| r.0 != rows[0].0) {
+                return Err("a step with a slot on several rows holds that slot's rows only".into());
+            }
             for (i, r) in rows.iter().enumerate() {
                 if let Some(prev) = rows[..i].iter().rev().find(|o| o.0 == r.0) {
                     if r.1 != prev.1 + 1 {
@@ -111,6 +115,23 @@ impl CudaOps {
         let qat = self.qat_code(which == Compressor::Indexer);
         let dmax = cfg.head_dim.max(cfg.idx_dim);
         let bpos = self.wk.bpos.ptr;
+        if self.same_slot {
+            // A verify step's rows (consecutive positions of one slot): one walk over all of them
+            // (each closing window pooled into its row's place, each row's frontier copied out),
+            // then each row's norm and rope of the window it closes, if any, in one launch.
+            let pooled = pooled + (self.g.current() * self.batch_cap * dmax * 4) as u64;
+            let (slot, pos) = self.row(0);
+            let k = self.slot_kv(slot, li);
+            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
+            let (rows, st_kv, st_sc) = match which {
+                Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
+                Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
+            };
+            let snap = self.frontier_snap(li, which, 0);
+            let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(s.n as i32), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(bpos), A::P(snap)];
+            self.compress(&args, true, 1, w, dim)?;
+            return self.nrq_dp(pooled, dim, rows, dim, s.n, dim, true, cnorm, freqs, 0, 1, ratio, qat, ratio as i32, bpos);
+        }
         self.rows_spread(s.n, |me, r, lane| {
             let (slot, pos) = me.row(r);
             // Each stream its own pooled row.

@@ -358,7 +358,8 @@ impl CudaOps {
             ck: f(n * 2 * d.max(id))?,
             cg: f(n * 2 * d.max(id))?,
             // A prefill chunk's closing windows, or one per stream for a batched or verify step's rows.
-            pooled: f((n / 4 + 2).max(SIDE_STREAMS + 1) * d.max(id))?,
+            // A closing window's row per stream, or a verify step's rows per stream; a prefill chunk's windows.
+            pooled: f((n / 4 + 2).max((SIDE_STREAMS + 1) * brows) * d.max(id))?,
             // The indexer compressor's inputs beside the main one's: a decode or verify step's rows.
             ick: f(brows * 2 * id)?,
             icg: f(brows * 2 * id)?,
