@@ -308,15 +308,7 @@ impl MtpState {
 
 /// The logit lead of the top token over the second.
 pub fn top_margin(l: &[f32]) -> f32 {
-    let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
-    for &v in l {
-        if v > a {
-            b = a;
-            a = v;
-        } else if v > b {
-            b = v;
-        }
-    }
+    let (a, b) = ds4_tokenizer::sampling::top_two(l);
     a - b
 }
 

@@ -78,18 +78,43 @@ fn key(l: f32) -> f32 {
     if l.is_nan() { f32::NEG_INFINITY } else { l }
 }
 
+/// Lanes of the vectorisable scans: a running value per lane, combined at the end (a scan carried
+/// through one variable is a dependency chain of ~1 ns per logit: 0.15 ms over a 129k vocabulary).
+const LANES: usize = 16;
+
+fn larger(a: f32, b: f32) -> f32 { if b > a { b } else { a } }
+fn smaller(a: f32, b: f32) -> f32 { if b < a { b } else { a } }
+
 /// Index of the largest logit (lowest id on ties, NaN = −∞); 0 for an empty slice.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut bv = f32::NEG_INFINITY;
-    for (i, &l) in logits.iter().enumerate() {
-        let l = key(l);
-        if l > bv {
-            bv = l;
-            best = i;
+    // The largest key by lanes, then its first index.
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &l) in lanes.iter_mut().zip(c) {
+            *m = larger(*m, key(l));
         }
     }
-    best as u32
+    let max = chunks.remainder().iter().fold(lanes.into_iter().fold(f32::NEG_INFINITY, larger), |m, &l| larger(m, key(l)));
+    logits.iter().position(|&l| key(l) == max).unwrap_or(0) as u32
+}
+
+/// The largest and second largest logit (NaN = −∞; a value present twice is both), −∞ for missing
+/// ones: the draft margin of speculative decoding.
+pub fn top_two(logits: &[f32]) -> (f32, f32) {
+    // Per lane: the second largest is the larger of the old second and the smaller of (old first, v).
+    let (mut first, mut second) = ([f32::NEG_INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
+    let mut chunks = logits.chunks_exact(LANES);
+    for c in &mut chunks {
+        for j in 0..LANES {
+            let v = key(c[j]);
+            second[j] = larger(second[j], smaller(first[j], v));
+            first[j] = larger(first[j], v);
+        }
+    }
+    let merge = |(a, b): (f32, f32), (v, w): (f32, f32)| (larger(a, v), larger(larger(b, w), smaller(a, v)));
+    let lanes = first.into_iter().zip(second).fold((f32::NEG_INFINITY, f32::NEG_INFINITY), merge);
+    chunks.remainder().iter().fold(lanes, |t, &l| merge(t, (key(l), f32::NEG_INFINITY)))
 }
 
 impl Sampler {

@@ -1,4 +1,4 @@
-use ds4_tokenizer::sampling::{argmax, Rng, Sampler, SamplerConfig, StopMatcher, StopReason};
+use ds4_tokenizer::sampling::{argmax, top_two, Rng, Sampler, SamplerConfig, StopMatcher, StopReason};
 
 fn cfg(t: f32, k: usize, p: f32, min_p: f32, seed: u64) -> SamplerConfig {
     SamplerConfig { temperature: t, top_k: k, top_p: p, min_p, seed }
@@ -139,4 +139,54 @@ fn stop_string_across_token_boundaries_is_held_back() {
     let mut m = StopMatcher::new(&stops, &[]);
     let st = m.push_text("xabb");
     assert_eq!((st.emit.as_str(), st.stop), ("x", Some(StopReason::StopString(1))));
+}
+
+/// The lane-wise scans against the one-variable scans they replace, over lengths around the lane
+/// count, ties, NaN and infinities.
+#[test]
+fn lane_scans_equal_sequential_scans() {
+    fn argmax_seq(l: &[f32]) -> u32 {
+        let (mut best, mut bv) = (0, f32::NEG_INFINITY);
+        for (i, &v) in l.iter().enumerate() {
+            let v = if v.is_nan() { f32::NEG_INFINITY } else { v };
+            if v > bv {
+                (best, bv) = (i, v);
+            }
+        }
+        best as u32
+    }
+    fn top_two_seq(l: &[f32]) -> (f32, f32) {
+        let (mut a, mut b) = (f32::NEG_INFINITY, f32::NEG_INFINITY);
+        for &v in l {
+            if v > a {
+                (a, b) = (v, a);
+            } else if v > b {
+                b = v;
+            }
+        }
+        (a, b)
+    }
+    let mut rng = Rng::new(7);
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, 1.0];
+    for len in (0..70).chain([129_280, 129_281]) {
+        for case in 0..20 {
+            // Few distinct values (ties), or many; some specials sprinkled in.
+            let l: Vec<f32> = (0..len)
+                .map(|_| {
+                    let r = rng.next_f64();
+                    if case % 4 == 0 && r < 0.1 {
+                        specials[(r * 60.0) as usize % specials.len()]
+                    } else if case % 2 == 0 {
+                        (r * 4.0).floor() as f32
+                    } else {
+                        (r * 100.0 - 50.0) as f32
+                    }
+                })
+                .collect();
+            assert_eq!(argmax(&l), argmax_seq(&l), "argmax, len {len} case {case}");
+            let (got, want) = (top_two(&l), top_two_seq(&l));
+            assert!(got.0.to_bits() == want.0.to_bits() || got.0 == want.0, "top two {got:?} {want:?}, len {len} case {case}");
+            assert!(got.1.to_bits() == want.1.to_bits() || got.1 == want.1, "top two {got:?} {want:?}, len {len} case {case}");
+        }
+    }
 }
