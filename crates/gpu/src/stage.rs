@@ -150,10 +150,14 @@ impl<D: DeviceOps> GpuStage<D> {
         self.use_slot(kv)?;
         self.picked_rows = 0;
         let n = tokens.len();
-        let rows = self.forward_dev(kv, tokens, None, Logits::All, false)?;
+        // One token: the decode step's own device pick (the logits row stays on the device too).
+        let top1 = n == 1;
+        let rows = self.forward_dev(kv, tokens, None, Logits::All, top1)?;
         self.ops.sync()?;
         self.picks.clear();
-        if rows == n && self.picked_rows == n {
+        if top1 && rows == 1 {
+            self.picks.push(self.ops.read_top1()?);
+        } else if rows == n && self.picked_rows == n {
             self.picks.resize(n, (0, 0.0));
             self.ops.read_top1_rows(&mut self.picks)?;
         } else {

@@ -67,7 +67,9 @@ impl CudaOps {
         self.exact = same_slot || self.exact_batches;
         self.pend = None;
         self.decode_mode = false;
-        self.g.pdl_now = false;
+        // Programmatic dependent launch, as decode: a batched step runs the one-token kernels, each of
+        // which waits for its predecessor before touching activations (only weights are read before).
+        self.g.pdl_now = true;
         self.batch.clear();
         self.batch.extend_from_slice(rows);
         let pos: Vec<i64> = rows.iter().map(|r| r.1 as i64).collect();
