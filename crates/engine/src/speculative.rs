@@ -102,6 +102,9 @@ pub trait SpecSampler {
     fn target(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>);
     /// The distribution a draft is drawn from (the same settings; may ignore state-dependent switches).
     fn proposal(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.target(logits, out) }
+    /// `proposal` where the logits' top token (lowest index of the largest) is already known: a greedy
+    /// sampler proposes it without another pass over the logits.
+    fn proposal_top(&mut self, logits: &[f32], _top: u32, out: &mut Vec<(u32, f32)>) { self.proposal(logits, out) }
     /// Uniform in [0, 1).
     fn uniform(&mut self) -> f64;
     /// Whether `pick` and `target` are the argmax now (greedy): a GPU backend then takes each verify
@@ -112,6 +115,15 @@ pub trait SpecSampler {
 impl SpecSampler for Sampler {
     fn pick(&mut self, logits: &[f32]) -> u32 { self.sample(logits) }
     fn target(&mut self, logits: &[f32], out: &mut Vec<(u32, f32)>) { self.distribution(logits, false, out) }
+    fn proposal_top(&mut self, logits: &[f32], top: u32, out: &mut Vec<(u32, f32)>) {
+        if self.is_greedy() {
+            // `distribution`'s greedy answer: the argmax with probability 1.
+            out.clear();
+            out.push((top, 1.0));
+        } else {
+            self.distribution(logits, false, out)
+        }
+    }
     fn uniform(&mut self) -> f64 { Sampler::uniform(self) }
     fn greedy(&self) -> bool { self.is_greedy() }
 }
@@ -306,10 +318,15 @@ impl MtpState {
     }
 }
 
-/// The logit lead of the top token over the second.
-pub fn top_margin(l: &[f32]) -> f32 {
-    let (a, b) = ds4_tokenizer::sampling::top_two(l);
-    a - b
+/// Whether the drafter's logits `l` make a draft: its top logit leads the second by at least
+/// `margin`; then `q` is the distribution the draft is drawn from.
+fn judge(l: &[f32], margin: f32, sampler: &mut dyn SpecSampler, q: &mut Vec<(u32, f32)>) -> bool {
+    let (top, first, second) = ds4_tokenizer::sampling::top_two(l);
+    if first - second < margin {
+        return false;
+    }
+    sampler.proposal_top(l, top, q);
+    true
 }
 
 impl crate::session::Session {
@@ -359,7 +376,6 @@ impl crate::session::Session {
             let mut batch: Vec<u32> = Vec::with_capacity(kmax + 1);
             let mut rows: Vec<f32> = Vec::new();
             let mut hidden: Vec<f32> = Vec::new();
-            let mut l: Vec<f32> = Vec::with_capacity(v);
             let mut picks: Vec<(u32, f32)> = Vec::with_capacity(kmax + 1);
             loop {
                 if emitted >= max_tokens {
@@ -402,23 +418,21 @@ impl crate::session::Session {
                 let st = self.mtp.as_mut().expect("checked");
                 let me = engine.mtp.as_mut().expect("checked");
                 let mut dr = me.drafter();
-                l.clear();
-                l.extend_from_slice(st.first_draft(&mut dr, &engine.stage, tok)?);
+                // Each draft judged on the drafter's logits where they are (no copy of the row).
+                let mut more = judge(st.first_draft(&mut dr, &engine.stage, tok)?, margin, sampler, &mut qs[0]);
                 // Rows up to here are kept; the recursive drafts' rows are rolled back after verification.
                 let base = st.kv.pos;
                 dr.begin_journal(&mut st.kv)?;
                 for i in 0..room {
-                    if top_margin(&l) < margin {
+                    if !more {
                         break;
                     }
-                    sampler.proposal(&l, &mut qs[i]);
                     let d = draw(&qs[i], if qs[i].len() == 1 { 0.0 } else { sampler.uniform() });
                     drafts.push(d);
                     if i + 1 == room {
                         break;
                     }
-                    l.clear();
-                    l.extend_from_slice(dr.forward_own(&engine.stage, st.id, &mut st.kv, d)?);
+                    more = judge(dr.forward_own(&engine.stage, st.id, &mut st.kv, d)?, margin, sampler, &mut qs[i + 1]);
                 }
                 dr.rollback(st.id, &mut st.kv, base)?;
                 dr.end_journal(&mut st.kv);

@@ -51,6 +51,32 @@ fn greedy_identity_q2() { greedy_identity(Mix::Q2, "q2"); }
 #[test]
 fn greedy_identity_q4() { greedy_identity(Mix::Q4, "q4"); }
 
+/// `--mtp-margin` gates the drafts with the real greedy sampler: margin 0 drafts every step it can, a
+/// margin no logit lead reaches drafts nothing, one in between no more than margin 0; the output is
+/// plain greedy's every time.
+#[test]
+fn margin_gates_drafts_with_the_greedy_sampler() {
+    let (model, mtp) = files(Mix::Q2, "q2");
+    let mut plain = load(&model, None, 32);
+    let v = plain.cfg().n_vocab;
+    let prompt = tokens(100, 21, v);
+    let extra = tokens(20, 22, v);
+    let want = plain_turns(&mut plain, &prompt, &extra, 40);
+    let mut drafted = Vec::new();
+    for margin in [0.0, 0.5, f32::MAX] {
+        let mut eng = load(&model, Some(MtpOptions { path: mtp.clone(), draft: 2, margin }), 32);
+        let mut sampler = Sampler::new(SamplerConfig::greedy());
+        let (emitted, mut st) = (Rc::new(Cell::new(0)), GenStats::default());
+        let got = spec_turns(&mut eng, &prompt, &extra, 40, &mut sampler, &emitted, &mut st);
+        assert_eq!(got, want, "margin {margin}: MTP greedy differs from plain greedy");
+        eprintln!("margin {margin}: drafted {} accepted {}", st.drafted, st.accepted);
+        drafted.push(st.drafted);
+    }
+    assert!(drafted[0] > 0, "margin 0 drafted nothing");
+    assert!(drafted[1] <= drafted[0], "a margin drafted more than margin 0: {drafted:?}");
+    assert_eq!(drafted[2], 0, "an unreachable margin still drafted");
+}
+
 /// Stops inside an accepted run (EOS, caller) leave the session exactly as plain decoding does.
 #[test]
 fn stops_inside_accepted_drafts() {

@@ -99,9 +99,15 @@ pub fn argmax(logits: &[f32]) -> u32 {
     logits.iter().position(|&l| key(l) == max).unwrap_or(0) as u32
 }
 
-/// The largest and second largest logit (NaN = −∞; a value present twice is both), −∞ for missing
-/// ones: the draft margin of speculative decoding.
-pub fn top_two(logits: &[f32]) -> (f32, f32) {
+/// The top token (as [`argmax`] picks it), the largest and the second largest logit (NaN = −∞; a
+/// value present twice is both; −∞ for missing ones): a speculative draft and its margin in one pass
+/// over the values.
+pub fn top_two(logits: &[f32]) -> (u32, f32, f32) {
+    let (first, second) = top_values(logits);
+    (logits.iter().position(|&l| key(l) == first).unwrap_or(0) as u32, first, second)
+}
+
+fn top_values(logits: &[f32]) -> (f32, f32) {
     // Per lane: the second largest is the larger of the old second and the smaller of (old first, v).
     let (mut first, mut second) = ([f32::NEG_INFINITY; LANES], [f32::NEG_INFINITY; LANES]);
     let mut chunks = logits.chunks_exact(LANES);

@@ -184,7 +184,9 @@ fn lane_scans_equal_sequential_scans() {
                 })
                 .collect();
             assert_eq!(argmax(&l), argmax_seq(&l), "argmax, len {len} case {case}");
-            let (got, want) = (top_two(&l), top_two_seq(&l));
+            let (top, a, b) = top_two(&l);
+            assert_eq!(top, argmax_seq(&l), "top token, len {len} case {case}");
+            let (got, want) = ((a, b), top_two_seq(&l));
             assert!(got.0.to_bits() == want.0.to_bits() || got.0 == want.0, "top two {got:?} {want:?}, len {len} case {case}");
             assert!(got.1.to_bits() == want.1.to_bits() || got.1 == want.1, "top two {got:?} {want:?}, len {len} case {case}");
         }
