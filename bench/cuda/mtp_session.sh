@@ -9,7 +9,9 @@
 #     VULKAN=1), and end to end: $GEN (default 128) greedy tokens plain and speculative with drafts
 #     right at a set rate -> mtp_costs_cuda.txt, mtp_costs_vulkan.txt.
 #  (DEVICE_TESTS=1: the ds4-cuda device tests run beside step 1 -> device_tests.log.)
-#  4. with PROFILE=1: per-kernel times of each verify step size -> mtp_profile.txt.
+#  4. with PROFILE=1: per-kernel times of each verify step size -> mtp_profile.txt; with NCU=1 the
+#     Nsight Compute durations by row count (bench/cuda/ncu_verify.sh) -> ncu_verify.txt. PACK=1 packs
+#     $OUT into one results.tgz.
 # Prepare: bench/cuda/build_device_bin.sh (and the Vulkan loader in .gl for VULKAN=1).
 # Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/mtp_session.sh
 set -u
@@ -59,4 +61,13 @@ if [ -n "${VULKAN:-}" ]; then
   el "step costs on Vulkan"
   timeout 200 $B/mtp_step_costs $M --mtp $MTP --backend vulkan --ctx-at ${AT:-4096} --reps 7 --gen ${GEN:-128} 2>&1 | grep -v uploading | tee $OUT/mtp_costs_vulkan.txt | tail -22
 fi
+if [ -n "${NCU:-}" ]; then
+  # Per-kernel durations of decode and verify steps by row count (Nsight Compute, flash:4).
+  el "ncu per-kernel durations"
+  L=4 T=${NCU_T:-150} OUT=$OUT bash bench/cuda/ncu_verify.sh > $OUT/ncu.log 2>&1; rm -f $OUT/ncu_verify.csv; tail -32 $OUT/ncu.log
+fi
 el done
+if [ -n "${PACK:-}" ]; then
+  # One file back instead of many (a device call returns a limited number of files).
+  (cd $OUT && tar -czf /tmp/mtp_results.tgz . && rm -rf ./* && mv /tmp/mtp_results.tgz results.tgz)
+fi
