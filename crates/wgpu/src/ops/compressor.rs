@@ -23,6 +23,9 @@ pub struct CompressorShape {
     pub capacity: usize,
 }
 
+/// Most rows of a step whose projections a compressor keeps for an in-place undo (a verify step).
+pub const UNDO_ROWS: usize = 8;
+
 pub struct Compressor {
     pool: Arc<wgpu::ComputePipeline>,
     pool_bind: wgpu::BindGroup,
@@ -35,6 +38,11 @@ pub struct Compressor {
     shape: CompressorShape,
     width: usize,
     slots: usize,
+    /// The projection buffers the state pass reads (shared work buffers, rewritten by every layer),
+    /// and a copy of a journaled step's rows of them (`keep_rows`, `reapply`).
+    kv_in: wgpu::Buffer,
+    gate_in: wgpu::Buffer,
+    undo: (GpuBuffer, GpuBuffer),
 }
 
 impl Compressor {
@@ -66,7 +74,9 @@ impl Compressor {
         let pool_bind = gpu.bind_group("compressor pool", &pool, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &out.buffer, &uni, &gpu.step])?;
         let state = gpu.pipeline("compressor_state", || Ok(COMPRESSOR_STATE.to_string()))?;
         let state_bind = gpu.bind_group("compressor state", &state, &[&kv.buffer, &gate.buffer, &ape.buffer, &st_kv.buffer, &st_sc.buffer, &uni, &gpu.step])?;
-        let op = Self { pool, pool_bind, state, state_bind, st_kv, st_sc, shape, width, slots };
+        let urows = UNDO_ROWS.min(m);
+        let undo = (GpuBuffer::new(gpu, "compressor undo rows", urows * width)?, GpuBuffer::new(gpu, "compressor undo rows", urows * width)?);
+        let op = Self { pool, pool_bind, state, state_bind, st_kv, st_sc, shape, width, slots, kv_in: kv.buffer.clone(), gate_in: gate.buffer.clone(), undo };
         op.reset(gpu)?;
         Ok(op)
     }
@@ -115,9 +125,43 @@ impl Compressor {
             pass.set_bind_group(0, &self.pool_bind, &[]);
             pass.dispatch_workgroups((self.shape.d as u32).div_ceil(64), closed, seqs);
         }
+        self.dispatch_state(pass, seqs);
+        Ok(())
+    }
+
+    /// Keeps the projections of the encoder's step rows (after `encode`, before the next layer's
+    /// projections overwrite them): what `reapply` advances a restored frontier over.
+    pub fn keep_rows(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let n = self.undo_rows(enc)?;
+        let bytes = (n * self.width * 4) as u64;
+        enc.copy_at(&self.kv_in, 0, &self.undo.0.buffer, 0, bytes);
+        enc.copy_at(&self.gate_in, 0, &self.undo.1.buffer, 0, bytes);
+        Ok(())
+    }
+
+    /// The frontier advanced over the first rows of the kept step again (the encoder's step: the
+    /// kept rows), no pooling: an in-place undo after the frontier saved before the step is restored.
+    pub fn reapply(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let n = self.undo_rows(enc)?;
+        let bytes = (n * self.width * 4) as u64;
+        enc.copy_at(&self.undo.0.buffer, 0, &self.kv_in, 0, bytes);
+        enc.copy_at(&self.undo.1.buffer, 0, &self.gate_in, 0, bytes);
+        self.dispatch_state(enc.pass(), 1);
+        Ok(())
+    }
+
+    /// Rows of the encoder's step, when it is one sequence of 1..=the undo rows.
+    fn undo_rows(&self, enc: &Encoder) -> Result<usize, WgpuError> {
+        let n = enc.step().ntok as usize;
+        if n == 0 || n * self.width > self.undo.0.len() || enc.batched() {
+            return Err(WgpuError::BadShape { what: "compressor undo".into(), reason: format!("{n} rows (one sequence, 1 to {})", self.undo.0.len() / self.width) });
+        }
+        Ok(n)
+    }
+
+    fn dispatch_state(&self, pass: &mut wgpu::ComputePass<'static>, seqs: u32) {
         pass.set_pipeline(&self.state);
         pass.set_bind_group(0, &self.state_bind, &[]);
         pass.dispatch_workgroups((self.width as u32).div_ceil(64), 1, seqs);
-        Ok(())
     }
 }

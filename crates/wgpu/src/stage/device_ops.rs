@@ -64,6 +64,38 @@ impl WgpuOps {
         Ok(())
     }
 
+    /// Records the copies of an in-place undo between the live state of the selected slot and the
+    /// checkpoint buffers: the ring rows of positions `from..from + n`, and every compressor frontier
+    /// whole (the saved state before a step, or back from it).
+    fn undo_copies(&self, enc: &mut Encoder, from: usize, n: usize, restore: bool) {
+        let (d, swa, slot, slots) = (self.cfg.head_dim, self.cfg.swa, self.slot, self.slots);
+        for l in &self.layers {
+            let ring_part = l.ring.len() / slots;
+            for p in from..from + n {
+                let (live, saved) = ((slot * ring_part + (p % swa) * d) as u64 * 4, ((p % swa) * d) as u64 * 4);
+                let ((src, s0), (dst, d0)) = if restore { ((&l.ckpt.ring, saved), (&l.ring, live)) } else { ((&l.ring, live), (&l.ckpt.ring, saved)) };
+                enc.copy_at(&src.buffer, s0, &dst.buffer, d0, d as u64 * 4);
+            }
+            for (c, (k, s)) in l.compressors().zip(&l.ckpt.frontiers) {
+                for (live, saved) in [(&c.st_kv, k), (&c.st_sc, s)] {
+                    let part = live.len() / slots;
+                    let (src, s0, dst, d0) = if restore { (saved, 0, live, slot * part) } else { (live, slot * part, saved, 0) };
+                    enc.copy_at(&src.buffer, s0 as u64 * 4, &dst.buffer, d0 as u64 * 4, part as u64 * 4);
+                }
+            }
+        }
+    }
+
+    fn check_undo(&self, n: usize) -> Result<()> {
+        if self.enc.is_some() {
+            return Err("wgpu: an undo inside a step".into());
+        }
+        if n == 0 || n > self.undo_cap {
+            return Err(format!("wgpu: an in-place undo of {n} rows (1 to {})", self.undo_cap).into());
+        }
+        Ok(())
+    }
+
     fn head_ops(&self) -> Result<&super::head::HeadOps> {
         self.head.as_ref().ok_or_else(|| "wgpu: this stage has no output head".into())
     }
@@ -179,9 +211,15 @@ impl DeviceOps for WgpuOps {
 
     fn compress(&mut self, li: usize, which: Which, _step: Step) -> Result<()> {
         let op = if which == Which::Kv { "compress_kv" } else { "compress_idx" };
+        // A journaled step (`undo_save`) keeps each compressor's projection rows for the undo.
+        let keep = self.undo_step;
+        let run = move |c: &super::layer::CompressorOps, enc: &mut Encoder| -> std::result::Result<(), WgpuError> {
+            c.encode(enc)?;
+            if keep { c.op.keep_rows(enc) } else { Ok(()) }
+        };
         self.on_layer(li, op, |l, enc| match which {
-            Which::Kv => l.comp.as_ref().map_or(Ok(()), |c| c.encode(enc)),
-            Which::Indexer => l.idx.as_ref().map_or(Ok(()), |i| i.comp.encode(enc)),
+            Which::Kv => l.comp.as_ref().map_or(Ok(()), |c| run(c, enc)),
+            Which::Indexer => l.idx.as_ref().map_or(Ok(()), |i| run(&i.comp, enc)),
         })
     }
 
@@ -282,6 +320,7 @@ impl DeviceOps for WgpuOps {
 
     fn sync(&mut self) -> Result<()> {
         self.step = None;
+        self.undo_step = false;
         if let Some(enc) = self.enc.take() {
             self.gpu.submit(enc).map_err(err)?;
         }
@@ -363,6 +402,47 @@ impl DeviceOps for WgpuOps {
 
     fn can_checkpoint(&self) -> bool {
         true
+    }
+
+    fn undo_rows_cap(&self) -> usize {
+        self.undo_cap
+    }
+
+    /// Keeps what a journaled step of `n` rows at `pos` overwrites that cannot be recomputed: the ring
+    /// rows of its positions and the compressor frontiers (submitted in queue order before the step).
+    fn undo_save(&mut self, pos: usize, n: usize) -> Result<()> {
+        self.check_undo(n)?;
+        let mut enc = Encoder::new(&self.gpu, GpuStep::default());
+        self.undo_copies(&mut enc, pos, n, false);
+        self.gpu.submit(enc).map_err(err)?;
+        // The step's compressors keep their projection rows (`compress`).
+        self.undo_step = true;
+        Ok(())
+    }
+
+    /// Back to the state after the first `keep` rows of that step: the rejected rows' ring rows and
+    /// the frontiers restored, then the frontiers advanced over the kept rows again (their projections
+    /// are still in the work buffers). Compressed and indexer rows past the kept position are never
+    /// read (they are read by count), so they need nothing.
+    fn undo_rows(&mut self, pos: usize, n: usize, keep: usize) -> Result<()> {
+        self.check_undo(n)?;
+        if keep >= n {
+            return Err(format!("wgpu: undo keeping {keep} of {n} rows").into());
+        }
+        let (p, k) = (u32::try_from(pos).map_err(|_| "wgpu: position too large")?, keep as u32);
+        // The kept rows' step (its uniform written in queue order, before this submission).
+        let mut enc = if keep > 0 { self.gpu.begin_slot(GpuStep { ntok: k, pos: p }, self.slot as u32) } else { Encoder::new(&self.gpu, GpuStep::default()) };
+        self.undo_copies(&mut enc, pos + keep, n - keep, true);
+        if keep > 0 {
+            for l in &self.layers {
+                for c in l.compressors() {
+                    c.reapply(&mut enc).map_err(err)?;
+                }
+            }
+        }
+        self.undo_step = false;
+        self.gpu.submit(enc).map_err(err)?;
+        self.gpu.wait().map_err(err)
     }
 
     fn checkpoint(&mut self, restore: bool) -> Result<()> {

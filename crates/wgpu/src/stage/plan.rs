@@ -44,11 +44,13 @@ pub fn plan_slots(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, slot
         let ratio = cfg.ratio(il);
         let cap = compressed_capacity(ctx, ratio);
         // Per slot: ring and its snapshot, compressed / indexer rows, frontiers (kv + score) and their
-        // snapshot; one checkpoint (ring, frontiers) of slot 0.
+        // snapshot; one checkpoint (ring, frontiers) of slot 0; each compressor's undo rows (kv + gate
+        // projections of a verify step's rows).
         let (per_slot, ckpt) = (2 * slots + 1, 2 * (2 * slots + 1));
         kv += per_slot * cfg.swa * cfg.head_dim;
         if ratio != 0 {
-            let front = |d: usize| ckpt * compressor_rows(ratio) * cfg.compress_coff(il) * d;
+            let undo = 2 * crate::ops::UNDO_ROWS.min(nmax);
+            let front = |d: usize| (ckpt * compressor_rows(ratio) + undo) * cfg.compress_coff(il) * d;
             kv += slots * cap * cfg.head_dim + front(cfg.head_dim);
             if lw.indexer.is_some() {
                 kv += slots * cap * cfg.idx_dim + front(cfg.idx_dim);
