@@ -87,19 +87,10 @@ fn smaller(a: f32, b: f32) -> f32 { if b < a { b } else { a } }
 
 /// Index of the largest logit (lowest id on ties, NaN = −∞); 0 for an empty slice.
 pub fn argmax(logits: &[f32]) -> u32 {
-    // The largest key by lanes, then its first index.
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = logits.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (m, &l) in lanes.iter_mut().zip(c) {
-            *m = larger(*m, key(l));
-        }
-    }
-    let max = chunks.remainder().iter().fold(lanes.into_iter().fold(f32::NEG_INFINITY, larger), |m, &l| larger(m, key(l)));
-    logits.iter().position(|&l| key(l) == max).unwrap_or(0) as u32
+    top_two(logits).0
 }
 
-/// The top token (as [`argmax`] picks it), the largest and the second largest logit (NaN = −∞; a
+/// The top token (lowest id of the largest), the largest and the second largest logit (NaN = −∞; a
 /// value present twice is both; −∞ for missing ones): a speculative draft and its margin in one pass
 /// over the values.
 pub fn top_two(logits: &[f32]) -> (u32, f32, f32) {

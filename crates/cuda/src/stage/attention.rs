@@ -52,12 +52,7 @@ impl CudaOps {
             Compressor::Indexer => (&l.indexer.as_ref().ok_or("layer without an indexer")?.comp, cfg.idx_dim),
         };
         let (ape, ckm, cgm, cnorm) = (c.ape, c.kv, c.gate, c.norm);
-        let k = &self.kv[li];
-        let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
-        let (rows, st_kv, st_sc) = match which {
-            Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
-            Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
-        };
+        let (rows, st_kv, st_sc) = self.kv[li].compressor(which);
         // Decode: the indexer's compressor has its own scratch (it runs on its own side stream).
         let (ck, cg, pooled) = match (which, dec) {
             (Compressor::Indexer, true) => (self.wk.ick.ptr, self.wk.icg.ptr, self.wk.ipool.ptr),

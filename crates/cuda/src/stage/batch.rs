@@ -123,12 +123,7 @@ impl CudaOps {
             // then each row's norm and rope of the window it closes, if any, in one launch.
             let pooled = pooled + (self.g.current() * self.batch_cap * dmax * 4) as u64;
             let (slot, pos) = self.row(0);
-            let k = self.slot_kv(slot, li);
-            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
-            let (rows, st_kv, st_sc) = match which {
-                Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
-                Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
-            };
+            let (rows, st_kv, st_sc) = self.slot_kv(slot, li).compressor(which);
             let snap = self.frontier_snap(li, which, 0);
             let args = [A::P(ck), A::P(cg), A::P(ape), A::P(st_kv), A::P(st_sc), A::P(pooled), A::I(s.n as i32), A::L(pos as i64), A::I(ratio as i32), A::I(w as i32), A::I(dim as i32), A::P(bpos), A::P(snap)];
             self.compress(&args, true, 1, w, dim)?;
@@ -138,12 +133,7 @@ impl CudaOps {
             let (slot, pos) = me.row(r);
             // Each stream its own pooled row.
             let pooled = pooled + (lane * dmax * 4) as u64;
-            let k = me.slot_kv(slot, li);
-            let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
-            let (rows, st_kv, st_sc) = match which {
-                Compressor::Kv => (p(&k.comp), p(&k.st_kv), p(&k.st_sc)),
-                Compressor::Indexer => (p(&k.idx), p(&k.ist_kv), p(&k.ist_sc)),
-            };
+            let (rows, st_kv, st_sc) = me.slot_kv(slot, li).compressor(which);
             let off = (r * w * 4) as u64;
             // As a decode step: the one-position walk (comp_seq), then the norm and rope of the window
             // closing there, if any; both read the row's position on the device (the step can be

@@ -125,6 +125,17 @@ struct DKv {
     undo: Option<DBuf>,
 }
 
+impl DKv {
+    /// Device addresses of a compressor's output rows and frontier (kv, score); 0 where absent.
+    fn compressor(&self, which: ds4_gpu::Compressor) -> (u64, u64, u64) {
+        let p = |b: &Option<DBuf>| b.as_ref().map_or(0, |b| b.ptr);
+        match which {
+            ds4_gpu::Compressor::Kv => (p(&self.comp), p(&self.st_kv), p(&self.st_sc)),
+            ds4_gpu::Compressor::Indexer => (p(&self.idx), p(&self.ist_kv), p(&self.ist_sc)),
+        }
+    }
+}
+
 struct Work {
     x: DBuf,
     flat: DBuf,
