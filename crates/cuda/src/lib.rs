@@ -37,7 +37,7 @@ pub const MODULES: &[KernelModule] = &[
         "mv_f16_n1", "mv_f16_n4", "mv_bf16_n1", "mv_bf16_n4", "mv_f32_n1", "mv_f32_n4",
     ]),
     module!("matvec_q8", ["matvec.cuh"], "matvec_q8.cu", ["q8k_quant", "mvq8_iq2s_n1", "mvq8_q2_k_n1", "q80_quant", "mvq8_q8s_n1"]),
-    module!("matvec_q80", ["matvec.cuh", "matvec_q80.cuh"], "matvec_q80.cu", ["mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1"]),
+    module!("matvec_q80", ["matvec.cuh", "matvec_q80.cuh"], "matvec_q80.cu", ["mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1", "mvq8_q8m_r2"]),
     module!("hc", ["hc.cuh"], "hc.cu", ["hc_post", "head_collapse", "hc_pre_norm", "hc_comb"]),
     module!("matvec_2bit", ["matvec.cuh"], "matvec_2bit.cu", ["mvq_iq2s_n1", "mvq_q2_k_n1"]),
     module!("moe", ["routing.cuh"], "moe.cu", ["route", "swiglu", "moe_count", "moe_scatter", "gather_rows", "scale_inplace", "moe_combine_post", "gate_route_dec"]),
@@ -77,7 +77,7 @@ mod probe;
 #[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
+pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, shared_rows_q8_0_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
 #[cfg(feature = "cuda")]
 pub use stage::{CudaMtp, CudaMtpOps, CudaStage, CudaStats, GpuPlan, CUDA_MTP_STEP_PAIRS};
 #[cfg(feature = "cuda")]

@@ -250,6 +250,11 @@ pub(crate) fn launch_mvq8_shared(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize
     if ![1, 2, 4, 8].contains(&ks) {
         return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
     }
+    // Rows of their own through one matrix (a verify step's rows, a batch's sessions): each step's
+    // weights loaded once for all of them, every row's sums as its one-row product's.
+    if m.ty == GgmlType::Q8_0 && q80_ok(m) && eids == 0 && w_mat_bytes == 0 && xdiv == 1 && xq_z == m.cols && (2..=Q8M_Z).contains(&z) {
+        return launch_q8m(g, m, w, xq, xd, y, y_z, rows, z, ks);
+    }
     // The IQ2_XXS / Q2_K kernels address a row by its 32-bit byte offset in the matrix.
     if m.ty != GgmlType::Q8_0 && rows * m.row_bytes > u32::MAX as usize {
         return Err(format!("int8-activation mat-vec: {rows} rows of {} bytes exceed 4 GiB", m.row_bytes));
@@ -330,6 +335,19 @@ fn launch_q8p(g: &mut Gpu, args: &[A; 12], rows: usize, z: usize, ks: usize) -> 
         _ => "mvq8_q8p_r1",
     };
     g.launch(name, (blocks as u32, 1, 1), 256, 0, args)
+}
+
+/// Most activation rows `mvq8_q8m_r2` takes (Q8M_Z in matvec_q80.cuh).
+const Q8M_Z: usize = 8;
+
+/// `z` rows of activations (row stride `m.cols`) through one split Q8_0 matrix by `mvq8_q8m_r2`: two
+/// rows a warp, (8 / ks) warps' row groups a task, at most two blocks an SM walking the tasks.
+#[allow(clippy::too_many_arguments)]
+fn launch_q8m(g: &mut Gpu, m: &DM, w: u64, xq: u64, xd: u64, y: u64, y_z: usize, rows: usize, z: usize, ks: usize) -> Result<()> {
+    let tasks = rows.div_ceil(2 * (8 / ks));
+    let blocks = if g.sms > 0 { tasks.min(2 * g.sms as usize) } else { tasks };
+    let args = [A::P(w), A::P(xq), A::P(xd), A::I(m.cols as i32), A::P(y), A::I(y_z as i32), A::I(rows as i32), A::I(m.cols as i32), A::I(ks as i32), A::I(z as i32)];
+    g.launch("mvq8_q8m_r2", (blocks as u32, 1, 1), 256, 0, &args)
 }
 
 /// f16 copy of `elems` elements of `m` starting at `src` (whole rows).

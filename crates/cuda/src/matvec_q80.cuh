@@ -151,3 +151,122 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
 #define Q8P_ARGS const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ, \
     const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz
 #define Q8P_CALL W, w_mat_bytes, eids, XQ, XD, xq_z, Y, y_z, rows, cols, ks, nz
+
+// ---- Several activation rows through one matrix ("q8m": a verify step's rows, a batch's sessions) ----
+// mvq8_q8p's sums for each of nz (<= Q8M_Z) activation rows, with each step's weights loaded once for
+// all of them: a task is one row group (no slot in the task index), and each lane adds its block of
+// the step for every row in turn. Per row: the same lane takes the same blocks in the same order, the
+// same butterfly, the same part order, so every row's result is bit-identical to its own one-row
+// product for the same ks; only the weight traffic is shared.
+#define Q8M_Z 8
+template <int R>
+__device__ __forceinline__ void mvq8_q8m(const u8* __restrict__ W, const signed char* __restrict__ XQ, const float* __restrict__ XD, int xq_z,
+                                         float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz) {
+    PDL_TRIGGER
+    __shared__ float red[2][8][Q8M_Z][R];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, part = wid % ks, grp = wid / ks;
+    const int rpt = (8 / ks) * R;  // rows per task
+    const int ntasks = (rows + rpt - 1) / rpt;
+    const int nb = cols >> 5, nsteps = (nb + 31) >> 5;
+    const u64 rb = (u64)nb * 34;
+    const int nsp = part < nsteps ? (nsteps - 1 - part) / ks + 1 : 1;
+    const int h = lane & 1, kb = lane >> 1, lb = kb + 16 * h;
+    auto fetch = [&](Q8pBuf<R>& f, int t, int j) {
+        int r0 = t * rpt + grp * R, b0 = (part + j * ks) * 32;
+        if (b0 >= nb) return;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const u8* wr = W + (u64)min(r0 + r, rows - 1) * rb;
+            if (b0 + kb < nb) f.w0[r] = q8p_ld16(wr + 32 * b0 + 16 * lane);
+            if (b0 + 16 + kb < nb) f.w1[r] = q8p_ld16(wr + 32 * b0 + 512 + 16 * lane);
+            if (b0 + lb < nb) f.d[r] = q8p_ld2(wr + cols + 2 * (b0 + lb));
+        }
+    };
+    float acc[Q8M_Z][R];
+#pragma unroll
+    for (int z = 0; z < Q8M_Z; z++)
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[z][r] = 0.0f;
+    int k = 0;
+    auto step = [&](const Q8pBuf<R>& c, int t, int j) {
+        int r0 = t * rpt + grp * R, b0 = (part + j * ks) * 32;
+        if (b0 < nb) {
+            bool own = b0 + lb < nb;
+#pragma unroll
+            for (int z = 0; z < Q8M_Z; z++) {
+                if (z >= nz) break;
+                int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
+                float dx = 0.0f;
+                const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
+                if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
+                if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
+                if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
+                    p0 = __dp4a((int)c.w0[r].y, x0.y, p0);
+                    p0 = __dp4a((int)c.w0[r].z, x0.z, p0);
+                    p0 = __dp4a((int)c.w0[r].w, x0.w, p0);
+                    int p1 = __dp4a((int)c.w1[r].x, x1.x, 0);
+                    p1 = __dp4a((int)c.w1[r].y, x1.y, p1);
+                    p1 = __dp4a((int)c.w1[r].z, x1.z, p1);
+                    p1 = __dp4a((int)c.w1[r].w, x1.w, p1);
+                    int s = (h ? p1 : p0) + __shfl_xor_sync(0xffffffffu, h ? p0 : p1, 1);
+                    if (own) acc[z][r] += (float)s * (h2f(c.d[r]) * dx);
+                }
+            }
+        }
+        if (j != nsp - 1) return;
+        int src = lane < 16 ? 2 * lane : 2 * lane - 31;
+#pragma unroll
+        for (int z = 0; z < Q8M_Z; z++) {
+            if (z >= nz) break;
+            float* y = Y + (u64)z * y_z;
+            float v = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float s = warp_sum(__shfl_sync(0xffffffffu, acc[z][r], src));
+                if (ks == 1) {
+                    if (lane == r) v = s;
+                } else if (lane == 0) {
+                    red[k & 1][wid][z][r] = s;
+                }
+                acc[z][r] = 0.0f;
+            }
+            if (ks == 1 && lane < R && r0 + lane < rows) y[r0 + lane] = 0.0f + v;  // 0 + v: as mvq_store
+        }
+        if (ks > 1) {
+            asm volatile("bar.sync %0, %1;" ::"r"(grp + 1), "r"(ks * 32) : "memory");
+            if (part == 0 && lane < R && r0 + lane < rows) {
+                for (int z = 0; z < nz; z++) {
+                    float v = 0.0f;
+                    for (int p = 0; p < ks; p++) v += red[k & 1][wid + p][z][lane];
+                    Y[(u64)z * y_z + r0 + lane] = v;
+                }
+            }
+        }
+        k++;
+    };
+    auto advance = [&](int& t, int& j) {
+        if (++j == nsp) { j = 0; t += gridDim.x; }
+    };
+    Q8pBuf<R> A, B;
+    int t = blockIdx.x, j = 0, tn = t, jn = 0;
+    if (t < ntasks) fetch(A, t, 0);
+    PDL_WAIT
+    advance(tn, jn);
+    while (t < ntasks) {
+        if (tn < ntasks) fetch(B, tn, jn);
+        advance(tn, jn);
+        step(A, t, j);
+        advance(t, j);
+        if (t >= ntasks) break;
+        if (tn < ntasks) fetch(A, tn, jn);
+        advance(tn, jn);
+        step(B, t, j);
+        advance(t, j);
+    }
+}
+#define Q8M_ARGS const u8* __restrict__ W, const signed char* __restrict__ XQ, const float* __restrict__ XD, int xq_z, float* __restrict__ Y, \
+    int y_z, int rows, int cols, int ks, int nz
+#define Q8M_CALL W, XQ, XD, xq_z, Y, y_z, rows, cols, ks, nz

@@ -87,6 +87,41 @@ pub fn matvec_fast_paths(ty: GgmlType, rows: usize, cols: usize, z: usize, data:
     .map_err(me)
 }
 
+/// Op-level check of `mvq8_q8m_r2` (several activation rows through one split Q8_0 matrix, as a
+/// verify step's rows): `data` is one `rows` × `cols` Q8_0 matrix, `x` holds `z` activation rows.
+/// Returns y (z × rows) from one launch of all rows and from one one-row launch per row, both with the
+/// one-row K split (the verify rows' and decode's).
+pub fn shared_rows_q8_0_paths(rows: usize, cols: usize, z: usize, data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+        let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let ty = GgmlType::Q8_0;
+        let row_bytes = ty.row_bytes(cols).ok_or("bad cols")?;
+        if data.len() != row_bytes * rows || x.len() != cols * z {
+            return Err("shared_rows_q8_0_paths: bad sizes".into());
+        }
+        let wb = g.alloc(data.len())?;
+        g.htod(wb.ptr, data)?;
+        let mut m = DM { ptr: wb.ptr, ty, rows, cols, n_mat: 1, row_bytes, split: false };
+        split_layout(&mut g, &mut m)?;
+        let xb = g.alloc(x.len() * 4)?;
+        g.htod(xb.ptr, x)?;
+        let (qb, db) = (g.alloc(x.len())?, g.alloc(x.len() / 32 * 4)?);
+        launch_q80(&mut g, xb.ptr, cols, cols, z, qb.ptr, db.ptr)?;
+        let ks = mvq_ks(&m, rows, 1);
+        let (ya, yb) = (g.alloc(z * rows * 4)?, g.alloc(z * rows * 4)?);
+        launch_mvq8_ks(&mut g, &m, wb.ptr, 0, 0, qb.ptr, db.ptr, cols, ya.ptr, rows, rows, z, ks)?;
+        for r in 0..z {
+            let (q, d, y) = (qb.ptr + (r * cols) as u64, db.ptr + (r * cols / 32 * 4) as u64, yb.ptr + (r * rows * 4) as u64);
+            launch_mvq8_ks(&mut g, &m, wb.ptr, 0, 0, q, d, 0, y, 0, rows, 1, ks)?;
+        }
+        let (mut a, mut b) = (vec![0f32; z * rows], vec![0f32; z * rows]);
+        g.dtoh(&mut a, ya.ptr)?;
+        g.dtoh(&mut b, yb.ptr)?;
+        Ok((a, b))
+    })()
+    .map_err(me)
+}
+
 /// Op-level check of the grouped expert GEMM: `data` holds `counts.len()` expert matrices of `rows`
 /// × `cols` (`ty` IQ2_XXS, converted to the split layout as at load, or Q2_K); expert e takes the
 /// next `counts[e]` rows of `x` (f32, converted to f16 as in prefill). Returns Y (tokens × rows)

@@ -396,6 +396,35 @@ fn fast_q8_0_matvec_matches_cpu_fast() {
     }
 }
 
+/// Several activation rows through one split Q8_0 matrix in one launch (`mvq8_q8m_r2`: a verify
+/// step's rows, a batch's sessions) give each row bit for bit what its own one-row product gives (same
+/// K split), and are within the CPU Fast dot's rounding. Shapes cover every K split (1..8), rows not a
+/// multiple of the task's, 2..8 rows, and the output head's width.
+#[test]
+fn shared_rows_q8_0_equal_one_row_products() {
+    if !gpu_present() {
+        return;
+    }
+    let ty = GgmlType::Q8_0;
+    for (rows, cols, z) in [(1024usize, 4096usize, 2usize), (37, 256, 3), (4096, 1024, 8), (300, 2048, 5), (32768, 1024, 2), (129_280, 4096, 3)] {
+        let data = ds4_quant::random_valid_blocks(ty, 5 + rows as u64, rows * cols / 32);
+        let mut rng = ds4_quant::random::SplitMix64(9 + cols as u64);
+        let x: Vec<f32> = (0..z * cols).map(|_| rng.normal()).collect();
+        let (shared, one) = ds4_cuda::shared_rows_q8_0_paths(rows, cols, z, &data, &x).unwrap();
+        let differ = shared.iter().zip(&one).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        let w = MatRef::new(ty, &data, rows, cols).unwrap();
+        let mut worst = 0f64;
+        for r in 0..z {
+            let mut want = vec![0f32; rows];
+            ds4_quant::matvec(&w, &x[r * cols..][..cols], &mut want, Precision::Fast);
+            worst = worst.max(rel_err(&shared[r * rows..][..rows], &want));
+        }
+        println!("op shared rows Q8_0 {rows}x{cols} z={z}: {differ} of {} values differ from one-row products, rel err vs CPU Fast {worst:.2e}", z * rows);
+        assert_eq!(differ, 0, "{rows}x{cols} z={z}");
+        assert!(worst < 1e-5, "shared rows Q8_0 rel err {worst}");
+    }
+}
+
 /// `Precision::Fast` on the GPU (int8 activations for split Q8_0 matrices and, where the shapes
 /// allow, Q8_K for the experts) against the CPU's f32 reference, token by token (teacher-forced with
 /// the reference's greedy tokens, one token per call so every product is a mat-vec): its error must
