@@ -251,8 +251,10 @@ pub(crate) fn launch_mvq8_shared(g: &mut Gpu, m: &DM, w: u64, w_mat_bytes: usize
         return Err(format!("K split {ks} is not 1, 2, 4 or 8"));
     }
     // Rows of their own through one matrix (a verify step's rows, a batch's sessions): each step's
-    // weights loaded once for all of them, every row's sums as its one-row product's.
-    if m.ty == GgmlType::Q8_0 && q80_ok(m) && eids == 0 && w_mat_bytes == 0 && xdiv == 1 && xq_z == m.cols && (2..=Q8M_Z).contains(&z) {
+    // weights loaded once for all of them, every row's sums as its one-row product's. From 3 rows: at 2
+    // the slot-major kernel reading the second row's weights from L2 was as fast (H100 flash:30 verify
+    // steps of 2 / 3 / 5 tokens: 1.280 / 1.659 / 2.296 decode steps without it, 1.305 / 1.630 / 2.202 with it).
+    if m.ty == GgmlType::Q8_0 && q80_ok(m) && eids == 0 && w_mat_bytes == 0 && xdiv == 1 && xq_z == m.cols && (3..=Q8M_Z).contains(&z) {
         return launch_q8m(g, m, w, xq, xd, y, y_z, rows, z, ks);
     }
     // The IQ2_XXS / Q2_K kernels address a row by its 32-bit byte offset in the matrix.
