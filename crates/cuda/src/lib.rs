@@ -41,7 +41,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("hc", ["hc.cuh"], "hc.cu", ["hc_post", "head_collapse", "hc_pre_norm", "hc_comb"]),
     module!("matvec_2bit", ["matvec.cuh"], "matvec_2bit.cu", ["mvq_iq2s_n1", "mvq_q2_k_n1"]),
     module!("moe", ["routing.cuh"], "moe.cu", ["route", "swiglu", "moe_count", "moe_scatter", "gather_rows", "scale_inplace", "moe_combine_post", "gate_route_dec"]),
-    module!("moe_gemm", ["tensor_core.cuh"], "moe_gemm.cu", ["moe_gemm", "moe_gemm_iq2s", "moe_gemm_q2k"]),
+    module!("moe_gemm", ["tensor_core.cuh"], "moe_gemm.cu", ["moe_gemm", "moe_gemm_iq2s", "moe_gemm_q2k", "moe_gemm_t128", "moe_gemm_iq2s_t128", "moe_gemm_q2k_t128"]),
     module!("embed_norm_rope", [], "embed_norm_rope.cu", ["embed", "rms_rows", "norm_rope_qat"]),
     module!("compressor_chunk", [], "compressor_chunk.cu", ["comp_pool", "comp_state"]),
     module!("indexer", [], "indexer.cu", ["idx_scores", "idx_topk"]),

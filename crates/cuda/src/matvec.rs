@@ -392,6 +392,16 @@ pub(crate) fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
 
 /// The grouped expert GEMM kernel that reads `m`'s quantized blocks as stored, if there is one
 /// (IQ2_XXS rows in the split layout, 4-byte aligned; Q2_K).
+/// The `moe_gemm*` kernel `name` (64-token tiles) for tiles of `bt` (64 or 128) tokens.
+pub(crate) fn moe_gemm_kernel(name: &'static str, bt: usize) -> &'static str {
+    match (name, bt) {
+        ("moe_gemm", 128) => "moe_gemm_t128",
+        ("moe_gemm_iq2s", 128) => "moe_gemm_iq2s_t128",
+        ("moe_gemm_q2k", 128) => "moe_gemm_q2k_t128",
+        _ => name,
+    }
+}
+
 pub(crate) fn grouped_direct(m: &DM) -> Option<&'static str> {
     if m.rows % 128 != 0 {
         return None;

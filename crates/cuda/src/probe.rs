@@ -2,7 +2,7 @@
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::dec_attn::DecAttn;
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, grouped_direct, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, moe_gemm_kernel, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -125,9 +125,10 @@ pub fn shared_rows_q8_0_paths(rows: usize, cols: usize, z: usize, data: &[u8], x
 /// Op-level check of the grouped expert GEMM: `data` holds `counts.len()` expert matrices of `rows`
 /// × `cols` (`ty` IQ2_XXS, converted to the split layout as at load, or Q2_K); expert e takes the
 /// next `counts[e]` rows of `x` (f32, converted to f16 as in prefill). Returns Y (tokens × rows)
-/// from the kernel reading the blocks as stored and from dequantize-to-f16 + the f16 kernel.
-pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usize], data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<f32>)> {
-    (|| -> Result<(Vec<f32>, Vec<f32>)> {
+/// from the kernel reading the blocks as stored (tiles of 64 tokens, then of 128) and from
+/// dequantize-to-f16 + the f16 kernel.
+pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usize], data: &[u8], x: &[f32]) -> ds4_model::Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    (|| -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let ne = counts.len();
         let total: usize = counts.iter().sum();
@@ -144,26 +145,36 @@ pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usiz
         g.htod(xb.ptr, x)?;
         let xh = g.alloc(x.len() * 2)?;
         g.launch("f32_to_f16", (cdiv(x.len(), 256), 1, 1), 256, 0, &[A::P(xb.ptr), A::I(cols as i32), A::P(xh.ptr), A::I(total as i32), A::I(cols as i32)])?;
-        let mut tiles: Vec<[i32; 4]> = Vec::new();
-        let mut off = 0usize;
-        for (e, &c) in counts.iter().enumerate() {
-            for t0 in (0..c).step_by(64) {
-                tiles.push([e as i32, (off + t0) as i32, (c - t0).min(64) as i32, 0]);
+        let tile_list = |bt: usize| {
+            let mut tiles: Vec<[i32; 4]> = Vec::new();
+            let mut off = 0usize;
+            for (e, &c) in counts.iter().enumerate() {
+                for t0 in (0..c).step_by(bt) {
+                    tiles.push([e as i32, (off + t0) as i32, (c - t0).min(bt) as i32, 0]);
+                }
+                off += c;
             }
-            off += c;
-        }
+            tiles
+        };
+        let (tiles, tiles128) = (tile_list(64), tile_list(128));
         let tb = g.alloc(tiles.len().max(1) * 16)?;
         g.htod(tb.ptr, &tiles)?;
+        let tb128 = g.alloc(tiles128.len().max(1) * 16)?;
+        g.htod(tb128.ptr, &tiles128)?;
         let wh = g.alloc(ne * rows * cols * 2)?;
         launch_dq(&mut g, &m, wb.ptr, wh.ptr, ne * rows * cols)?;
         let (y1, y2) = (g.alloc(total * rows * 4)?, g.alloc(total * rows * 4)?);
         let grid = (tiles.len() as u32, (rows / 128) as u32, 1);
         g.launch(name, grid, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
         g.launch("moe_gemm", grid, 256, 0, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
-        let (mut a, mut b) = (vec![0f32; total * rows], vec![0f32; total * rows]);
+        let y3 = g.alloc(total * rows * 4)?;
+        let grid128 = (tiles128.len() as u32, (rows / 128) as u32, 1);
+        g.launch(moe_gemm_kernel(name, 128), grid128, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb128.ptr), A::P(xh.ptr), A::P(y3.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
+        let (mut a, mut b, mut c) = (vec![0f32; total * rows], vec![0f32; total * rows], vec![0f32; total * rows]);
         g.dtoh(&mut a, y1.ptr)?;
         g.dtoh(&mut b, y2.ptr)?;
-        Ok((a, b))
+        g.dtoh(&mut c, y3.ptr)?;
+        Ok((a, b, c))
     })()
     .map_err(me)
 }

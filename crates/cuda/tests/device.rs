@@ -335,20 +335,21 @@ fn fast_expert_matvec_matches_cpu_fast() {
 
 /// The grouped expert GEMM reading IQ2_XXS / Q2_K blocks as stored gives bit-identical results to
 /// dequantizing to f16 first (same f16 values, same kernel), and both are within f16 accuracy of the
-/// CPU's f32 product; experts with 0, 1, 64 and 100 tokens (tiles of up to 64).
+/// CPU's f32 product; experts with 0, 1, 64, 100 and 150 tokens (tiles of up to 64, and of up to
+/// 128: bit-identical to 64).
 #[test]
 fn grouped_expert_gemm_reads_quantized_blocks() {
     if !gpu_present() {
         return;
     }
     for (ty, rows, cols) in [(GgmlType::IQ2_XXS, 256usize, 1024usize), (GgmlType::Q2_K, 384, 512), (GgmlType::IQ2_XXS, 2048, 4096), (GgmlType::Q2_K, 4096, 2048)] {
-        let counts = [100usize, 0, 1, 64, 17];
+        let counts = [100usize, 0, 1, 64, 17, 150];
         let total: usize = counts.iter().sum();
         let row_bytes = ty.row_bytes(cols).unwrap();
         let data = ds4_quant::random_valid_blocks(ty, 7 + cols as u64, rows * cols / ty.block_elems() * counts.len());
         let mut rng = ds4_quant::random::SplitMix64(rows as u64);
         let x: Vec<f32> = (0..total * cols).map(|_| rng.normal()).collect();
-        let (direct, via_f16) = ds4_cuda::grouped_gemm_paths(ty, rows, cols, &counts, &data, &x).unwrap();
+        let (direct, via_f16, tiles128) = ds4_cuda::grouped_gemm_paths(ty, rows, cols, &counts, &data, &x).unwrap();
         let mut want = vec![0f32; total * rows];
         let mut off = 0usize;
         for (e, &c) in counts.iter().enumerate() {
@@ -361,6 +362,8 @@ fn grouped_expert_gemm_reads_quantized_blocks() {
         let e = rel_err(&direct, &want);
         println!("op grouped {:<8} {rows}x{cols} experts {counts:?}: direct == dequantized-first {}, rel err vs CPU {e:.2e}", ty.name(), direct == via_f16);
         assert!(direct == via_f16, "direct and dequantized-first grouped GEMMs differ");
+        let differ = direct.iter().zip(&tiles128).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+        assert_eq!(differ, 0, "128-token tiles differ from 64-token tiles");
         assert!(e < 3e-3, "grouped GEMM rel err {e}");
     }
 }

@@ -1,7 +1,7 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{launch_dq, launch_mv_split, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
+use crate::matvec::{moe_gemm_kernel, launch_dq, launch_mv_split, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
 
 impl CudaOps {
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in matvec.cuh).
@@ -76,7 +76,8 @@ impl CudaOps {
         // runs the product as one dense group.
         if m.rows <= 512 && m.rows % 128 == 0 && m.cols % 32 == 0 && ldy == m.rows {
             let args = [A::P(wh), A::P(0), A::P(0), A::P(xh), A::P(y), A::I(m.cols as i32), A::I(m.rows as i32), A::I(n as i32)];
-            return self.g.launch("moe_gemm", (cdiv(n, 64), (m.rows / 128) as u32, 1), 256, 0, &args);
+            let bt = if n >= 256 { 128 } else { 64 };
+            return self.g.launch(moe_gemm_kernel("moe_gemm", bt), (cdiv(n, bt), (m.rows / 128) as u32, 1), 256, 0, &args);
         }
         self.g.gemm_f16(m.rows, n, m.cols, wh, m.cols, xh, m.cols, y, ldy)
     }

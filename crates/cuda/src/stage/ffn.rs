@@ -2,7 +2,7 @@
 //! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
+use crate::matvec::{grouped_direct, moe_gemm_kernel, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
 
 impl CudaOps {
     /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
@@ -217,25 +217,35 @@ impl CudaOps {
         self.g.htod(cursor, &offs)?;
         self.g.launch("moe_scatter", (cdiv(total, 256), 1, 1), 256, 0, &[A::P(eids), A::P(ew), A::I(total as i32), A::I(k as i32), A::P(cursor), A::P(slot_pos), A::P(gw), A::P(gtok)])?;
         self.g.launch("gather_rows", (total as u32, 1, 1), 256, 0, &[A::P(xn), A::P(gtok), A::P(gx), A::I(e as i32)])?;
-        let any_gemm = ch.iter().any(|&c| c as usize >= self.gemm_min);
+        let gmin = self.group_min(&[gate, up, down]);
+        let any_gemm = ch.iter().any(|&c| c as usize >= gmin);
         let gxh = if any_gemm { self.to_f16(gx, e, total, e)? } else { 0 };
-        self.expert_mats(&[(gate, ex_a), (up, ex_b)], gx, gxh, &ch, &offs)?;
+        self.expert_mats(&[(gate, ex_a), (up, ex_b)], gx, gxh, &ch, &offs, gmin)?;
         self.g.launch("swiglu", (cdiv(total * ff, 256), 1, 1), 256, 0, &[A::P(ex_a), A::P(ex_b), A::P((total * ff) as u64), A::I(ff as i32), A::F(clamp), A::P(gw), A::P(0), A::P(0), A::P(0), A::P(0)])?;
         let ah = if any_gemm { self.to_f16(ex_a, ff, total, ff)? } else { 0 };
-        self.expert_mats(&[(down, ex_out)], ex_a, ah, &ch, &offs)?;
+        self.expert_mats(&[(down, ex_out)], ex_a, ah, &ch, &offs, gmin)?;
         self.counts_host = ch;
         Ok(())
     }
 
 
+    /// Fewest tokens of an expert that take tensor cores: one when the grouped GEMM reads every
+    /// matrix's blocks as stored (one launch a matrix for all experts; each small group on a mat-vec
+    /// launch of its own took ~150 µs, ~770 launches a layer at a 512-token chunk), else `gemm_min`.
+    /// A `gemm_min` raised above the default (tests keeping every product in f32) stays.
+    fn group_min(&self, mats: &[DM]) -> usize {
+        let direct = self.grouped_gemm && mats.iter().all(|m| grouped_direct(m).is_some() && m.cols % 32 == 0);
+        if direct && self.gemm_min <= GEMM_MIN { 1 } else { self.gemm_min }
+    }
+
     /// Per-expert products over the grouped token rows: for each expert with `m` tokens (rows
-    /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with enough
-    /// tokens take tensor cores: one grouped `moe_gemm*` launch per matrix kind over all of them
+    /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with at least
+    /// `gmin` tokens take tensor cores: one grouped `moe_gemm*` launch per matrix kind over all of them
     /// (reading IQ2_XXS / Q2_K blocks as stored, or f16), or else (`grouped_gemm` false, as tests compare,
     /// or shapes the kernel does not take) a group of experts is dequantized by one launch per matrix into the expert
     /// scratch and its cuBLAS GEMMs run round-robin on the side streams (one GEMM of ~100 tokens leaves
     /// most SMs idle). Smaller groups take the quantized mat-vec.
-    fn expert_mats(&mut self, mats: &[(DM, u64)], x32: u64, xh: u64, ch: &[i32], offs: &[i32]) -> Result<()> {
+    fn expert_mats(&mut self, mats: &[(DM, u64)], x32: u64, xh: u64, ch: &[i32], offs: &[i32], gmin: usize) -> Result<()> {
         let ne = ch.len();
         let nmat = mats.len();
         let use_gemm = |s: &Self, m: &DM| m.ty == GgmlType::F16 || m.rows * m.cols <= s.wk.ewh_slot;
@@ -243,8 +253,9 @@ impl CudaOps {
         let mut g0 = 0usize;
         while g0 < ne {
             let g1 = (g0 + group).min(ne);
-            let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= self.gemm_min).collect();
-            let tiles = if self.grouped_gemm && big.len() > 1 { self.grouped_tiles(mats, &big, g0, offs, ch) } else { None };
+            let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= gmin).collect();
+            let bt = tile_tokens(&big, ch);
+            let tiles = if self.grouped_gemm && big.len() > 1 { self.grouped_tiles(mats, &big, g0, offs, ch, bt) } else { None };
             let direct = |m: &DM| tiles.is_some() && grouped_direct(m).is_some();
             // One dequantization launch per matrix for the experts of the group that take a GEMM on
             // f16 slots.
@@ -268,6 +279,7 @@ impl CudaOps {
                         _ if mat.ty == GgmlType::F16 => ("moe_gemm", mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
                         _ => ("moe_gemm", self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot * 2),
                     };
+                    let name = moe_gemm_kernel(name, bt);
                     let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32), A::I(0)];
                     self.g.launch(name, (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
                 }
@@ -276,7 +288,7 @@ impl CudaOps {
             let mut turn = 0usize;
             for x in g0..g1 {
                 let m = ch[x] as usize;
-                if m == 0 || (grouped && m >= self.gemm_min) {
+                if m == 0 || (grouped && m >= gmin) {
                     continue;
                 }
                 self.g.on(1 + turn % SIDE_STREAMS);
@@ -285,7 +297,7 @@ impl CudaOps {
                 for (j, (mat, out)) in mats.iter().enumerate() {
                     let (rows, cols) = (mat.rows, mat.cols);
                     let yo = out + (off * rows * 4) as u64;
-                    if m >= self.gemm_min && use_gemm(self, mat) {
+                    if m >= gmin && use_gemm(self, mat) {
                         let wh = if mat.ty == GgmlType::F16 {
                             mat.ptr + (x * mat.mat_bytes()) as u64
                         } else {
@@ -304,9 +316,9 @@ impl CudaOps {
         Ok(())
     }
 
-    /// Tiles of up to 64 tokens of each expert in `big` (slot = expert - g0) for the grouped GEMM,
+    /// Tiles of up to `bt` tokens of each expert in `big` (slot = expert - g0) for the grouped GEMM,
     /// or None when a matrix's shape does not suit the kernel or the tile list does not fit.
-    fn grouped_tiles(&self, mats: &[(DM, u64)], big: &[usize], g0: usize, offs: &[i32], ch: &[i32]) -> Option<Vec<[i32; 4]>> {
+    fn grouped_tiles(&self, mats: &[(DM, u64)], big: &[usize], g0: usize, offs: &[i32], ch: &[i32], bt: usize) -> Option<Vec<[i32; 4]>> {
         let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot || grouped_direct(m).is_some()) && m.rows % 128 == 0 && m.cols % 32 == 0;
         if !mats.iter().all(|(m, _)| fits(m)) {
             return None;
@@ -314,10 +326,17 @@ impl CudaOps {
         let mut tiles: Vec<[i32; 4]> = Vec::new();
         for &x in big {
             let (off, m) = (offs[x], ch[x]);
-            for t0 in (0..m).step_by(64) {
-                tiles.push([(x - g0) as i32, off + t0, (m - t0).min(64), 0]);
+            for t0 in (0..m).step_by(bt) {
+                tiles.push([(x - g0) as i32, off + t0, (m - t0).min(bt as i32), 0]);
             }
         }
         (tiles.len() <= self.wk.gptr_cap).then_some(tiles)
     }
+}
+
+/// Tokens a grouped GEMM tile takes: 128 when the experts average more than 64 (each expert's
+/// weights decoded once for up to 128 tokens instead of once per 64), else 64.
+fn tile_tokens(big: &[usize], ch: &[i32]) -> usize {
+    let tokens: usize = big.iter().map(|&x| ch[x] as usize).sum();
+    if !big.is_empty() && tokens > 64 * big.len() { 128 } else { 64 }
 }
