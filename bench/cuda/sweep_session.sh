@@ -2,8 +2,10 @@
 # Issue 22's sweep in one device call (results under $OUT, packed into results.tgz): the full Flash q2
 # file on an H200 ($FLASH, default flash; flash:30 fits an 80 GB card), the previous build's ds4-bench
 # (device-bin/old-bench.xz) and this build's, each over ctx 512 -> 32768 (--step-mul 8, 64 generated
-# tokens, --prefill-chunk 4096) -> cuda_flash_q2_old.csv / cuda_flash_q2.csv, then prefill by chunk
-# size (bench/cuda/prefill_profile.sh, both builds) -> chunks/.
+# tokens, --prefill-chunk 4096) -> cuda_flash_q2_old.csv / cuda_flash_q2.csv; with ROUTE=1 issue 29's
+# 2-stage route against the single process (32-bit and 16-bit prefill; ROUTE_CHUNK, default 4096, is
+# both sides' prefill chunk: 2048 lets flash:30's two stages share an 80 GB card) -> route/; then prefill by
+# chunk size (bench/cuda/prefill_profile.sh, both builds) -> chunks/.
 # Run: tar -xJf device-bin/bins.tar.xz && bench/cuda/sweep_session.sh
 set -u
 OUT=${OUT:-/tmp/out}; B=${B:-device-bin}; FLASH=${FLASH:-flash}
@@ -24,6 +26,12 @@ sweep() { # binary, csv
 }
 sweep /tmp/old-bench $OUT/cuda_flash_q2_old.csv
 sweep $B/ds4-bench $OUT/cuda_flash_q2.csv
+if [ -n "${ROUTE:-}" ]; then
+  el "2-stage route vs single"
+  L=${FLASH#flash:}; [ "$L" = flash ] && L=43
+  B=$B M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=64 RT=150 CHUNK=${ROUTE_CHUNK:-4096} OUT=$OUT/route CSV=$OUT/route/route_gpu.csv \
+    bash bench/dist/route_vs_single.sh 32 p16 2>&1 | tail -8
+fi
 el "prefill by chunk"
 M=$M OUT=$OUT/chunks bash bench/cuda/prefill_profile.sh
 el done
