@@ -32,6 +32,32 @@ template <int R> struct Q8pBuf {
     u16 d[R];
 };
 
+// The activations of step block b0 for row z (lane's halves of blocks k and 16 + k; its own block's scale).
+__device__ __forceinline__ void q8p_load_x(const signed char* __restrict__ XQ, const float* __restrict__ XD, int xq_z, int z, int b0, int nb,
+                                           int lane, int kb, int lb, int4& x0, int4& x1, float& dx) {
+    x0 = make_int4(0, 0, 0, 0);
+    x1 = x0;
+    dx = 0.0f;
+    const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
+    if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
+    if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
+    if (b0 + lb < nb) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+}
+
+// The block's exact integer dot for row r of `c`: this lane's half plus its partner's (exact in any order).
+template <int R>
+__device__ __forceinline__ int q8p_dot(const Q8pBuf<R>& c, int r, int4 x0, int4 x1, int h) {
+    int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
+    p0 = __dp4a((int)c.w0[r].y, x0.y, p0);
+    p0 = __dp4a((int)c.w0[r].z, x0.z, p0);
+    p0 = __dp4a((int)c.w0[r].w, x0.w, p0);
+    int p1 = __dp4a((int)c.w1[r].x, x1.x, 0);
+    p1 = __dp4a((int)c.w1[r].y, x1.y, p1);
+    p1 = __dp4a((int)c.w1[r].z, x1.z, p1);
+    p1 = __dp4a((int)c.w1[r].w, x1.w, p1);
+    return (h ? p1 : p0) + __shfl_xor_sync(0xffffffffu, h ? p0 : p1, 1);
+}
+
 template <int R>
 __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_bytes, const int* __restrict__ eids, const signed char* __restrict__ XQ,
                                          const float* __restrict__ XD, int xq_z, float* __restrict__ Y, int y_z, int rows, int cols, int ks, int nz) {
@@ -72,25 +98,13 @@ __device__ __forceinline__ void mvq8_q8p(const u8* __restrict__ W, u64 w_mat_byt
     auto step = [&](const Q8pBuf<R>& c, int t, int j) {
         int z = t % nz, r0 = (t / nz) * rpt + grp * R, b0 = (part + j * ks) * 32;
         if (b0 < nb) {
-            int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
+            int4 x0, x1;
+            float dx;
             bool own = b0 + lb < nb;
-            float dx = 0.0f;
-            const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
-            if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
-            if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
-            if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+            q8p_load_x(XQ, XD, xq_z, z, b0, nb, lane, kb, lb, x0, x1, dx);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
-                p0 = __dp4a((int)c.w0[r].y, x0.y, p0);
-                p0 = __dp4a((int)c.w0[r].z, x0.z, p0);
-                p0 = __dp4a((int)c.w0[r].w, x0.w, p0);
-                int p1 = __dp4a((int)c.w1[r].x, x1.x, 0);
-                p1 = __dp4a((int)c.w1[r].y, x1.y, p1);
-                p1 = __dp4a((int)c.w1[r].z, x1.z, p1);
-                p1 = __dp4a((int)c.w1[r].w, x1.w, p1);
-                // The block's integer dot: this half plus the partner's (exact in any order).
-                int s = (h ? p1 : p0) + __shfl_xor_sync(0xffffffffu, h ? p0 : p1, 1);
+                int s = q8p_dot(c, r, x0, x1, h);
                 if (own) acc[r] += (float)s * (h2f(c.d[r]) * dx);
             }
         }
@@ -195,23 +209,12 @@ __device__ __forceinline__ void mvq8_q8m(const u8* __restrict__ W, const signed 
 #pragma unroll
             for (int z = 0; z < Q8M_Z; z++) {
                 if (z >= nz) break;
-                int4 x0 = make_int4(0, 0, 0, 0), x1 = x0;
-                float dx = 0.0f;
-                const signed char* xq = XQ + (u64)z * xq_z + 32 * b0 + 16 * lane;
-                if (b0 + kb < nb) x0 = __ldg((const int4*)xq);
-                if (b0 + 16 + kb < nb) x1 = __ldg((const int4*)(xq + 512));
-                if (own) dx = __ldg(XD + (u64)z * (xq_z >> 5) + b0 + lb);
+                int4 x0, x1;
+                float dx;
+                q8p_load_x(XQ, XD, xq_z, z, b0, nb, lane, kb, lb, x0, x1, dx);
 #pragma unroll
                 for (int r = 0; r < R; r++) {
-                    int p0 = __dp4a((int)c.w0[r].x, x0.x, 0);
-                    p0 = __dp4a((int)c.w0[r].y, x0.y, p0);
-                    p0 = __dp4a((int)c.w0[r].z, x0.z, p0);
-                    p0 = __dp4a((int)c.w0[r].w, x0.w, p0);
-                    int p1 = __dp4a((int)c.w1[r].x, x1.x, 0);
-                    p1 = __dp4a((int)c.w1[r].y, x1.y, p1);
-                    p1 = __dp4a((int)c.w1[r].z, x1.z, p1);
-                    p1 = __dp4a((int)c.w1[r].w, x1.w, p1);
-                    int s = (h ? p1 : p0) + __shfl_xor_sync(0xffffffffu, h ? p0 : p1, 1);
+                    int s = q8p_dot(c, r, x0, x1, h);
                     if (own) acc[z][r] += (float)s * (h2f(c.d[r]) * dx);
                 }
             }
