@@ -366,15 +366,23 @@ pub(crate) fn launch_dq(g: &mut Gpu, m: &DM, src: u64, dst: u64, elems: usize) -
     g.launch(name, (cdiv(elems / dq_unit(m.ty), 256), 1, 1), 256, 0, &[A::P(src), A::P(dst), A::P(elems as u64)])
 }
 
+/// Block bytes and elements of the types with a split row layout.
+fn split_unit(ty: GgmlType) -> Option<(usize, usize)> {
+    match ty {
+        GgmlType::Q8_0 => Some((34, 32)),
+        GgmlType::IQ2_XXS => Some((66, 256)),
+        _ => None,
+    }
+}
+
+/// Whether `split_layout` converts `m` (at load, for weights resident on the device).
+pub(crate) fn splits(m: &DM) -> bool { split_unit(m.ty).is_some_and(|(_, unit)| !m.split && (m.cols / unit) % 2 == 0 && m.row_bytes <= 48 * 1024) }
+
 /// Converts a Q8_0 / IQ2_XXS matrix (stack) in place to the split row layout the mv4 kernels read.
 pub(crate) fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
-    let (bs, unit) = match m.ty {
-        GgmlType::Q8_0 => (34usize, 32usize),
-        GgmlType::IQ2_XXS => (66, 256),
-        _ => return Ok(()),
-    };
+    let Some((bs, unit)) = split_unit(m.ty) else { return Ok(()) };
     let nb = m.cols / unit;
-    if m.split || nb % 2 != 0 || m.row_bytes > 48 * 1024 {
+    if !splits(m) {
         return Ok(());
     }
     let nrows = m.rows * m.n_mat.max(1);
@@ -410,5 +418,25 @@ pub(crate) fn grouped_direct(m: &DM) -> Option<&'static str> {
         GgmlType::IQ2_XXS if m.split && m.cols % 512 == 0 => Some("moe_gemm_iq2s"),
         GgmlType::Q2_K if m.cols % 256 == 0 => Some("moe_gemm_q2k"),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dm(ty: GgmlType, rows: usize, cols: usize, split: bool) -> DM { DM { ptr: 0, ty, rows, cols, n_mat: 256, row_bytes: ty.row_bytes(cols).unwrap(), split } }
+
+    /// Flash's routed experts take the grouped kernel once loaded (IQ2_XXS after the split, Q2_K as
+    /// stored), so the stage needs no f16 expert scratch for them; the tiny model's do not.
+    #[test]
+    fn flash_experts_are_grouped_direct_once_split() {
+        let gate = dm(GgmlType::IQ2_XXS, 2048, 4096, false);
+        assert!(splits(&gate) && grouped_direct(&gate).is_none());
+        assert_eq!(grouped_direct(&DM { split: true, ..gate }), Some("moe_gemm_iq2s"));
+        assert_eq!(grouped_direct(&dm(GgmlType::Q2_K, 4096, 2048, false)), Some("moe_gemm_q2k"));
+        let tiny = dm(GgmlType::IQ2_XXS, 256, 256, false);
+        assert!(grouped_direct(&DM { split: splits(&tiny), ..tiny }).is_none());
+        assert!(!splits(&DM { split: true, ..gate }), "split once");
     }
 }

@@ -3,7 +3,7 @@
 use super::*;
 use crate::dec_attn::DecAttn;
 use crate::gpu::{DBuf, SIDE_STREAMS};
-use crate::matvec::split_layout;
+use crate::matvec::{grouped_direct, split_layout, splits};
 use ds4_model::kv::{compressed_capacity, compressor_rows};
 use ds4_model::rope::Rope;
 use ds4_model::residency;
@@ -327,9 +327,14 @@ impl CudaOps {
             .unwrap_or(0);
         let adec_splits = DecAttn::splits(cfg.swa.min(ctx) + max_comp);
         let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
-        // Expert scratch: room for every expert's gate and up matrices at once when a quarter of the
-        // free memory allows it (Flash q2 on an H200: 512 x 16.8 MB), else fewer; at least two.
-        let ewh_slot = layers.iter().flat_map(|l| [l.gate_exps, l.up_exps, l.down_exps]).map(|m| m.rows * m.cols).max().unwrap_or(0);
+        // Expert scratch (f16 copies for per-expert GEMMs): room for every expert's gate and up matrices
+        // at once when a quarter of the free memory allows it, else fewer; at least two. None where the
+        // grouped kernel reads every expert matrix as stored once loaded (Flash's IQ2_XXS and Q2_K
+        // experts on the device: 512 x 16.8 MB less on an H200).
+        let exps = || layers.iter().flat_map(|l| [l.gate_exps, l.up_exps, l.down_exps]);
+        let loaded = |m: DM| DM { split: m.split || wplace == WeightPlace::Device && splits(&m), ..m };
+        let all_direct = exps().all(|m| grouped_direct(&loaded(m)).is_some());
+        let ewh_slot = if all_direct { 0 } else { exps().map(|m| m.rows * m.cols).max().unwrap_or(0) };
         let ewh_slots = if nmax > 1 && ewh_slot > 0 {
             // A quarter of what stays free once the weights are placed.
             let free = (free_mem()?.saturating_sub(plan.weights)) as usize;

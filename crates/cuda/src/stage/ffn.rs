@@ -249,13 +249,15 @@ impl CudaOps {
         let ne = ch.len();
         let nmat = mats.len();
         let use_gemm = |s: &Self, m: &DM| m.ty == GgmlType::F16 || m.rows * m.cols <= s.wk.ewh_slot;
-        let group = (self.wk.ewh_slots / nmat).max(1);
+        // Matrices the grouped kernel reads as stored need no f16 scratch: every expert in one group.
+        let direct_all = self.grouped_gemm && mats.iter().all(|(m, _)| grouped_direct(m).is_some());
+        let group = if direct_all { ne } else { (self.wk.ewh_slots / nmat).max(1) };
         let mut g0 = 0usize;
         while g0 < ne {
             let g1 = (g0 + group).min(ne);
             let big: Vec<usize> = (g0..g1).filter(|&x| ch[x] as usize >= gmin).collect();
             let bt = tile_tokens(&big, ch);
-            let tiles = if self.grouped_gemm && big.len() > 1 { self.grouped_tiles(mats, &big, g0, offs, ch, bt) } else { None };
+            let tiles = if self.grouped_gemm && (big.len() > 1 || direct_all && !big.is_empty()) { self.grouped_tiles(mats, &big, g0, offs, ch, bt) } else { None };
             let direct = |m: &DM| tiles.is_some() && grouped_direct(m).is_some();
             // One dequantization launch per matrix for the experts of the group that take a GEMM on
             // f16 slots.
