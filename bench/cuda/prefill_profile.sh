@@ -11,10 +11,8 @@ OUT=${OUT:-/tmp/out}; B=${B:-device-bin}; M=${M:-/dev/shm/flash30.gguf}
 mkdir -p $OUT
 export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=${DS4_CUDA_CACHE:-/tmp/ds4cache}
 cat README.md README.md README.md > /tmp/prompt.txt
-OLD=
-if [ -f $B/old-bench.xz ]; then xz -dc $B/old-bench.xz > /tmp/old-bench && chmod +x /tmp/old-bench && OLD=/tmp/old-bench; fi
-MID=
-if [ -f $B/mid-bench.xz ]; then xz -dc $B/mid-bench.xz > /tmp/mid-bench && chmod +x /tmp/mid-bench && MID=/tmp/mid-bench; fi
+unpack() { [ -f $B/$1.xz ] && xz -dc $B/$1.xz > /tmp/$1 && chmod +x /tmp/$1 && echo /tmp/$1; }
+OLD=$(unpack old-bench); MID=$(unpack mid-bench)
 bench() { timeout 200 $1 -m $M --prompt-file /tmp/prompt.txt --ctx-start $2 --ctx-max $2 --gen-tokens 8 --prefill-chunk $2 --backend cuda --csv $3 > ${3%.csv}.log 2>&1; echo "$(basename $1) chunk $2: $(tail -1 $3)"; }
 for c in ${CHUNKS:-512 1024 2048 4096}; do
   [ -n "$OLD" ] && bench $OLD $c $OUT/prefill_old_$c.csv

@@ -234,9 +234,11 @@ impl CudaOps {
     /// launch of its own took ~150 µs, ~770 launches a layer at a 512-token chunk), else `gemm_min`.
     /// A `gemm_min` raised above the default (tests keeping every product in f32) stays.
     fn group_min(&self, mats: &[DM]) -> usize {
-        let direct = self.grouped_gemm && mats.iter().all(|m| grouped_direct(m).is_some() && m.cols % 32 == 0);
-        if direct && self.gemm_min <= GEMM_MIN { 1 } else { self.gemm_min }
+        if self.all_grouped_direct(mats.iter()) && self.gemm_min <= GEMM_MIN { 1 } else { self.gemm_min }
     }
+
+    /// Whether the grouped kernel takes every matrix as stored (no f16 copy, every expert in one launch).
+    fn all_grouped_direct<'a>(&self, mut mats: impl Iterator<Item = &'a DM>) -> bool { self.grouped_gemm && mats.all(|m| grouped_direct(m).is_some()) }
 
     /// Per-expert products over the grouped token rows: for each expert with `m` tokens (rows
     /// `offs[x]..+m` of `x32`/`xh`), out = x · Wᵀ for every matrix in `mats`. Experts with at least
@@ -250,7 +252,7 @@ impl CudaOps {
         let nmat = mats.len();
         let use_gemm = |s: &Self, m: &DM| m.ty == GgmlType::F16 || m.rows * m.cols <= s.wk.ewh_slot;
         // Matrices the grouped kernel reads as stored need no f16 scratch: every expert in one group.
-        let direct_all = self.grouped_gemm && mats.iter().all(|(m, _)| grouped_direct(m).is_some());
+        let direct_all = self.all_grouped_direct(mats.iter().map(|(m, _)| m));
         let group = if direct_all { ne } else { (self.wk.ewh_slots / nmat).max(1) };
         let mut g0 = 0usize;
         while g0 < ne {
