@@ -32,7 +32,7 @@ if [ -n "${ROUTE:-}" ]; then
   # Issue 29's route against the single process on the same file (2 stages, 32-bit and 16-bit prefill).
   el "2-stage route vs single"
   L=${FLASH#flash:}; [ "$L" = flash ] && L=43
-  B=$B M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=${GEN:-128} OUT=$OUT/route CSV=$OUT/route/route_gpu.csv \
+  B=$B M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=${GEN:-128} OUT=$OUT/route CSV=$OUT/route_gpu.csv \
     bash bench/dist/route_vs_single.sh 32 p16 2>&1 | tail -12
 fi
 el done

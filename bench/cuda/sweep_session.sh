@@ -29,7 +29,7 @@ sweep $B/ds4-bench $OUT/cuda_flash_q2.csv
 if [ -n "${ROUTE:-}" ]; then
   el "2-stage route vs single"
   L=${FLASH#flash:}; [ "$L" = flash ] && L=43
-  B=$B M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=64 RT=150 CHUNK=${ROUTE_CHUNK:-4096} OUT=$OUT/route CSV=$OUT/route/route_gpu.csv \
+  B=$B M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=64 RT=150 CHUNK=${ROUTE_CHUNK:-4096} OUT=$OUT/route CSV=$OUT/route_gpu.csv \
     bash bench/dist/route_vs_single.sh 32 p16 2>&1 | tail -8
 fi
 el "prefill by chunk"
