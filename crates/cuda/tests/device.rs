@@ -1132,3 +1132,30 @@ fn verify_rows_tiny_q4_equal_decode_bitwise() {
 #[test]
 #[ignore = "flash-shaped: ~10 GB synthetic file; run on the device with --ignored"]
 fn verify_rows_flash4_q2_equal_decode_bitwise() { verify_case("flash:4", Mix::Q2, Precision::Fast, 140); }
+
+/// A stage built for "the largest prefill chunk that fits" (`--prefill-chunk` not given) holds all of
+/// its largest candidate when the GPU has room, runs a step of that many tokens, and gives logits
+/// bit-identical to a stage built for that chunk; a reserve of the whole GPU leaves the minimum.
+#[test]
+fn stage_takes_the_largest_prefill_chunk_that_fits() {
+    if !gpu_present() {
+        return;
+    }
+    let m = load("tiny", Mix::Q2, 5, true);
+    let ctx = 1024;
+    let auto = ds4_model::memplan::ChunkFit::gpu_auto(ctx, 256);
+    let mut g = ds4_cuda::CudaStage::new_fitting(&m.stage, ctx, auto, m.stage.w.range, 0, WeightPlace::Device, 1).unwrap();
+    assert_eq!(g.rows(), 1024);
+    let v = m.stage.cfg.n_vocab as u32;
+    let prompt: Vec<u32> = (0..1000u32).map(|i| (i * 2654435761u32 >> 7) % v).collect();
+    let mut kv = m.stage.new_kv(ctx);
+    let a = g.forward(&mut kv, &prompt, None, Logits::Last).unwrap().to_vec();
+    let mut fixed = ds4_cuda::CudaStage::new(&m.stage, ctx, 1024).unwrap();
+    let mut kv = m.stage.new_kv(ctx);
+    let b = fixed.forward(&mut kv, &prompt, None, Logits::Last).unwrap().to_vec();
+    assert_eq!(a, b);
+    let total = cudarc::driver::result::mem_get_info().unwrap().1 as u64;
+    drop((g, fixed));
+    let g = ds4_cuda::CudaStage::new_fitting(&m.stage, ctx, ds4_model::memplan::ChunkFit { reserve: total, ..auto }, m.stage.w.range, 0, WeightPlace::Device, 1).unwrap();
+    assert_eq!(g.rows(), 256, "a reserve of the whole GPU leaves the minimum");
+}

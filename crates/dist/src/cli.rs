@@ -62,9 +62,12 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
-    let chunk = dist.dist_prefill_chunk.unwrap_or(load.prefill_chunk).max(1);
+    // --dist-prefill-chunk sizes the engine's batch; without it (and without --prefill-chunk) a GPU
+    // takes the largest chunk that fits, and the route prefills in chunks of at most that.
+    let given = dist.dist_prefill_chunk.or((!load.auto_chunk).then_some(load.prefill_chunk));
     let debug = load.debug;
-    let eng = Engine::load(model, &LoadOptions { layers: Some(range), prefill_chunk: chunk, ..load.clone() })?;
+    let eng = Engine::load(model, &LoadOptions { layers: Some(range), prefill_chunk: given.unwrap_or(load.prefill_chunk).max(1), auto_chunk: given.is_none(), ..load.clone() })?;
+    let chunk = eng.prefill_chunk.max(1);
     let (tokenizer, ctx) = (eng.tokenizer.clone(), eng.ctx);
     let coord = Arc::new(Coordinator::start(CoordConfig {
         listen: dist.listen_addr()?,

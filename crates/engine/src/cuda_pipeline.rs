@@ -5,6 +5,7 @@ use crate::backend::Backend;
 use crate::device_stage::DeviceStage;
 use crate::engine::CudaWeights;
 use ds4_cuda::{CudaStage, WeightPlace};
+use ds4_model::memplan::ChunkFit;
 use ds4_model::{KvState, LayerRange, Logits, ModelError, Result, Stage};
 
 pub struct CudaPipeline {
@@ -48,7 +49,7 @@ impl CudaPipeline {
     /// `forward_batch`; one GPU only). `deterministic`: a batch runs each session as its own decode
     /// step (bit-identical to decoding it alone). With `WeightPlace::Host` the parts read `stage`'s
     /// mapped weights while they run: `stage` must outlive the pipeline.
-    pub fn load(stage: &Stage, ctx: usize, nmax: usize, devices: &[usize], place: WeightPlace, slots: usize, deterministic: bool) -> Result<Self> {
+    pub fn load(stage: &Stage, ctx: usize, fit: ChunkFit, devices: &[usize], place: WeightPlace, slots: usize, deterministic: bool) -> Result<Self> {
         if slots > 1 && devices.len() > 1 {
             return Err(ModelError::Invalid(format!(
                 "cuda: batched decode of {slots} sessions (--batched-session / --concurrency) runs on one GPU; with --cuda-devices {} use 1 session, or one device",
@@ -56,10 +57,11 @@ impl CudaPipeline {
             )));
         }
         let mut stages = if devices.len() <= 1 {
-            vec![CudaStage::new_slots(stage, ctx, nmax, stage.w.range, devices.first().copied().unwrap_or(0), place, slots)?]
+            vec![CudaStage::new_fitting(stage, ctx, fit, stage.w.range, devices.first().copied().unwrap_or(0), place, slots)?]
         } else {
+            // Each part takes the largest chunk that fits its GPU; the pipeline runs at the smallest.
             let parts = split_layers(stage.w.range, devices.len());
-            parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_part_placed(stage, ctx, nmax, p, d, place)).collect::<Result<Vec<_>>>()?
+            parts.iter().zip(devices).map(|(&p, &d)| CudaStage::new_fitting(stage, ctx, fit, p, d, place, 1)).collect::<Result<Vec<_>>>()?
         };
         for s in stages.iter_mut() {
             s.ops.set_exact_batches(deterministic);
@@ -130,6 +132,8 @@ fn gpu_err(e: ds4_gpu::GpuError) -> ModelError { ModelError::Invalid(format!("cu
 
 impl DeviceStage for CudaPipeline {
     fn backend(&self) -> Backend { Backend::Cuda }
+
+    fn rows(&self) -> usize { self.stages.iter().map(CudaStage::rows).min().unwrap_or(1) }
 
     fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
         CudaPipeline::forward(self, kv, tokens, hidden_in, want)

@@ -10,6 +10,9 @@ pub(crate) trait DeviceStage: Send {
     /// Which backend this is (for `Engine::backend`).
     fn backend(&self) -> Backend;
 
+    /// Tokens a forward call may take: the prefill chunk the device's work buffers hold.
+    fn rows(&self) -> usize;
+
     /// Same contract as `Stage::forward`.
     fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]>;
 

@@ -6,7 +6,7 @@ use ds4_gguf::GgufFile;
 use crate::progress::Progress;
 use ds4_model::hostload::{HostLoad, WeightMemory};
 use ds4_model::mapplan::MapPlan;
-use ds4_model::memplan::{admit, available_ram, MemoryPlan, PlanInput, Placement};
+use ds4_model::memplan::{admit, available_ram, ChunkFit, MemoryPlan, PlanInput, Placement};
 use ds4_model::{residency, Config, KvState, LayerRange, Logits, Options, Stage, Weights};
 use ds4_tokenizer::Tokenizer;
 use std::path::{Path, PathBuf};
@@ -44,6 +44,10 @@ pub struct LoadOptions {
     pub debug: bool,
     /// Prompt tokens per prefill batch (sizes the prefill working memory).
     pub prefill_chunk: usize,
+    /// `--prefill-chunk` was not given: a GPU backend takes the largest chunk of 4096, 2048, 1024, ...
+    /// (no more than `ctx` needs) whose work buffers fit beside the weights, and at least
+    /// `prefill_chunk`; the CPU keeps `prefill_chunk`. `Engine::prefill_chunk()` tells the result.
+    pub auto_chunk: bool,
     /// Memory budget in GiB; default: the RAM available before loading.
     pub mem_limit_gb: Option<f64>,
     pub backend: Backend,
@@ -80,6 +84,7 @@ impl Default for LoadOptions {
             options: Options::default(),
             debug: false,
             prefill_chunk: 256,
+            auto_chunk: false,
             mem_limit_gb: None,
             backend: Backend::Cpu,
             cuda_devices: vec![0],
@@ -95,6 +100,9 @@ impl Default for LoadOptions {
 }
 
 impl LoadOptions {
+    /// Applies `--prefill-chunk`: the given chunk, or (None: not given) `auto_chunk` over the default.
+    pub fn chunk_flag(self, flag: Option<usize>) -> Self { Self { prefill_chunk: flag.unwrap_or(Self::default().prefill_chunk), auto_chunk: flag.is_none(), ..self } }
+
     /// The weights' host memory: the flag, else copy on the CPU and a mapping for a GPU backend.
     pub fn weight_memory(&self) -> WeightMemory {
         self.weights.unwrap_or(if self.backend == Backend::Cpu { WeightMemory::Copy } else { WeightMemory::Mmap })
@@ -513,7 +521,12 @@ impl LoadPlan {
             }
             None => None,
         };
-        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk: opts.prefill_chunk, plan: memory, mtp })
+        // A GPU that chose its chunk prefills in chunks of what it holds.
+        let prefill_chunk = match gpu.as_ref() {
+            Some(g) if opts.auto_chunk => g.rows(),
+            _ => opts.prefill_chunk,
+        };
+        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp })
     }
 }
 
@@ -530,34 +543,47 @@ fn load_device(
 ) -> Result<Option<Box<dyn DeviceStage>>, EngineError> {
     // Activation rows: a prefill chunk's, and at least a verify step's (the token and its drafts).
     let rows = opts.prefill_chunk.max(opts.mtp.as_ref().map_or(0, |m| m.draft + 1));
-    let _ = (stage, &memory, place, rows, mtp);
+    let fit = if opts.auto_chunk { ChunkFit::gpu_auto(opts.ctx, rows) } else { ChunkFit::fixed(rows) };
+    let _ = (stage, &memory, place, fit, mtp);
     match opts.backend {
         Backend::Cpu => Ok(None),
         #[cfg(feature = "cuda")]
         Backend::Cuda => {
             let place = place.unwrap_or(ds4_cuda::WeightPlace::Device);
-            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, rows, &opts.cuda_devices, place, opts.batch_slots, opts.deterministic)?;
+            // Room for the MTP drafter (its weights but the shared head, and a few rows of buffers),
+            // placed after the stage, when choosing the chunk.
+            let reserve = mtp.map_or(0, |m| m.w.resident_bytes() + (256 << 20));
+            let p = crate::cuda_pipeline::CudaPipeline::load(stage, opts.ctx, ChunkFit { reserve, ..fit }, &opts.cuda_devices, place, opts.batch_slots, opts.deterministic)?;
+            if opts.auto_chunk && !opts.quiet {
+                eprintln!("cuda: prefill chunk {} (the largest of {} that fits; --prefill-chunk sets it)", p.rows(), chunk_list(&fit));
+            }
             Ok(Some(Box::new(p)))
         }
         #[cfg(feature = "wgpu")]
         b @ (Backend::Vulkan | Backend::Metal) => {
-            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, rows, opts.batch_slots);
+            let reserve = mtp.map_or(0, |m| crate::wgpu_stage::mtp_plan_bytes(m, opts.ctx));
+            let dev = crate::wgpu_stage::load(stage, opts.ctx, fit, b, opts.batch_slots, reserve)?;
+            memory.device = crate::wgpu_stage::plan_bytes(stage, opts.ctx, dev.rows(), opts.batch_slots);
             if !opts.quiet {
+                let how = if opts.auto_chunk { format!(", the largest of {} that fits", chunk_list(&fit)) } else { String::new() };
                 eprintln!(
-                "{}: device plan {:.2} GiB (weights, KV of {} session(s) and work buffers of layers {}, --ctx {}, --prefill-chunk {})",
+                "{}: device plan {:.2} GiB (weights, KV of {} session(s) and work buffers of layers {}, --ctx {}, prefill chunk {}{how})",
                 b.name(),
                 memory.device as f64 / (1u64 << 30) as f64,
                 opts.batch_slots,
                 stage.w.range.label(),
                 opts.ctx,
-                opts.prefill_chunk
+                dev.rows()
                 );
             }
-            let reserve = mtp.map_or(0, |m| crate::wgpu_stage::mtp_plan_bytes(m, opts.ctx));
-            Ok(Some(crate::wgpu_stage::load(stage, opts.ctx, rows, b, opts.batch_slots, reserve)?))
+            Ok(Some(dev))
         }
         // `LoadOptions::validate` refused it before anything was read.
         #[allow(unreachable_patterns)]
         b => Err(b.built().err().unwrap_or_else(|| EngineError::Unsupported(format!("--backend {}: not available", b.name())))),
     }
 }
+
+/// The candidate chunks of `fit`, for the log line ("4096 / 2048 / ... / 256").
+#[allow(dead_code)]
+fn chunk_list(fit: &ChunkFit) -> String { fit.candidates().iter().map(|n| n.to_string()).collect::<Vec<_>>().join(" / ") }

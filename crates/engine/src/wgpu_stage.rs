@@ -2,6 +2,7 @@
 //! on one wgpu device (`ds4_wgpu::WgpuStage`), its device plan, and the adapter probe `auto` uses.
 use crate::backend::{AdapterKind, Backend};
 use crate::device_stage::DeviceStage;
+use ds4_model::memplan::ChunkFit;
 use ds4_model::{KvState, Logits, Result, Stage};
 use ds4_wgpu::{BackendChoice, GpuOptions, WgpuStage};
 
@@ -23,10 +24,11 @@ pub(crate) fn plan_bytes(stage: &Stage, ctx: usize, nmax: usize, slots: usize) -
 /// Device bytes the MTP drafter of `mtp` takes beside the stage (`ds4_wgpu::plan_mtp`).
 pub(crate) fn mtp_plan_bytes(mtp: &Stage, ctx: usize) -> u64 { ds4_wgpu::plan_mtp(mtp, ctx, MTP_STEP_PAIRS).total() }
 
-/// Builds the stage on the device `backend` names, holding `slots` sessions; it refuses itself,
+/// Builds the stage on the device `backend` names, holding `slots` sessions, with work buffers for the
+/// largest prefill chunk of `fit` that fits; it refuses itself,
 /// before allocating, when its plan and `reserve` more bytes (the MTP drafter) do not fit the device.
-pub(crate) fn load(stage: &Stage, ctx: usize, nmax: usize, backend: Backend, slots: usize, reserve: u64) -> Result<Box<dyn DeviceStage>> {
-    let s = WgpuStage::new(stage, ctx, nmax, stage.w.range, &options_reserving(backend, slots, stage.opts.precision, reserve))?;
+pub(crate) fn load(stage: &Stage, ctx: usize, fit: ChunkFit, backend: Backend, slots: usize, reserve: u64) -> Result<Box<dyn DeviceStage>> {
+    let s = WgpuStage::new_fitting(stage, ctx, fit, stage.w.range, &options_reserving(backend, slots, stage.opts.precision, reserve))?;
     Ok(Box::new(WgpuDevice { stage: s, backend }))
 }
 
@@ -49,6 +51,8 @@ struct WgpuDevice {
 
 impl DeviceStage for WgpuDevice {
     fn backend(&self) -> Backend { self.backend }
+
+    fn rows(&self) -> usize { self.stage.rows() }
 
     fn forward(&mut self, kv: &mut KvState, tokens: &[u32], hidden_in: Option<&[f32]>, want: Logits) -> Result<&[f32]> {
         self.stage.forward(kv, tokens, hidden_in, want)

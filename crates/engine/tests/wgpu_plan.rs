@@ -29,3 +29,23 @@ fn vulkan_plan_counts_the_stage_device_bytes_and_kv_round_trips() {
     let b = eng.forward(&mut again, &[5], None, Logits::Last).unwrap().to_vec();
     assert_eq!(a, b);
 }
+
+/// `--prefill-chunk` not given (`auto_chunk`): the GPU takes the largest chunk that fits (here all of
+/// the context's 1024), the engine prefills in chunks of it, and the plan's device line counts it; the
+/// CPU keeps the default.
+#[test]
+fn auto_chunk_takes_the_largest_chunk_the_device_holds() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir());
+    }
+    let path = resolve_model(None).unwrap().path().to_path_buf();
+    let opts = LoadOptions { ctx: 1024, backend: Backend::Vulkan, quiet: true, ..LoadOptions::default() }.chunk_flag(None);
+    assert!(opts.auto_chunk);
+    let eng = Engine::load(&path, &opts).unwrap();
+    assert_eq!(eng.prefill_chunk, 1024);
+    assert_eq!(eng.plan.device, ds4_wgpu::plan_bytes(&eng.stage, 1024, 1024, eng.range()));
+    let given = Engine::load(&path, &LoadOptions { backend: Backend::Vulkan, ..opts.clone() }.chunk_flag(Some(64))).unwrap();
+    assert_eq!(given.prefill_chunk, 64);
+    let cpu = Engine::load(&path, &LoadOptions { backend: Backend::Cpu, ..opts }).unwrap();
+    assert_eq!(cpu.prefill_chunk, LoadOptions::default().prefill_chunk);
+}

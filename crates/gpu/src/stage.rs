@@ -336,6 +336,9 @@ impl<D: DeviceOps> GpuStage<D> {
         Err(GpuError::StateNotOnDevice { pos, dev: self.dev_pos[s], snap: self.snap_pos[s] })
     }
 
+    /// Tokens a forward call may take (the batch the work buffers were sized for).
+    pub fn nmax(&self) -> usize { self.nmax }
+
     fn check(&self, kv: &KvState, tokens: &[u32], hidden_in: Option<&[f32]>) -> Result<()> {
         let n = tokens.len();
         if n > self.nmax {

@@ -213,6 +213,45 @@ fn round_chunk(p: usize) -> usize { if p >= 32 { p / 16 * 16 } else { p } }
 
 fn gib(b: u64) -> f64 { b as f64 / GIB }
 
+/// Activation rows (the prefill chunk) a GPU stage is built for: `max`, or where the work buffers for
+/// `max` rows do not fit beside the weights, the largest of max/2, max/4, ... that does, not below `min`
+/// (`--prefill-chunk` not given: a GPU takes the largest chunk that fits, as the C engine's 2048-4096).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkFit {
+    pub max: usize,
+    pub min: usize,
+    /// Device bytes to leave free beside the stage for what is placed after it (the MTP drafter) when
+    /// choosing among the candidates; the last candidate is only checked as a fixed chunk is.
+    pub reserve: u64,
+}
+
+/// The largest prefill chunk a GPU backend takes when `--prefill-chunk` is not given.
+pub const GPU_CHUNK_MAX: usize = 4096;
+
+impl ChunkFit {
+    /// Exactly `n` rows.
+    pub fn fixed(n: usize) -> Self { Self { max: n.max(1), min: n.max(1), reserve: 0 } }
+
+    /// Up to [`GPU_CHUNK_MAX`] rows, no more than a `ctx`-token prompt can use (rounded up to a power
+    /// of two), and at least `min`.
+    pub fn gpu_auto(ctx: usize, min: usize) -> Self {
+        let min = min.max(1);
+        Self { max: GPU_CHUNK_MAX.min(ctx.max(1).next_power_of_two()).max(min), min, reserve: 0 }
+    }
+
+    /// The row counts to try, largest first: max, max/2, ... while not below `min`, then `min`.
+    pub fn candidates(&self) -> Vec<usize> {
+        let mut v = Vec::new();
+        let mut n = self.max.max(self.min);
+        while n > self.min {
+            v.push(n);
+            n /= 2;
+        }
+        v.push(self.min);
+        v
+    }
+}
+
 /// Memory this machine can give the process now (`MemAvailable`), if known.
 pub fn available_ram() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -252,6 +291,18 @@ mod tests {
         assert_eq!((copied.weights, copied.mapped), (1 << 30, 0));
         assert!(admit_device(&gpu, gpu.device).is_ok());
         assert!(admit_device(&gpu, gpu.device - 1).unwrap_err().contains("--cuda-devices"));
+    }
+
+    #[test]
+    fn chunk_fit_tries_halves_down_to_the_minimum() {
+        assert_eq!(ChunkFit::fixed(256).candidates(), vec![256]);
+        assert_eq!(ChunkFit::gpu_auto(32768, 256).candidates(), vec![4096, 2048, 1024, 512, 256]);
+        // A short context takes no more rows than its prompt can fill.
+        assert_eq!(ChunkFit::gpu_auto(1000, 256).candidates(), vec![1024, 512, 256]);
+        assert_eq!(ChunkFit::gpu_auto(100, 256).candidates(), vec![256]);
+        // A minimum that is not a power of two ends the list.
+        assert_eq!(ChunkFit { max: 4096, min: 300, reserve: 0 }.candidates(), vec![4096, 2048, 1024, 512, 300]);
+        assert_eq!(ChunkFit { max: 100, min: 300, reserve: 0 }.candidates(), vec![300]);
     }
 
     #[test]

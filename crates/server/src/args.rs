@@ -57,9 +57,11 @@ pub struct Args {
     /// Largest accepted request body in bytes.
     #[arg(long = "max-body-bytes", default_value_t = 64 << 20)]
     pub max_body_bytes: usize,
-    /// Prompt tokens per prefill batch.
-    #[arg(long = "prefill-chunk", default_value_t = 256)]
-    pub prefill_chunk: usize,
+    /// Prompt tokens per prefill batch (with --batched-session, the slice a long prompt alternates with
+    /// decode steps in). Default: on a GPU the largest of 4096, 2048, 1024, 512, 256 that fits beside
+    /// the weights (ds4: 2048-4096); 256 on the CPU.
+    #[arg(long = "prefill-chunk")]
+    pub prefill_chunk: Option<usize>,
     /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
     /// (map the file; a GPU backend's default).
     #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
@@ -171,7 +173,7 @@ impl Args {
         if self.tokens == 0 {
             return Err("--tokens must be at least 1".into());
         }
-        if self.prefill_chunk == 0 {
+        if self.prefill_chunk == Some(0) {
             return Err("--prefill-chunk must be at least 1".into());
         }
         if !(self.temp >= 0.0 && self.temp.is_finite()) {

@@ -162,7 +162,7 @@ fn load(
     trace: Arc<trace::Trace>,
 ) -> Result<(), String> {
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, prefill_chunk: args.prefill_chunk, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, ..LoadOptions::default() };
+    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, ..LoadOptions::default() }.chunk_flag(args.prefill_chunk);
     if args.ds4.quality {
         // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
         opts.options.precision = ds4_quant::Precision::Exact;
@@ -213,7 +213,12 @@ fn load(
     } else {
         args.kv_snapshots
     };
-    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk: args.prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session };
+    // The engine's chunk (on a GPU without --prefill-chunk, the largest that fits).
+    let prefill_chunk = match &model {
+        worker::Model::Local(engine) => engine.prefill_chunk,
+        _ => opts.prefill_chunk,
+    };
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session };
     let max_token_bytes = tok.max_token_bytes();
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };

@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use ds4_gguf::GgufFile;
+use ds4_model::memplan::ChunkFit;
 use ds4_model::synth::{self, Mix, SynthSpec};
 use ds4_model::{Config, LayerRange, Logits, Options, Stage, Weights};
 use ds4_quant::Precision;
@@ -400,4 +401,29 @@ fn stage_and_reserved_bytes_over_the_device_memory_are_refused() {
     let e = WgpuStage::new(&cpu, 64, 8, r, &GpuOptions { reserve_bytes: have, ..o.clone() }).err().map(|e| e.to_string()).unwrap_or_default();
     assert!(e.contains("MTP drafter") && e.contains("GPU memory"), "{e}");
     assert!(WgpuStage::new(&cpu, 64, 8, r, &o).is_ok());
+}
+
+/// Without `--prefill-chunk` a stage takes the largest chunk of its `ChunkFit` that fits: all of it
+/// where the device holds it (a 1000-token step then runs in one call), the minimum where the reserve
+/// leaves room for no larger one, and a chunk whose buffers exceed one binding is passed over
+/// (lavapipe's 128 MiB: the indexer scores of 1024-token steps at ctx 200000 need 205 MB).
+#[test]
+fn stage_takes_the_largest_prefill_chunk_that_fits() {
+    let Some(o) = opts() else { return };
+    let cpu = load(Mix::Q2, 11, true);
+    let auto = ChunkFit::gpu_auto(1024, 256);
+    let mut g = WgpuStage::new_fitting(&cpu, 1024, auto, cpu.w.range, &o).unwrap();
+    assert_eq!(g.rows(), 1024);
+    let mut kv = cpu.new_kv(1024);
+    g.forward(&mut kv, &prompt(&cpu.cfg, 1000), None, Logits::Last).unwrap();
+    let fixed = WgpuStage::new(&cpu, 1024, 256, cpu.w.range, &o).unwrap();
+    assert_eq!(fixed.rows(), 256);
+    if let Some(mem) = common::gpu(o.clone()).and_then(|gpu| gpu.memory_bytes()) {
+        let g = WgpuStage::new_fitting(&cpu, 1024, ChunkFit { reserve: mem, ..auto }, cpu.w.range, &o).unwrap();
+        assert_eq!(g.rows(), 256, "a reserve of the whole device leaves the minimum");
+    }
+    if g.ops.gpu().caps().max_binding == 128 << 20 {
+        let g = WgpuStage::new_fitting(&cpu, 200_000, ChunkFit::gpu_auto(200_000, 256), cpu.w.range, &o).unwrap();
+        assert_eq!(g.rows(), 512);
+    }
 }

@@ -80,9 +80,10 @@ struct Args {
     /// CPU threads (default: all cores).
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
-    #[arg(long = "prefill-chunk", default_value_t = 256)]
-    prefill_chunk: usize,
+    /// Prompt tokens per prefill batch (sizes the prefill working memory). Default: on a GPU the largest
+    /// of 4096, 2048, 1024, 512, 256 that fits beside the weights (ds4: 2048-4096); 256 on the CPU.
+    #[arg(long = "prefill-chunk")]
+    prefill_chunk: Option<usize>,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
@@ -174,7 +175,7 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     if args.dist.active() && (d.inspect || d.dump_tokens || d.dump_logits.is_some() || d.perplexity_file.is_some()) {
         usage("--inspect, --dump-tokens, --dump-logits and --perplexity-file run on one process, not with --role");
     }
-    if args.prefill_chunk == 0 {
+    if args.prefill_chunk == Some(0) {
         usage("--prefill-chunk must be at least 1");
     }
     if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
@@ -264,7 +265,6 @@ fn run(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let mut session = Session::new(&eng);
-    session.prefill_chunk = args.prefill_chunk;
     let kv_id = ds4_kvstore::stage_identity(&eng.stage);
     if let Some(p) = &args.kv_load {
         let s = &mut session;
@@ -310,11 +310,11 @@ fn load_options(args: &Args, backend: ds4_engine::Backend) -> LoadOptions {
     LoadOptions {
         ctx: args.ctx,
         threads: args.threads,
-        prefill_chunk: args.prefill_chunk,
         mem_limit_gb: args.mem_limit_gb,
         debug: args.debug,
         ..args.ds4.sw.load_options(backend)
     }
+    .chunk_flag(args.prefill_chunk)
 }
 
 /// Refuses a one-shot prompt that cannot fit `--ctx`, from the planned model's tokenizer (metadata only,

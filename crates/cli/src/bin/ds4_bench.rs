@@ -56,9 +56,10 @@ struct Args {
     gen_tokens: usize,
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Prompt tokens per prefill batch (ds4: 4096; ours sizes the prefill working memory).
-    #[arg(long = "prefill-chunk", default_value_t = 256)]
-    prefill_chunk: usize,
+    /// Prompt tokens per prefill batch (sizes the prefill working memory). Default: on a GPU the largest
+    /// of 4096, 2048, 1024, 512, 256 that fits beside the weights (ds4: 2048-4096); 256 on the CPU.
+    #[arg(long = "prefill-chunk")]
+    prefill_chunk: Option<usize>,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
     #[arg(long = "mem-limit-gb")]
     mem_limit_gb: Option<f64>,
@@ -186,7 +187,7 @@ fn dump_frontier(dir: &std::path::Path, f: usize, logits: &[f32], tokens: &[u32]
 }
 
 fn run(a: Args) -> Result<(), String> {
-    if a.prefill_chunk == 0 {
+    if a.prefill_chunk == Some(0) {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
@@ -195,7 +196,7 @@ fn run(a: Args) -> Result<(), String> {
     }
     let backend = a.ds4.sw.resolve_backend().map_err(|e| usage(&e.0))?;
     let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
-    let load = LoadOptions { threads: a.threads, prefill_chunk: a.prefill_chunk, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) };
+    let load = LoadOptions { threads: a.threads, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) }.chunk_flag(a.prefill_chunk);
     if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
         return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));
     }
@@ -268,7 +269,6 @@ fn run(a: Args) -> Result<(), String> {
         })
         .collect();
     let mut s = Session::new(&eng);
-    s.prefill_chunk = a.prefill_chunk;
     let never = AtomicBool::new(false);
     let mut done = 0;
     for &f in &fr {

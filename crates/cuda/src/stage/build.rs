@@ -127,12 +127,12 @@ fn place(m: &mut DM, ptrs: &[u64]) {
 impl CudaOps {
     /// Uploads the part `part` (a sub-range of the stage's layers; the embedding and head only when it
     /// starts / ends the stage's range) to CUDA device `device`.
-    pub(super) fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, wplace: WeightPlace, slots: usize) -> Result<Self> {
+    pub(super) fn build(stage: &Stage, ctx: usize, fit: ChunkFit, part: LayerRange, device: usize, wplace: WeightPlace, slots: usize) -> Result<Self> {
         let cfg = stage.cfg.clone();
         let slots = slots.max(1);
-        // A batched step holds one activation row per session: the work buffers have nmax rows.
-        if slots > nmax {
-            return Err(format!("{slots} KV slots (--batched-session / --concurrency) need at least as many activation rows, but --prefill-chunk is {nmax}"));
+        // A batched step holds one activation row per session: the work buffers have at least fit.min rows.
+        if slots > fit.min {
+            return Err(format!("{slots} KV slots (--batched-session / --concurrency) need at least as many activation rows, but --prefill-chunk is {}", fit.min));
         }
         let w = &stage.w;
         if part.first < w.range.first || part.last > w.range.last || part.first > part.last {
@@ -241,7 +241,7 @@ impl CudaOps {
         let kvf: Vec<KvFloats> = layers.iter().enumerate().map(|(li, l)| KvFloats::new(&cfg, part.first + li, l.ratio, l.indexer.is_some(), ctx)).collect();
         // One KV set per slot (session decoded in a batch). Slot 0 also holds the undo buffers of a
         // verify step (undo.rs) of up to `ucap` rows.
-        let brows = slots.max(VERIFY_ROWS.min(nmax));
+        let brows = slots.max(VERIFY_ROWS.min(fit.min));
         let ucap = brows.min(VERIFY_ROWS);
         let ratios: Vec<usize> = layers.iter().map(|l| l.ratio).collect();
         let undo_f = |f: &KvFloats, ratio: usize| undo::undo_floats(cfg.head_dim, &[(f.st, ratio), (f.ist, ratio)], ucap);
@@ -250,8 +250,9 @@ impl CudaOps {
             let hint = if wplace == WeightPlace::Device { ", read the weights from host memory with --cuda-weights host" } else { "" };
             let sessions = if slots > 1 { format!(", fewer batched sessions (--batched-session / --concurrency, now {slots})") } else { String::new() };
             format!(
-                "{what}: {} — use a smaller --ctx (now {ctx}) or --prefill-chunk (now {nmax}){sessions}, serve fewer layers with --layers, spread them over several GPUs with --cuda-devices{hint}",
-                plan.describe(wplace)
+                "{what}: {} — use a smaller --ctx (now {ctx}) or --prefill-chunk (now {}){sessions}, serve fewer layers with --layers, spread them over several GPUs with --cuda-devices{hint}",
+                plan.describe(wplace),
+                fit.min
             )
         };
         if (plan.weights + plan.vectors + plan.kv) as f64 > plan.free as f64 * 0.97 {
@@ -286,16 +287,14 @@ impl CudaOps {
         }
         let free_kv = free_mem()?;
 
-        // Work buffers for batches of up to nmax tokens.
+        // Work buffers for batches of up to n tokens (n: the largest of fit's candidates that fits).
         let (d, id) = (cfg.head_dim, cfg.idx_dim);
-        let n = nmax;
         let (e, hd, k, ff, ne) = (cfg.n_embd, cfg.hc_dim(), cfg.n_expert_used, cfg.ff_exp, cfg.n_expert);
         // Rows of a batched step: one per slot, or a verify step's (each within the activation rows):
         // `brows` above.
         let f = |c: usize| g.alloc(c * 4);
         let cap4 = compressed_capacity(ctx, 4);
         let ldsc = cap4.max(1);
-        let logit_rows = if head.is_some() { n } else { 1 };
         // f16 scratch: the largest matrix that may take the GEMM path, and the largest activation block.
         let mut wh_elems = 0usize;
         let mut max_cols = hd;
@@ -326,7 +325,6 @@ impl CudaOps {
             .max()
             .unwrap_or(0);
         let adec_splits = DecAttn::splits(cfg.swa.min(ctx) + max_comp);
-        let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
         // Expert scratch (f16 copies for per-expert GEMMs): room for every expert's gate and up matrices
         // at once when a quarter of the free memory allows it, else fewer; at least two. None where the
         // grouped kernel reads every expert matrix as stored once loaded (Flash's IQ2_XXS and Q2_K
@@ -335,7 +333,7 @@ impl CudaOps {
         let loaded = |m: DM| DM { split: m.split || wplace == WeightPlace::Device && splits(&m), ..m };
         let all_direct = exps().all(|m| grouped_direct(&loaded(m)).is_some());
         let ewh_slot = if all_direct { 0 } else { exps().map(|m| m.rows * m.cols).max().unwrap_or(0) };
-        let ewh_slots = if nmax > 1 && ewh_slot > 0 {
+        let ewh_slots = if fit.max > 1 && ewh_slot > 0 {
             // A quarter of what stays free once the weights are placed.
             let free = (free_mem()?.saturating_sub(plan.weights)) as usize;
             let cap = std::env::var("DS4_CUDA_EXPERT_SCRATCH_GB").ok().and_then(|v| v.parse::<f64>().ok()).map_or(free / 4, |gb| (gb * GIB) as usize);
@@ -350,7 +348,10 @@ impl CudaOps {
         let act8 = |len: usize, block: usize| -> Result<ActQ8> { Ok(ActQ8 { q: g.alloc(len.max(1))?, d: g.alloc(len.div_ceil(block).max(1) * 4)? }) };
         let hcd_slices = hd.div_ceil(256);
         let jobs_cap = layers.len() * 5 * ucap;
-        let wk = Work {
+        let alloc_work = |n: usize| -> Result<Work> {
+        let logit_rows = if head.is_some() { n } else { 1 };
+        let xh_elems = n * max_cols.max(k * e).max(k * ff).max(cfg.q_dim());
+        Ok(Work {
             x: f(n * hd)?,
             flat: f(n * hd)?,
             mix: f(n * cfg.hc_mix().max(cfg.n_hc))?,
@@ -434,6 +435,26 @@ impl CudaOps {
             // Undo copies: per layer a ring row and each frontier's rows (or two whole frontiers) per row.
             jobs: g.alloc(jobs_cap * 24)?,
             jobs_cap,
+        })
+        };
+        // The largest candidate whose buffers leave room for the weights (and `fit.reserve`, what the
+        // engine places after the stage); the last candidate is refused below if even it does not fit.
+        let cands = fit.candidates();
+        let (wk, n) = 'fit: {
+            for (i, &n) in cands.iter().enumerate() {
+                let last = i + 1 == cands.len();
+                match alloc_work(n) {
+                    Ok(wk) => {
+                        g.sync()?;
+                        if last || (plan.weights + fit.reserve) as f64 <= free_mem()? as f64 * 0.97 {
+                            break 'fit (wk, n);
+                        }
+                    }
+                    Err(e) if last => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            unreachable!("the last candidate returns or breaks")
         };
         let rep: Vec<i32> = (0..brows * k).map(|j| (j / k.max(1)) as i32).collect();
         g.htod(wk.rep_tok.ptr, &rep)?;
@@ -520,9 +541,10 @@ impl CudaOps {
         g.kernels_ready()?;
         let total = mat_bytes;
         let free2 = free_mem()?;
-        eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {nmax}, {slots} KV slot(s))", plan.describe(wplace), free2 as f64 / GIB);
+        eprintln!("cuda: {}; {:.2} GiB free after loading (ctx {ctx}, batch {n}, {slots} KV slot(s))", plan.describe(wplace), free2 as f64 / GIB);
         Ok(Self {
             cfg,
+            rows: n,
             g,
             opts: stage.opts,
             range: part,

@@ -8,6 +8,7 @@ pub use crate::host_pin::WeightPlace;
 use crate::matvec::{cdiv, DM};
 use ds4_gguf::GgmlType;
 use ds4_gpu::{GpuError, GpuStage, Step};
+use ds4_model::memplan::ChunkFit;
 use ds4_model::{Config, KvState, LayerRange, ModelError, Options, Stage};
 use std::sync::atomic::Ordering;
 
@@ -296,6 +297,8 @@ struct LayerStep {
 /// The CUDA backend: resident weights, KV state, work buffers and the kernels that run the ops.
 pub struct CudaOps {
     pub cfg: Config,
+    /// Activation rows the work buffers hold (the prefill chunk; `ChunkFit` chose it).
+    rows: usize,
     opts: Options,
     range: LayerRange,
     embed: Option<DM>,
@@ -435,16 +438,24 @@ impl CudaStage {
     /// `forward_batch`, `KvState::slot` picking one; counted by the GPU plan). `slots` must not
     /// exceed `nmax` (a batched step takes one activation row per session).
     pub fn new_slots(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace, slots: usize) -> ds4_model::Result<Self> {
-        Self::build(stage, ctx, nmax, part, device, place, slots)
+        Self::new_fitting(stage, ctx, ChunkFit::fixed(nmax), part, device, place, slots)
+    }
+
+    /// [`CudaStage::new_slots`] with work buffers for the largest prefill chunk of `fit` that fits
+    /// beside the weights (`rows()` tells which).
+    pub fn new_fitting(stage: &Stage, ctx: usize, fit: ChunkFit, part: LayerRange, device: usize, place: WeightPlace, slots: usize) -> ds4_model::Result<Self> {
+        let ops = CudaOps::build(stage, ctx, fit, part, device, place, slots).map_err(me)?;
+        let (range, rows) = (ops.range, ops.rows);
+        let cfg = ops.cfg.clone();
+        Ok(Self(GpuStage::new(cfg, ops, range, rows, ctx).map_err(ge)?))
     }
 
     fn build(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, device: usize, place: WeightPlace, slots: usize) -> ds4_model::Result<Self> {
-        let nmax = nmax.max(1);
-        let ops = CudaOps::build(stage, ctx, nmax, part, device, place, slots).map_err(me)?;
-        let range = ops.range;
-        let cfg = ops.cfg.clone();
-        Ok(Self(GpuStage::new(cfg, ops, range, nmax, ctx).map_err(ge)?))
+        Self::new_fitting(stage, ctx, ChunkFit::fixed(nmax), part, device, place, slots)
     }
+
+    /// Tokens a forward call may take (the prefill chunk the work buffers were sized for).
+    pub fn rows(&self) -> usize { self.0.nmax() }
 
     /// Device allocations and weight uploads so far (process-wide counters).
     pub fn stats() -> CudaStats {

@@ -74,7 +74,7 @@ impl CudaMtpOps {
         let cfg = &mtp.cfg;
         let il = cfg.n_layer.checked_sub(1).ok_or("the MTP block config has no layer")?;
         let part = LayerRange { first: il, last: il, embed: false, head: false };
-        let mut block = CudaOps::build(mtp, ctx, nmax, part, main.g.ctx.ordinal(), main.weight_place, 1)?;
+        let mut block = CudaOps::build(mtp, ctx, ChunkFit::fixed(nmax), part, main.g.ctx.ordinal(), main.weight_place, 1)?;
         let (e, hd, nh) = (cfg.n_embd, cfg.hc_dim(), cfg.n_hc);
         let g = &block.g;
         let mut bufs = Vec::new();

@@ -14,9 +14,10 @@ struct Args {
     ctx: usize,
     #[arg(short = 't', long = "threads")]
     threads: Option<usize>,
-    /// Prompt tokens per forward call (larger batches from the coordinator run in pieces).
-    #[arg(long = "prefill-chunk", default_value_t = 256)]
-    prefill_chunk: usize,
+    /// Prompt tokens per forward call (larger batches from the coordinator run in pieces). Default: on
+    /// a GPU the largest of 4096, 2048, 1024, 512, 256 that fits beside the weights; 256 on the CPU.
+    #[arg(long = "prefill-chunk")]
+    prefill_chunk: Option<usize>,
     /// Host memory of the weights: copy (huge-page memory, faster CPU decode; the CPU default) or mmap
     /// (map the file; a GPU backend's default).
     #[arg(long = "weights", env = "DS4_WEIGHTS", value_parser = ds4_engine::WeightMemory::parse)]
@@ -48,7 +49,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let load = ds4_engine::LoadOptions { ctx: a.ctx, threads: a.threads, prefill_chunk: a.prefill_chunk, backend, debug: a.debug, weights: a.weights, warm_weights: a.warm_weights, ..Default::default() };
+    let load = ds4_engine::LoadOptions { ctx: a.ctx, threads: a.threads, backend, debug: a.debug, weights: a.weights, warm_weights: a.warm_weights, ..Default::default() }.chunk_flag(a.prefill_chunk);
     match ds4_dist::cli::worker_main(&d, a.model.as_deref(), &load) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -17,6 +17,7 @@ use std::ops::{Deref, DerefMut};
 use std::sync::Arc;
 
 use ds4_gpu::{GpuError, GpuStage};
+use ds4_model::memplan::ChunkFit;
 use ds4_model::{Config, KvState, LayerRange, Logits, ModelError, Stage};
 
 use crate::encoder::Encoder;
@@ -154,18 +155,32 @@ impl WgpuStage {
     /// for a context of `ctx`, batches of up to `nmax` tokens and `opts.kv_slots` resident sessions.
     /// Refused before any weight is uploaded when the plan does not fit the device.
     pub fn new(stage: &Stage, ctx: usize, nmax: usize, part: LayerRange, opts: &GpuOptions) -> Result<Self, ModelError> {
+        Self::new_fitting(stage, ctx, ChunkFit::fixed(nmax), part, opts)
+    }
+
+    /// [`WgpuStage::new`] with work buffers for the largest prefill chunk of `fit` whose plan fits
+    /// the device (`rows()` tells which); refused with the smallest's numbers when none does.
+    pub fn new_fitting(stage: &Stage, ctx: usize, fit: ChunkFit, part: LayerRange, opts: &GpuOptions) -> Result<Self, ModelError> {
         let r = stage.w.range;
         if part.first < r.first || part.last > r.last || part.first > part.last || (part.embed && !r.embed) || (part.head && !r.head) {
             return Err(ModelError::Invalid(format!("wgpu: layers {}..={} are not all loaded (the stage holds {}..={})", part.first, part.last, r.first, r.last)));
         }
-        let nmax = nmax.max(1);
-        let slots = plan::check_slots(opts.kv_slots, nmax).map_err(we)?;
+        let slots = plan::check_slots(opts.kv_slots, fit.min).map_err(we)?;
         let gpu = Gpu::new(opts).map_err(we)?;
+        let cands = fit.candidates();
+        let fits = |n: usize| {
+            work::fits_bindings(&gpu, &stage.cfg, n, ctx, work::split_len(&stage.cfg, &stage.w, part, ctx, n, slots))
+                && plan::check_fits(&gpu, &plan_slots(stage, ctx, n, part, slots), slots, opts.reserve_bytes + fit.reserve).is_ok()
+        };
+        let nmax = cands[..cands.len() - 1].iter().copied().find(|&n| fits(n)).unwrap_or(fit.min);
         plan::check_fits(&gpu, &plan_slots(stage, ctx, nmax, part, slots), slots, opts.reserve_bytes).map_err(we)?;
         let ops = WgpuOps::build(Arc::new(gpu), stage, ctx, nmax, part, slots).map_err(we)?;
         let cfg = stage.cfg.clone();
         Ok(Self(GpuStage::new(cfg, ops, part, nmax, ctx).map_err(ge)?))
     }
+
+    /// Tokens a forward call may take (the prefill chunk the work buffers were sized for).
+    pub fn rows(&self) -> usize { self.0.nmax() }
 
     /// The adapter's name and API (for logs).
     pub fn device_name(&self) -> String {

@@ -63,6 +63,15 @@ pub(crate) fn split_len(cfg: &Config, w: &Weights, part: LayerRange, ctx: usize,
     split_floats(cfg.n_head, cfg.head_dim, max_cand, nmax, slots).max(1)
 }
 
+/// True when each work buffer of `nmax`-token steps (and the MoE scratch's largest) fits one binding of
+/// `gpu`: what `Work::new` would otherwise refuse. `splits` as in [`sizes`].
+pub(crate) fn fits_bindings(gpu: &Gpu, cfg: &Config, nmax: usize, ctx: usize, splits: usize) -> bool {
+    let limit = gpu.caps().max_binding;
+    let rows = logit_rows(cfg, nmax, limit);
+    let moe = nmax * cfg.n_expert_used * cfg.ff_exp.max(cfg.n_embd);
+    sizes(cfg, nmax, ctx, rows, splits).iter().map(|&(_, n)| n).chain([moe]).all(|n| 4 * n as u64 <= limit)
+}
+
 /// Rows of logits a stage keeps: every token of a step, unless a binding cannot hold them (then a
 /// step asking for more rows is refused with the numbers).
 pub(crate) fn logit_rows(cfg: &Config, nmax: usize, max_binding: u64) -> usize {
