@@ -13,6 +13,10 @@ DS4_TEST_DIR=/dev/shm timeout 200 device-bin/device-tests --nocapture --test-thr
 grep -E "^test .*FAILED|test result|panicked" $OUT/device_tests.log
 wait $SP; tail -1 /tmp/synth.log
 RC=${RC:-4096}
-FLASH=$F ROUTE=1 ROUTE_CHUNK=$RC CHUNKS=" " bash bench/cuda/sweep_session.sh 2>&1 | tail -40
+FLASH=$F ROUTE=${ROUTE-1} ROUTE_CHUNK=$RC CHUNKS=" " bash bench/cuda/sweep_session.sh 2>&1 | tail -40
 grep -h "GPU plan" $OUT/*.log | head
+# Without --prefill-chunk: the chunk the GPU chose (the largest that fits) and the same sweep.
+timeout 200 device-bin/ds4-bench -m $M --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 \
+  --backend cuda --mem-limit-gb 200 --csv $OUT/cuda_flash_q2_auto.csv > $OUT/cuda_flash_q2_auto.log 2>&1
+grep -h "prefill chunk\|GPU plan" $OUT/cuda_flash_q2_auto.log; cat $OUT/cuda_flash_q2_auto.csv
 (cd $OUT && tar -czf /tmp/v.tgz . && rm -rf ./* && mv /tmp/v.tgz results.tgz)

@@ -106,7 +106,25 @@ impl LocalStage {
     /// A loaded engine (any backend); batches larger than its prefill chunk run in pieces.
     pub fn from_engine(engine: Engine) -> Self {
         let max_sessions = if engine.single_kv() { 1 } else { 8 };
-        Self { engine, sessions: HashMap::new(), scratch: Vec::new(), hidden_out: Vec::new(), logits_out: Vec::new(), max_sessions }
+        let mut s = Self { engine, sessions: HashMap::new(), scratch: Vec::new(), hidden_out: Vec::new(), logits_out: Vec::new(), max_sessions };
+        s.warm_hop_buffers();
+        s
+    }
+
+    /// Bytes of one full prefill chunk's hidden rows at 32 bits: what a hop of this stage sends.
+    pub fn chunk_hidden_bytes(&self) -> usize { self.engine.prefill_chunk.min(self.engine.ctx) * self.hc_dim() * 4 }
+
+    /// Touches, once at start, the host memory a GPU stage's hop of a full prefill chunk writes: the
+    /// downloaded hidden rows and the encoded frame's buffer. The first request otherwise pays their
+    /// page faults (Flash, 4096-token chunks: 2 x 256 MiB). A stage with the head sends no hidden rows.
+    fn warm_hop_buffers(&mut self) {
+        if !self.engine.backend().is_gpu() || self.engine.stage.w.head.is_some() {
+            return;
+        }
+        let n = self.engine.prefill_chunk.min(self.engine.ctx);
+        if self.engine.hidden(n).is_ok() {
+            crate::wire::warm_pool(self.chunk_hidden_bytes());
+        }
     }
 
     pub fn stage(&self) -> &Stage { &self.engine.stage }

@@ -285,6 +285,15 @@ impl FrameReader {
     /// The frame completed by the last read (valid until the next read).
     pub fn frame(&self) -> &[u8] { &bytemuck::cast_slice::<u32, u8>(&self.buf)[BODY_AT..BODY_AT + self.body_len.unwrap_or(0)] }
 
+    /// Grows the buffer, written once, to hold frames of `len` bytes (a full prefill chunk's): the first
+    /// such frame then lands in memory already mapped.
+    pub fn reserve(&mut self, len: usize) {
+        let words = (BODY_AT + len.min(self.max_frame)).div_ceil(4);
+        if self.buf.len() < words {
+            self.buf.resize(words, 0);
+        }
+    }
+
     /// Capacity of the reused buffer in bytes (tests: it does not grow per frame).
     pub fn capacity(&self) -> usize { self.buf.capacity() * 4 }
 
@@ -364,6 +373,13 @@ const POOL_MAX_BYTES: usize = 1 << 30;
 /// A vector to be overwritten (its length and contents are a previous frame's when one was given
 /// back: [`crate::codec::encode`] resizes and overwrites every byte, so nothing is zeroed again).
 pub fn take_buf() -> Vec<u8> { POOL.lock().map(|mut p| p.pop()).ok().flatten().unwrap_or_default() }
+
+/// Puts a buffer of `bytes` bytes, every page written once, into the pool (a stage's first full
+/// chunk then encodes into memory already mapped).
+pub fn warm_pool(bytes: usize) {
+    let v = vec![1u8; bytes];
+    give_back(Bytes::from(v));
+}
 
 /// Returns the activations of a frame that was sent (or consumed) to the pool, when nothing else
 /// holds them.
@@ -501,6 +517,22 @@ mod tests {
         assert!(crate::codec::as_f32(f.activations, 100, 32).is_some());
         assert_eq!(r.capacity(), cap);
         assert!(cap < 2 * frames[0].len(), "one buffer of the largest frame");
+        // Reserved up front for the largest frame: reading the frames then grows nothing.
+        let mut pre = FrameReader::new(1 << 20, &wire[..10]);
+        pre.reserve(frames[0].len());
+        let reserved = pre.capacity();
+        assert!(reserved >= frames[0].len());
+        let mut src3 = Trickle(&wire[10..]);
+        let mut n = 0;
+        loop {
+            match pre.read(&mut src3).unwrap() {
+                ReadStep::Frame => n += 1,
+                ReadStep::Partial => {}
+                ReadStep::Closed => break,
+            }
+        }
+        assert_eq!(n, frames.len());
+        assert_eq!(pre.capacity(), reserved);
         let mut small = FrameReader::new(100, &[]);
         // Refused at its length prefix, before anything is allocated for it.
         assert!(small.read(&mut Trickle(&wire)).is_err(), "over the limit");

@@ -270,6 +270,8 @@ fn session(stage: &mut LocalStage, conn: Conn, progress: &Arc<Progress>, opts: &
     let max_frame = parts.codec.max_frame_length();
     // Bytes the handshake's codec read past the Accept frame are the first of the data frames.
     let mut reader = FrameReader::new(max_frame, &parts.read_buf);
+    // A full prefill chunk's hidden rows (the frame of the first long prompt), mapped now.
+    reader.reserve(stage.chunk_hidden_bytes() + (1 << 16));
     let sock = parts.io.into_std().map_err(|e| DistError::Io(e.to_string()))?;
     sock.set_nonblocking(false)?;
     sock.set_read_timeout(Some(TICK))?;
