@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the prefill chunk chosen without --prefill-chunk (results under $OUT): the
 # ds4-cuda device tests while $FLASH (flash:30 on an 80 GB card, flash on an H200) is synthesized, then
-# ds4-bench's sweep (ctx 512 -> 32768) without --prefill-chunk and with --prefill-chunk 4096 / 256.
+# ds4-bench's sweep (ctx 512 -> 32768) without --prefill-chunk and with --prefill-chunk 4096 / 256; with
+# device-bin/mid-ds4.xz + mid-ds4-bench.xz (a previous build) a 2-stage route of each build (issue 29);
+# with device-bin/mid-bench.xz that build's sweep at 4096 interleaved with this one's (an A/B).
 # Run: bench/cuda/auto_chunk_session.sh (it unpacks device-bin/bins.tar.xz)
 OUT=${OUT:-/tmp/out}; mkdir -p $OUT
 tar -xJf device-bin/bins.tar.xz
@@ -14,10 +16,25 @@ DS4_TEST_DIR=/dev/shm timeout 200 device-bin/device-tests --nocapture --test-thr
 grep -E "^test .*FAILED|test result|panicked" $OUT/device_tests.log
 wait $SP; tail -1 /tmp/synth.log
 cat README.md README.md README.md > /tmp/prompt.txt
-for c in auto 4096 256; do
-  flag=; [ $c != auto ] && flag="--prefill-chunk $c"
-  timeout 200 device-bin/ds4-bench -m $M --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 \
+# With device-bin/mid-bench.xz (a previous build's ds4-bench) its sweep at 4096 too, interleaved: an A/B.
+[ -f device-bin/mid-bench.xz ] && xz -dc device-bin/mid-bench.xz > /tmp/mid-bench && chmod +x /tmp/mid-bench
+for c in auto 4096 mid4096 256 mid4096b 4096b; do
+  bin=device-bin/ds4-bench; case $c in mid*) bin=/tmp/mid-bench ;; esac
+  [ -x $bin ] || continue
+  flag=; [ $c != auto ] && flag="--prefill-chunk $(echo $c | tr -dc 0-9)"
+  timeout 200 $bin -m $M --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 \
     --backend cuda --mem-limit-gb 200 $flag --csv $OUT/sweep_$c.csv > $OUT/sweep_$c.log 2>&1
   echo "== $c"; grep -h "prefill chunk\|GPU plan" $OUT/sweep_$c.log; cat $OUT/sweep_$c.csv
 done
+if [ -f device-bin/mid-ds4.xz ]; then
+  # Issue 29: a 2-stage route (32-bit) of the previous build (mid-ds4*.xz) and of this one, same file.
+  mkdir -p /tmp/midb && for b in ds4 ds4-bench; do xz -dc device-bin/mid-$b.xz > /tmp/midb/$b && chmod +x /tmp/midb/$b; done
+  L=${F#flash:}; [ "$L" = flash ] && L=43
+  for b in /tmp/midb device-bin; do
+    n=$(basename $b)
+    B=$b M=$M SPLIT=$(( L / 2 - 1 + L % 2 )) BACKEND=cuda PCHUNK_RUNS=0 GEN=64 RT=150 CHUNK=4096 OUT=$OUT/route_$n CSV=$OUT/route_$n/route_gpu.csv \
+      bash bench/dist/route_vs_single.sh 32 2>&1 | grep -E "ratio|identical|DIFFER" | cut -c1-200
+    grep -h "telemetry.*prefill" $OUT/route_$n/route_bits32.log | cut -c1-220
+  done
+fi
 (cd $OUT && tar -czf /tmp/v.tgz . && rm -rf ./* && mv /tmp/v.tgz results.tgz)
