@@ -17,11 +17,12 @@ grep -E "^test .*FAILED|test result|panicked" $OUT/device_tests.log
 wait $SP; tail -1 /tmp/synth.log
 cat README.md README.md README.md > /tmp/prompt.txt
 # With device-bin/mid-bench.xz (a previous build's ds4-bench) its sweep at 4096 too, interleaved: an A/B.
-[ -f device-bin/mid-bench.xz ] && xz -dc device-bin/mid-bench.xz > /tmp/mid-bench && chmod +x /tmp/mid-bench
-for c in auto 4096 mid4096 256 mid4096b 4096b; do
-  bin=device-bin/ds4-bench; case $c in mid*) bin=/tmp/mid-bench ;; esac
+# (mid2-bench.xz: a second previous build, swept the same way.)
+for m in mid mid2; do [ -f device-bin/$m-bench.xz ] && xz -dc device-bin/$m-bench.xz > /tmp/$m-bench && chmod +x /tmp/$m-bench; done
+for c in auto 4096 mid4096 mid2_4096 256 4096b mid4096b mid2_4096b; do
+  bin=device-bin/ds4-bench; case $c in mid2*) bin=/tmp/mid2-bench ;; mid*) bin=/tmp/mid-bench ;; esac
   [ -x $bin ] || continue
-  flag=; [ $c != auto ] && flag="--prefill-chunk $(echo $c | tr -dc 0-9)"
+  flag=; [ $c != auto ] && flag="--prefill-chunk $(echo ${c#mid2} | tr -dc 0-9)"
   timeout 200 $bin -m $M --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 \
     --backend cuda --mem-limit-gb 200 $flag --csv $OUT/sweep_$c.csv > $OUT/sweep_$c.log 2>&1
   echo "== $c"; grep -h "prefill chunk\|GPU plan" $OUT/sweep_$c.log; cat $OUT/sweep_$c.csv
