@@ -5,14 +5,15 @@
 # device-bin/mid-ds4.xz + mid-ds4-bench.xz (a previous build) a 2-stage route of each build (issue 29);
 # with device-bin/mid-bench.xz that build's sweep at 4096 interleaved with this one's (an A/B); PROFILE=1
 # adds both builds' per-kernel prefill profile at 4096.
-# Run: bench/cuda/auto_chunk_session.sh (it unpacks device-bin/bins.tar.xz)
+# Run: bench/cuda/auto_chunk_session.sh (it unpacks device-bin/bins.tar.xz). FLASH=flash:12 synthesizes
+# fewer layers (a kernel A/B in less device time); CTX_START/CTX_MAX/GEN narrow the sweep.
 # Results gather in /tmp/res and are packed into $OUT/results.tgz after each step (a call cut short
 # still brings back what was done).
 DEST=${OUT:-/tmp/out}; OUT=/tmp/res; mkdir -p $OUT $DEST
 pack() { tar -czf $DEST/results.tgz -C $OUT .; }
 tar -xJf device-bin/bins.tar.xz
 export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
-F=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print ($1>100000)?"flash":"flash:30"}')
+F=${FLASH:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print ($1>100000)?"flash":"flash:30"}')}
 M=/dev/shm/${F/:/}.gguf
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 (timeout 300 device-bin/ds4-gguf synth $F $M --mix q2 > /tmp/synth.log 2>&1) & SP=$!
@@ -27,7 +28,7 @@ for c in ${SWEEPS:-auto 4096 mid4096 mid2_4096 256 4096b mid4096b mid2_4096b}; d
   bin=device-bin/ds4-bench; case $c in mid2*) bin=/tmp/mid2-bench ;; mid*) bin=/tmp/mid-bench ;; esac
   [ -x $bin ] || continue
   flag=; [ $c != auto ] && flag="--prefill-chunk $(echo ${c#mid2} | tr -dc 0-9)"
-  timeout 200 $bin -m $M --prompt-file /tmp/prompt.txt --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 \
+  timeout 200 $bin -m $M --prompt-file /tmp/prompt.txt --ctx-start ${CTX_START:-512} --ctx-max ${CTX_MAX:-32768} --step-mul 8 --gen-tokens ${GEN:-64} \
     --backend cuda --mem-limit-gb 200 $flag --csv $OUT/sweep_$c.csv > $OUT/sweep_$c.log 2>&1
   echo "== $c"; grep -h "prefill chunk\|GPU plan" $OUT/sweep_$c.log; cat $OUT/sweep_$c.csv; pack
 done
