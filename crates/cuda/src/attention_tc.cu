@@ -74,25 +74,15 @@ __device__ void attn_tc_impl(const float* __restrict__ q, const float* __restric
             float sc[ST][4];
 #pragma unroll
             for (int s = 0; s < ST; s++) sc[s][0] = sc[s][1] = sc[s][2] = sc[s][3] = 0.0f;
-            // Fragments by ldmatrix (the registers of word loads at row g, column 2t): Q's four 8x8
-            // quarters, K's 8-candidate tiles in pairs (x4) or alone (x2). Rows 1040 bytes apart: no conflicts.
-            int lr = lane & 7, lm = lane >> 3;
-            const u16* qa = qs + (ht * 16 + lr + 8 * (lm & 1)) * TC_LD + 8 * (lm >> 1);
+            const u16* qa = qs + (ht * 16 + g) * TC_LD + 2 * t;
 #pragma unroll 4
             for (int k0 = 0; k0 < TC_D; k0 += 16) {
-                u32 a0, a1, a2, a3;
-                ldsm_x4(a0, a1, a2, a3, qa + k0);
+                u32 a0 = *(const u32*)(qa + k0), a1 = *(const u32*)(qa + 8 * TC_LD + k0);
+                u32 a2 = *(const u32*)(qa + k0 + 8), a3 = *(const u32*)(qa + 8 * TC_LD + k0 + 8);
 #pragma unroll
-                for (int s = 0; s + 1 < ST; s += 2) {
-                    u32 b0, b1, b2, b3;
-                    ldsm_x4(b0, b1, b2, b3, ks + (dh * CW + (s + (lm >> 1)) * 8 + lr) * TC_LD + k0 + 8 * (lm & 1));
-                    mma16816(sc[s], a0, a1, a2, a3, b0, b1);
-                    mma16816(sc[s + 1], a0, a1, a2, a3, b2, b3);
-                }
-                if (ST % 2) {
-                    u32 b0, b1;
-                    ldsm_x2(b0, b1, ks + (dh * CW + (ST - 1) * 8 + lr) * TC_LD + k0 + 8 * (lm & 1));
-                    mma16816(sc[ST - 1], a0, a1, a2, a3, b0, b1);
+                for (int s = 0; s < ST; s++) {
+                    const u16* kb = ks + (dh * CW + s * 8 + g) * TC_LD + k0 + 2 * t;
+                    mma16816(sc[s], a0, a1, a2, a3, *(const u32*)kb, *(const u32*)(kb + 8));
                 }
             }
 #pragma unroll

@@ -10,8 +10,7 @@
 // Every output sums its products in the same order for either BT (bit-identical).
 // Weights are f16 (cp.async), or IQ2_XXS (split layout) / Q2_K read as stored: the next step's raw
 // words are loaded into registers before this step's MMAs and decoded to f16 in shared memory after
-// them, with the formulas of dq_iq2s / dq_q2_k (the same f16 values as dequantizing first); Q2_K words
-// are loaded once per 128 values (4 steps) and kept in registers.
+// them, with the formulas of dq_iq2s / dq_q2_k (the same f16 values as dequantizing first).
 // ---------------------------------------------------------------------------------------------
 #define MG_BR 128
 #define MG_BK 32
@@ -55,12 +54,8 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
         asm volatile("cp.async.commit_group;\n");
     };
     uint4 raw[2];
-    u32 sc_hi[2];  // Q2_K: scale bytes 4..7 of the 128 values' 8 (raw.z holds bytes 0..3)
     auto fetch_w = [&](int k0) {
         int c = k0 >> 8, q8 = (k0 >> 5) & 7;
-        // Q2_K: a step's 32 values take 2 bits of each of 32 quant bytes, which hold 128 values: the
-        // bytes, the 8 scales and d / dmin are loaded once per 128 values and kept for 4 steps.
-        if (WT == MG_Q2K && (q8 & 3) != 0) return;
 #pragma unroll
         for (int q = 0; q < 2; q++) {
             int u = tid + q * 256;
@@ -70,9 +65,8 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
                 raw[q] = make_uint4(*(const u32*)p, *(const u32*)(p + 4), ld16(wr + nb * 64 + 2 * c), 0);
             } else if (WT == MG_Q2K) {
                 const u8* b = wr + (u64)c * 84;
-                int h = q8 >> 2, l8 = u & 3;
-                raw[q] = make_uint4(*(const u32*)(b + 16 + 32 * h + 8 * l8), *(const u32*)(b + 20 + 32 * h + 8 * l8), *(const u32*)(b + 8 * h), *(const u32*)(b + 80));
-                sc_hi[q] = *(const u32*)(b + 8 * h + 4);
+                int h = q8 >> 2, s = q8 & 3, l8 = u & 3;
+                raw[q] = make_uint4(*(const u32*)(b + 16 + 32 * h + 8 * l8), *(const u32*)(b + 20 + 32 * h + 8 * l8), b[8 * h + 2 * s + (l8 >> 1)], *(const u32*)(b + 80));
             }
         }
     };
@@ -95,8 +89,8 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
                     o[k / 2] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
                 }
             } else if (WT == MG_Q2K) {
-                int s = (k0 >> 5) & 3, si = 2 * s + (l >> 1);  // scale of values 16 si .. of the 128
-                u32 sc = ((si < 4 ? raw[q].z : sc_hi[q]) >> (8 * (si & 3))) & 255, dd = raw[q].w;
+                int s = (k0 >> 5) & 3;
+                u32 sc = raw[q].z, dd = raw[q].w;
                 float dl = h2f(dd & 0xffff) * (float)(sc & 15), ml = h2f(dd >> 16) * (float)(sc >> 4);
 #pragma unroll
                 for (int k = 0; k < 8; k += 2) {
@@ -134,17 +128,21 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
         const u16* wb = wsh[kt & 1];
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
-            // Fragments by ldmatrix (the same registers as word loads at row g, column 2t, in 4x fewer
-            // instructions): A's four 8x8 quarters (rows +8 for odd matrices, columns +8 for the upper two),
-            // B's two 8-row tiles x two column halves. Rows are 80 bytes apart: no bank conflicts.
             u32 a[2][4], b[NT][2];
-            int lr = lane & 7, lm = lane >> 3;
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-                ldsm_x4(a[mt][0], a[mt][1], a[mt][2], a[mt][3], xa + (wt * 32 + mt * 16 + lr + 8 * (lm & 1)) * MG_LD + kk + 8 * (lm >> 1));
+            for (int mt = 0; mt < 2; mt++) {
+                const u16* p = xa + (wt * 32 + mt * 16 + g) * MG_LD + kk + 2 * t;
+                a[mt][0] = *(const u32*)p;
+                a[mt][1] = *(const u32*)(p + 8 * MG_LD);
+                a[mt][2] = *(const u32*)(p + 8);
+                a[mt][3] = *(const u32*)(p + 8 * MG_LD + 8);
+            }
 #pragma unroll
-            for (int nt = 0; nt < NT; nt += 2)
-                ldsm_x4(b[nt][0], b[nt][1], b[nt + 1][0], b[nt + 1][1], wb + (wr * RW + (nt + (lm >> 1)) * 8 + lr) * MG_LD + kk + 8 * (lm & 1));
+            for (int nt = 0; nt < NT; nt++) {
+                const u16* p = wb + (wr * RW + nt * 8 + g) * MG_LD + kk + 2 * t;
+                b[nt][0] = *(const u32*)p;
+                b[nt][1] = *(const u32*)(p + 8);
+            }
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
