@@ -6,9 +6,14 @@ Our engine is never used to produce an expected value.
 
 Usage (venv at .venv-ref, see HF_MAPPING.md):
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-f32
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-steer
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/debug/ds4-gguf --mixes q4,q2
 
-Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically.
+Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically with the
+same torch build (PyPI's torch 2.15.0 wheel, instead of the CPU index's, gives logits ~2e-6 of max|logit| apart).
+
+Output of `tiny-steer`: crates/model/tests/fixtures/hf_tiny_steer/ (the tiny-f32 model and tokens, QAT off, with two
+directional-steering slots inserted by hooks: install_steering; the seed gives no router/indexer near-tie).
 
 Output of `tiny-f32`: crates/model/tests/fixtures/hf_tiny/ (QAT off, as transformers ships) and
 crates/model/tests/fixtures/hf_tiny_qat/ (the same model and tokens with the shipped FP8 KV / FP4 indexer
@@ -198,10 +203,11 @@ def in_memory_state(model):
 # running with probes
 
 
-def run_with_probes(model, cfg, tokens, qat=False):
+def run_with_probes(model, cfg, tokens, qat=False, steering=None):
     """Full-sequence float32 forward (use_cache=False). Returns logits [S, V], hc states list
     (n_layers+1) of [S, hc, hidden], router margins [L, S], indexer margins [L, S].
-    qat: with the shipped FP8 KV / FP4 indexer rounding (install_qat)."""
+    qat: with the shipped FP8 KV / FP4 indexer rounding (install_qat).
+    steering: directional steering slots (install_steering)."""
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as M
 
     L = cfg.num_hidden_layers
@@ -259,6 +265,8 @@ def run_with_probes(model, cfg, tokens, qat=False):
                 scorer_hook(i, cfg.index_topk, comp.indexer.compress_rate)))
     if qat:
         hooks += install_qat(model, cfg)
+    if steering:
+        hooks += install_steering(model, steering)
     with torch.no_grad():
         out = model(input_ids=tokens, use_cache=False)
     for h in hooks:
@@ -374,6 +382,42 @@ def install_qat(model, cfg, selections=None):
 
 
 # ---------------------------------------------------------------------------------------------
+# Directional steering (ds4's --dir-steering-*), inserted with hooks: the output y of every layer's
+# attention (self_attn) and FFN (mlp) sub-layer, before it is mixed into the HC streams, becomes
+# y - s * v * (v . y), slot after slot, with v the slot's direction for that layer and s its attn / ffn scale.
+
+
+def steering_slots(cfg, seed):
+    """Two slots of random unit directions per layer (float32 [L, hidden]) with their scales."""
+    g = torch.Generator().manual_seed(seed)
+    slots = []
+    for name, ffn, attn in (("dir_a.f32", 2.0, -1.0), ("dir_b.f32", -0.5, 0.5)):
+        d = torch.randn((cfg.num_hidden_layers, cfg.hidden_size), generator=g, dtype=torch.float32)
+        d = d / d.norm(dim=-1, keepdim=True)
+        slots.append({"file": name, "ffn": ffn, "attn": attn, "dirs": d})
+    return slots
+
+
+def install_steering(model, slots):
+    def edit(idx, site):
+        def f(mod, args, out):
+            y = out[0] if isinstance(out, tuple) else out
+            for sl in slots:
+                sc = sl[site]
+                if sc != 0.0:
+                    v = sl["dirs"][idx].to(y.dtype)
+                    y = y - sc * (y * v).sum(-1, keepdim=True) * v
+            return (y,) + tuple(out[1:]) if isinstance(out, tuple) else y
+        return f
+
+    hooks = []
+    for i, layer in enumerate(model.model.layers):
+        hooks.append(layer.self_attn.register_forward_hook(edit(i, "attn")))
+        hooks.append(layer.mlp.register_forward_hook(edit(i, "ffn")))
+    return hooks
+
+
+# ---------------------------------------------------------------------------------------------
 # writing
 
 
@@ -430,17 +474,36 @@ def cmd_tiny_f32(args):
     write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_qat"), qat=True)
 
 
-def write_tiny_set(model, cfg, cfg_dict, tokens, out_dir, qat):
+def cmd_tiny_steer(args):
+    """The tiny-f32 model and tokens with two steering slots (QAT off): crates/model/tests/fixtures/hf_tiny_steer/."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    cfg_dict = tiny_f32_config()
+    model, cfg = build_model(cfg_dict, seed=20260501)
+    g = torch.Generator().manual_seed(777)
+    tokens = torch.randint(0, cfg.vocab_size, (1, SEQ_LEN_F32), generator=g, dtype=torch.long)
+    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_steer"), qat=False,
+                   steering=steering_slots(cfg, seed=4244))
+
+
+def write_tiny_set(model, cfg, cfg_dict, tokens, out_dir, qat, steering=None):
     os.makedirs(out_dir, exist_ok=True)
     S = tokens.shape[1]
-    logits, states, rmargin, imargin = run_with_probes(model, cfg, tokens, qat=qat)
+    logits, states, rmargin, imargin = run_with_probes(model, cfg, tokens, qat=qat, steering=steering)
     L = cfg.num_hidden_layers
     logit_pos = list(range(S))
     state_pos = pick_state_positions(S)
 
-    if not qat:
+    if not qat and not steering:
         write_json(os.path.join(out_dir, "config.json"), cfg_dict)
         save_safetensors(os.path.join(out_dir, "model.safetensors"), in_memory_state(model))
+    if steering:
+        for sl in steering:
+            write_bytes(os.path.join(out_dir, sl["file"]), f32_bytes(sl["dirs"].numpy()))
+        write_json(os.path.join(out_dir, "steering.json"),
+                   {"slots": [{"file": sl["file"], "ffn": sl["ffn"], "attn": sl["attn"]} for sl in steering],
+                    "meaning": "per layer l and sub-layer output y (attention, FFN), slot after slot: "
+                               "y -= scale * v[l] * dot(v[l], y); v: float32 LE [n_layers, hidden]"})
     write_bytes(os.path.join(out_dir, "logits.bin"), f32_bytes(logits[logit_pos].numpy()))
     hc = np.stack([states[l][state_pos].numpy() for l in range(L + 1)])  # [L+1, P, hc, hidden]
     write_bytes(os.path.join(out_dir, "hc_states.bin"), f32_bytes(hc))
@@ -456,7 +519,8 @@ def write_tiny_set(model, cfg, cfg_dict, tokens, out_dir, qat):
                         "on indexer queries and keys, indexer top-k ties to the lower row index" if qat else
                         "; QAT simulation OFF (transformers omits it)"),
         "qat": qat,
-        "checkpoint": "../hf_tiny (config.json, model.safetensors)" if qat else "this directory",
+        "checkpoint": "../hf_tiny (config.json, model.safetensors)" if qat or steering else "this directory",
+        "steering": "steering.json (directional steering inserted by hooks: install_steering)" if steering else None,
         "format": "all .bin files are raw little-endian float32, C order, shapes below; +inf = not applicable",
         "seq_len": S,
         "tokens": tokens[0].tolist(),
@@ -489,7 +553,7 @@ def write_tiny_set(model, cfg, cfg_dict, tokens, out_dir, qat):
         },
     }
     write_json(os.path.join(out_dir, "reference.json"), index)
-    print(f"tiny-f32{' qat' if qat else ''}: wrote {out_dir}")
+    print(f"tiny-f32{' qat' if qat else ''}{' steering' if steering else ''}: wrote {out_dir}")
     for fn in sorted(os.listdir(out_dir)):
         print(f"  {fn}: {os.path.getsize(os.path.join(out_dir, fn))} bytes")
     print(f"  min router margin {np.min(rmargin):.3e}, min indexer margin {np.min(imargin):.3e}")
@@ -614,6 +678,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tiny-f32")
+    sub.add_parser("tiny-steer")
     q = sub.add_parser("tiny-q")
     q.add_argument("--convert-bin", required=True, help="path of the ds4-gguf binary (has `convert`)")
     q.add_argument("--mixes", default="q4,q2")
@@ -621,6 +686,8 @@ def main():
     args = ap.parse_args()
     if args.cmd == "tiny-f32":
         cmd_tiny_f32(args)
+    elif args.cmd == "tiny-steer":
+        cmd_tiny_steer(args)
     else:
         cmd_tiny_q(args)
 

@@ -74,6 +74,9 @@ pub struct LoadOptions {
     pub quiet: bool,
     /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
     pub mtp: Option<crate::speculative::MtpOptions>,
+    /// Directional steering (`--dir-steering-file/-ffn/-attn`): the CPU backend edits the sub-layer
+    /// outputs of every forward call while it is active (`Engine::set_steering_active`).
+    pub steering: Vec<ds4_model::steering::SteerSpec>,
 }
 
 impl Default for LoadOptions {
@@ -96,6 +99,7 @@ impl Default for LoadOptions {
             deterministic: false,
             quiet: false,
             mtp: None,
+            steering: Vec::new(),
         } }
 }
 
@@ -136,6 +140,17 @@ impl LoadOptions {
             m.validate()?;
             self.backend.speculative(self.cuda_devices.len()).map_err(EngineError::Unsupported)?;
         }
+        if !self.steering.is_empty() {
+            if self.backend != Backend::Cpu {
+                return Err(EngineError::Unsupported(format!(
+                    "--dir-steering-file: directional steering runs on the CPU backend in this build, not on {}: add --cpu (or run without it)",
+                    self.backend.name()
+                )));
+            }
+            if self.layers.is_some() {
+                return Err(EngineError::Unsupported("--dir-steering-file with --layers: steering is not carried to a distributed route's stages; run without it".into()));
+            }
+        }
         Ok(())
     }
 
@@ -159,6 +174,8 @@ pub struct Engine {
     pub plan: MemoryPlan,
     /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
     pub mtp: Option<crate::speculative::MtpEngine>,
+    /// The steering loaded with `--dir-steering-file` (applied while active: `stage.steering`).
+    steering: Option<Arc<ds4_model::steering::Steering>>,
 }
 
 /// A model file planned for loading: its metadata, tokenizer and memory plan, admitted by the budget,
@@ -226,6 +243,8 @@ impl Engine {
             let f = ds4_model::mtp::check_file(&m.path, &cfg)?;
             mtp_bytes = Weights::mtp_map_plan(&f, &ds4_model::mtp::block_config(&cfg))?.bytes();
         }
+        // The steering files' sizes against the model, before any weight is read.
+        ds4_model::steering::check(&opts.steering, cfg.n_layer, cfg.n_embd)?;
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
         }
@@ -290,7 +309,7 @@ impl Engine {
             placement: Placement::Cpu,
         };
         let plan = MemoryPlan::new(&input);
-        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None }
+        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None, steering: None }
     }
 
     /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it (on a GPU
@@ -320,6 +339,22 @@ impl Engine {
     /// A fresh KV state for this engine's layers (on a GPU backend it only tracks the position: the
     /// state itself lives on the device).
     pub fn new_kv(&self) -> KvState { self.stage.new_kv(self.ctx) }
+
+    /// The steering loaded with `--dir-steering-file` (None: none).
+    pub fn steering(&self) -> Option<&ds4_model::steering::Steering> { self.steering.as_deref() }
+
+    /// Turns the loaded steering on or off for later forward calls (the server's
+    /// `--dir-steering-policy` steers only some phases of a request). No-op without steering.
+    pub fn set_steering_active(&mut self, on: bool) { self.stage.steering = if on { self.steering.clone() } else { None }; }
+
+    /// Sets slot `slot`'s FFN scale (ds4's `/steer F`); the KV state is kept.
+    pub fn set_steering_ffn(&mut self, slot: usize, v: f32) -> Result<(), EngineError> {
+        let st = self.steering.as_mut().ok_or_else(|| EngineError::Invalid("no steering loaded: start with --dir-steering-file FILE".into()))?;
+        Arc::make_mut(st).set_ffn(slot, v)?;
+        let on = self.stage.steering.is_some();
+        self.set_steering_active(on);
+        Ok(())
+    }
 
     /// The layers this engine runs.
     pub fn range(&self) -> LayerRange { self.stage.w.range }
@@ -486,6 +521,11 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
+        let steering = match opts.steering.as_slice() {
+            [] => None,
+            specs => Some(Arc::new(ds4_model::steering::Steering::load(specs, stage.cfg.n_layer, stage.cfg.n_embd)?)),
+        };
+        stage.steering = steering.clone();
         // A GPU backend drafts on its device: the block's weights stay in the file's mapping until
         // the device takes them, and the device's fit check counts them with the model's.
         let mut gpu_mtp = match &opts.mtp {
@@ -526,7 +566,7 @@ impl LoadPlan {
             Some(g) if opts.auto_chunk => g.rows(),
             _ => opts.prefill_chunk,
         };
-        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp })
+        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp, steering })
     }
 }
 

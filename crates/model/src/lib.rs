@@ -17,6 +17,7 @@ pub mod residency;
 pub mod rope;
 pub mod shard;
 pub mod stage;
+pub mod steering;
 pub mod synth;
 pub mod weights;
 

@@ -214,6 +214,8 @@ pub struct Stage {
     /// reports it in its heartbeats so a hung computation is told from a long one). It must be cheap
     /// (an atomic store); it cannot change results.
     pub on_progress: Option<ProgressHook>,
+    /// Directional steering of the sub-layer outputs (`--dir-steering-*`); None: the plain model.
+    pub steering: Option<std::sync::Arc<crate::steering::Steering>>,
 }
 
 /// See [`Stage::on_progress`].
@@ -222,7 +224,7 @@ pub type ProgressHook = std::sync::Arc<dyn Fn(usize) + Send + Sync>;
 impl Stage {
     pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
         let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
-        Self { cfg, w, opts, ropes, work: Work::default(), trace: None, on_progress: None }
+        Self { cfg, w, opts, ropes, work: Work::default(), trace: None, on_progress: None, steering: None }
     }
 
     /// Reserves work buffers (and each rayon thread's score scratch) for batches of up to `n` tokens at
@@ -400,6 +402,13 @@ impl Stage {
                 &wk.x[i * hd..(i + 1) * hd],
                 &mut wk.cur[i * e..(i + 1) * e],
             );
+        }
+    }
+
+    /// The steering edit of the sub-layer output `work.y` (before it enters the streams).
+    fn steer(&self, il: usize, site: crate::steering::Site, wk: &mut Work, n: usize) {
+        if let Some(st) = &self.steering {
+            st.apply(il, site, &mut wk.y[..n * self.cfg.n_embd]);
         }
     }
 
@@ -665,6 +674,7 @@ impl Stage {
         wk.q = q;
         wk.kvb = kvb;
         wk.o = o;
+        self.steer(il, crate::steering::Site::Attn, wk, n);
         self.hc_post(wk, n);
         Ok(())
     }
@@ -765,6 +775,7 @@ impl Stage {
             wk.y.iter_mut().zip(&wk.ex_out[..n * e]).for_each(|(d, &s)| *d += s);
         }
         wk.xn = xn;
+        self.steer(il, crate::steering::Site::Ffn, wk, n);
         self.hc_post(wk, n);
         Ok(())
     }
