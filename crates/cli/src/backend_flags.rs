@@ -60,6 +60,64 @@ pub struct EngineSwitches {
     pub warm_weights: bool,
     #[command(flatten)]
     pub mtp: MtpFlags,
+    #[command(flatten)]
+    pub steering: SteeringFlags,
+}
+
+/// ds4's directional steering flags. A file opens a slot; the scales that follow it (until the next
+/// file) are that slot's. Bound in order by `SteeringFlags::bind` from the parsed command line.
+#[derive(clap::Args, Debug, Default, Clone)]
+pub struct SteeringFlags {
+    /// Directional steering (CPU backend): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
+    /// layer's FFN/attention output loses s·v·(v·y). Repeatable: up to 8 files, applied in order.
+    #[arg(id = "dir_steering_file", long = "dir-steering-file", value_name = "FILE", action = clap::ArgAction::Append)]
+    pub files: Vec<std::path::PathBuf>,
+    /// Scale after the FFN for the file before it [default: 1]; negative amplifies the direction.
+    #[arg(id = "dir_steering_ffn", long = "dir-steering-ffn", value_name = "F", allow_negative_numbers = true, action = clap::ArgAction::Append)]
+    pub ffn: Vec<f32>,
+    /// Scale after attention for the file before it [default: 0].
+    #[arg(id = "dir_steering_attn", long = "dir-steering-attn", value_name = "F", allow_negative_numbers = true, action = clap::ArgAction::Append)]
+    pub attn: Vec<f32>,
+    /// The slots, bound from the command line's order (`bind`).
+    #[arg(skip)]
+    pub specs: Vec<ds4_model::steering::SteerSpec>,
+}
+
+/// Parses a binary's command line (as `Parser::parse_from`, exiting on a clap error) and binds its
+/// steering flags (`steering` finds them in the parsed value); a steering usage error exits 2.
+pub fn parse_steered<P: clap::Parser>(bin: &str, argv: Vec<std::ffi::OsString>, steering: impl FnOnce(&mut P) -> &mut SteeringFlags) -> P {
+    let m = P::command().get_matches_from(argv);
+    let mut p = P::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    if let Err(e) = steering(&mut p).bind(&m) {
+        eprintln!("{bin}: {e}");
+        std::process::exit(2);
+    }
+    p
+}
+
+/// Values of `id` with their positions on the command line.
+fn placed<T: Clone + Send + Sync + 'static>(m: &clap::ArgMatches, id: &str) -> Vec<(usize, T)> {
+    match (m.get_many::<T>(id), m.indices_of(id)) {
+        (Some(v), Some(i)) => i.zip(v.cloned()).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl SteeringFlags {
+    /// Binds the scales to the files by their order in `m` (the matches these flags were parsed
+    /// from) and checks the scales; a usage error otherwise.
+    pub fn bind(&mut self, m: &clap::ArgMatches) -> Result<(), String> {
+        let specs = ds4_model::steering::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
+        for s in &specs {
+            ds4_model::steering::check_scale("--dir-steering-ffn", s.ffn).map_err(|e| e.to_string())?;
+            ds4_model::steering::check_scale("--dir-steering-attn", s.attn).map_err(|e| e.to_string())?;
+        }
+        if specs.len() > ds4_model::steering::MAX_SLOTS {
+            return Err(format!("--dir-steering-file given {} times: at most {} directions apply at once", specs.len(), ds4_model::steering::MAX_SLOTS));
+        }
+        self.specs = specs;
+        Ok(())
+    }
 }
 
 /// ds4's MTP speculative decoding flags.
@@ -121,6 +179,7 @@ impl EngineSwitches {
             options: self.model_options(),
             // Checked by `MtpFlags::options` in the binaries' usage checks (exit 2 before loading).
             mtp: self.mtp.options().ok().flatten(),
+            steering: self.steering.specs.clone(),
             ..ds4_engine::LoadOptions::default()
         }
     }
@@ -209,6 +268,24 @@ mod tests {
             }
         }
         assert!(pick(&["--rocm"]).unwrap_err().contains("--backend vulkan"));
+    }
+
+    #[test]
+    fn steering_scales_bind_to_the_file_before_them() {
+        use clap::{CommandFactory, FromArgMatches};
+        let parse = |args: &[&str]| -> Result<Vec<ds4_model::steering::SteerSpec>, String> {
+            let m = Cli::command().try_get_matches_from(std::iter::once("ds4").chain(args.iter().copied())).map_err(|e| e.to_string())?;
+            let mut cli = Cli::from_arg_matches(&m).map_err(|e| e.to_string())?;
+            cli.sw.steering.bind(&m)?;
+            Ok(cli.sw.steering.specs)
+        };
+        let s = parse(&["--dir-steering-file", "a", "--dir-steering-ffn", "2", "--cpu", "--dir-steering-file=b", "--dir-steering-attn", "-0.5"]).unwrap();
+        assert_eq!((s.len(), s[0].ffn, s[0].attn, s[1].ffn, s[1].attn), (2, 2.0, 0.0, 1.0, -0.5));
+        assert_eq!(s[1].file, std::path::PathBuf::from("b"));
+        assert!(parse(&[]).unwrap().is_empty());
+        assert!(parse(&["--dir-steering-ffn", "1"]).unwrap_err().contains("need --dir-steering-file"));
+        assert!(parse(&["--dir-steering-file", "a", "--dir-steering-ffn", "250"]).unwrap_err().contains("-100 to 100"));
+        assert!(parse(&["--dir-steering-file", "a", "--dir-steering-attn", "x"]).is_err());
     }
 
     #[test]

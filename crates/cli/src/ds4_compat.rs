@@ -14,7 +14,6 @@ const fn nb(flag: &'static str, what: &'static str) -> NotBuilt { NotBuilt { fla
 const fn family(flag: &'static str, what: &'static str) -> NotBuilt { NotBuilt { flag, prefix: true, what } }
 
 const SPECULATIVE: &str = "DSpark/GLM speculative drafters are not built yet: use the MTP drafter (--mtp FILE --mtp-draft N --mtp-margin F), or run without it (plain decoding gives the same tokens)";
-const STEERING: &str = "directional activation steering is not built yet: run without it";
 const SSD: &str = "SSD expert streaming is not built yet: the whole model must fit in memory (see --mem-limit-gb)";
 const TENSOR_PARALLEL: &str =
     "tensor parallelism is not built yet: use --cuda-devices 0,1,.. (layers split over the GPUs of one host) or --role/--layers (pipeline over hosts)";
@@ -29,7 +28,7 @@ const NOT_BUILT: &[NotBuilt] = &[
     nb("--dspark", SPECULATIVE),
     family("--dspark-", SPECULATIVE),
     family("--glm-mtp", SPECULATIVE),
-    family("--dir-steering-", STEERING),
+    nb("--dir-steering-policy", "--dir-steering-policy is a ds4-server flag: ds4 and ds4-bench steer every token (prompt and answer)"),
     family("--ssd-streaming", SSD),
     nb("--simulate-used-memory", SSD),
     nb("--gpu-vram", "per-GPU VRAM placement is not built yet: use --cuda-devices 0,1,.. to spread the layers"),
@@ -93,7 +92,8 @@ mod tests {
         assert!(not_built("--mtp-model=draft.gguf").unwrap().starts_with("--mtp-model:"));
         assert!(not_built("--dspark").is_some());
         assert!(not_built("--glm-mtp-draft").is_some());
-        assert!(not_built("--dir-steering-ffn").is_some());
+        assert!(not_built("--dir-steering-ffn").is_none(), "steering is built");
+        assert!(not_built("--dir-steering-policy").is_some(), "a server flag");
         assert!(not_built("--rdma-device").is_some());
         assert!(not_built("--prompt").is_none());
         assert!(not_built("--dspark-x").is_some() && not_built("--dsparkx").is_none(), "only the flag or its dash family");

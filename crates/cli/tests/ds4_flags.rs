@@ -63,9 +63,7 @@ const DS4_NOT_YET: &[&[&str]] = &[
     &["--dspark-confidence", "0.6"],
     &["--dspark-strict"],
     &["--glm-mtp", "glm.gguf"],
-    &["--dir-steering-file", "v.f32"],
-    &["--dir-steering-ffn", "1"],
-    &["--dir-steering-attn", "0"],
+    &["--dir-steering-policy", "always"],
     &["--ssd-streaming"],
     &["--ssd-streaming-cold"],
     &["--ssd-streaming-cache-experts", "20GB"],
@@ -220,7 +218,7 @@ fn every_ds4_bench_flag_is_accepted_or_answered_not_yet() {
         assert_known(&args, &o);
         assert!(o.status.success(), "{args:?} should run: {}", stderr(&o));
     }
-    for flag in [&["--rocm"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-file", "v.f32"], &["--gpu-vram", "auto"]] {
+    for flag in [&["--rocm"][..], &["--dspark"], &["--ssd-streaming"], &["--dir-steering-policy", "off"], &["--gpu-vram", "auto"]] {
         let mut args = owned(flag);
         args.extend(owned(&["--prompt-file", &text]));
         let o = run(bench(), &args.iter().map(String::as_str).collect::<Vec<_>>());

@@ -345,14 +345,22 @@ impl Engine {
 
     /// Turns the loaded steering on or off for later forward calls (the server's
     /// `--dir-steering-policy` steers only some phases of a request). No-op without steering.
-    pub fn set_steering_active(&mut self, on: bool) { self.stage.steering = if on { self.steering.clone() } else { None }; }
+    pub fn set_steering_active(&mut self, on: bool) { self.stage.steer_gate.store(on, std::sync::atomic::Ordering::Relaxed); }
+
+    /// The switch `set_steering_active` sets, for a callback that runs between decode steps.
+    pub fn steering_gate(&self) -> Arc<std::sync::atomic::AtomicBool> { self.stage.steer_gate.clone() }
+
+    /// Which sessions of the next `decode_batch` are steered (in its order); empty: all.
+    pub fn set_steering_rows(&mut self, rows: &[bool]) {
+        self.stage.steer_rows.clear();
+        self.stage.steer_rows.extend_from_slice(rows);
+    }
 
     /// Sets slot `slot`'s FFN scale (ds4's `/steer F`); the KV state is kept.
     pub fn set_steering_ffn(&mut self, slot: usize, v: f32) -> Result<(), EngineError> {
         let st = self.steering.as_mut().ok_or_else(|| EngineError::Invalid("no steering loaded: start with --dir-steering-file FILE".into()))?;
         Arc::make_mut(st).set_ffn(slot, v)?;
-        let on = self.stage.steering.is_some();
-        self.set_steering_active(on);
+        self.stage.steering = Some(st.clone());
         Ok(())
     }
 
@@ -526,6 +534,11 @@ impl LoadPlan {
             specs => Some(Arc::new(ds4_model::steering::Steering::load(specs, stage.cfg.n_layer, stage.cfg.n_embd)?)),
         };
         stage.steering = steering.clone();
+        if !opts.quiet {
+            for (i, s) in opts.steering.iter().enumerate() {
+                eprintln!("steering {}: {} (ffn {}, attn {})", i + 1, s.file.display(), s.ffn, s.attn);
+            }
+        }
         // A GPU backend drafts on its device: the block's weights stay in the file's mapping until
         // the device takes them, and the device's fit check counts them with the model's.
         let mut gpu_mtp = match &opts.mtp {

@@ -149,7 +149,9 @@ pub fn model_identity(file: &ds4_gguf::GgufFile, extra: &str) -> [u8; 32] {
 /// Identity of a loaded stage: its model file, numerics options and layer range. Server and CLI use this,
 /// so their files are interchangeable.
 pub fn stage_identity(stage: &ds4_model::Stage) -> [u8; 32] {
-    model_identity(&stage.w.file, &format!("{:?} {:?}", stage.opts, stage.w.range))
+    // Steering changes the KV state; the plain model's identity is unchanged by this clause.
+    let steer = stage.steering.as_ref().map(|s| format!(" steering {}", s.fingerprint())).unwrap_or_default();
+    model_identity(&stage.w.file, &format!("{:?} {:?}{steer}", stage.opts, stage.w.range))
 }
 
 /// Cache key of a token prefix: sha256 of the ids.

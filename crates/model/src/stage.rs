@@ -216,6 +216,11 @@ pub struct Stage {
     pub on_progress: Option<ProgressHook>,
     /// Directional steering of the sub-layer outputs (`--dir-steering-*`); None: the plain model.
     pub steering: Option<std::sync::Arc<crate::steering::Steering>>,
+    /// Whether `steering` applies to the next forward calls (a server steers some phases of a request
+    /// only; shared so a token callback can switch it between decode steps).
+    pub steer_gate: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Rows of a batched step that are steered (empty: every row), while the gate is on.
+    pub steer_rows: Vec<bool>,
 }
 
 /// See [`Stage::on_progress`].
@@ -224,7 +229,7 @@ pub type ProgressHook = std::sync::Arc<dyn Fn(usize) + Send + Sync>;
 impl Stage {
     pub fn new(cfg: Config, w: Weights, opts: Options) -> Self {
         let ropes = (w.range.first..=w.range.last).map(|il| Rope::for_layer(&cfg, cfg.ratio(il))).collect();
-        Self { cfg, w, opts, ropes, work: Work::default(), trace: None, on_progress: None, steering: None }
+        Self { cfg, w, opts, ropes, work: Work::default(), trace: None, on_progress: None, steering: None, steer_gate: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true)), steer_rows: Vec::new() }
     }
 
     /// Reserves work buffers (and each rayon thread's score scratch) for batches of up to `n` tokens at
@@ -407,8 +412,14 @@ impl Stage {
 
     /// The steering edit of the sub-layer output `work.y` (before it enters the streams).
     fn steer(&self, il: usize, site: crate::steering::Site, wk: &mut Work, n: usize) {
-        if let Some(st) = &self.steering {
-            st.apply(il, site, &mut wk.y[..n * self.cfg.n_embd]);
+        let Some(st) = self.steering.as_ref().filter(|_| self.steer_gate.load(std::sync::atomic::Ordering::Relaxed)) else { return };
+        let e = self.cfg.n_embd;
+        if self.steer_rows.is_empty() {
+            st.apply(il, site, &mut wk.y[..n * e]);
+        } else {
+            for (row, _) in wk.y[..n * e].chunks_exact_mut(e).zip(&self.steer_rows).filter(|(_, &on)| on) {
+                st.apply(il, site, row);
+            }
         }
     }
 

@@ -145,6 +145,23 @@ impl Steering {
         Ok(())
     }
 
+    /// A stable digest of the directions and scales (FNV-1a over their bits): KV state computed with
+    /// steering is told apart from the plain model's (`ds4_kvstore::stage_identity`).
+    pub fn fingerprint(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |x: u32| {
+            for b in x.to_le_bytes() {
+                h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        for s in &self.slots {
+            eat(s.ffn.to_bits());
+            eat(s.attn.to_bits());
+            s.dirs.iter().for_each(|v| eat(v.to_bits()));
+        }
+        format!("{} slot(s) {h:016x}", self.slots.len())
+    }
+
     /// Whether any slot edits `site`.
     pub fn edits(&self, site: Site) -> bool { self.slots.iter().any(|s| scale(s, site) != 0.0) }
 

@@ -226,6 +226,18 @@ impl Args {
         if self.dist.active() && self.backend != "cpu" {
             return Err(format!("--backend {} is not available on a coordinator: its own layers run on the CPU", self.backend));
         }
+        if !self.ds4.steering.is_empty() {
+            if self.dist.active() {
+                return Err("--dir-steering-file is not available with --role coordinator: steering is not carried to a route's stages; run without it".into());
+            }
+            if self.backend != "cpu" {
+                return Err(format!("--dir-steering-file: directional steering runs on the CPU backend in this build, not on {}: add --cpu (or run without it)", self.backend));
+            }
+            // Sizes are checked against the model when its metadata is read (before any weight).
+            for s in &self.ds4.steering {
+                std::fs::metadata(&s.file).map_err(|e| format!("--dir-steering-file {}: {e}", s.file.display()))?;
+            }
+        }
         if self.ds4.mtp_options()?.is_some() {
             if self.dist.active() {
                 return Err("--mtp is not available with --role coordinator: the drafter needs the embedding and the output head beside it and drafts are not carried between stages; run the route without --mtp".into());

@@ -53,6 +53,8 @@ struct Sched {
     exact_tool_replay: bool,
     quiet: bool,
     prefill_chunk: usize,
+    /// When the loaded steering applies (`--dir-steering-policy`).
+    steer: crate::steer_policy::SteerPolicy,
     clock: u64,
     /// Next slot to get a prefill slice (round robin among those prefilling).
     next_prefill: usize,
@@ -94,6 +96,7 @@ pub fn spawn(
         exact_tool_replay: cfg.exact_tool_replay,
         quiet: cfg.quiet,
         prefill_chunk: chunk,
+        steer: cfg.steer,
         clock: 0,
         next_prefill: 0,
     };
@@ -221,6 +224,7 @@ impl Sched {
         let t0 = Instant::now();
         let cancel = run.gen.job.cancel.clone();
         let ev = run.gen.job.events.clone();
+        self.engine.set_steering_active(self.steer.prefill());
         let r = {
             let (prep, points, plog) = (&run.prep, &run.points, &mut run.plog);
             let mut progress = |d: usize, t: usize| {
@@ -312,6 +316,8 @@ impl Sched {
         residency::set_phase(residency::Phase::Decode);
         let t0 = Instant::now();
         let toks: Vec<u32> = feed.iter().map(|f| f.1).collect();
+        // Each session's row is steered as its own request's phase (`--dir-steering-policy`).
+        let steer: Vec<bool> = feed.iter().map(|f| self.slots[f.0].run.as_ref().is_some_and(|r| self.steer.decode(r.gen.in_reasoning()))).collect();
         let mut kvs: Vec<&mut ds4_model::KvState> = Vec::with_capacity(feed.len());
         let mut it = feed.iter().peekable();
         for (i, slot) in self.slots.iter_mut().enumerate() {
@@ -320,7 +326,10 @@ impl Sched {
                 kvs.push(&mut slot.live.session.kv);
             }
         }
+        self.engine.set_steering_active(true);
+        self.engine.set_steering_rows(&steer);
         let r = self.engine.decode_batch(&mut kvs, &toks).map(|l| l.to_vec());
+        self.engine.set_steering_rows(&[]);
         drop(kvs);
         let dt = t0.elapsed();
         self.metrics.batch_last_size.store(feed.len() as u64, Relaxed);

@@ -54,14 +54,23 @@ pub struct Ds4Flags {
     pub dspark_confidence: Option<String>,
     #[arg(long = "dspark-strict", hide = true)]
     pub dspark_strict: bool,
-    #[arg(long = "dir-steering-file", value_name = "FILE", hide = true)]
-    pub dir_steering_file: Option<String>,
-    #[arg(long = "dir-steering-ffn", value_name = "F", hide = true, allow_hyphen_values = true)]
-    pub dir_steering_ffn: Option<String>,
-    #[arg(long = "dir-steering-attn", value_name = "F", hide = true, allow_hyphen_values = true)]
-    pub dir_steering_attn: Option<String>,
-    #[arg(long = "dir-steering-policy", value_name = "MODE", hide = true)]
-    pub dir_steering_policy: Option<String>,
+    /// Directional steering (CPU backend): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
+    /// layer's FFN/attention output loses s·v·(v·y). Repeatable: up to 8 files, applied in order.
+    #[arg(id = "dir_steering_file", long = "dir-steering-file", value_name = "FILE", action = clap::ArgAction::Append)]
+    pub dir_steering_file: Vec<PathBuf>,
+    /// Scale after the FFN for the file before it [default: 1]; negative amplifies the direction.
+    #[arg(id = "dir_steering_ffn", long = "dir-steering-ffn", value_name = "F", allow_negative_numbers = true, action = clap::ArgAction::Append)]
+    pub dir_steering_ffn: Vec<f32>,
+    /// Scale after attention for the file before it [default: 0].
+    #[arg(id = "dir_steering_attn", long = "dir-steering-attn", value_name = "F", allow_negative_numbers = true, action = clap::ArgAction::Append)]
+    pub dir_steering_attn: Vec<f32>,
+    /// When steering applies: final-answer (decoding after the reasoning ends), decoding (every
+    /// generated token), always (the prompt too), off.
+    #[arg(long = "dir-steering-policy", value_name = "MODE", default_value = "final-answer", value_parser = ["final-answer", "decoding", "always", "off"])]
+    pub dir_steering_policy: String,
+    /// The steering slots, bound by position (`bind_steering`).
+    #[arg(skip)]
+    pub steering: Vec<ds4_model::steering::SteerSpec>,
     #[arg(long = "power", value_name = "N", hide = true)]
     pub power: Option<String>,
     #[arg(long = "ssd-streaming", hide = true)]
@@ -108,6 +117,24 @@ impl Ds4Flags {
         }
     }
 
+    /// Binds the steering scales to the files by their positions in `m` (the matches these flags were
+    /// parsed from); a usage error otherwise.
+    pub fn bind_steering(&mut self, m: &clap::ArgMatches) -> Result<(), String> {
+        fn placed<T: Clone + Send + Sync + 'static>(m: &clap::ArgMatches, id: &str) -> Vec<(usize, T)> {
+            m.get_many::<T>(id).zip(m.indices_of(id)).map(|(v, i)| i.zip(v.cloned()).collect()).unwrap_or_default()
+        }
+        use ds4_model::steering as st;
+        let specs = st::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
+        for s in &specs {
+            st::check_scale("--dir-steering-ffn", s.ffn).and_then(|_| st::check_scale("--dir-steering-attn", s.attn)).map_err(|e| e.to_string())?;
+        }
+        self.steering = specs;
+        Ok(())
+    }
+
+    /// When the loaded steering applies (`--dir-steering-policy`).
+    pub fn steer_policy(&self) -> crate::steer_policy::SteerPolicy { crate::steer_policy::SteerPolicy::parse(&self.dir_steering_policy) }
+
     /// The MTP options, or the usage error (checked before anything loads).
     pub fn mtp_options(&self) -> Result<Option<ds4_engine::MtpOptions>, String> {
         let Some(path) = &self.mtp else {
@@ -126,7 +153,7 @@ impl Ds4Flags {
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 25] = [
+        let checks: [(bool, &str, &str); 21] = [
             (self.rocm, "--rocm", "the ROCm backend is not built; AMD GPUs run through --backend vulkan (built with --features wgpu), or use --backend cpu"),
             (set(&self.mtp_model), "--mtp-model", "DSpark speculative decoding is not built; use the MTP drafter (--mtp FILE) or run without it"),
             (self.mtp_exact_sampling, "--mtp-exact-sampling", "DSpark exact sampling is not built; MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
@@ -134,10 +161,6 @@ impl Ds4Flags {
             (self.dspark, "--dspark", "DSpark speculative decoding is not built; run without it"),
             (set(&self.dspark_confidence), "--dspark-confidence", "DSpark speculative decoding is not built; run without it"),
             (self.dspark_strict, "--dspark-strict", "DSpark speculative decoding is not built; run without it"),
-            (set(&self.dir_steering_file), "--dir-steering-file", "directional steering is not built; run without it"),
-            (set(&self.dir_steering_ffn), "--dir-steering-ffn", "directional steering is not built; run without it"),
-            (set(&self.dir_steering_attn), "--dir-steering-attn", "directional steering is not built; run without it"),
-            (set(&self.dir_steering_policy), "--dir-steering-policy", "directional steering is not built; run without it"),
             (set(&self.power), "--power", "GPU duty-cycle limiting is not built; run without it (full speed)"),
             (self.ssd_streaming, "--ssd-streaming", "SSD expert streaming is not built; the weights are mapped from the file (use a model that fits in memory)"),
             (self.ssd_streaming_cold, "--ssd-streaming-cold", "SSD expert streaming is not built; run without it"),

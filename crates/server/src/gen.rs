@@ -143,6 +143,9 @@ impl Gen {
         !self.out.block_done
     }
 
+    /// Whether the request is inside its reasoning (after the tokens emitted so far).
+    pub fn in_reasoning(&self) -> bool { self.in_reasoning }
+
     /// True once the client has gone away or cancelled.
     pub fn cancelled(&self) -> bool {
         self.job.cancel.load(Relaxed) || self.job.events.is_closed()

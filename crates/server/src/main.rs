@@ -23,18 +23,24 @@ mod route_kv;
 mod script;
 mod serve;
 mod sse;
+mod steer_policy;
 mod tools;
 mod trace;
 mod worker;
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use ds4_engine::{resolve_model, Engine, LoadOptions, ModelSource};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn main() -> ExitCode {
-    let mut args = args::Args::parse();
+    let matches = args::Args::command().get_matches();
+    let mut args = args::Args::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if let Err(e) = args.ds4.bind_steering(&matches) {
+        eprintln!("ds4-server: {e}");
+        return ExitCode::from(2);
+    }
     if let Some(b) = args.ds4.backend() {
         args.backend = b.to_string();
     }
@@ -162,7 +168,7 @@ fn load(
     trace: Arc<trace::Trace>,
 ) -> Result<(), String> {
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
-    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, ..LoadOptions::default() }.chunk_flag(args.prefill_chunk);
+    let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, steering: args.ds4.steering.clone(), ..LoadOptions::default() }.chunk_flag(args.prefill_chunk);
     if args.ds4.quality {
         // As ds4's --quality: exact kernels (f32 activations) instead of the int8-activation fast path.
         opts.options.precision = ds4_quant::Precision::Exact;
@@ -218,7 +224,7 @@ fn load(
         worker::Model::Local(engine) => engine.prefill_chunk,
         _ => opts.prefill_chunk,
     };
-    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session };
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session, steer: args.ds4.steer_policy() };
     let max_token_bytes = tok.max_token_bytes();
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };

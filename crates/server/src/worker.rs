@@ -154,6 +154,8 @@ pub struct WorkerConfig {
     pub quiet: bool,
     /// KV sessions decoded together (`--batched-session`); 1 = one request at a time.
     pub batched: usize,
+    /// When the loaded steering applies (`--dir-steering-policy`).
+    pub steer: crate::steer_policy::SteerPolicy,
 }
 
 /// What runs the model: a local engine, or a distributed route (`--role coordinator`).
@@ -205,7 +207,7 @@ pub fn spawn(
         }
         Model::Route(r) => Backend::Route(r),
     };
-    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay, quiet: cfg.quiet };
+    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay, quiet: cfg.quiet, steer: cfg.steer };
     std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
         while let Ok(msg) = rx.recv() {
             let job = match msg {
@@ -248,6 +250,7 @@ struct Worker {
     trace: Arc<Trace>,
     exact_tool_replay: bool,
     quiet: bool,
+    steer: crate::steer_policy::SteerPolicy,
 }
 
 static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -284,6 +287,7 @@ impl Worker {
         };
         let prep = match &mut self.backend {
             Backend::Local { engine, live } => {
+                engine.set_steering_active(self.steer.prefill());
                 let p = live.prepare(engine, &tok, job.prompt.clone(), job.rendered.as_deref(), &points, &mut progress, &job.cancel);
                 self.metrics.kv_snapshots_held.store(live.snapshot_count() as u64, Relaxed);
                 self.metrics.kv_snapshot_bytes.store(live.snapshot_bytes() as u64, Relaxed);
@@ -318,7 +322,18 @@ impl Worker {
         let g = RefCell::new(Gen::new(job, seq, tok, ids, self.tool_mem.clone(), self.exact_tool_replay, n_vocab));
         let greedy = g.borrow().greedy;
         let mut sample = |l: &[f32]| g.borrow_mut().sample(l);
-        let mut on_token = |t: u32| g.borrow_mut().on_token(t);
+        // The steering of the step that feeds `t` follows the request's phase after it.
+        let (policy, gate) = match &self.backend {
+            Backend::Local { engine, .. } => (self.steer, Some(engine.steering_gate())),
+            Backend::Route(_) => (self.steer, None),
+        };
+        let mut on_token = |t: u32| {
+            let more = g.borrow_mut().on_token(t);
+            if let Some(gate) = &gate {
+                gate.store(policy.decode(g.borrow().in_reasoning()), Relaxed);
+            }
+            more
+        };
         let mut stats = GenStats::default();
         let eos = Some(ids.eos);
         let speculate = g.borrow().speculable();

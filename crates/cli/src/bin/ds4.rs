@@ -36,7 +36,7 @@ mod repl;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4", about = "DwarfStar: DeepSeek V4 inference (one-shot or interactive chat)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 struct Args {
     /// Model file (default: ./ds4flash.gguf, else the embedded tiny default model).
     #[arg(short = 'm', long = "model")]
@@ -137,7 +137,7 @@ struct Ds4Flags {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse_from(ds4_compat::preprocess("ds4", std::env::args_os()));
+    let args: Args = backend_flags::parse_steered("ds4", ds4_compat::preprocess("ds4", std::env::args_os()), |a: &mut Args| &mut a.ds4.sw.steering);
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -22,7 +22,7 @@ mod power;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
-    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --dir-steering-*, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
+    after_help = "The C engine's flags are accepted; those of features not built here (--dspark, --ssd-streaming, ...) exit 2 with a line saying so. Table: README.md, section 'Flags: from ds4 to DwarfStar'")]
 #[command(group = clap::ArgGroup::new("input").required(true).args(["prompt_file", "chat_prompt_file"]))]
 struct Args {
     #[arg(short = 'm', long = "model")]
@@ -106,7 +106,7 @@ struct BenchDs4Flags {
 }
 
 fn main() -> ExitCode {
-    let a = Args::parse_from(ds4_compat::preprocess("ds4-bench", std::env::args_os()));
+    let a: Args = backend_flags::parse_steered("ds4-bench", ds4_compat::preprocess("ds4-bench", std::env::args_os()), |a: &mut Args| &mut a.ds4.sw.steering);
     match run(a) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

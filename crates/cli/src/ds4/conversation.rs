@@ -16,6 +16,11 @@ pub trait Conversation {
     fn reset(&mut self);
     /// `/ctx N`: a new context size (the conversation is cleared).
     fn set_ctx(&mut self, n: usize) -> Result<(), String>;
+    /// `/steer [F]`: the first steering slot's FFN scale set to F (the KV state is kept), or with
+    /// None only reported; returns the slots' (ffn, attn) scales.
+    fn steer(&mut self, _ffn: Option<f32>) -> Result<Vec<(f32, f32)>, String> {
+        Err("/steer is not available on a distributed route".into())
+    }
     /// Makes the conversation hold exactly `prompt` (prefix reuse); returns the tokens prefilled.
     fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String>;
     /// `greedy`: the sampler is deterministic argmax (a route lets its last stage pick the token).
@@ -59,6 +64,12 @@ impl Conversation for Local {
     fn tokens(&self) -> &[u32] { &self.session.tokens }
     fn prefill_chunk(&self) -> usize { self.session.prefill_chunk }
     fn reset(&mut self) { self.session.reset(&self.eng); }
+    fn steer(&mut self, ffn: Option<f32>) -> Result<Vec<(f32, f32)>, String> {
+        if let Some(v) = ffn {
+            self.eng.set_steering_ffn(0, v).map_err(|e| e.to_string())?;
+        }
+        self.eng.steering().map(|s| s.scales()).ok_or_else(|| "no steering loaded: start ds4 with --dir-steering-file FILE".into())
+    }
     fn set_ctx(&mut self, n: usize) -> Result<(), String> {
         self.eng.ctx = n;
         let chunk = self.session.prefill_chunk;

@@ -9,7 +9,7 @@ use rustyline::{Config, Editor};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 
-const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /power N  /read FILE  /quit";
+const HELP: &str = "commands: /help  /think  /think-max  /nothink  /ctx N  /power N  /steer [F]  /read FILE  /quit";
 /// History entries kept (as ds4).
 const HISTORY_MAX: usize = 512;
 
@@ -82,6 +82,19 @@ fn command(input: &str, conv: &mut dyn Conversation, chat: &mut Chat) -> Next {
             Some((_, Err(e))) => eprintln!("{e}"),
             None => eprintln!("usage: /power N (1 to 100 percent)"),
         },
+        "/steer" => {
+            let scale = match words.next().map(str::parse::<f32>) {
+                Some(Err(_)) => return usage_steer(),
+                v => v.map(|r| r.unwrap_or_default()),
+            };
+            match conv.steer(scale) {
+                Ok(sc) => {
+                    let list: Vec<String> = sc.iter().enumerate().map(|(i, (f, a))| format!("{}: ffn {f} attn {a}", i + 1)).collect();
+                    eprintln!("steering {}", list.join(", "));
+                }
+                Err(e) => eprintln!("{e}"),
+            }
+        }
         "/read" => {
             let path = input.trim_start()["/read".len()..].trim();
             match std::fs::read_to_string(path) {
@@ -92,6 +105,11 @@ fn command(input: &str, conv: &mut dyn Conversation, chat: &mut Chat) -> Next {
         w if w.starts_with('/') => eprintln!("unknown command {w}; {HELP}"),
         _ => return Next::Send(input.to_string()),
     }
+    Next::Nothing
+}
+
+fn usage_steer() -> Next {
+    eprintln!("usage: /steer [F] (the first steering file's FFN scale, -100 to 100)");
     Next::Nothing
 }
 
