@@ -68,7 +68,7 @@ pub struct EngineSwitches {
 /// file) are that slot's. Bound in order by `SteeringFlags::bind` from the parsed command line.
 #[derive(clap::Args, Debug, Default, Clone)]
 pub struct SteeringFlags {
-    /// Directional steering (CPU backend): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
+    /// Directional steering (CPU, Vulkan, Metal): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
     /// layer's FFN/attention output loses s·v·(v·y). Repeatable: up to 8 files, applied in order.
     #[arg(id = "dir_steering_file", long = "dir-steering-file", value_name = "FILE", action = clap::ArgAction::Append)]
     pub files: Vec<std::path::PathBuf>,

@@ -64,6 +64,18 @@ pub(crate) trait DeviceStage: Send {
         Err(ds4_model::ModelError::Invalid(format!("the MTP drafter does not run on the {} backend", self.backend().name())))
     }
 
+    /// Installs directional steering on the device (None removes it); `gate` turns it on or off
+    /// between steps. Backends without it refuse.
+    fn set_steering(&mut self, st: Option<&ds4_model::steering::Steering>, _gate: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+        match st {
+            Some(_) => Err(ds4_model::ModelError::Invalid(format!("--dir-steering-file: directional steering is not built for the {} backend: use --cpu, --vulkan or --metal", self.backend().name()))),
+            None => Ok(()),
+        }
+    }
+
+    /// Which sessions of the next batched steps are steered (empty: all).
+    fn steer_rows(&mut self, _rows: &[bool]) {}
+
     /// KV slots the device holds: sessions resident at once, each in the slot `KvState::slot` names.
     fn kv_slots(&self) -> usize { 1 }
 

@@ -74,7 +74,7 @@ pub struct LoadOptions {
     pub quiet: bool,
     /// MTP speculative decoding (`--mtp FILE --mtp-draft N --mtp-margin F`).
     pub mtp: Option<crate::speculative::MtpOptions>,
-    /// Directional steering (`--dir-steering-file/-ffn/-attn`): the CPU backend edits the sub-layer
+    /// Directional steering (`--dir-steering-file/-ffn/-attn`): the CPU and wgpu backends edit the sub-layer
     /// outputs of every forward call while it is active (`Engine::set_steering_active`).
     pub steering: Vec<ds4_model::steering::SteerSpec>,
 }
@@ -141,11 +141,10 @@ impl LoadOptions {
             self.backend.speculative(self.cuda_devices.len()).map_err(EngineError::Unsupported)?;
         }
         if !self.steering.is_empty() {
-            if self.backend != Backend::Cpu {
-                return Err(EngineError::Unsupported(format!(
-                    "--dir-steering-file: directional steering runs on the CPU backend in this build, not on {}: add --cpu (or run without it)",
-                    self.backend.name()
-                )));
+            if self.backend == Backend::Cuda {
+                return Err(EngineError::Unsupported(
+                    "--dir-steering-file: directional steering is not built for the CUDA backend yet: use --cpu, --vulkan or --metal (or run without it)".into(),
+                ));
             }
             if self.layers.is_some() {
                 return Err(EngineError::Unsupported("--dir-steering-file with --layers: steering is not carried to a distributed route's stages; run without it".into()));
@@ -354,6 +353,9 @@ impl Engine {
     pub fn set_steering_rows(&mut self, rows: &[bool]) {
         self.stage.steer_rows.clear();
         self.stage.steer_rows.extend_from_slice(rows);
+        if let Some(g) = self.gpu.as_mut() {
+            g.steer_rows(rows);
+        }
     }
 
     /// Sets slot `slot`'s FFN scale (ds4's `/steer F`); the KV state is kept.
@@ -361,6 +363,9 @@ impl Engine {
         let st = self.steering.as_mut().ok_or_else(|| EngineError::Invalid("no steering loaded: start with --dir-steering-file FILE".into()))?;
         Arc::make_mut(st).set_ffn(slot, v)?;
         self.stage.steering = Some(st.clone());
+        if let Some(g) = self.gpu.as_mut() {
+            g.set_steering(Some(st), self.stage.steer_gate.clone())?;
+        }
         Ok(())
     }
 
@@ -546,6 +551,9 @@ impl LoadPlan {
             _ => None,
         };
         let mut gpu = load_device(&stage, &opts, &mut memory, place, gpu_mtp.as_ref().map(|m| &m.stage))?;
+        if let (Some(g), Some(st)) = (gpu.as_mut(), steering.as_deref()) {
+            g.set_steering(Some(st), stage.steer_gate.clone())?;
+        }
         if opts.backend == Backend::Cpu {
             // A verify step runs 1 + draft tokens with a logit row each.
             let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);

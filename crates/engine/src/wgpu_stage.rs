@@ -94,5 +94,15 @@ impl DeviceStage for WgpuDevice {
 
     fn kv_slots(&self) -> usize { self.stage.slots() }
 
+    fn set_steering(&mut self, st: Option<&ds4_model::steering::Steering>, gate: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+        use ds4_gpu::DeviceOps;
+        self.stage.ops.set_steering(st, gate).map_err(|e| ds4_model::ModelError::Invalid(format!("wgpu: {e}")))
+    }
+
+    fn steer_rows(&mut self, rows: &[bool]) {
+        use ds4_gpu::DeviceOps;
+        self.stage.ops.steer_rows(rows)
+    }
+
     fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32]> { self.stage.forward_batch(kvs, tokens) }
 }

@@ -217,6 +217,15 @@ pub trait DeviceOps {
     /// Replays the recorded batched step of the begun rows' slots.
     fn replay_batch(&mut self) -> Result<()> { Err("this backend cannot replay a batched step".into()) }
 
+    // Directional steering (`ds4_model::steering`): each sub-layer output edited before its exit.
+    /// Installs `st` (None removes it); `gate` turns it on or off for the steps that follow (read when
+    /// a step is begun or a recorded one submitted).
+    fn set_steering(&mut self, st: Option<&ds4_model::steering::Steering>, _gate: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+        if st.is_some() { Err("this backend does not apply directional steering".into()) } else { Ok(()) }
+    }
+    /// Which rows of the next steps are steered while the gate is on (empty: every row).
+    fn steer_rows(&mut self, _rows: &[bool]) {}
+
     /// Timing hooks of the host side of a step (a measuring aid; no-ops by default).
     fn note_call(&mut self, _one_token: bool) {}
 }

@@ -134,6 +134,9 @@ impl Steering {
 
     pub fn slots(&self) -> usize { self.slots.len() }
 
+    /// Slot `slot`'s direction for layer `il` (`n_embd` floats).
+    pub fn direction(&self, slot: usize, il: usize) -> &[f32] { &self.slots[slot].dirs[il * self.n_embd..(il + 1) * self.n_embd] }
+
     /// (ffn, attn) scales of each slot.
     pub fn scales(&self) -> Vec<(f32, f32)> { self.slots.iter().map(|s| (s.ffn, s.attn)).collect() }
 

@@ -230,8 +230,8 @@ impl Args {
             if self.dist.active() {
                 return Err("--dir-steering-file is not available with --role coordinator: steering is not carried to a route's stages; run without it".into());
             }
-            if self.backend != "cpu" {
-                return Err(format!("--dir-steering-file: directional steering runs on the CPU backend in this build, not on {}: add --cpu (or run without it)", self.backend));
+            if self.backend == "cuda" {
+                return Err("--dir-steering-file: directional steering is not built for the CUDA backend yet: use --cpu, --vulkan or --metal (or run without it)".into());
             }
             // Sizes are checked against the model when its metadata is read (before any weight).
             for s in &self.ds4.steering {

@@ -54,7 +54,7 @@ pub struct Ds4Flags {
     pub dspark_confidence: Option<String>,
     #[arg(long = "dspark-strict", hide = true)]
     pub dspark_strict: bool,
-    /// Directional steering (CPU backend): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
+    /// Directional steering (CPU, Vulkan, Metal): n_layer x n_embd f32 directions (Flash: 43 x 4096); each
     /// layer's FFN/attention output loses s·v·(v·y). Repeatable: up to 8 files, applied in order.
     #[arg(id = "dir_steering_file", long = "dir-steering-file", value_name = "FILE", action = clap::ArgAction::Append)]
     pub dir_steering_file: Vec<PathBuf>,

@@ -98,7 +98,7 @@ fn bad_steering_flags_are_refused() {
         (vec!["--dir-steering-file", missing.to_str().unwrap()], "ds4-steer-missing.f32"),
         (vec!["--dir-steering-file", &m, "--dir-steering-ffn", "101"], "-100 to 100"),
         (vec!["--dir-steering-file", &m, "--dir-steering-policy", "sometimes"], "sometimes"),
-        (vec!["--dir-steering-file", &m, "--backend", "cuda"], "CPU backend"),
+        (vec!["--dir-steering-file", &m, "--backend", "cuda"], "not built for the CUDA backend"),
     ] {
         let out = Command::new(BIN).args(&args).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);

@@ -30,6 +30,7 @@ pub const RING_STORE: &str = concat!(include_str!("shaders/ring_store.wgsl"), in
 pub const INDEXER_SCORES: &str = concat!(include_str!("shaders/indexer_scores.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const TOP_K: &str = concat!(include_str!("shaders/top_k.wgsl"), include_str!("shaders/seq.wgsl"));
 pub const SWIGLU: &str = include_str!("shaders/swiglu.wgsl");
+pub const STEER: &str = include_str!("shaders/steer.wgsl");
 const ARGMAX: &str = include_str!("shaders/argmax.wgsl");
 
 /// Workgroups of the argmax's first phase (each a slice of the row; the second phase merges them).
@@ -453,6 +454,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("rms_norm", RMS_NORM.to_string()),
         ("rope", ROPE.to_string()),
         ("swiglu", SWIGLU.to_string()),
+        ("steer", STEER.to_string()),
         ("argmax", argmax_source()),
         ("embed", embed_source()),
         ("hc_pre", hc_pre_source()),

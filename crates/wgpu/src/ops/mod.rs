@@ -12,6 +12,7 @@ mod moe;
 mod norm;
 mod rope;
 mod router;
+mod steer;
 mod step_matvec;
 mod swiglu;
 
@@ -27,6 +28,7 @@ pub use moe::{ExpertGroups, ExpertMatVec, Experts, Moe, MoeScratch};
 pub use norm::RmsNorm;
 pub use rope::Rope;
 pub use router::{RouteConfig, Router, Routing, MAX_EXPERTS, MAX_EXPERTS_PER_TOKEN};
+pub use steer::{Steer, SteerSite, SteerTables};
 pub use step_matvec::StepMatVec;
 pub use swiglu::SwiGlu;
 

@@ -347,7 +347,10 @@ impl Moe {
         Ok(Self { one, many, tiled, act, shared, post, max_tokens })
     }
 
-    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> { self.encode_steered(enc, None) }
+
+    /// `encode` with `steer` editing the experts' sum before the exit.
+    pub fn encode_steered(&self, enc: &mut Encoder, steer: Option<&super::Steer>) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
         check_tokens("moe", ntok, self.max_tokens)?;
         let [gate, up, down] = match (&self.tiled, &self.many) {
@@ -374,6 +377,9 @@ impl Moe {
             act.encode(enc)?;
             d.encode(enc)?;
             enc.mark("moe_shared");
+        }
+        if let Some(st) = steer {
+            st.encode(enc)?;
         }
         self.post.encode(enc)
     }

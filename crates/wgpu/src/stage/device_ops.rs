@@ -32,6 +32,18 @@ impl WgpuOps {
         Ok(())
     }
 
+    /// `on_layer` for an op that ends in a sub-layer exit: `f` also gets the layer's steering op of
+    /// `site` when steering is installed.
+    fn on_layer_steered(&mut self, li: usize, op: &'static str, site: crate::ops::SteerSite, f: impl FnOnce(&super::layer::Layer, Option<&crate::ops::Steer>, &mut Encoder) -> std::result::Result<(), WgpuError>) -> Result<()> {
+        self.enc()?;
+        let enc = self.enc.as_mut().expect("opened above");
+        let layer = self.layers.get(li).ok_or("wgpu: no such resident layer")?;
+        let steer = self.steer.as_ref().and_then(|s| s.op(li, site));
+        f(layer, steer, enc).map_err(err)?;
+        enc.mark(op);
+        Ok(())
+    }
+
     /// Copies the selected KV slot's mutable state (ring, compressor frontiers) of every layer into
     /// the saved copy `which` picks (at the same slot's part, or at its start when `per_slot` is
     /// false: the checkpoint holds one slot), or back (`restore`); recorded into the open step, or
@@ -132,6 +144,7 @@ impl DeviceOps for WgpuOps {
         }
         let (ntok, pos) = (u32::try_from(step.n).map_err(|_| "wgpu: step too large")?, u32::try_from(step.pos0).map_err(|_| "wgpu: position too large")?);
         self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
+        self.write_steer_flags(step.n).map_err(err)?;
         // The uniform is written now, in queue order: a step recorded ahead reads it when submitted.
         self.gpu.write_step(GpuStep { ntok, pos }, self.slot as u32);
         self.step = Some(GpuStep { ntok, pos });
@@ -176,6 +189,7 @@ impl DeviceOps for WgpuOps {
             }
         }
         self.work.tokens.write_u32(&self.gpu, tokens).map_err(err)?;
+        self.write_steer_flags(step.n).map_err(err)?;
         let enc = self.gpu.begin_batch(&words[..rows.len()]).map_err(err)?;
         self.step = Some(enc.step);
         self.enc = Some(enc);
@@ -249,7 +263,7 @@ impl DeviceOps for WgpuOps {
     }
 
     fn attn_out(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, "attn_out", |l, enc| l.attn_out(enc))
+        self.on_layer_steered(li, "attn_out", crate::ops::SteerSite::Attn, |l, st, enc| l.attn_out(enc, st))
     }
 
     /// Recorded with the routed experts (`Moe`).
@@ -262,7 +276,7 @@ impl DeviceOps for WgpuOps {
     }
 
     fn experts(&mut self, li: usize, _step: Step) -> Result<()> {
-        self.on_layer(li, "ffn_exit", |l, enc| l.moe(enc))
+        self.on_layer_steered(li, "ffn_exit", crate::ops::SteerSite::Ffn, |l, st, enc| l.moe(enc, st))
     }
 
     /// Done by `Moe` with the experts.
@@ -357,12 +371,22 @@ impl DeviceOps for WgpuOps {
     /// Submits the step recorded ahead (its tokens and uniform were written by `begin_step`).
     fn replay(&mut self, key: usize) -> Result<()> {
         let enc = self.prepared.get_mut(key).and_then(Option::take).ok_or_else(|| format!("wgpu: no decode step of kind {key} recorded"))?;
+        // A step recorded ahead steers as the gate says now (written before it is submitted).
+        self.write_steer_flags(1).map_err(err)?;
         self.step = None;
         self.gpu.submit(enc).map_err(err)
     }
 
     fn replay_consumes(&self) -> bool {
         true
+    }
+
+    fn set_steering(&mut self, st: Option<&ds4_model::steering::Steering>, gate: std::sync::Arc<std::sync::atomic::AtomicBool>) -> Result<()> {
+        self.install_steering(st, gate).map_err(err)
+    }
+
+    fn steer_rows(&mut self, rows: &[bool]) {
+        self.set_steer_rows(rows)
     }
 
     fn read_logits(&mut self, dst: &mut [f32]) -> Result<()> {

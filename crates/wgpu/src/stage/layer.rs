@@ -295,9 +295,12 @@ impl Layer {
         self.attn.encode(enc)
     }
 
-    pub fn attn_out(&self, enc: &mut crate::Encoder) -> Result<(), WgpuError> {
+    pub fn attn_out(&self, enc: &mut crate::Encoder, steer: Option<&crate::ops::Steer>) -> Result<(), WgpuError> {
         self.out_a.encode(enc)?;
         self.out_b.encode(enc)?;
+        if let Some(st) = steer {
+            st.encode(enc)?;
+        }
         self.attn_post.encode(enc)
     }
 
@@ -305,8 +308,8 @@ impl Layer {
         self.router.encode(enc)
     }
 
-    /// Routed experts, the shared expert, their sum and the FFN exit (one op).
-    pub fn moe(&self, enc: &mut crate::Encoder) -> Result<(), WgpuError> {
-        self.moe.encode(enc)
+    /// Routed experts, the shared expert, their sum (steered by `steer`) and the FFN exit (one op).
+    pub fn moe(&self, enc: &mut crate::Encoder, steer: Option<&crate::ops::Steer>) -> Result<(), WgpuError> {
+        self.moe.encode_steered(enc, steer)
     }
 }

@@ -11,6 +11,7 @@ mod kv;
 mod layer;
 mod mtp;
 mod plan;
+mod steer;
 mod work;
 
 use std::ops::{Deref, DerefMut};
@@ -65,6 +66,8 @@ pub struct WgpuOps {
     /// step being recorded is one (its compressors keep their projection rows).
     undo_cap: usize,
     undo_step: bool,
+    /// Directional steering, when installed (`DeviceOps::set_steering`).
+    steer: Option<steer::SteerState>,
     /// Test hook: a mistake injected into batched steps (tests show their comparison catches it).
     #[doc(hidden)]
     pub batch_fault: BatchFault,
@@ -100,7 +103,7 @@ impl WgpuOps {
             d.create_buffer(&wgpu::BufferDescriptor { label: Some("logits staging"), size: bytes, usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST, mapped_at_creation: false })
         })?;
         gpu.wait()?;
-        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step: None, prepared: (0..REPLAY_KEYS).map(|_| None).collect(), step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging, slots, slot: 0, undo_cap: nmax.min(crate::ops::UNDO_ROWS), undo_step: false, batch_fault: BatchFault::None })
+        Ok(Self { gpu, cfg, range: part, work, layers, embed, head, hash_routed, enc: None, step: None, prepared: (0..REPLAY_KEYS).map(|_| None).collect(), step_n: 0, head_pick: HeadPick::Last, head_rows: 0, row_staging, slots, slot: 0, undo_cap: nmax.min(crate::ops::UNDO_ROWS), undo_step: false, steer: None, batch_fault: BatchFault::None })
     }
 
     pub fn gpu(&self) -> &Gpu {
