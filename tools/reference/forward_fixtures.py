@@ -462,26 +462,26 @@ def pick_state_positions(S):
     return sorted(p for p in pos if 0 <= p < S)
 
 
-def cmd_tiny_f32(args):
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
-    cfg_dict = tiny_f32_config()
-    model, cfg = build_model(cfg_dict, seed=20260501)
-    g = torch.Generator().manual_seed(777)
-    S = SEQ_LEN_F32
-    tokens = torch.randint(0, cfg.vocab_size, (1, S), generator=g, dtype=torch.long)
-    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny"), qat=False)
-    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_qat"), qat=True)
-
-
-def cmd_tiny_steer(args):
-    """The tiny-f32 model and tokens with two steering slots (QAT off): crates/model/tests/fixtures/hf_tiny_steer/."""
+def tiny_f32_model_and_tokens():
+    """The tiny-f32 model (fixed seed) and its reference tokens, on one deterministic torch thread."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     cfg_dict = tiny_f32_config()
     model, cfg = build_model(cfg_dict, seed=20260501)
     g = torch.Generator().manual_seed(777)
     tokens = torch.randint(0, cfg.vocab_size, (1, SEQ_LEN_F32), generator=g, dtype=torch.long)
+    return model, cfg, cfg_dict, tokens
+
+
+def cmd_tiny_f32(args):
+    model, cfg, cfg_dict, tokens = tiny_f32_model_and_tokens()
+    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny"), qat=False)
+    write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_qat"), qat=True)
+
+
+def cmd_tiny_steer(args):
+    """The tiny-f32 model and tokens with two steering slots (QAT off): crates/model/tests/fixtures/hf_tiny_steer/."""
+    model, cfg, cfg_dict, tokens = tiny_f32_model_and_tokens()
     write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_steer"), qat=False,
                    steering=steering_slots(cfg, seed=4244))
 

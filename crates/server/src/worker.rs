@@ -336,7 +336,10 @@ impl Worker {
         };
         let mut stats = GenStats::default();
         let eos = Some(ids.eos);
-        let speculate = g.borrow().speculable();
+        // Under `final-answer` steering starts after the reasoning's end, which a verify step of
+        // several drafted rows could hold: such a request decodes without drafts.
+        let steered = matches!(&self.backend, Backend::Local { engine, .. } if engine.steering().is_some());
+        let speculate = g.borrow().speculable() && !(steered && self.steer == crate::steer_policy::SteerPolicy::FinalAnswer && g.borrow().in_reasoning());
         let r = match &mut self.backend {
             Backend::Local { engine, live } if speculate && live.session.speculative() => {
                 let mut s = SpecGen(&g);
