@@ -42,7 +42,6 @@ const NOT_BUILT: &[NotBuilt] = &[
     nb("--head-test", GPU_DIAGNOSTICS),
     nb("--first-token-test", GPU_DIAGNOSTICS),
     family("--metal-graph-", GPU_DIAGNOSTICS),
-    nb("--decode-consistency", "--decode-consistency is not built yet: use --dump-logprobs to compare runs"),
     nb("--server", "the HTTP server is a separate binary: run ds4-server"),
 ];
 

@@ -86,7 +86,6 @@ const DS4_NOT_YET: &[&[&str]] = &[
     &["--metal-graph-test"],
     &["--metal-graph-full-test"],
     &["--metal-graph-prompt-test"],
-    &["--decode-consistency", "8"],
     &["--server"],
 ];
 
@@ -134,6 +133,7 @@ fn every_ds4_flag_is_accepted_or_answered_not_yet() {
         &["--dump-logprobs", &lp],
         &["--logprobs-top-k", "3"],
         &["--dump-logits", &lg],
+        &["--decode-consistency", "4"],
         &["--raw-prompt"],
         &["--prefix-file", &turns],
         &["--gpu-devices", "0"],

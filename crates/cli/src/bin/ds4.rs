@@ -134,6 +134,10 @@ struct Ds4Flags {
     /// Write the next-token logits after the prompt to FILE (JSON) and exit.
     #[arg(long = "dump-logits")]
     dump_logits: Option<PathBuf>,
+    /// Decode N greedy tokens one step at a time, then prefill the same tokens afresh, and compare each
+    /// position's logits (the decode path against the batched one); print the result and exit.
+    #[arg(long = "decode-consistency", value_name = "N")]
+    decode_consistency: Option<usize>,
 }
 
 fn main() -> ExitCode {
@@ -166,14 +170,17 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     }
     let d = &args.ds4;
     let has_prompt = args.prompt.is_some() || args.prompt_file.is_some();
-    if (d.dump_tokens || d.dump_logprobs.is_some() || d.dump_logits.is_some()) && !has_prompt {
-        usage("--dump-tokens, --dump-logprobs and --dump-logits need a prompt (-p or --prompt-file)");
+    if (d.dump_tokens || d.dump_logprobs.is_some() || d.dump_logits.is_some() || d.decode_consistency.is_some()) && !has_prompt {
+        usage("--dump-tokens, --dump-logprobs, --dump-logits and --decode-consistency need a prompt (-p or --prompt-file)");
+    }
+    if d.decode_consistency == Some(0) {
+        usage("--decode-consistency N: N must be at least 1");
     }
     if d.perplexity_file.is_some() && has_prompt {
         usage("--perplexity-file scores a file: give it without -p/--prompt-file");
     }
-    if args.dist.active() && (d.inspect || d.dump_tokens || d.dump_logits.is_some() || d.perplexity_file.is_some()) {
-        usage("--inspect, --dump-tokens, --dump-logits and --perplexity-file run on one process, not with --role");
+    if args.dist.active() && (d.inspect || d.dump_tokens || d.dump_logits.is_some() || d.perplexity_file.is_some() || d.decode_consistency.is_some()) {
+        usage("--inspect, --dump-tokens, --dump-logits, --perplexity-file and --decode-consistency run on one process, not with --role");
     }
     if args.prefill_chunk == Some(0) {
         usage("--prefill-chunk must be at least 1");
@@ -287,6 +294,9 @@ fn run(args: Args) -> Result<(), String> {
     if let (Some(f), Some(p)) = (&args.ds4.dump_logits, &prompt) {
         return dump_logits(&args, &mut conv, prefix, p, f);
     }
+    if let (Some(n), Some(p)) = (args.ds4.decode_consistency, &prompt) {
+        return decode_consistency(&args, &mut conv, prefix, p, n);
+    }
     let r = converse(&args, &mut conv, prefix, prompt);
     if let (Some(p), Ok(())) = (&args.kv_save, &r) {
         conv.eng.kv_to_host(&mut conv.session.kv).map_err(|e| format!("--kv-save {}: {e}", p.display()))?;
@@ -303,6 +313,31 @@ fn dump_logits(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::M
     let toks = chat.prompt_tokens(conv, prompt)?;
     conv.sync(&toks, &mut |_, _| {}, &AtomicBool::new(false))?;
     diagnostics::write_logits(file, toks.len(), &conv.session.logits)
+}
+
+/// `--decode-consistency N`: the prompt (rendered as the chat would), N greedy tokens decoded one step
+/// at a time, and the same tokens prefilled afresh; one line per step with `--debug`.
+fn decode_consistency(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::chat::Message>, prompt: &str, n: usize) -> Result<(), String> {
+    let chat = Chat::new(chat_config(args, prefix), conv.n_vocab())?;
+    let toks = chat.prompt_tokens(conv, prompt)?;
+    let c = diagnostics::decode_consistency(&mut conv.eng, &toks, n, &AtomicBool::new(false))?;
+    if args.debug {
+        for (i, (d, same)) in c.per_step.iter().enumerate() {
+            eprintln!("ds4: decode step {i}: max |Δlogit| {d:.3e}{}", if *same { "" } else { ", argmax differs" });
+        }
+    }
+    let worst = c.worst();
+    println!(
+        "decode consistency: {} steps after {} prompt tokens ({}): max |Δlogit| {worst:.3e} ({:.3e} of max |logit| {:.3}), argmax agrees {}/{}",
+        c.steps,
+        toks.len(),
+        conv.eng.backend().name(),
+        worst / c.max_logit.max(f32::MIN_POSITIVE),
+        c.max_logit,
+        c.argmax_agree(),
+        c.steps
+    );
+    Ok(())
 }
 
 /// How the model (or this process's layers of it) is loaded.

@@ -100,3 +100,74 @@ mod tests {
         assert!((super::log_softmax_at(&row, 2) - (0.25f64).ln()).abs() < 1e-12);
     }
 }
+
+/// What `--decode-consistency N` measured: one-token decode steps against a fresh prefill of the
+/// same tokens (the logits of each position computed both ways).
+pub struct Consistency {
+    pub steps: usize,
+    /// Per step: max |Δlogit| and whether the argmax agrees.
+    pub per_step: Vec<(f32, bool)>,
+    /// Largest |logit| of the prefill's rows (the scale of the differences).
+    pub max_logit: f32,
+}
+
+impl Consistency {
+    pub fn worst(&self) -> f32 { self.per_step.iter().fold(0f32, |m, &(d, _)| if d.is_nan() || m.is_nan() { f32::NAN } else { m.max(d) }) }
+    pub fn argmax_agree(&self) -> usize { self.per_step.iter().filter(|s| s.1).count() }
+}
+
+fn argmax_of(row: &[f32]) -> usize { (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap_or(0) }
+
+/// `--decode-consistency N`: prefills `prompt`, decodes `n` greedy tokens one step at a time keeping
+/// each step's logits, then prefills prompt + those tokens into a fresh state (every row's logits) and
+/// compares the rows position by position: the decode path against the batched prefill path.
+pub fn decode_consistency(eng: &mut Engine, prompt: &[u32], n: usize, cancel: &AtomicBool) -> Result<Consistency, String> {
+    let vocab = eng.cfg().n_vocab;
+    if prompt.is_empty() || n == 0 {
+        return Err("--decode-consistency needs a prompt and N >= 1".into());
+    }
+    if prompt.len() + n > eng.ctx {
+        return Err(format!("--decode-consistency {n}: the prompt's {} tokens and {n} more do not fit --ctx {}", prompt.len(), eng.ctx));
+    }
+    let chunk = eng.prefill_chunk.max(1);
+    let stop = || cancel.load(std::sync::atomic::Ordering::SeqCst);
+    // Decode path: the prompt, then one token a step (each step's logits kept).
+    let mut kv = eng.new_kv();
+    let mut last = Vec::new();
+    for part in prompt.chunks(chunk) {
+        last = eng.forward(&mut kv, part, None, Logits::Last).map_err(|e| e.to_string())?.to_vec();
+    }
+    let (mut tokens, mut decoded) = (Vec::with_capacity(n), Vec::with_capacity(n * vocab));
+    for _ in 0..n {
+        if stop() {
+            return Err("interrupted".into());
+        }
+        let t = argmax_of(&last) as u32;
+        tokens.push(t);
+        last = eng.forward(&mut kv, &[t], None, Logits::Last).map_err(|e| e.to_string())?.to_vec();
+        decoded.extend_from_slice(&last);
+    }
+    // Prefill path: prompt + the tokens in a fresh state, every row's logits.
+    let mut all: Vec<u32> = prompt.to_vec();
+    all.extend(&tokens);
+    let mut kv = eng.new_kv();
+    let mut rows = Vec::with_capacity(all.len() * vocab);
+    for part in all.chunks(chunk) {
+        if stop() {
+            return Err("interrupted".into());
+        }
+        rows.extend_from_slice(eng.forward(&mut kv, part, None, Logits::All).map_err(|e| e.to_string())?);
+    }
+    // Decode step i fed token i at position P + i: the prefill's row P + i.
+    let p = prompt.len();
+    let mut per_step = Vec::with_capacity(n);
+    let mut max_logit = 0f32;
+    for i in 0..n {
+        let want = &rows[(p + i) * vocab..(p + i + 1) * vocab];
+        let got = &decoded[i * vocab..(i + 1) * vocab];
+        let d = got.iter().zip(want).fold(0f32, |m, (a, b)| if (a - b).is_nan() { f32::NAN } else { m.max((a - b).abs()) });
+        max_logit = want.iter().fold(max_logit, |m, v| m.max(v.abs()));
+        per_step.push((d, argmax_of(got) == argmax_of(want)));
+    }
+    Ok(Consistency { steps: n, per_step, max_logit })
+}
