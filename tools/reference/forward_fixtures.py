@@ -7,6 +7,7 @@ Our engine is never used to produce an expected value.
 Usage (venv at .venv-ref, see HF_MAPPING.md):
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-f32
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-steer
+    .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-imatrix
     .venv-ref/bin/python tools/reference/forward_fixtures.py tiny-q --convert-bin target/debug/ds4-gguf --mixes q4,q2
 
 Deterministic: fixed seeds, one torch thread; re-running re-creates the fixtures byte-identically with the
@@ -479,6 +480,56 @@ def cmd_tiny_f32(args):
     write_tiny_set(model, cfg, cfg_dict, tokens, os.path.join(FIX_DIR, "hf_tiny_qat"), qat=True)
 
 
+def cmd_tiny_imatrix(args):
+    """ds4's routed-expert imatrix statistics of the tiny-f32 model over its reference tokens (QAT off):
+    crates/model/tests/fixtures/hf_tiny_imatrix/. Per layer and expert, over the tokens routed to it:
+    the mean square of each column of the experts' input (the FFN's normalised input, what gate and up
+    read) and of the down projection's input, taken as ds4 takes it: the SwiGLU output times the
+    token's route weight (transformers applies the weight after down; the product is the same)."""
+    model, cfg, cfg_dict, tokens = tiny_f32_model_and_tokens()
+    L, E, H, FF = cfg.num_hidden_layers, cfg.n_routed_experts, cfg.hidden_size, cfg.moe_intermediate_size
+    gate_up = np.zeros((L, E, H), dtype=np.float64)
+    down = np.zeros((L, E, FF), dtype=np.float64)
+    counts = np.zeros((L, E), dtype=np.int64)
+
+    def capture(il):
+        def f(mod, args):
+            x, idx, w = args[0].double(), args[1], args[2].double()
+            for t in range(x.shape[0]):
+                for s in range(idx.shape[1]):
+                    e = int(idx[t, s])
+                    gu = torch.nn.functional.linear(x[t], mod.gate_up_proj[e].double())
+                    mid = mod._apply_gate(gu) * w[t, s]
+                    gate_up[il, e] += (x[t] ** 2).numpy()
+                    down[il, e] += (mid ** 2).numpy()
+                    counts[il, e] += 1
+        return f
+
+    hooks = [layer.mlp.experts.register_forward_pre_hook(capture(i)) for i, layer in enumerate(model.model.layers)]
+    with torch.no_grad():
+        model(input_ids=tokens, use_cache=False)
+    for h in hooks:
+        h.remove()
+    c = np.maximum(counts, 1)[..., None]
+    gu_mean = np.where(counts[..., None] > 0, gate_up / c, 1.0)
+    dn_mean = np.where(counts[..., None] > 0, down / c, 1.0)
+    out_dir = os.path.join(FIX_DIR, "hf_tiny_imatrix")
+    os.makedirs(out_dir, exist_ok=True)
+    write_bytes(os.path.join(out_dir, "gate_up.bin"), f32_bytes(gu_mean))
+    write_bytes(os.path.join(out_dir, "down.bin"), f32_bytes(dn_mean))
+    write_json(os.path.join(out_dir, "reference.json"), {
+        "generator": "tools/reference/forward_fixtures.py tiny-imatrix",
+        "reference": "transformers 5.17.0 DeepseekV4ForCausalLM (the hf_tiny checkpoint and tokens, QAT off), a forward "
+                     "pre-hook on every layer's mlp.experts; sums in float64",
+        "format": "gate_up.bin f32 LE [n_layers, n_experts, hidden]: mean over routed tokens of x^2 (x: the experts' "
+                  "input); down.bin f32 LE [n_layers, n_experts, moe_intermediate]: mean of (swiglu(x) * route weight)^2; "
+                  "1.0 for an expert no token reached (as ds4 writes it)",
+        "counts": counts.tolist(),
+        "seq_len": int(tokens.shape[1]),
+    })
+    print(f"tiny-imatrix: wrote {out_dir}; routes per layer {counts.sum(axis=1).tolist()}, unreached experts {int((counts == 0).sum())}")
+
+
 def cmd_tiny_steer(args):
     """The tiny-f32 model and tokens with two steering slots (QAT off): crates/model/tests/fixtures/hf_tiny_steer/."""
     model, cfg, cfg_dict, tokens = tiny_f32_model_and_tokens()
@@ -679,6 +730,7 @@ def main():
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("tiny-f32")
     sub.add_parser("tiny-steer")
+    sub.add_parser("tiny-imatrix")
     q = sub.add_parser("tiny-q")
     q.add_argument("--convert-bin", required=True, help="path of the ds4-gguf binary (has `convert`)")
     q.add_argument("--mixes", default="q4,q2")
@@ -688,6 +740,8 @@ def main():
         cmd_tiny_f32(args)
     elif args.cmd == "tiny-steer":
         cmd_tiny_steer(args)
+    elif args.cmd == "tiny-imatrix":
+        cmd_tiny_imatrix(args)
     else:
         cmd_tiny_q(args)
 

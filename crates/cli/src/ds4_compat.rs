@@ -38,7 +38,6 @@ const NOT_BUILT: &[NotBuilt] = &[
     family("--rdma-", TENSOR_PARALLEL),
     nb("--vision", "vision input is not built yet: text prompts only"),
     nb("--expert-profile", "the routed-expert profile is Metal-only and not built: run without it"),
-    family("--imatrix-", "imatrix collection is not built yet: use the C engine's ds4 --imatrix-dataset for quantization data"),
     nb("--head-test", GPU_DIAGNOSTICS),
     nb("--first-token-test", GPU_DIAGNOSTICS),
     family("--metal-graph-", GPU_DIAGNOSTICS),

@@ -160,3 +160,48 @@ fn interactive_chat_as_distributed_coordinator_matches_single_process() {
     assert_eq!(route, single);
     assert!(route.iter().all(|t| !t.trim().is_empty()), "{route:?}");
 }
+
+/// `--imatrix-dataset` / `--imatrix-out`: the dataset's prompts (blocks after marker lines) prefilled on
+/// the CPU, and the `.dat` in ds4's layout: 3 entries a layer (gate, up, down, named as the tensors),
+/// each with ncall 1 and n_expert x columns values, then the layer batches seen and the dataset path.
+/// The statistics themselves are checked against transformers in hf_forward.rs.
+#[test]
+fn imatrix_collects_over_the_dataset_and_writes_the_dat() {
+    let dir = std::env::temp_dir().join(format!("ds4-imatrix-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ds = dir.join("d.txt");
+    std::fs::write(&ds, "===== DS4_IMATRIX_PROMPT 1\nHello there, how are you?\n===== DS4_IMATRIX_PROMPT 2\nQuel ramo del lago di Como\n===== DS4_IMATRIX_PROMPT 3\nthird\n").unwrap();
+    let out = dir.join("i.dat");
+    let (d, o) = (ds.to_str().unwrap(), out.to_str().unwrap());
+    let r = ds4().args(["--cpu", "--imatrix-dataset", d, "--imatrix-out", o, "--imatrix-max-prompts", "2"]).output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(r.status.success(), "{err}");
+    assert!(err.contains("from 2 prompts"), "{err}");
+    let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
+    let cfg = ds4_model::Config::from_gguf(&ds4_gguf::GgufFile::open(&model).unwrap()).unwrap();
+    let b = std::fs::read(&out).unwrap();
+    let i = |at: usize| i32::from_le_bytes(b[at..at + 4].try_into().unwrap()) as usize;
+    assert_eq!(i(0), 3 * cfg.n_layer);
+    let mut at = 4;
+    for il in 0..cfg.n_layer {
+        for (m, cols) in [("gate", cfg.n_embd), ("up", cfg.n_embd), ("down", cfg.ff_exp)] {
+            let name = format!("blk.{il}.ffn_{m}_exps.weight");
+            assert_eq!(&b[at + 4..at + 4 + i(at)], name.as_bytes());
+            at += 4 + i(at);
+            assert_eq!((i(at), i(at + 4)), (1, cfg.n_expert * cols), "{name}");
+            at += 8 + 4 * cfg.n_expert * cols;
+        }
+    }
+    assert_eq!(i(at), 2 * cfg.n_layer, "one layer batch per layer and prompt (short prompts: one chunk each)");
+    assert_eq!(&b[at + 8..], d.as_bytes());
+    assert_eq!(i(at + 4), d.len());
+    // A token budget stops inside a prompt.
+    let r = ds4().args(["--cpu", "--imatrix-dataset", d, "--imatrix-out", o, "--imatrix-max-tokens", "5"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&r.stderr).contains("from 1 prompts, 5 tokens"), "{}", String::from_utf8_lossy(&r.stderr));
+    // Usage errors before loading: one flag without the other, with a prompt.
+    for args in [&["--imatrix-out", o][..], &["--imatrix-dataset", d], &["--imatrix-dataset", d, "--imatrix-out", o, "-p", "x"]] {
+        let r = ds4().args(args).output().unwrap();
+        assert_eq!(r.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&r.stderr));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

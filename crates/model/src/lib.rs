@@ -6,6 +6,7 @@ pub mod config;
 pub mod error;
 pub mod hc;
 pub mod hostload;
+pub mod imatrix;
 pub mod kv;
 pub mod mapplan;
 pub mod memplan;

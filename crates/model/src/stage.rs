@@ -79,6 +79,8 @@ pub(crate) struct Work {
     tpos: Vec<usize>, // n: position of each token in its own sequence
     tseg: Vec<usize>, // n: index of each token's span
     hrows: Vec<usize>, // rows that get logits
+    /// Routed-expert input statistics being collected (`Stage::collect_imatrix`).
+    imatrix: Option<Box<crate::imatrix::Imatrix>>,
 }
 
 /// One sequence's share of a forward call: `n` consecutive tokens at rows `start..start + n` of the batch,
@@ -250,6 +252,16 @@ impl Stage {
     pub fn new_kv(&self, ctx: usize) -> KvState {
         KvState::new(&self.cfg, self.w.range, ctx)
     }
+
+    /// Starts collecting the routed experts' input statistics over later forward calls (ds4's
+    /// `--imatrix-*`), replacing any being collected.
+    pub fn collect_imatrix(&mut self) {
+        let (c, r) = (&self.cfg, self.w.range);
+        self.work.imatrix = Some(Box::new(crate::imatrix::Imatrix::new(r.first, r.last + 1 - r.first, c.n_expert, c.n_embd, c.ff_exp)));
+    }
+
+    /// The statistics collected since `collect_imatrix` (collection stops).
+    pub fn take_imatrix(&mut self) -> Option<crate::imatrix::Imatrix> { self.work.imatrix.take().map(|b| *b) }
 
     /// The HC streams after the last forward call (n × hc_dim): what a non-final stage hands on.
     pub fn hidden(&self, n: usize) -> &[f32] {
@@ -764,6 +776,9 @@ impl Stage {
                     wk.ex_a[idx] = moe::swiglu_clamped(wk.ex_a[idx], wk.ex_b[idx], clamp) * wt;
                 }
             }
+            if let Some(im) = wk.imatrix.as_mut() {
+                im.observe(il, ex, &wk.ex_in[..m * e], &wk.ex_a[..m * ff]);
+            }
             matmul(&self.w.expert(&lw.down_exps, ex), &wk.ex_a, m, &mut wk.ex_out, p);
             for (j, &i) in wk.ex_tok.iter().enumerate() {
                 let i = i as usize;
@@ -786,6 +801,9 @@ impl Stage {
             wk.y.iter_mut().zip(&wk.ex_out[..n * e]).for_each(|(d, &s)| *d += s);
         }
         wk.xn = xn;
+        if let Some(im) = wk.imatrix.as_mut() {
+            im.chunks += 1;
+        }
         self.steer(il, crate::steering::Site::Ffn, wk, n);
         self.hc_post(wk, n);
         Ok(())

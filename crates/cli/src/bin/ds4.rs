@@ -138,6 +138,19 @@ struct Ds4Flags {
     /// position's logits (the decode path against the batched one); print the result and exit.
     #[arg(long = "decode-consistency", value_name = "N")]
     decode_consistency: Option<usize>,
+    /// Rendered chat prompts (blocks after `===== DS4_IMATRIX_PROMPT` lines) to collect the routed
+    /// experts' importance matrix over (CPU backend); with --imatrix-out.
+    #[arg(long = "imatrix-dataset", value_name = "FILE", requires = "imatrix_out")]
+    imatrix_dataset: Option<PathBuf>,
+    /// Where to write the imatrix (legacy llama.cpp .dat, as ds4); with --imatrix-dataset.
+    #[arg(long = "imatrix-out", value_name = "FILE", requires = "imatrix_dataset")]
+    imatrix_out: Option<PathBuf>,
+    /// Stop the imatrix collection after N prompts (0: no limit).
+    #[arg(long = "imatrix-max-prompts", value_name = "N", default_value_t = 0)]
+    imatrix_max_prompts: usize,
+    /// Stop the imatrix collection after N prompt tokens (0: no limit).
+    #[arg(long = "imatrix-max-tokens", value_name = "N", default_value_t = 0)]
+    imatrix_max_tokens: usize,
 }
 
 fn main() -> ExitCode {
@@ -172,6 +185,17 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     let has_prompt = args.prompt.is_some() || args.prompt_file.is_some();
     if (d.dump_tokens || d.dump_logprobs.is_some() || d.dump_logits.is_some() || d.decode_consistency.is_some()) && !has_prompt {
         usage("--dump-tokens, --dump-logprobs, --dump-logits and --decode-consistency need a prompt (-p or --prompt-file)");
+    }
+    if d.imatrix_out.is_some() {
+        if has_prompt || d.perplexity_file.is_some() || d.dump_tokens || d.decode_consistency.is_some() {
+            usage("--imatrix-out collects over its dataset and exits: give it without a prompt or another diagnostic");
+        }
+        if args.dist.active() {
+            usage("--imatrix-out runs on one process, not with --role");
+        }
+        if backend != ds4_engine::Backend::Cpu {
+            usage(&format!("--imatrix-out: the imatrix is collected on the CPU backend in this build, not on {}: add --cpu", backend.name()));
+        }
     }
     if d.decode_consistency == Some(0) {
         usage("--decode-consistency N: N must be at least 1");
@@ -265,6 +289,12 @@ fn run(args: Args) -> Result<(), String> {
         return Ok(());
     }
     let tokenizer = eng.tokenizer().map_err(|e| e.to_string())?;
+    if let (Some(ds), Some(out)) = (&args.ds4.imatrix_dataset, &args.ds4.imatrix_out) {
+        let d = &args.ds4;
+        let r = diagnostics::collect_imatrix(&mut eng, &tokenizer, ds, out, d.imatrix_max_prompts, d.imatrix_max_tokens, &AtomicBool::new(false))?;
+        eprintln!("ds4: wrote imatrix {} from {} prompts, {} tokens, {} routed expert observations", out.display(), r.prompts, r.tokens, r.routes);
+        return Ok(());
+    }
     if let Some(f) = &args.ds4.perplexity_file {
         let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
         let p = diagnostics::perplexity(&mut eng, &tokenizer, &text, &AtomicBool::new(false))?;

@@ -171,3 +171,55 @@ pub fn decode_consistency(eng: &mut Engine, prompt: &[u32], n: usize, cancel: &A
     }
     Ok(Consistency { steps: n, per_step, max_logit })
 }
+
+/// What `--imatrix-out` collected.
+pub struct ImatrixRun {
+    pub prompts: usize,
+    pub tokens: usize,
+    pub routes: u64,
+}
+
+/// `--imatrix-dataset FILE --imatrix-out FILE`: prefills each prompt of the dataset (ds4's layout,
+/// `ds4_model::imatrix::dataset_prompts`; each from a fresh state, tokenized as written, cut to
+/// `--ctx` and to what is left of `max_tokens`) while the stage collects the routed experts' input
+/// statistics, then writes them as ds4's legacy llama.cpp `.dat`. `max_prompts`/`max_tokens` 0: no limit.
+pub fn collect_imatrix(eng: &mut Engine, tok: &Tokenizer, dataset: &Path, out: &Path, max_prompts: usize, max_tokens: usize, cancel: &AtomicBool) -> Result<ImatrixRun, String> {
+    let text = std::fs::read_to_string(dataset).map_err(|e| format!("--imatrix-dataset {}: {e}", dataset.display()))?;
+    let prompts = ds4_model::imatrix::dataset_prompts(&text);
+    if prompts.is_empty() {
+        return Err(format!("--imatrix-dataset {}: no prompt in it", dataset.display()));
+    }
+    let chunk = eng.prefill_chunk.max(1);
+    let mut run = ImatrixRun { prompts: 0, tokens: 0, routes: 0 };
+    eng.stage.collect_imatrix();
+    for p in prompts {
+        if cancel.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err("interrupted".into());
+        }
+        let mut ids = tok.encode(p);
+        ids.truncate(eng.ctx);
+        if max_tokens > 0 {
+            ids.truncate(max_tokens - run.tokens);
+        }
+        if ids.is_empty() {
+            continue;
+        }
+        let mut kv = eng.new_kv();
+        for part in ids.chunks(chunk) {
+            eng.forward(&mut kv, part, None, Logits::None).map_err(|e| format!("imatrix prefill of prompt {}: {e}", run.prompts + 1))?;
+        }
+        run.prompts += 1;
+        run.tokens += ids.len();
+        if run.prompts % 10 == 0 {
+            eprint!("ds4: imatrix prompts={} tokens={}\r", run.prompts, run.tokens);
+        }
+        if (max_prompts > 0 && run.prompts >= max_prompts) || (max_tokens > 0 && run.tokens >= max_tokens) {
+            break;
+        }
+    }
+    let im = eng.stage.take_imatrix().ok_or("the imatrix collection was lost")?;
+    run.routes = im.routes;
+    let names = |il: usize| ["gate", "up", "down"].map(|m| format!("blk.{il}.ffn_{m}_exps.weight"));
+    im.write(out, names, &dataset.to_string_lossy()).map_err(|e| format!("--imatrix-out {}: {e}", out.display()))?;
+    Ok(run)
+}
