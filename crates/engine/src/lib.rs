@@ -9,6 +9,7 @@ mod engine;
 mod error;
 pub mod logprobs;
 pub mod membw;
+pub mod power;
 mod progress;
 mod session;
 pub mod speculative;

@@ -212,6 +212,7 @@ impl Args {
         if self.header_timeout_secs == 0 || self.body_timeout_secs == 0 {
             return Err("--header-timeout-secs and --body-timeout-secs must be at least 1".into());
         }
+        ds4_engine::power::Power::new(self.ds4.power)?;
         if let Some(line) = self.ds4.not_built() {
             return Err(line);
         }

@@ -55,6 +55,8 @@ struct Sched {
     prefill_chunk: usize,
     /// When the loaded steering applies (`--dir-steering-policy`).
     steer: crate::steer_policy::SteerPolicy,
+    /// Sleeps after each scheduler turn's work (`--power`).
+    power: ds4_engine::power::Power,
     clock: u64,
     /// Next slot to get a prefill slice (round robin among those prefilling).
     next_prefill: usize,
@@ -97,6 +99,7 @@ pub fn spawn(
         quiet: cfg.quiet,
         prefill_chunk: chunk,
         steer: cfg.steer,
+        power: ds4_engine::power::Power::new(cfg.power).unwrap_or_else(|_| ds4_engine::power::Power::full()),
         clock: 0,
         next_prefill: 0,
     };
@@ -131,11 +134,16 @@ impl Sched {
                     Msg::Shutdown(ack) => acks.push(ack),
                 }
             }
+            // A turn (a prefill slice and a decode step) is the unit of work `--power` pays for.
+            self.power.restart();
             let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.admit(disk);
                 self.prefill_slice(disk);
                 self.decode_step();
             }));
+            if self.busy() {
+                self.power.tick();
+            }
             if r.is_err() {
                 eprintln!("ds4-server: internal error (panic) in the batched scheduler; the sessions were reset");
                 for slot in self.slots.iter_mut() {

@@ -71,8 +71,10 @@ pub struct Ds4Flags {
     /// The steering slots, bound by position (`bind_steering`).
     #[arg(skip)]
     pub steering: Vec<ds4_model::steering::SteerSpec>,
-    #[arg(long = "power", value_name = "N", hide = true)]
-    pub power: Option<String>,
+    /// Duty-cycle target in percent (1..100): after each prefill chunk or decoded token, the worker
+    /// sleeps so the device is busy about N % of the time; same output, lower speed.
+    #[arg(long = "power", value_name = "N", default_value_t = 100)]
+    pub power: u32,
     #[arg(long = "ssd-streaming", hide = true)]
     pub ssd_streaming: bool,
     #[arg(long = "ssd-streaming-cold", hide = true)]
@@ -153,7 +155,7 @@ impl Ds4Flags {
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 21] = [
+        let checks: [(bool, &str, &str); 20] = [
             (self.rocm, "--rocm", "the ROCm backend is not built; AMD GPUs run through --backend vulkan (built with --features wgpu), or use --backend cpu"),
             (set(&self.mtp_model), "--mtp-model", "DSpark speculative decoding is not built; use the MTP drafter (--mtp FILE) or run without it"),
             (self.mtp_exact_sampling, "--mtp-exact-sampling", "DSpark exact sampling is not built; MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
@@ -161,7 +163,6 @@ impl Ds4Flags {
             (self.dspark, "--dspark", "DSpark speculative decoding is not built; run without it"),
             (set(&self.dspark_confidence), "--dspark-confidence", "DSpark speculative decoding is not built; run without it"),
             (self.dspark_strict, "--dspark-strict", "DSpark speculative decoding is not built; run without it"),
-            (set(&self.power), "--power", "GPU duty-cycle limiting is not built; run without it (full speed)"),
             (self.ssd_streaming, "--ssd-streaming", "SSD expert streaming is not built; the weights are mapped from the file (use a model that fits in memory)"),
             (self.ssd_streaming_cold, "--ssd-streaming-cold", "SSD expert streaming is not built; run without it"),
             (set(&self.ssd_streaming_cache_experts), "--ssd-streaming-cache-experts", "SSD expert streaming is not built; run without it"),

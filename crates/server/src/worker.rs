@@ -156,6 +156,8 @@ pub struct WorkerConfig {
     pub batched: usize,
     /// When the loaded steering applies (`--dir-steering-policy`).
     pub steer: crate::steer_policy::SteerPolicy,
+    /// Duty-cycle target in percent (`--power`; 100: no sleeps).
+    pub power: u32,
 }
 
 /// What runs the model: a local engine, or a distributed route (`--role coordinator`).
@@ -207,7 +209,7 @@ pub fn spawn(
         }
         Model::Route(r) => Backend::Route(r),
     };
-    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay, quiet: cfg.quiet, steer: cfg.steer };
+    let mut w = Worker { backend, tok, metrics: metrics.clone(), tool_mem, trace, exact_tool_replay: cfg.exact_tool_replay, quiet: cfg.quiet, steer: cfg.steer, power: ds4_engine::power::Power::new(cfg.power).unwrap_or_else(|_| ds4_engine::power::Power::full()) };
     std::thread::Builder::new().name("ds4-worker".into()).spawn(move || {
         while let Ok(msg) = rx.recv() {
             let job = match msg {
@@ -251,6 +253,8 @@ struct Worker {
     exact_tool_replay: bool,
     quiet: bool,
     steer: crate::steer_policy::SteerPolicy,
+    /// Sleeps after each prefill chunk and decoded token (`--power`).
+    power: ds4_engine::power::Power,
 }
 
 static JOB_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -279,11 +283,14 @@ impl Worker {
         let cancel = job.cancel.clone();
         let ev = job.events.clone();
         let mut plog = crate::request_log::PrefillProgress::new(seq, job.kind, self.quiet);
+        let power = &mut self.power;
+        power.restart();
         let mut progress = |d: usize, t: usize| {
             if ev.is_closed() {
                 cancel.store(true, SeqCst);
             }
             plog.update(d, t);
+            power.tick();
         };
         let prep = match &mut self.backend {
             Backend::Local { engine, live } => {
@@ -327,7 +334,11 @@ impl Worker {
             Backend::Local { engine, .. } => (self.steer, Some(engine.steering_gate())),
             Backend::Route(_) => (self.steer, None),
         };
+        let power = &mut self.power;
+        power.restart();
         let mut on_token = |t: u32| {
+            // The decode step that produced `t` is the unit of work paid for here.
+            power.tick();
             let more = g.borrow_mut().on_token(t);
             if let Some(gate) = &gate {
                 gate.store(policy.decode(g.borrow().in_reasoning()), Relaxed);

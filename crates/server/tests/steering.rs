@@ -3,6 +3,7 @@
 //! reasoning as the plain model's and steers what follows it (every generated token without thinking);
 //! with `--batched-session` each session's row follows its own request's phase. Bad steering flags are
 //! refused before the port is bound (a file of the wrong size when the model's metadata is read).
+//! `--power` is here too: another ds4 server flag that changes how, not what, the worker computes.
 mod common;
 
 use common::*;
@@ -113,4 +114,29 @@ fn bad_steering_flags_are_refused() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("64 bytes, expected"), "{err}");
     std::fs::remove_file(&bad).ok();
+}
+
+/// `--power N` (ds4's duty cycle): the same answer, with sleeps after each prefill chunk and decoded
+/// token that keep the worker busy about N % of the time (20 %: about 5x the time; asserted > 2x);
+/// 0 and 101 are refused at start.
+#[test]
+fn power_keeps_the_answer_and_slows_it_down() {
+    let m = model();
+    let full = Server::start(&["-m", &m, "--backend", "cpu"], true);
+    let slow = Server::start(&["-m", &m, "--backend", "cpu", "--power", "20"], true);
+    let timed = |port: u16| {
+        let t0 = std::time::Instant::now();
+        let a = answer(port, "none");
+        (a, t0.elapsed().as_secs_f64())
+    };
+    let _ = timed(full.port);
+    let (a, tf) = timed(full.port);
+    let (b, ts) = timed(slow.port);
+    eprintln!("--power 20: {ts:.3}s, full speed {tf:.3}s ({:.1}x)", ts / tf);
+    assert_eq!(a, b, "--power changes only the speed");
+    assert!(ts > 2.0 * tf, "--power 20 took {ts:.3}s, full speed {tf:.3}s");
+    for v in ["0", "101"] {
+        let out = Command::new(BIN).args(["--power", v]).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "--power {v}: {}", String::from_utf8_lossy(&out.stderr));
+    }
 }

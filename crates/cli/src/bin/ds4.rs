@@ -25,8 +25,6 @@ mod diagnostics;
 mod ds4_compat;
 #[path = "../ds4/logprobs.rs"]
 mod logprobs;
-#[path = "../power.rs"]
-mod power;
 #[path = "../ds4/prefix_file.rs"]
 mod prefix_file;
 #[path = "../ds4/reasoning_view.rs"]
@@ -178,7 +176,7 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
             usage(&format!("--logprobs-top-k {k}: expected 1 to {}", logprobs::MAX_TOP_K));
         }
     }
-    if let Err(e) = power::Power::new(args.ds4.sw.power) {
+    if let Err(e) = ds4_engine::power::Power::new(args.ds4.sw.power) {
         usage(&e);
     }
     let d = &args.ds4;

@@ -17,8 +17,6 @@ mod backend_flags;
 mod ds4_compat;
 #[path = "../kv_snapshot.rs"]
 mod kv_snapshot;
-#[path = "../power.rs"]
-mod power;
 
 #[derive(Parser, Debug)]
 #[command(name = "ds4-bench", about = "DwarfStar throughput benchmark over context frontiers (CSV on stdout)", version, args_override_self = true,
@@ -195,7 +193,7 @@ fn run(a: Args) -> Result<(), String> {
         return Err(usage("--concurrency must be at least 1"));
     }
     let backend = a.ds4.sw.resolve_backend().map_err(|e| usage(&e.0))?;
-    let mut power = power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
+    let mut power = ds4_engine::power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
     let load = LoadOptions { threads: a.threads, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) }.chunk_flag(a.prefill_chunk);
     if a.concurrency > 1 && (a.dist.active() || a.ds4.dump_frontier_logits_dir.is_some()) {
         return Err(usage("--concurrency > 1 is not available with --role coordinator or --dump-frontier-logits-dir"));

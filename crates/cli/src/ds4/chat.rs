@@ -2,7 +2,7 @@
 //! prefill, generation, display (reasoning apart from the answer, or per-token logprobs) and stats.
 use crate::conversation::Conversation;
 use crate::logprobs::{self, Step};
-use crate::power::Power;
+use ds4_engine::power::Power;
 use crate::reasoning_view::ReasoningView;
 use ds4_engine::{GenStats, StopReason};
 use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};

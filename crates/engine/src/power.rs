@@ -1,4 +1,4 @@
-//! `--power N` (ds4): a duty-cycle target in percent. After each unit of work (a decoded token, a
+//! `--power N` (ds4, ds4-bench, ds4-server): a duty-cycle target in percent. After each unit of work (a decoded token, a
 //! prefill chunk) that took `w` seconds, sleep `w·(100−N)/N`, so the device is busy about N % of the
 //! time. Output is unchanged; only speed drops.
 use std::time::{Duration, Instant};
@@ -16,6 +16,9 @@ impl Power {
         }
         Ok(Self { pct, since: Instant::now() })
     }
+
+    /// No sleeps (100 %).
+    pub fn full() -> Self { Self { pct: 100, since: Instant::now() } }
 
     /// The sleep owed after `work` of busy time.
     pub fn pause_for(&self, work: Duration) -> Duration { work * (100 - self.pct) / self.pct }
