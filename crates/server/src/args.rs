@@ -213,6 +213,9 @@ impl Args {
             return Err("--header-timeout-secs and --body-timeout-secs must be at least 1".into());
         }
         ds4_engine::power::Power::new(self.ds4.power)?;
+        if self.ds4.mixed_prefill_quantum == 0 {
+            return Err("--mixed-prefill-quantum must be at least 1".into());
+        }
         if let Some(line) = self.ds4.not_built() {
             return Err(line);
         }

@@ -1,7 +1,7 @@
 //! The batched scheduler (`--batched-session N`, N > 1): N resident KV sessions ("slots"), each with its
 //! own live KV reuse (snapshots, disk cache). Every step decodes one token for every slot whose prompt
 //! is in, as one batch (`Engine::decode_batch`: the weights are read once for all of them), and then
-//! prefills one bounded slice (`--prefill-chunk` tokens) of one slot still prefilling, so a long prompt
+//! prefills one bounded slice (`--prefill-chunk` tokens; `--mixed-prefill-quantum` while others generate) of one slot still prefilling, so a long prompt
 //! never freezes the other streams. A slot is never taken from a running request; a new request goes
 //! to the idle slot whose KV serves the longest prefix of it (live state or snapshot), and with `--kv-disk-dir`
 //! an idle slot holding another conversation is saved to disk before it is reused (`LiveKv::choose`).
@@ -57,6 +57,8 @@ struct Sched {
     steer: crate::steer_policy::SteerPolicy,
     /// Sleeps after each scheduler turn's work (`--power`).
     power: ds4_engine::power::Power,
+    /// Prefill slice while another session generates (`--mixed-prefill-quantum`).
+    quantum: usize,
     clock: u64,
     /// Next slot to get a prefill slice (round robin among those prefilling).
     next_prefill: usize,
@@ -100,6 +102,7 @@ pub fn spawn(
         prefill_chunk: chunk,
         steer: cfg.steer,
         power: ds4_engine::power::Power::new(cfg.power).unwrap_or_else(|_| ds4_engine::power::Power::full()),
+        quantum: cfg.quantum.max(1),
         clock: 0,
         next_prefill: 0,
     };
@@ -222,13 +225,16 @@ impl Sched {
             .map(|(i, _)| i)
     }
 
-    /// One `--prefill-chunk` slice of the next slot still prefilling.
+    /// One slice of the next slot still prefilling: `--prefill-chunk` tokens, or
+    /// `--mixed-prefill-quantum` while another session generates.
     fn prefill_slice(&mut self, disk: &mut Option<crate::disk::DiskCache>) {
         let n = self.slots.len();
         let Some(i) = (0..n).map(|k| (self.next_prefill + k) % n).find(|&i| self.slots[i].run.as_ref().is_some_and(|r| !r.decoding)) else { return };
         self.next_prefill = (i + 1) % n;
         let mut run = self.slots[i].run.take().expect("running");
-        let end = self.slots[i].live.session.tokens.len() + self.prefill_chunk;
+        // Beside sessions that generate, a prompt goes in small slices so their tokens keep coming.
+        let generating = self.slots.iter().any(|s| s.run.as_ref().is_some_and(|r| r.decoding));
+        let end = self.slots[i].live.session.tokens.len() + if generating { self.quantum } else { self.prefill_chunk };
         let t0 = Instant::now();
         let cancel = run.gen.job.cancel.clone();
         let ev = run.gen.job.events.clone();

@@ -99,8 +99,10 @@ pub struct Ds4Flags {
     pub vision: Option<String>,
     #[arg(long = "expert-profile", value_name = "FILE", hide = true)]
     pub expert_profile: Option<String>,
-    #[arg(long = "mixed-prefill-quantum", value_name = "N", hide = true)]
-    pub mixed_prefill_quantum: Option<String>,
+    /// With --batched-session: while other sessions are generating, a prompt is prefilled in slices of
+    /// N tokens between their decode steps (alone, in --prefill-chunk slices).
+    #[arg(long = "mixed-prefill-quantum", value_name = "N", default_value_t = 128)]
+    pub mixed_prefill_quantum: usize,
 }
 
 impl Ds4Flags {
@@ -155,7 +157,7 @@ impl Ds4Flags {
     /// The first flag of a feature this build lacks, as the one-line refusal (exit 2).
     pub fn not_built(&self) -> Option<String> {
         let set = |o: &Option<String>| o.is_some();
-        let checks: [(bool, &str, &str); 20] = [
+        let checks: [(bool, &str, &str); 19] = [
             (self.rocm, "--rocm", "the ROCm backend is not built; AMD GPUs run through --backend vulkan (built with --features wgpu), or use --backend cpu"),
             (set(&self.mtp_model), "--mtp-model", "DSpark speculative decoding is not built; use the MTP drafter (--mtp FILE) or run without it"),
             (self.mtp_exact_sampling, "--mtp-exact-sampling", "DSpark exact sampling is not built; MTP speculative sampling (--mtp) always keeps the sampler's distribution"),
@@ -175,7 +177,6 @@ impl Ds4Flags {
             (set(&self.transport), "--transport", "tensor-parallel transports are not built; distributed stages use TCP (--role)"),
             (set(&self.vision), "--vision", "the vision encoder is not built; send text only"),
             (set(&self.expert_profile), "--expert-profile", "expert profiling (Metal) is not built; run without it"),
-            (set(&self.mixed_prefill_quantum), "--mixed-prefill-quantum", "mixed prefill is not built: with --batched-session, whole --prefill-chunk slices alternate with decode steps; run without it"),
         ];
         checks.iter().find(|(on, _, _)| *on).map(|(_, flag, why)| format!("{flag} is not available in this build: {why}"))
     }

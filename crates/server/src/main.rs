@@ -224,7 +224,7 @@ fn load(
         worker::Model::Local(engine) => engine.prefill_chunk,
         _ => opts.prefill_chunk,
     };
-    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session, steer: args.ds4.steer_policy(), power: args.ds4.power };
+    let wcfg = worker::WorkerConfig { snapshots, prefill_chunk, exact_tool_replay: !args.disable_exact_dsml_tool_replay, disk, quiet: args.quiet, batched: args.batched_session, steer: args.ds4.steer_policy(), power: args.ds4.power, quantum: args.ds4.mixed_prefill_quantum };
     let max_token_bytes = tok.max_token_bytes();
     let submitter = worker::spawn(model, tok.clone(), wcfg, args.max_queue, metrics, tool_mem, trace).map_err(|e| format!("cannot start the inference worker: {e}"))?;
     let ready = app::Ready { model_id: model_id.to_string(), tok, max_token_bytes, submitter, coordinator };

@@ -158,6 +158,8 @@ pub struct WorkerConfig {
     pub steer: crate::steer_policy::SteerPolicy,
     /// Duty-cycle target in percent (`--power`; 100: no sleeps).
     pub power: u32,
+    /// Prefill slice while other sessions generate (`--mixed-prefill-quantum`, batched sessions).
+    pub quantum: usize,
 }
 
 /// What runs the model: a local engine, or a distributed route (`--role coordinator`).
