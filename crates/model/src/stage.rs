@@ -221,7 +221,8 @@ pub struct Stage {
     /// Whether `steering` applies to the next forward calls (a server steers some phases of a request
     /// only; shared so a token callback can switch it between decode steps).
     pub steer_gate: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Rows of a batched step that are steered (empty: every row), while the gate is on.
+    /// Rows of a batched step that are steered (empty: every row; rows past it are steered), while
+    /// the gate is on.
     pub steer_rows: Vec<bool>,
 }
 
@@ -429,8 +430,11 @@ impl Stage {
         if self.steer_rows.is_empty() {
             st.apply(il, site, &mut wk.y[..n * e]);
         } else {
-            for (row, _) in wk.y[..n * e].chunks_exact_mut(e).zip(&self.steer_rows).filter(|(_, &on)| on) {
-                st.apply(il, site, row);
+            // Rows past the mask are steered, as on a device.
+            for (r, row) in wk.y[..n * e].chunks_exact_mut(e).enumerate() {
+                if self.steer_rows.get(r).is_none_or(|&on| on) {
+                    st.apply(il, site, row);
+                }
             }
         }
     }

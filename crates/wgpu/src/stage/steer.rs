@@ -34,6 +34,8 @@ impl WgpuOps {
     /// Installs `st` (None removes it); `gate` turns it on or off for later steps.
     pub(crate) fn install_steering(&mut self, st: Option<&Steering>, gate: Arc<AtomicBool>) -> Result<(), WgpuError> {
         self.steer = None;
+        // Steps recorded ahead hold the previous steering's bindings: record them again.
+        self.prepared.iter_mut().for_each(|p| *p = None);
         let Some(st) = st else { return Ok(()) };
         let (e, k, m) = (self.cfg.n_embd, self.cfg.n_expert_used, self.work.tokens.len());
         let (first, n_layers) = (self.range.first, self.layers.len());
