@@ -192,6 +192,8 @@ pub struct LoadPlan {
     spans: MapPlan,
     /// Where the CUDA backend keeps the weights (resolved from `--cuda-weights` and the device).
     place: CudaPlace,
+    /// The steering files, read and checked at plan time.
+    steering: Option<Arc<ds4_model::steering::Steering>>,
 }
 
 /// Where the CUDA backend keeps the weights, resolved at plan time (nothing without the `cuda` feature).
@@ -242,8 +244,11 @@ impl Engine {
             let f = ds4_model::mtp::check_file(&m.path, &cfg)?;
             mtp_bytes = Weights::mtp_map_plan(&f, &ds4_model::mtp::block_config(&cfg))?.bytes();
         }
-        // The steering files' sizes against the model, before any weight is read.
-        ds4_model::steering::check(&opts.steering, cfg.n_layer, cfg.n_embd)?;
+        // The steering files against the model (sizes, values), before any weight is read.
+        let steering = match opts.steering.as_slice() {
+            [] => None,
+            specs => Some(Arc::new(ds4_model::steering::Steering::load(specs, cfg.n_layer, cfg.n_embd)?)),
+        };
         if opts.layers.is_some() || shard.is_some() || opts.debug {
             eprintln!("{}", spans.describe(&range.label()));
         }
@@ -290,6 +295,7 @@ impl Engine {
             budget,
             spans,
             place,
+            steering,
         })
     }
 
@@ -520,7 +526,7 @@ impl LoadPlan {
     /// Brings the weights in (copied or mapped as planned, with a progress bar on a terminal) and
     /// builds the engine: its backend, and the CPU's work buffers sized by the plan.
     pub fn load(self) -> Result<Engine, EngineError> {
-        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, .. } = self;
+        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, steering, .. } = self;
         residency::set_phase(residency::Phase::Load);
         let mem = memory.memory;
         let reads = mem == WeightMemory::Copy || opts.warm_weights;
@@ -534,10 +540,6 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        let steering = match opts.steering.as_slice() {
-            [] => None,
-            specs => Some(Arc::new(ds4_model::steering::Steering::load(specs, stage.cfg.n_layer, stage.cfg.n_embd)?)),
-        };
         stage.steering = steering.clone();
         if !opts.quiet {
             for (i, s) in opts.steering.iter().enumerate() {
