@@ -107,15 +107,7 @@ impl SteeringFlags {
     /// Binds the scales to the files by their order in `m` (the matches these flags were parsed
     /// from) and checks the scales; a usage error otherwise.
     pub fn bind(&mut self, m: &clap::ArgMatches) -> Result<(), String> {
-        let specs = ds4_model::steering::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
-        for s in &specs {
-            ds4_model::steering::check_scale("--dir-steering-ffn", s.ffn).map_err(|e| e.to_string())?;
-            ds4_model::steering::check_scale("--dir-steering-attn", s.attn).map_err(|e| e.to_string())?;
-        }
-        if specs.len() > ds4_model::steering::MAX_SLOTS {
-            return Err(format!("--dir-steering-file given {} times: at most {} directions apply at once", specs.len(), ds4_model::steering::MAX_SLOTS));
-        }
-        self.specs = specs;
+        self.specs = ds4_model::steering::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
         Ok(())
     }
 }

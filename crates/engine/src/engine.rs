@@ -173,8 +173,6 @@ pub struct Engine {
     pub plan: MemoryPlan,
     /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
     pub mtp: Option<crate::speculative::MtpEngine>,
-    /// The steering loaded with `--dir-steering-file` (applied while active: `stage.steering`).
-    steering: Option<Arc<ds4_model::steering::Steering>>,
 }
 
 /// A model file planned for loading: its metadata, tokenizer and memory plan, admitted by the budget,
@@ -314,7 +312,7 @@ impl Engine {
             placement: Placement::Cpu,
         };
         let plan = MemoryPlan::new(&input);
-        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None, steering: None }
+        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None }
     }
 
     /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it (on a GPU
@@ -346,7 +344,7 @@ impl Engine {
     pub fn new_kv(&self) -> KvState { self.stage.new_kv(self.ctx) }
 
     /// The steering loaded with `--dir-steering-file` (None: none).
-    pub fn steering(&self) -> Option<&ds4_model::steering::Steering> { self.steering.as_deref() }
+    pub fn steering(&self) -> Option<&ds4_model::steering::Steering> { self.stage.steering.as_deref() }
 
     /// Turns the loaded steering on or off for later forward calls (the server's
     /// `--dir-steering-policy` steers only some phases of a request). No-op without steering.
@@ -366,9 +364,8 @@ impl Engine {
 
     /// Sets slot `slot`'s FFN scale (ds4's `/steer F`); the KV state is kept.
     pub fn set_steering_ffn(&mut self, slot: usize, v: f32) -> Result<(), EngineError> {
-        let st = self.steering.as_mut().ok_or_else(|| EngineError::Invalid("no steering loaded: start with --dir-steering-file FILE".into()))?;
+        let st = self.stage.steering.as_mut().ok_or_else(|| EngineError::Invalid("no steering loaded: start with --dir-steering-file FILE".into()))?;
         Arc::make_mut(st).set_ffn(slot, v)?;
-        self.stage.steering = Some(st.clone());
         if let Some(g) = self.gpu.as_mut() {
             g.set_steering(Some(st), self.stage.steer_gate.clone())?;
         }
@@ -540,7 +537,7 @@ impl LoadPlan {
         let weights = Weights::bind_with(file, &path, &cfg, range, &HostLoad { memory: mem, warm: opts.warm_weights, progress: &report })?;
         progress.finish();
         let mut stage = Stage::new(cfg, weights, opts.options);
-        stage.steering = steering.clone();
+        stage.steering = steering;
         if !opts.quiet {
             for (i, s) in opts.steering.iter().enumerate() {
                 eprintln!("steering {}: {} (ffn {}, attn {})", i + 1, s.file.display(), s.ffn, s.attn);
@@ -553,7 +550,7 @@ impl LoadPlan {
             _ => None,
         };
         let mut gpu = load_device(&stage, &opts, &mut memory, place, gpu_mtp.as_ref().map(|m| &m.stage))?;
-        if let (Some(g), Some(st)) = (gpu.as_mut(), steering.as_deref()) {
+        if let (Some(g), Some(st)) = (gpu.as_mut(), stage.steering.as_deref()) {
             g.set_steering(Some(st), stage.steer_gate.clone())?;
         }
         if opts.backend == Backend::Cpu {
@@ -589,7 +586,7 @@ impl LoadPlan {
             Some(g) if opts.auto_chunk => g.rows(),
             _ => opts.prefill_chunk,
         };
-        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp, steering })
+        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp })
     }
 }
 

@@ -28,7 +28,8 @@ impl SteerSpec {
 
 /// Binds the flags of a command line into slots, by their positions on it: every file opens a slot,
 /// and `--dir-steering-ffn` / `--dir-steering-attn` set the scale of the slot opened last before them
-/// (the first slot when they come before any file; the last value wins). Arguments: (position, value).
+/// (the first slot when they come before any file; the last value wins), then checks the slot count
+/// and the scales (no file is read). Arguments: (position, value).
 pub fn bind(files: Vec<(usize, PathBuf)>, ffn: Vec<(usize, f32)>, attn: Vec<(usize, f32)>) -> Result<Vec<SteerSpec>> {
     if files.is_empty() {
         if !ffn.is_empty() || !attn.is_empty() {
@@ -50,6 +51,7 @@ pub fn bind(files: Vec<(usize, PathBuf)>, ffn: Vec<(usize, f32)>, attn: Vec<(usi
             Site::Attn => s.attn = v,
         }
     }
+    check_specs(&specs)?;
     Ok(specs)
 }
 
@@ -80,12 +82,8 @@ fn invalid(m: String) -> ModelError { ModelError::Invalid(m) }
 /// Checks the specs against a model of `n_layer` layers of width `n_embd` without reading the
 /// directions: slot count, scales, each file's size. Cheap enough to run before weights load.
 pub fn check(specs: &[SteerSpec], n_layer: usize, n_embd: usize) -> Result<()> {
-    if specs.len() > MAX_SLOTS {
-        return Err(invalid(format!("--dir-steering-file given {} times: at most {MAX_SLOTS} directions apply at once", specs.len())));
-    }
+    check_specs(specs)?;
     for s in specs {
-        check_scale("--dir-steering-ffn", s.ffn)?;
-        check_scale("--dir-steering-attn", s.attn)?;
         let want = (n_layer * n_embd * 4) as u64;
         let len = std::fs::metadata(&s.file).map_err(|e| invalid(format!("--dir-steering-file {}: {e}", s.file.display())))?.len();
         if len != want {
@@ -94,6 +92,18 @@ pub fn check(specs: &[SteerSpec], n_layer: usize, n_embd: usize) -> Result<()> {
                 s.file.display()
             )));
         }
+    }
+    Ok(())
+}
+
+/// The slot count and every scale.
+fn check_specs(specs: &[SteerSpec]) -> Result<()> {
+    if specs.len() > MAX_SLOTS {
+        return Err(invalid(format!("--dir-steering-file given {} times: at most {MAX_SLOTS} directions apply at once", specs.len())));
+    }
+    for s in specs {
+        check_scale("--dir-steering-ffn", s.ffn)?;
+        check_scale("--dir-steering-attn", s.attn)?;
     }
     Ok(())
 }

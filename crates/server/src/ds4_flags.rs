@@ -127,12 +127,7 @@ impl Ds4Flags {
         fn placed<T: Clone + Send + Sync + 'static>(m: &clap::ArgMatches, id: &str) -> Vec<(usize, T)> {
             m.get_many::<T>(id).zip(m.indices_of(id)).map(|(v, i)| i.zip(v.cloned()).collect()).unwrap_or_default()
         }
-        use ds4_model::steering as st;
-        let specs = st::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
-        for s in &specs {
-            st::check_scale("--dir-steering-ffn", s.ffn).and_then(|_| st::check_scale("--dir-steering-attn", s.attn)).map_err(|e| e.to_string())?;
-        }
-        self.steering = specs;
+        self.steering = ds4_model::steering::bind(placed(m, "dir_steering_file"), placed(m, "dir_steering_ffn"), placed(m, "dir_steering_attn")).map_err(|e| e.to_string())?;
         Ok(())
     }
 

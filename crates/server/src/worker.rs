@@ -332,9 +332,10 @@ impl Worker {
         let greedy = g.borrow().greedy;
         let mut sample = |l: &[f32]| g.borrow_mut().sample(l);
         // The steering of the step that feeds `t` follows the request's phase after it.
-        let (policy, gate) = match &self.backend {
-            Backend::Local { engine, .. } => (self.steer, Some(engine.steering_gate())),
-            Backend::Route(_) => (self.steer, None),
+        let policy = self.steer;
+        let gate = match &self.backend {
+            Backend::Local { engine, .. } => Some(engine.steering_gate()),
+            Backend::Route(_) => None,
         };
         let power = &mut self.power;
         power.restart();

@@ -116,8 +116,6 @@ impl Consistency {
     pub fn argmax_agree(&self) -> usize { self.per_step.iter().filter(|s| s.1).count() }
 }
 
-fn argmax_of(row: &[f32]) -> usize { (0..row.len()).max_by(|&a, &b| row[a].total_cmp(&row[b])).unwrap_or(0) }
-
 /// `--decode-consistency N`: prefills `prompt`, decodes `n` greedy tokens one step at a time keeping
 /// each step's logits, then prefills prompt + those tokens into a fresh state (every row's logits) and
 /// compares the rows position by position: the decode path against the batched prefill path.
@@ -142,7 +140,7 @@ pub fn decode_consistency(eng: &mut Engine, prompt: &[u32], n: usize, cancel: &A
         if stop() {
             return Err("interrupted".into());
         }
-        let t = argmax_of(&last) as u32;
+        let t = ds4_tokenizer::sampling::argmax(&last);
         tokens.push(t);
         last = eng.forward(&mut kv, &[t], None, Logits::Last).map_err(|e| e.to_string())?.to_vec();
         decoded.extend_from_slice(&last);
@@ -167,7 +165,7 @@ pub fn decode_consistency(eng: &mut Engine, prompt: &[u32], n: usize, cancel: &A
         let got = &decoded[i * vocab..(i + 1) * vocab];
         let d = got.iter().zip(want).fold(0f32, |m, (a, b)| if (a - b).is_nan() { f32::NAN } else { m.max((a - b).abs()) });
         max_logit = want.iter().fold(max_logit, |m, v| m.max(v.abs()));
-        per_step.push((d, argmax_of(got) == argmax_of(want)));
+        per_step.push((d, ds4_tokenizer::sampling::argmax(got) == ds4_tokenizer::sampling::argmax(want)));
     }
     Ok(Consistency { steps: n, per_step, max_logit })
 }
