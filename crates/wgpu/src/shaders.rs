@@ -369,9 +369,20 @@ pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> 
 /// The candidate tiles of the attention modules (steps that split, and prefill).
 pub const ATTENTION_TILES: [u32; 2] = [16, 64];
 
-/// The attention module (tiles of `tile` <= 64 candidates): tile scores by one thread per candidate (`Tree`, every adapter) or one
-/// subgroup per candidate (`Subgroup`).
-pub fn attention_source(reduce: Reduce, tile: u32) -> String {
+/// Heads a workgroup of the attention modules may serve (each read of a candidate row is shared by
+/// them); more need more workgroup memory (`attention_workgroup_bytes`).
+pub const ATTENTION_HEAD_GROUPS: [u32; 3] = [4, 8, 16];
+
+/// Workgroup memory of the attention module serving `heads` heads over tiles of `tile` candidates:
+/// the heads' queries (512 floats each), the tile's scores and sources, three floats a head.
+pub fn attention_workgroup_bytes(heads: u32, tile: u32) -> u64 {
+    let h = heads as u64;
+    h * 512 * 4 + h * tile as u64 * 4 + tile as u64 * 4 + 3 * h * 4
+}
+
+/// The attention module (tiles of `tile` <= 64 candidates, `heads` heads a workgroup): tile scores by
+/// one thread per candidate (`Tree`, every adapter) or one subgroup per candidate (`Subgroup`).
+pub fn attention_source(reduce: Reduce, tile: u32, heads: u32) -> String {
     let (score, params, init) = match reduce {
         Reduce::Tree => (ATTENTION_SCORE_THREAD, "", ""),
         Reduce::Subgroup => (
@@ -380,7 +391,7 @@ pub fn attention_source(reduce: Reduce, tile: u32) -> String {
             "sg = vec4<u32>(lane, sg_size, sg_id, n_sg);",
         ),
     };
-    format!("const TILE: u32 = {tile}u;\n{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
+    format!("const TILE: u32 = {tile}u;\nconst HG: u32 = {heads}u;\n{}\n{score}", ATTENTION.replace("SG_PARAMS", params).replace("SG_INIT", init))
 }
 
 /// One WGSL module the crate builds, with what it needs from the adapter.
@@ -435,8 +446,11 @@ pub fn all_modules() -> Vec<ModuleSource> {
         }
     }
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
-        for tile in ATTENTION_TILES {
-            out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}"), wgsl: attention_source(reduce, tile), subgroup: reduce == Reduce::Subgroup, f16_in_f32: false, coop: false });
+        // Steps that split take 4 heads a workgroup; prefill takes as many as the adapter holds.
+        let used = std::iter::once((ATTENTION_TILES[0], ATTENTION_HEAD_GROUPS[0])).chain(ATTENTION_HEAD_GROUPS.map(|h| (ATTENTION_TILES[1], h)));
+        for (tile, heads) in used {
+            let wgsl = attention_source(reduce, tile, heads);
+            out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}_h{heads}"), wgsl, subgroup: reduce == Reduce::Subgroup, f16_in_f32: false, coop: false });
         }
     }
     for ty in MATVEC_TYPES {

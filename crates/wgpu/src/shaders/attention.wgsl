@@ -1,4 +1,4 @@
-// Attention of one token for a group of HG heads over one split of its candidates, as
+// Attention of one token for a group of HG heads (HG and TILE are set per module) over one split of its candidates, as
 // ds4_model::stage: the candidates of token t at position p = pos + t are its raw rows at positions
 // max(0, p + 1 - swa) ..= p (before `pos` from the ring, row q % swa, else this step's new KV row
 // q - pos), then the compressed rows: none (ratio 0), the first (p + 1) / ratio, or the indexer's
@@ -31,7 +31,6 @@ struct Params {
 @group(0) @binding(9) var<uniform> step: Step;
 
 const WG: u32 = 128u;
-const HG: u32 = 4u;
 const MAXD: u32 = 512u;
 // vec4s of a head per thread in the accumulation (rows are read as vec4: d is a multiple of 4).
 const PER: u32 = MAXD / 4u / WG;
@@ -41,9 +40,12 @@ const SRC_COMP: u32 = 2u;
 // Softmax state of a split that has not seen a candidate yet (exp of it minus anything is 0).
 const NEG: f32 = -3.4028235e38;
 
-var<workgroup> qs: array<vec4<f32>, 512>;   // HG x MAXD / 4
-var<workgroup> sc: array<f32, 256>;    // HG x TILE
+var<workgroup> qs: array<vec4<f32>, HG * MAXD / 4u>;
+var<workgroup> sc: array<f32, HG * TILE>;  // the tile's scores, then their softmax weights
 var<workgroup> src: array<u32, 64>;    // TILE
+var<workgroup> hm: array<f32, HG>;     // per head: the running max (after the tile's scores)
+var<workgroup> ha: array<f32, HG>;     // per head: the factor rescaling what was summed before the tile
+var<workgroup> hd: array<f32, HG>;     // per head: the softmax denominator, published at the end
 
 // vec4 i of a candidate row (source in the top 2 bits, row index below).
 fn row_val(s: u32, i: u32) -> vec4<f32> {
@@ -91,14 +93,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let picked = p.top_k != 0u && nc > p.top_k;
     let total = n_raw + select(nc, p.top_k, picked);
 
-    var m: array<f32, HG>;
-    var den: array<f32, HG>;
+    // The softmax state of head lid lives in thread lid (< HG): its running max and denominator.
+    // Each tile's max, rescale factor and weights exp(s - max) are computed once per (head,
+    // candidate) and shared through workgroup memory, not by every thread; the sums keep candidate
+    // order, so the results are those of each thread keeping its own copy.
+    let own = y == 0u && lid < nhg;
+    var mk = select(NEG, sinks[min(h0 + min(lid, HG - 1u), p.n_head - 1u)], own);
+    var dk = select(0.0, 1.0, own);
     var acc: array<array<vec4<f32>, PER>, HG>;
-    for (var k = 0u; k < HG; k++) {
-        let own = y == 0u && k < nhg;
-        m[k] = select(NEG, sinks[min(h0 + k, p.n_head - 1u)], own);
-        den[k] = select(0.0, 1.0, own);
-    }
     for (var base = y * TILE; base < total; base += nsplit * TILE) {
         let c = base + lid;
         var code = 0u;
@@ -116,14 +118,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         score_tile(lid, min(TILE, total - base), d4);
         workgroupBarrier();
         let cnt = min(TILE, total - base);
-        var mt: array<f32, HG>;
+        if (lid < HG) {
+            var mt = mk;
+            for (var l = 0u; l < cnt; l++) { mt = max(mt, sc[lid * TILE + l]); }
+            ha[lid] = exp(mk - mt);
+            hm[lid] = mt;
+            mk = mt;
+        }
+        workgroupBarrier();
+        for (var i = lid; i < HG * TILE; i += WG) {
+            if (i % TILE < cnt) { sc[i] = exp(sc[i] - hm[i / TILE]); }
+        }
+        workgroupBarrier();
+        if (lid < HG) {
+            dk *= ha[lid];
+            for (var l = 0u; l < cnt; l++) { dk += sc[lid * TILE + l]; }
+        }
         for (var k = 0u; k < HG; k++) {
-            mt[k] = m[k];
-            for (var l = 0u; l < cnt; l++) { mt[k] = max(mt[k], sc[k * TILE + l]); }
-            let alpha = exp(m[k] - mt[k]);
-            den[k] *= alpha;
+            let alpha = ha[k];
             for (var j = 0u; j < PER; j++) { acc[k][j] *= alpha; }
-            m[k] = mt[k];
         }
         // Two candidates a round, their rows loaded before either is added (the loads overlap);
         // each is added in candidate order as one a round would.
@@ -131,37 +144,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let two = l + 1u < cnt;
             let code0 = src[l];
             let code1 = src[min(l + 1u, cnt - 1u)];
-            var e0: array<f32, HG>;
-            var e1: array<f32, HG>;
-            for (var k = 0u; k < HG; k++) {
-                e0[k] = exp(sc[k * TILE + l] - m[k]);
-                den[k] += e0[k];
-                if (two) {
-                    e1[k] = exp(sc[k * TILE + l + 1u] - m[k]);
-                    den[k] += e1[k];
-                }
-            }
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
                 if (i < d4) {
                     let v0 = row_val(code0, i);
                     let v1 = row_val(code1, i);
-                    for (var k = 0u; k < HG; k++) { acc[k][j] += e0[k] * v0; }
+                    for (var k = 0u; k < HG; k++) { acc[k][j] += sc[k * TILE + l] * v0; }
                     if (two) {
-                        for (var k = 0u; k < HG; k++) { acc[k][j] += e1[k] * v1; }
+                        for (var k = 0u; k < HG; k++) { acc[k][j] += sc[k * TILE + l + 1u] * v1; }
                     }
                 }
             }
         }
         workgroupBarrier();
     }
+    if (lid < HG) {
+        hm[lid] = mk;
+        hd[lid] = dk;
+    }
+    workgroupBarrier();
     for (var k = 0u; k < nhg; k++) {
         let h = h0 + k;
         if (nsplit == 1u) {
             for (var j = 0u; j < PER; j++) {
                 let i = lid + j * WG;
                 if (i < d4) {
-                    let v = acc[k][j] / den[k];
+                    let v = acc[k][j] / hd[k];
                     let ob = (t * p.n_head + h) * d + 4u * i;
                     o[ob] = v.x;
                     o[ob + 1u] = v.y;
@@ -182,8 +190,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 }
             }
             if (lid == 0u) {
-                part[pb + d] = m[k];
-                part[pb + d + 1u] = den[k];
+                part[pb + d] = hm[k];
+                part[pb + d + 1u] = hd[k];
             }
         }
     }

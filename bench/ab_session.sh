@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device call, two A/Bs on the same synthetic Flash q2 file ($FLASH, default flash:12), results
+# packed into $OUT/results.tgz after every step:
+#  - CUDA kernels: device-bin/wip-bench (a build with candidate kernels; its device tests
+#    device-bin/wip-device-tests run first) against device-bin/ds4-bench, interleaved at ctx 4096
+#    (one 4096-token chunk, $GEN tokens), then each one's per-kernel prefill profile;
+#  - wgpu through Vulkan: device-bin/base-bench (before) against device-bin/ds4-bench (after), and
+#    the latter with each value of $VK_ENV (e.g. "DS4_WGPU_ATTN_HEADS=4 DS4_WGPU_ATTN_HEADS=8"),
+#    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
+#    (device-bin/wgpu-*-tests) on the GPU first.
+# Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
+# Run: bench/ab_session.sh (carry device-bin/bins.tar.xz and .gl)
+DEST=${OUT:-/tmp/out}; OUT=/tmp/res; mkdir -p $OUT $DEST
+pack() { tar -czf $DEST/results.tgz -C $OUT .; }
+T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/steps.log; }
+tar -xJf device-bin/bins.tar.xz
+B=device-bin
+export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+F=${FLASH:-flash:12}; M=/dev/shm/${F/:/}.gguf; G=${GEN:-32}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
+el "synth $F"
+(timeout 300 $B/ds4-gguf synth $F $M --mix q2 > $OUT/synth.log 2>&1) & SP=$!
+. bench/wgpu/vulkan_env.sh
+for t in $B/wgpu-*-tests; do
+  [ -x $t ] && timeout 150 $t --test-threads 1 --nocapture > $OUT/$(basename $t).log 2>&1
+  grep -hE "test result|FAILED|panicked|Vulkan\)" $OUT/$(basename $t).log | head -5
+done
+el "wgpu tests done"
+if [ -x $B/wip-device-tests ]; then
+  DS4_TEST_DIR=/dev/shm timeout 200 $B/wip-device-tests --nocapture --test-threads 1 > $OUT/wip_device_tests.log 2>&1
+  grep -E "^test .*FAILED|test result|panicked" $OUT/wip_device_tests.log
+fi
+el "device tests done"; pack
+wait $SP; tail -1 $OUT/synth.log
+cat README.md README.md README.md > /tmp/prompt.txt
+run() { # tag, backend, binary, env...
+  local tag=$1 be=$2 bin=$3; shift 3
+  env "$@" timeout 200 $bin -m $M --prompt-file /tmp/prompt.txt --backend $be --ctx-start 4096 --ctx-max 4096 --gen-tokens $G \
+    --prefill-chunk 4096 --mem-limit-gb 200 --csv /tmp/run.csv > $OUT/run_$tag.log 2>&1
+  echo "$tag,$(tail -n +2 /tmp/run.csv 2>/dev/null | head -1)" | tee -a $OUT/ab.csv; rm -f /tmp/run.csv
+}
+echo "tag,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes" > $OUT/ab.csv
+if [ -x $B/wip-bench ]; then
+  for r in 1 2; do run cuda_main_$r cuda $B/ds4-bench X=1; run cuda_wip_$r cuda $B/wip-bench X=1; done; pack
+  for b in ds4-bench wip-bench; do
+    DS4_CUDA_PROFILE=1 timeout 120 $B/$b -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --gen-tokens 4 \
+      --prefill-chunk 4096 --backend cuda 2>&1 | grep -v uploading > $OUT/profile_cuda_$b.txt
+  done
+  el "CUDA A/B done"; pack
+fi
+if [ -x $B/base-bench ]; then
+  for r in 1 2; do
+    run vk_base_$r vulkan $B/base-bench X=1
+    run vk_new_$r vulkan $B/ds4-bench X=1
+    for e in ${VK_ENV:-}; do run vk_${e#*=}_$r vulkan $B/ds4-bench $e; done
+    pack
+  done
+  for b in base-bench ds4-bench; do
+    DS4_WGPU_PROFILE=1 timeout 150 $B/$b -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --gen-tokens 16 \
+      --prefill-chunk 4096 --backend vulkan 2>&1 | grep -v uploading > $OUT/profile_vulkan_$b.txt
+  done
+  el "Vulkan A/B done"
+fi
+cat $OUT/ab.csv; el done; pack
