@@ -3,11 +3,12 @@
 # $OUT/results.tgz after every step, so a call cut short still brings back what was done):
 #   1. the ds4-cuda device tests while full Flash q2 and its MTP file are synthesized;
 #   2. issue 22: ds4-bench's sweep (ctx 512 -> 32768, --step-mul 8, --prefill-chunk 4096, 64 tokens) of
-#      this build, and of the previous one (device-bin/mid-bench.xz) when it is there;
+#      this build, and of each binary named in $ALSO (e.g. device-bin/wip-bench, another build);
 #   3. issue 21: --backend vulkan and --backend cuda at ctx 4096 (4096-token chunk, 64 tokens);
 #   4. issue 23: the MTP verify / draft step costs on CUDA (examples/mtp_step_costs);
 #   5. issue 24: ds4-bench --concurrency 1, 2, 4, 8 (and 8 --deterministic) at ctx 4096.
-# STEPS (default "tests sweep vulkan mtp batch") picks steps; FLASH (default flash) the model.
+# STEPS (default "tests sweep vulkan mtp batch") picks steps; FLASH the model (default: flash on a
+# card over 100 GB, flash:30 on an 80 GB one).
 # Prepare here: the binaries (bench/cuda/build_device_bin.sh, or the subset each step names) in
 # device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: bench/h200_session.sh (carry device-bin/bins.tar.xz and .gl)
@@ -19,7 +20,7 @@ B=device-bin
 export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
 STEPS=${STEPS:-tests sweep vulkan mtp batch}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
-F=${FLASH:-flash}; M=/dev/shm/${F/:/}.gguf; MTP=/dev/shm/${F/:/}-mtp.gguf
+F=${FLASH:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print ($1>100000)?"flash":"flash:30"}')}; M=/dev/shm/${F/:/}.gguf; MTP=/dev/shm/${F/:/}-mtp.gguf
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 el "synth $F q2 (+ MTP file)"
 (timeout 400 $B/ds4-gguf synth $F $M --mix q2 --mtp-out $MTP > $OUT/synth.log 2>&1) & SP=$!
@@ -35,10 +36,9 @@ bench() { # binary, backend, csv, log, extra flags...
   echo "exit $?" >> $log
 }
 if has sweep; then
-  [ -f $B/mid-bench.xz ] && xz -dc $B/mid-bench.xz > /tmp/mid-bench && chmod +x /tmp/mid-bench
-  for b in $B/ds4-bench /tmp/mid-bench; do
+  for b in $B/ds4-bench ${ALSO:-}; do
     [ -x $b ] || continue
-    n=$( [ $b = /tmp/mid-bench ] && echo _mid )
+    n=$( [ $b != $B/ds4-bench ] && echo _$(basename $b) )
     el "sweep $b"
     bench $b cuda $OUT/cuda_flash_q2$n.csv $OUT/cuda_flash_q2$n.log --ctx-start 512 --ctx-max 32768 --step-mul 8 --gen-tokens 64 --prefill-chunk 4096
     grep -h "GPU plan\|resident in\|exit" $OUT/cuda_flash_q2$n.log; cat $OUT/cuda_flash_q2$n.csv; pack
