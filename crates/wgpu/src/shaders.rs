@@ -351,9 +351,11 @@ pub fn embed_source() -> String {
     format!("{F16_BITS}\n{EMBED}")
 }
 
-/// The hyper-connection entry module.
-pub fn hc_pre_source() -> String {
-    format!("{HC_REDUCE}\n{HC_PRE}")
+/// The hyper-connection entry module for `n_hc` streams of `n_embd` (its loops and register arrays are
+/// sized by the shape).
+pub fn hc_pre_source(n_hc: u32, n_embd: u32) -> String {
+    let c = n_embd.div_ceil(256);
+    format!("const N: u32 = {n_hc}u;\nconst E: u32 = {n_embd}u;\nconst C: u32 = {c}u;\n{HC_REDUCE}\n{HC_PRE}")
 }
 
 /// The output-head collapse module.
@@ -471,7 +473,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("steer", STEER.to_string()),
         ("argmax", argmax_source()),
         ("embed", embed_source()),
-        ("hc_pre", hc_pre_source()),
+        ("hc_pre", hc_pre_source(4, 4096)),
         ("hc_head", hc_head_source()),
         ("hc_post", HC_POST.to_string()),
         ("route", ROUTE.to_string()),

@@ -91,7 +91,8 @@ impl HcPre {
         need(&what, (1..=65535).contains(&max_tokens), || format!("{max_tokens} tokens"))?;
         need(&what, x.len() >= m * hd && mix.len() >= m * nm && xn.len() >= m * e && coef.len() >= m * dims.coef_len(), || "buffers too small for max_tokens".into())?;
         let mixmv = StepMatVec::new(gpu, hc_fn, x, mix, max_tokens)?;
-        let pipeline = gpu.pipeline("hc_pre", || Ok(hc_pre_source()))?;
+        let (n, w) = (u32_of("streams", dims.n_hc)?, u32_of("width", e)?);
+        let pipeline = gpu.pipeline(&format!("hc_pre_{n}x{w}"), || Ok(hc_pre_source(n, w)))?;
         let hw = upload_f32(gpu, &format!("{what} weights"), &[scale, base, norm].concat())?;
         let params: [u32; 8] = [
             u32_of("streams", dims.n_hc)?,
