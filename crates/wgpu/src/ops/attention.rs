@@ -27,7 +27,7 @@ const SPLIT_TILE: usize = ATTENTION_TILES[0] as usize;
 const LONG_TILE: usize = ATTENTION_TILES[1] as usize;
 /// Workgroups a step aims for: a step with fewer (token, head group) pairs splits the candidates.
 const SPLIT_TARGET: usize = 1024;
-const MAX_SPLIT: usize = 64;
+const MAX_SPLIT: usize = 64; // attention_merge.wgsl holds this many split factors (MAX_SPLITS)
 
 #[derive(Debug, Clone, Copy)]
 pub struct AttentionShape {

@@ -17,6 +17,10 @@ fn nsplit_of(ntok: u32) -> u32 {
     return select(p.splits, 1u, ntok > p.short_step && step.batch == 0u);
 }
 
+// Each split's factor e^(m_s - M) is computed once (thread s) and shared; the sums keep split order.
+const MAX_SPLITS: u32 = 64u;
+var<workgroup> fs: array<f32, MAX_SPLITS>;
+
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let h = wid.x;
@@ -28,14 +32,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let b0 = (t * nsplit * p.n_head + h) * (d + 2u);
     var mx = part[b0 + d];
     for (var s = 1u; s < nsplit; s++) { mx = max(mx, part[b0 + s * stride + d]); }
+    for (var s = lid; s < nsplit; s += 64u) { fs[s] = exp(part[b0 + s * stride + d] - mx); }
+    workgroupBarrier();
     var den = 0.0;
     for (var s = 0u; s < nsplit; s++) {
-        den += part[b0 + s * stride + d + 1u] * exp(part[b0 + s * stride + d] - mx);
+        den += part[b0 + s * stride + d + 1u] * fs[s];
     }
     for (var i = lid; i < d; i += 64u) {
         var a = 0.0;
         for (var s = 0u; s < nsplit; s++) {
-            a += part[b0 + s * stride + i] * exp(part[b0 + s * stride + d] - mx);
+            a += part[b0 + s * stride + i] * fs[s];
         }
         o[(t * p.n_head + h) * d + i] = a / den;
     }
