@@ -10,12 +10,7 @@
 #    (device-bin/wgpu-*-tests) on the GPU first.
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
 # Run: bench/ab_session.sh (carry device-bin/bins.tar.xz and .gl)
-DEST=${OUT:-/tmp/out}; OUT=/tmp/res; mkdir -p $OUT $DEST
-pack() { tar -czf $DEST/results.tgz -C $OUT .; }
-T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/steps.log; }
-tar -xJf device-bin/bins.tar.xz
-B=device-bin
-export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+. bench/device_prelude.sh
 F=${FLASH:-flash:12}; M=/dev/shm/${F/:/}.gguf; G=${GEN:-32}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 el "synth $F"

@@ -12,12 +12,7 @@
 # Prepare here: the binaries (bench/cuda/build_device_bin.sh, or the subset each step names) in
 # device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh says how).
 # Run: bench/h200_session.sh (carry device-bin/bins.tar.xz and .gl)
-DEST=${OUT:-/tmp/out}; OUT=/tmp/res; mkdir -p $OUT $DEST
-pack() { tar -czf $DEST/results.tgz -C $OUT .; }
-T0=$(date +%s); el() { echo "[+$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/steps.log; }
-tar -xJf device-bin/bins.tar.xz
-B=device-bin
-export DS4_WEIGHTS=mmap LD_LIBRARY_PATH=/usr/local/cuda/lib64 DS4_CUDA_INCLUDE=/usr/local/cuda/include DS4_CUDA_CACHE=/tmp/ds4cache
+. bench/device_prelude.sh
 STEPS=${STEPS:-tests sweep vulkan mtp batch}
 has() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 F=${FLASH:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1 | awk '{print ($1>100000)?"flash":"flash:30"}')}; M=/dev/shm/${F/:/}.gguf; MTP=/dev/shm/${F/:/}-mtp.gguf
