@@ -7,14 +7,17 @@
 #  - wgpu through Vulkan: device-bin/base-bench (before) against device-bin/ds4-bench (after), and
 #    the latter with each value of $VK_ENV (e.g. "DS4_WGPU_ATTN_HEADS=4 DS4_WGPU_ATTN_HEADS=8"),
 #    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
-#    (device-bin/wgpu-*-tests) on the GPU first.
+#    (device-bin/wgpu-*-tests) on the GPU first;
+#  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
+#    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
 # Run: bench/ab_session.sh (carry device-bin/bins.tar.xz and .gl)
 . bench/device_prelude.sh
 F=${FLASH:-flash:12}; M=/dev/shm/${F/:/}.gguf; G=${GEN:-32}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
 el "synth $F"
-(timeout 300 $B/ds4-gguf synth $F $M --mix q2 > $OUT/synth.log 2>&1) & SP=$!
+MTP=/dev/shm/${F/:/}-mtp.gguf
+(timeout 300 $B/ds4-gguf synth $F $M --mix q2 --mtp-out $MTP > $OUT/synth.log 2>&1) & SP=$!
 . bench/wgpu/vulkan_env.sh
 for t in $B/wgpu-*-tests; do
   [ -x $t ] && timeout 150 $t --test-threads 1 --nocapture > $OUT/$(basename $t).log 2>&1
@@ -55,5 +58,12 @@ if [ -x $B/base-bench ]; then
       --prefill-chunk 4096 --backend vulkan 2>&1 | grep -v uploading > $OUT/profile_vulkan_$b.txt
   done
   el "Vulkan A/B done"
+fi
+if [ -x $B/mtp_step_costs ] && [ $(( $(date +%s) - T0 )) -lt ${MTP_BEFORE_S:-400} ]; then
+  # What a verify step of 1..5 rows adds to a decode step, kernel by kernel (no graphs: each launch timed).
+  el "MTP verify profile"
+  DS4_CUDA_PROFILE=1 timeout 100 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at 4096 --reps 2 2>&1 | grep -v uploading > $OUT/mtp_profile.txt
+  timeout 100 $B/mtp_step_costs $M --mtp $MTP --backend cuda --ctx-at 4096 --reps 7 2>&1 | grep -v uploading > $OUT/mtp_costs.txt
+  grep -E "^plain|^[1-5] [|]|^MTP draft" $OUT/mtp_costs.txt
 fi
 cat $OUT/ab.csv; el done; pack
