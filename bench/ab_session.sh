@@ -11,6 +11,7 @@
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
 #    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
+# NO_PROFILE=1 leaves the profiles out, VK_ROUNDS (default "1 2") sets the Vulkan rounds.
 # Run: bench/ab_session.sh (carry device-bin/bins.tar.xz and .gl)
 . bench/device_prelude.sh
 F=${FLASH:-flash:12}; M=/dev/shm/${F/:/}.gguf; G=${GEN:-32}
@@ -40,20 +41,20 @@ run() { # tag, backend, binary, env...
 echo "tag,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes" > $OUT/ab.csv
 if [ -x $B/wip-bench ]; then
   for r in 1 2; do run cuda_main_$r cuda $B/ds4-bench X=1; run cuda_wip_$r cuda $B/wip-bench X=1; done; pack
-  for b in ds4-bench wip-bench; do
+  [ -z "${NO_PROFILE:-}" ] && for b in ds4-bench wip-bench; do
     DS4_CUDA_PROFILE=1 timeout 120 $B/$b -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --gen-tokens 4 \
       --prefill-chunk 4096 --backend cuda 2>&1 | grep -v uploading > $OUT/profile_cuda_$b.txt
   done
   el "CUDA A/B done"; pack
 fi
 if [ -x $B/base-bench ]; then
-  for r in 1 2; do
+  for r in ${VK_ROUNDS:-1 2}; do
     run vk_base_$r vulkan $B/base-bench X=1
     run vk_new_$r vulkan $B/ds4-bench X=1
     for e in ${VK_ENV:-}; do run vk_${e#*=}_$r vulkan $B/ds4-bench $e; done
     pack
   done
-  for b in base-bench ds4-bench; do
+  [ -z "${NO_PROFILE:-}" ] && for b in base-bench ds4-bench; do
     DS4_WGPU_PROFILE=1 timeout 150 $B/$b -m $M --prompt-file /tmp/prompt.txt --ctx-start 4096 --ctx-max 4096 --gen-tokens 16 \
       --prefill-chunk 4096 --backend vulkan 2>&1 | grep -v uploading > $OUT/profile_vulkan_$b.txt
   done
