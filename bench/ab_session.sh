@@ -5,7 +5,7 @@
 #    device-bin/wip-device-tests run first) against device-bin/ds4-bench, interleaved at ctx 4096
 #    (one 4096-token chunk, $GEN tokens), then each one's per-kernel prefill profile;
 #  - wgpu through Vulkan: device-bin/base-bench (before) against device-bin/ds4-bench (after), and
-#    the latter with each value of $VK_ENV (e.g. "DS4_WGPU_ATTN_HEADS=4 DS4_WGPU_ATTN_HEADS=8"),
+#    the latter with each value of $VK_ENV (e.g. "DS4_SOME_SWITCH=0 DS4_SOME_SWITCH=1": a switch under test),
 #    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
 #    (device-bin/wgpu-*-tests) on the GPU first;
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs

@@ -372,8 +372,9 @@ pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> 
 pub const ATTENTION_TILES: [u32; 2] = [16, 64];
 
 /// Heads a workgroup of the attention modules may serve (each read of a candidate row is shared by
-/// them); more need more workgroup memory (`attention_workgroup_bytes`).
-pub const ATTENTION_HEAD_GROUPS: [u32; 3] = [4, 8, 16];
+/// them); more need more workgroup memory (`attention_workgroup_bytes`) and registers (a thread
+/// keeps two candidates' partial scores and its output dims for each head), so 16 is not offered.
+pub const ATTENTION_HEAD_GROUPS: [u32; 2] = [4, 8];
 
 /// Workgroup memory of the attention module serving `heads` heads over tiles of `tile` candidates:
 /// the heads' queries (512 floats each), the tile's scores and sources, three floats a head.

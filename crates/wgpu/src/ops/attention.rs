@@ -2,7 +2,7 @@
 //! from the raw-row gather to the per-head inverse RoPE): queries over the sliding-window ring plus
 //! this step's new KV rows (causal) and the compressed rows (all, or the indexer's picks), with the
 //! per-head sink; then the inverse rotation of the output, and the new rows stored into the ring.
-//! A workgroup serves 4 heads in decode, up to 16 in prefill (the rows are shared: MQA); steps with few tokens (decode) split the
+//! A workgroup serves 4 heads in decode, 8 in prefill where the adapter holds them (the rows are shared: MQA); steps with few tokens (decode) split the
 //! candidates across workgroups and merge the splits' partial softmax sums. The ring and the
 //! compressed rows hold one part per KV slot; a batched step (one sequence per row) reads each row's
 //! own slot and splits as a one-token step does, so each row sums as it does decoded alone; so does a
@@ -224,22 +224,11 @@ impl Attention {
 }
 
 /// Heads a prefill workgroup serves: the most of `ATTENTION_HEAD_GROUPS` whose workgroup memory fits
-/// the adapter (`workgroup_memory` bytes), no more than the layer has (4 on every adapter; 8 within
-/// 32 KiB: lavapipe, Apple GPUs; 16 on NVIDIA and AMD). A head's sums do not depend on it.
+/// the adapter (`workgroup_memory` bytes; 8 needs 18.8 KiB: lavapipe, Apple GPUs, NVIDIA, AMD), no
+/// more than the layer's heads round up to. A head's sums do not depend on it.
 pub fn long_heads(workgroup_memory: u64, n_head: usize) -> u32 {
     let fits = |h: u32| attention_workgroup_bytes(h, LONG_TILE as u32) <= workgroup_memory;
-    let mut best = ATTENTION_HEAD_GROUPS[0];
-    for h in ATTENTION_HEAD_GROUPS {
-        if fits(h) && (h as usize) <= n_head.next_power_of_two() {
-            best = h;
-        }
-    }
-    if let Some(h) = std::env::var("DS4_WGPU_ATTN_HEADS").ok().and_then(|v| v.parse::<u32>().ok()) {
-        if ATTENTION_HEAD_GROUPS.contains(&h) && fits(h) {
-            best = h;
-        }
-    }
-    best
+    ATTENTION_HEAD_GROUPS.into_iter().filter(|&h| fits(h) && h as usize <= n_head.next_power_of_two()).max().unwrap_or(ATTENTION_HEAD_GROUPS[0])
 }
 
 /// The most candidate rows a token attends to: its window, then the compressed rows (all of them, or
