@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Builds device-bin/bins.tar.xz for bench/ab_session.sh (and bench/h200_session.sh) here:
+#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, the ds4-cuda device tests and the wgpu op and
+#    stage tests;
+#  - base-bench: ds4-bench of $BASE (default: the session's first commit given as BASE=<commit>), the
+#    "before" of the Vulkan A/B;
+#  - wip-bench and wip-device-tests: this tree with the CUDA kernel files of $WIP (default
+#    wip/ldmatrix: the grouped GEMM's per-128 loads and the ldmatrix fragments), the candidate of the
+#    CUDA A/B.
+# Each other build runs in a git worktree under /tmp with its own target directory
+# (/tmp/ds4-ab-target): cargo keeps a workspace crate's source paths relative to the workspace, so a
+# tree elsewhere sharing this target directory would pass its artifacts off as this tree's.
+# Usage: BASE=<commit> [WIP=<ref>] bench/build_ab_bins.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+: "${BASE:?set BASE to the commit to compare against}"
+WIP=${WIP:-wip/ldmatrix}
+KERNELS="crates/cuda/src/attention_tc.cu crates/cuda/src/moe_gemm.cu crates/cuda/src/tensor_core.cuh"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+T=$CARGO_TARGET_DIR/release
+S=/tmp/ds4-ab-bins/device-bin; rm -rf /tmp/ds4-ab-bins; mkdir -p $S
+test_exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys,json
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
+bench_of() { cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench; cp $T/ds4-bench $S/$1; }
+# Another tree at $1 (with $2's kernel files when given), its ds4-bench as $3 and (with $4) its
+# device tests as $4.
+other() {
+  local wt=/tmp/ds4-ab-tree; git worktree remove --force $wt 2>/dev/null || true
+  git worktree add --detach $wt $1 >/dev/null
+  [ -n "$2" ] && (cd $wt && git checkout $2 -- $KERNELS)
+  (cd $wt && export CARGO_TARGET_DIR=/tmp/ds4-ab-target T=/tmp/ds4-ab-target/release && bench_of $3 \
+     && { [ -z "${4:-}" ] || cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/$4; })
+  git worktree remove --force $wt
+}
+export -f bench_of test_exe; export S T
+other $BASE "" base-bench
+other HEAD $WIP wip-bench wip-device-tests
+# This tree last, so target/release holds its binaries afterwards.
+cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf
+cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
+cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $S/
+cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/device-tests
+for t in ops_attention ops_ffn stage; do cp "$(test_exe -p ds4-wgpu --test $t)" $S/wgpu-$t-tests; done
+strip $S/*
+mkdir -p device-bin && tar -cJf device-bin/bins.tar.xz -C /tmp/ds4-ab-bins device-bin
+ls -la device-bin/bins.tar.xz
