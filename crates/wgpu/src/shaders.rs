@@ -354,13 +354,17 @@ pub fn embed_source() -> String {
 /// The hyper-connection entry module for `n_hc` streams of `n_embd` (its loops and register arrays are
 /// sized by the shape).
 pub fn hc_pre_source(n_hc: u32, n_embd: u32) -> String {
-    let c = n_embd.div_ceil(256);
-    format!("const N: u32 = {n_hc}u;\nconst E: u32 = {n_embd}u;\nconst C: u32 = {c}u;\n{HC_REDUCE}\n{HC_PRE}")
+    format!("{}\n{HC_REDUCE}\n{HC_PRE}", hc_shape(n_hc, n_embd))
 }
 
-/// The output-head collapse module.
-pub fn hc_head_source() -> String {
-    format!("{HC_REDUCE}\n{HC_HEAD}")
+/// The output-head collapse module for `n_hc` streams of `n_embd` (sized as the entry's).
+pub fn hc_head_source(n_hc: u32, n_embd: u32) -> String {
+    format!("{}\n{HC_REDUCE}\n{HC_HEAD}", hc_shape(n_hc, n_embd))
+}
+
+/// The shape constants of the HC modules: N streams of E, C = ceil(E / 256) columns a thread.
+fn hc_shape(n_hc: u32, n_embd: u32) -> String {
+    format!("const N: u32 = {n_hc}u;\nconst E: u32 = {n_embd}u;\nconst C: u32 = {}u;", n_embd.div_ceil(256))
 }
 
 /// The pipeline-cache key of a mat-vec module.
@@ -475,7 +479,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("argmax", argmax_source()),
         ("embed", embed_source()),
         ("hc_pre", hc_pre_source(4, 4096)),
-        ("hc_head", hc_head_source()),
+        ("hc_head", hc_head_source(4, 4096)),
         ("hc_post", HC_POST.to_string()),
         ("route", ROUTE.to_string()),
         ("moe_swiglu", MOE_SWIGLU.to_string()),

@@ -249,9 +249,9 @@ fn hc_entry_exit_and_head_match_cpu() {
     assert!(w_trans > 10.0 * BOUND, "a transposed comb should fail the bound (got {w_trans:.2e})");
 }
 
-/// The entry at the model shapes (Flash 4 x 4096, Pro 4 x 7168), with fewer streams and a width not a
-/// multiple of 256 (3 x 264), 8 streams and a width over 8192, one token and 3, against the CPU on a
-/// random F16 projection.
+/// The entry and the output head's collapse at the model shapes (Flash 4 x 4096, Pro 4 x 7168), with
+/// fewer streams and a width not a multiple of 256 (3 x 264), 8 streams and a width over 8192, one
+/// token and 3, against the CPU on a random F16 projection.
 #[test]
 fn hc_entry_at_model_shapes_matches_cpu() {
     let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
@@ -271,6 +271,10 @@ fn hc_entry_at_model_shapes_matches_cpu() {
         let norm: Vec<f32> = common::normals(seed + 2, e).iter().map(|v| 1.0 + 0.2 * v).collect();
         let (xb, mix, xn, coef) = (buf(&gpu, 3 * hd), buf(&gpu, 3 * nm), buf(&gpu, 3 * e), buf(&gpu, 3 * d.coef_len()));
         let pre = HcPre::new(&gpu, &d, &fn_t, &scale, &base, &norm, &xb, &mix, &xn, &coef, 3).unwrap();
+        // The output head's collapse at the same shape: the projection's first n rows, its base's first n.
+        let head_fn = ResidentTensor::upload(&gpu, "output_hc_fn", GgmlType::F16, &ds4_quant::quantize(GgmlType::F16, &wf[..n * hd]).unwrap(), n, hd).unwrap();
+        let (hmix, hout, head_scale) = (buf(&gpu, 3 * n), buf(&gpu, 3 * e), 0.7f32);
+        let head = HcHead::new(&gpu, &d, &head_fn, head_scale, &base[..n], &norm, &xb, &hmix, &hout, HeadRows::All, 3).unwrap();
         for ntok in [1usize, 3] {
             let x: Vec<f32> = common::normals(seed + 3 + ntok as u64, ntok * hd).iter().enumerate().map(|(j, v)| v * (1.0 + ((j / e) % n) as f32 * 0.5)).collect();
             xb.write(&gpu, &x).unwrap();
@@ -287,8 +291,19 @@ fn hc_entry_at_model_shapes_matches_cpu() {
                 want_coef.extend(coef_of(&hm, n));
             }
             let (rx, rc) = (rel(&xn.read(&gpu, ntok * e).unwrap(), &want_xn), rel(&coef.read(&gpu, ntok * d.coef_len()).unwrap(), &want_coef));
-            eprintln!("hc entry {n} x {e}, {ntok} tokens: xn {rx:.2e}, post/comb {rc:.2e} of the largest value");
-            worst = common::worse32(common::worse32(worst, rx), rc);
+            gpu.run(Step { ntok: ntok as u32, pos: 0 }, |enc| head.encode(enc)).unwrap();
+            let mut want_head = vec![0f32; ntok * e];
+            for t in 0..ntok {
+                let xt = &x[t * hd..(t + 1) * hd];
+                hc::flat_norm(xt, &mut flat, cfg.rms_eps);
+                let m: Vec<f32> = wd[..n * hd].chunks(hd).map(|r| r.iter().zip(&flat).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() as f32).collect();
+                let out = &mut want_head[t * e..(t + 1) * e];
+                hc::head_collapse(&m, head_scale, &base[..n], cfg.hc_eps, xt, out);
+                cops::rms_norm(out, Some(&norm), cfg.rms_eps);
+            }
+            let rh = rel(&hout.read(&gpu, ntok * e).unwrap(), &want_head);
+            eprintln!("hc entry {n} x {e}, {ntok} tokens: xn {rx:.2e}, post/comb {rc:.2e}, head {rh:.2e} of the largest value");
+            worst = common::worse32(common::worse32(common::worse32(worst, rx), rc), rh);
         }
     }
     // As the tiny model's entry (measured <= 1.8e-7 there).

@@ -223,7 +223,8 @@ impl HcHead {
         let out_rows = if rows == HeadRows::Last { 1 } else { m };
         need(what, x.len() >= m * hd && mix.len() >= m * n && out.len() >= out_rows * e, || "buffers too small for max_tokens".into())?;
         let mixmv = StepMatVec::new(gpu, hc_fn, x, mix, max_tokens)?;
-        let pipeline = gpu.pipeline("hc_head", || Ok(hc_head_source()))?;
+        let (ns, w) = (u32_of("streams", n)?, u32_of("width", e)?);
+        let pipeline = gpu.pipeline(&format!("hc_head_{ns}x{w}"), || Ok(hc_head_source(ns, w)))?;
         let hw = upload_f32(gpu, "hc head weights", &[&[scale][..], base, norm].concat())?;
         let params: [u32; 8] = [u32_of("streams", n)?, u32_of("width", e)?, (rows == HeadRows::Last) as u32, 0, dims.hc_eps.to_bits(), dims.rms_eps.to_bits(), 0, 0];
         let uni = gpu.uniform(what, bytemuck::cast_slice(&params))?;

@@ -22,34 +22,39 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 var<workgroup> wts: array<f32, 8>;
 
+// Built per shape like hc_pre.wgsl (N streams of E, C columns a thread): a thread loads all its
+// values at once into registers and collapses them from there.
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
     if (row >= step.ntok || (p.last != 0u && row > 0u)) { return; }
     let t = select(row, step.ntok - 1u, p.last != 0u);
-    let n = p.n_hc;
-    let e = p.e;
-    let hd = n * e;
-    let xb = t * hd;
-    var ss = 0.0;
-    for (var i = lid; i < hd; i += WG) {
-        let v = x[xb + i];
-        ss += v * v;
+    let xb = t * N * E;
+    var xr: array<f32, N * C>;
+    for (var m = 0u; m < C; m++) {
+        let j = lid + m * WG;
+        if (j < E) {
+            for (var s = 0u; s < N; s++) { xr[s * C + m] = x[xb + s * E + j]; }
+        }
     }
-    let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(hd) + p.rms_eps);
-    if (lid < n) { wts[lid] = sigmoid(mix[t * n + lid] * inv * hw[0] + hw[1u + lid]) + p.hc_eps; }
+    var ss = 0.0;
+    for (var i = 0u; i < N * C; i++) { ss += xr[i] * xr[i]; }
+    let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(N * E) + p.rms_eps);
+    if (lid < N) { wts[lid] = sigmoid(mix[t * N + lid] * inv * hw[0] + hw[1u + lid]) + p.hc_eps; }
     workgroupBarrier();
-    let ob = row * e;
+    var yr: array<f32, C>;
     var ss2 = 0.0;
-    for (var j = lid; j < e; j += WG) {
+    for (var m = 0u; m < C; m++) {
         var acc = 0.0;
-        for (var s = 0u; s < n; s++) { acc += wts[s] * x[xb + s * e + j]; }
-        out[ob + j] = acc;
+        for (var s = 0u; s < N; s++) { acc += wts[s] * xr[s * C + m]; }
+        yr[m] = acc;
         ss2 += acc * acc;
     }
-    let inv2 = 1.0 / sqrt(wg_sum(lid, ss2) / f32(e) + p.rms_eps);
-    let nb = 1u + n;
-    for (var j = lid; j < e; j += WG) {
-        out[ob + j] = out[ob + j] * inv2 * hw[nb + j];
+    let inv2 = 1.0 / sqrt(wg_sum(lid, ss2) / f32(E) + p.rms_eps);
+    let nb = 1u + N;
+    let ob = row * E;
+    for (var m = 0u; m < C; m++) {
+        let j = lid + m * WG;
+        if (j < E) { out[ob + j] = yr[m] * inv2 * hw[nb + j]; }
     }
 }
