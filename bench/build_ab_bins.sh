@@ -2,11 +2,11 @@
 # Builds device-bin/bins.tar.xz for bench/ab_session.sh (and bench/h200_session.sh) here:
 #  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, the ds4-cuda device tests and the wgpu op and
 #    stage tests;
-#  - base-bench: ds4-bench of $BASE (default: the session's first commit given as BASE=<commit>), the
-#    "before" of the Vulkan A/B;
-#  - wip-bench and wip-device-tests: this tree with the CUDA kernel files of $WIP (default
-#    wip/ldmatrix: the grouped GEMM's per-128 loads and the ldmatrix fragments), the candidate of the
-#    CUDA A/B.
+#  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
+#    Vulkan A/B;
+#  - wip-bench and wip-device-tests: this tree with the CUDA kernel files of $WIP (default d973a23^,
+#    the commit before they were taken off main, as branch wip/ldmatrix: the grouped GEMM's per-128
+#    loads and the ldmatrix fragments), the candidate of the CUDA A/B.
 # Each other build runs in a git worktree under /tmp with its own target directory
 # (/tmp/ds4-ab-target): cargo keeps a workspace crate's source paths relative to the workspace, so a
 # tree elsewhere sharing this target directory would pass its artifacts off as this tree's.
@@ -15,7 +15,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 : "${BASE:?set BASE to the commit to compare against}"
-WIP=${WIP:-wip/ldmatrix}
+WIP=${WIP:-d973a23^}
 KERNELS="crates/cuda/src/attention_tc.cu crates/cuda/src/moe_gemm.cu crates/cuda/src/tensor_core.cuh"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 T=$CARGO_TARGET_DIR/release
