@@ -43,6 +43,7 @@ pub fn argmax_source() -> String {
 const MATVEC_EXPERT_MAIN: &str = include_str!("shaders/matvec_expert_main.wgsl");
 const EMBED: &str = include_str!("shaders/embed.wgsl");
 const HC_REDUCE: &str = include_str!("shaders/hc_reduce.wgsl");
+const HC_STREAMS: &str = include_str!("shaders/hc_streams.wgsl");
 const HC_PRE: &str = include_str!("shaders/hc_pre.wgsl");
 const HC_HEAD: &str = include_str!("shaders/hc_head.wgsl");
 pub const HC_POST: &str = include_str!("shaders/hc_post.wgsl");
@@ -354,12 +355,12 @@ pub fn embed_source() -> String {
 /// The hyper-connection entry module for `n_hc` streams of `n_embd` (its loops and register arrays are
 /// sized by the shape).
 pub fn hc_pre_source(n_hc: u32, n_embd: u32) -> String {
-    format!("{}\n{HC_REDUCE}\n{HC_PRE}", hc_shape(n_hc, n_embd))
+    format!("{}\n{HC_REDUCE}\n{HC_STREAMS}\n{HC_PRE}", hc_shape(n_hc, n_embd))
 }
 
 /// The output-head collapse module for `n_hc` streams of `n_embd` (sized as the entry's).
 pub fn hc_head_source(n_hc: u32, n_embd: u32) -> String {
-    format!("{}\n{HC_REDUCE}\n{HC_HEAD}", hc_shape(n_hc, n_embd))
+    format!("{}\n{HC_REDUCE}\n{HC_STREAMS}\n{HC_HEAD}", hc_shape(n_hc, n_embd))
 }
 
 /// The shape constants of the HC modules: N streams of E, C = ceil(E / 256) columns a thread.

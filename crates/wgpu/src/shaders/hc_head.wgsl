@@ -22,35 +22,18 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 var<workgroup> wts: array<f32, 8>;
 
-// Built per shape like hc_pre.wgsl (N streams of E, C columns a thread): a thread loads all its
-// values at once into registers and collapses them from there.
+// Built per shape like hc_pre.wgsl (hc_streams.wgsl: a thread's stream values in registers).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row = wid.x;
     if (row >= step.ntok || (p.last != 0u && row > 0u)) { return; }
     let t = select(row, step.ntok - 1u, p.last != 0u);
-    let xb = t * N * E;
-    var xr: array<f32, N * C>;
-    for (var m = 0u; m < C; m++) {
-        let j = lid + m * WG;
-        if (j < E) {
-            for (var s = 0u; s < N; s++) { xr[s * C + m] = x[xb + s * E + j]; }
-        }
-    }
-    var ss = 0.0;
-    for (var i = 0u; i < N * C; i++) { ss += xr[i] * xr[i]; }
-    let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(N * E) + p.rms_eps);
+    var xr = load_streams(lid, t * N * E);
+    let inv = flat_inv_rms(lid, &xr, p.rms_eps);
     if (lid < N) { wts[lid] = sigmoid(mix[t * N + lid] * inv * hw[0] + hw[1u + lid]) + p.hc_eps; }
     workgroupBarrier();
     var yr: array<f32, C>;
-    var ss2 = 0.0;
-    for (var m = 0u; m < C; m++) {
-        var acc = 0.0;
-        for (var s = 0u; s < N; s++) { acc += wts[s] * xr[s * C + m]; }
-        yr[m] = acc;
-        ss2 += acc * acc;
-    }
-    let inv2 = 1.0 / sqrt(wg_sum(lid, ss2) / f32(E) + p.rms_eps);
+    let inv2 = collapse(lid, &xr, wts, &yr, p.rms_eps);
     let nb = 1u + N;
     let ob = row * E;
     for (var m = 0u; m < C; m++) {

@@ -95,35 +95,17 @@ fn mix_weights(lid: u32, t: u32, inv: f32) {
     if (owns) { coef[cb + n + lid] = v; }
 }
 
-// The module is built per shape (N streams of E, C = ceil(E / WG) columns a thread; ops/hc.rs): a
-// thread loads all its values (columns lid, lid + WG, ... of every stream) at once into registers,
-// so the loads overlap instead of waiting in turn, and collapses them from there.
+// The module is built per shape (hc_streams.wgsl: a thread's stream values in registers).
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     if (t >= step.ntok) { return; }
-    let xb = t * N * E;
-    var xr: array<f32, N * C>;
-    for (var m = 0u; m < C; m++) {
-        let j = lid + m * WG;
-        if (j < E) {
-            for (var s = 0u; s < N; s++) { xr[s * C + m] = x[xb + s * E + j]; }
-        }
-    }
-    var ss = 0.0;
-    for (var i = 0u; i < N * C; i++) { ss += xr[i] * xr[i]; }
-    let inv = 1.0 / sqrt(wg_sum(lid, ss) / f32(N * E) + p.rms_eps);
+    var xr = load_streams(lid, t * N * E);
+    let inv = flat_inv_rms(lid, &xr, p.rms_eps);
     mix_weights(lid, t, inv);
     // Collapse into xn (each thread its own columns), then the weighted RMS norm.
     var yr: array<f32, C>;
-    var ss2 = 0.0;
-    for (var m = 0u; m < C; m++) {
-        var acc = 0.0;
-        for (var s = 0u; s < N; s++) { acc += pre[s] * xr[s * C + m]; }
-        yr[m] = acc;
-        ss2 += acc * acc;
-    }
-    let inv2 = 1.0 / sqrt(wg_sum(lid, ss2) / f32(E) + p.rms_eps);
+    let inv2 = collapse(lid, &xr, pre, &yr, p.rms_eps);
     let nb = 3u + p.nm;
     let ob = t * E;
     for (var m = 0u; m < C; m++) {
