@@ -8,6 +8,7 @@
 #    the latter with each value of $VK_ENV (e.g. "DS4_SOME_SWITCH=0 DS4_SOME_SWITCH=1": a switch under test),
 #    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
 #    (device-bin/wgpu-*-tests) on the GPU first;
+#  - gpu_bench (when carried): kernel and GEMM timings alone;
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
 #    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
@@ -30,6 +31,9 @@ if [ -x $B/wip-device-tests ]; then
   grep -E "^test .*FAILED|test result|panicked" $OUT/wip_device_tests.log
 fi
 el "device tests done"; pack
+if [ -x $B/gpu_bench ]; then  # kernel and GEMM timings alone (crates/cuda/examples/gpu_bench.rs)
+  timeout 150 $B/gpu_bench > $OUT/gpu_bench.txt 2>&1; grep -E "^gemm|^read" $OUT/gpu_bench.txt; el "gpu_bench done"; pack
+fi
 wait $SP; tail -1 $OUT/synth.log
 cat README.md README.md README.md > /tmp/prompt.txt
 run() { # tag, backend, binary, env...

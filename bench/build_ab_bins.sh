@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds device-bin/bins.tar.xz for bench/ab_session.sh (and bench/h200_session.sh) here:
-#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, the ds4-cuda device tests and the wgpu op and
+#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, the ds4-cuda device tests and the wgpu op and
 #    stage tests;
 #  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
 #    Vulkan A/B;
-#  - wip-bench and wip-device-tests: this tree with the CUDA kernel files of $WIP (default d973a23^,
-#    the commit before they were taken off main, as branch wip/ldmatrix: the grouped GEMM's per-128
-#    loads and the ldmatrix fragments), the candidate of the CUDA A/B.
+#  - with WIP=<ref> only: wip-bench and wip-device-tests, this tree with the CUDA kernel files
+#    ($KERNELS) of that ref, the candidate of a CUDA kernel A/B. (The last one, the ldmatrix
+#    fragments and per-128 loads of d973a23^, measured no gain on an H200 on 2026-12-07 and was
+#    dropped: bench/results/cuda/README.md.)
 # Each other build runs in a git worktree under /tmp with its own target directory
 # (/tmp/ds4-ab-target): cargo keeps a workspace crate's source paths relative to the workspace, so a
 # tree elsewhere sharing this target directory would pass its artifacts off as this tree's.
@@ -15,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 : "${BASE:?set BASE to the commit to compare against}"
-WIP=${WIP:-d973a23^}
+WIP=${WIP:-}
 KERNELS="crates/cuda/src/attention_tc.cu crates/cuda/src/moe_gemm.cu crates/cuda/src/tensor_core.cuh"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 T=$CARGO_TARGET_DIR/release
@@ -37,11 +38,12 @@ other() {
 }
 export -f bench_of test_exe; export S T
 other $BASE "" base-bench
-other HEAD $WIP wip-bench wip-device-tests
+[ -z "$WIP" ] || other HEAD $WIP wip-bench wip-device-tests
 # This tree last, so target/release holds its binaries afterwards.
 cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf
 cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
-cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $S/
+cargo build --release -p ds4-cuda --features cuda --example gpu_bench
+cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $S/
 cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/device-tests
 for t in ops_attention ops_ffn stage; do cp "$(test_exe -p ds4-wgpu --test $t)" $S/wgpu-$t-tests; done
 strip $S/*

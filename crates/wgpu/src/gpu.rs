@@ -49,9 +49,6 @@ pub struct GpuOptions {
     /// (the MTP drafter): the stage's fit check counts them, so the pair is refused before anything
     /// is uploaded. 0: none.
     pub reserve_bytes: u64,
-    /// Caps the workgroup memory requested below the adapter's limit (tests run the kernels an
-    /// adapter with less takes, e.g. attention's 4-head prefill workgroups).
-    pub max_workgroup_memory: Option<u32>,
     /// Test hook: the loader file probed when no adapter is found (default: `VULKAN_LOADER`).
     #[doc(hidden)]
     pub loader_probe: Option<String>,
@@ -228,10 +225,7 @@ impl Gpu {
         if profile {
             features |= crate::profile::FEATURES;
         }
-        let mut limits = adapter.limits();
-        if let Some(cap) = opts.max_workgroup_memory {
-            limits.max_compute_workgroup_storage_size = limits.max_compute_workgroup_storage_size.min(cap);
-        }
+        let limits = adapter.limits();
         let desc = wgpu::DeviceDescriptor {
             label: Some("ds4-wgpu"),
             required_features: features,

@@ -376,17 +376,10 @@ pub fn matvec_key(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> 
 /// The candidate tiles of the attention modules (steps that split, and prefill).
 pub const ATTENTION_TILES: [u32; 2] = [16, 64];
 
-/// Heads a workgroup of the attention modules may serve (each read of a candidate row is shared by
-/// them); more need more workgroup memory (`attention_workgroup_bytes`) and registers (a thread
-/// keeps two candidates' partial scores and its output dims for each head), so 16 is not offered.
-pub const ATTENTION_HEAD_GROUPS: [u32; 2] = [4, 8];
-
-/// Workgroup memory of the attention module serving `heads` heads over tiles of `tile` candidates:
-/// the heads' queries (512 floats each), the tile's scores and sources, three floats a head.
-pub fn attention_workgroup_bytes(heads: u32, tile: u32) -> u64 {
-    let h = heads as u64;
-    h * 512 * 4 + h * tile as u64 * 4 + tile as u64 * 4 + 3 * h * 4
-}
+/// Heads a workgroup of the attention modules serves (each read of a candidate row is shared by
+/// them). With 8-head prefill workgroups, prefill attention took 1.44x its 4-head time on an H200
+/// through Vulkan (bench/results/wgpu/README.md, 2026-12-07), so every step takes 4.
+pub const ATTENTION_HEADS: u32 = 4;
 
 /// The attention module (tiles of `tile` <= 64 candidates, `heads` heads a workgroup): tile scores by
 /// one thread per candidate (`Tree`, every adapter) or one subgroup per candidate (`Subgroup`).
@@ -454,9 +447,7 @@ pub fn all_modules() -> Vec<ModuleSource> {
         }
     }
     for reduce in [Reduce::Tree, Reduce::Subgroup] {
-        // Steps that split take 4 heads a workgroup; prefill takes as many as the adapter holds.
-        let used = std::iter::once((ATTENTION_TILES[0], ATTENTION_HEAD_GROUPS[0])).chain(ATTENTION_HEAD_GROUPS.map(|h| (ATTENTION_TILES[1], h)));
-        for (tile, heads) in used {
+        for (tile, heads) in ATTENTION_TILES.map(|t| (t, ATTENTION_HEADS)) {
             let wgsl = attention_source(reduce, tile, heads);
             out.push(ModuleSource { name: format!("attention_{reduce:?}_t{tile}_h{heads}"), wgsl, subgroup: reduce == Reduce::Subgroup, f16_in_f32: false, coop: false });
         }

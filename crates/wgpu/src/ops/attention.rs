@@ -2,7 +2,7 @@
 //! from the raw-row gather to the per-head inverse RoPE): queries over the sliding-window ring plus
 //! this step's new KV rows (causal) and the compressed rows (all, or the indexer's picks), with the
 //! per-head sink; then the inverse rotation of the output, and the new rows stored into the ring.
-//! A workgroup serves 4 heads in decode, 8 in prefill where the adapter holds them (the rows are shared: MQA); steps with few tokens (decode) split the
+//! A workgroup serves 4 heads (the rows are shared: MQA); steps with few tokens (decode) split the
 //! candidates across workgroups and merge the splits' partial softmax sums. The ring and the
 //! compressed rows hold one part per KV slot; a batched step (one sequence per row) reads each row's
 //! own slot and splits as a one-token step does, so each row sums as it does decoded alone; so does a
@@ -14,13 +14,13 @@ use crate::buffer::GpuBuffer;
 use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
-use crate::shaders::{attention_source, attention_workgroup_bytes, Reduce, ATTENTION_HEAD_GROUPS, ATTENTION_MERGE, ATTENTION_TILES, RING_STORE};
+use crate::shaders::{attention_source, Reduce, ATTENTION_MERGE, ATTENTION_TILES, RING_STORE};
 
 /// The widest head the kernel holds in workgroup memory.
 pub const ATTENTION_MAX_HEAD_DIM: usize = 512;
 /// Heads per workgroup in the steps that split (they share each candidate row read: MQA). The split
 /// count depends on it, so it is fixed: every adapter splits a decode row the same way.
-const HEADS_PER_GROUP: usize = 4;
+const HEADS_PER_GROUP: usize = crate::shaders::ATTENTION_HEADS as usize;
 /// Candidates per tile in the steps that split (decode, short and batched steps: shorter serial work per
 /// workgroup, more workgroups) and in the steps that do not (prefill: fewer barriers).
 const SPLIT_TILE: usize = ATTENTION_TILES[0] as usize;
@@ -71,8 +71,6 @@ pub struct Attention {
     merge: Arc<wgpu::ComputePipeline>,
     merge_bind: wgpu::BindGroup,
     groups: usize,
-    /// Head groups of the steps that do not split (prefill), whose workgroups serve `long_heads`.
-    long_groups: usize,
     max_split: usize,
     /// The split partials' buffer (owned, or the stage's shared one) and its floats.
     _part: Option<GpuBuffer>,
@@ -161,9 +159,7 @@ impl Attention {
             let bind = gpu.bind_group("attention", &pipeline, &[&b.q.buffer, &b.kv.buffer, &b.ring.buffer, comp, sel, &b.sinks.buffer, &b.o.buffer, &part.buffer, &uni, &gpu.step])?;
             Ok((pipeline, bind))
         };
-        let long_heads = long_heads(gpu.workgroup_memory(), n_head);
-        let long_groups = n_head.div_ceil(long_heads as usize);
-        let (split, long) = (kernel(SPLIT_TILE, HEADS_PER_GROUP as u32)?, kernel(LONG_TILE, long_heads)?);
+        let (split, long) = (kernel(SPLIT_TILE, HEADS_PER_GROUP as u32)?, kernel(LONG_TILE, HEADS_PER_GROUP as u32)?);
         let merge = gpu.pipeline("attention_merge", || Ok(ATTENTION_MERGE.to_string()))?;
         let merge_bind = gpu.bind_group("attention merge", &merge, &[&part.buffer, &b.o.buffer, &uni, &gpu.step])?;
 
@@ -174,7 +170,7 @@ impl Attention {
         let store_bind = gpu.bind_group("ring store", &store, &[&b.kv.buffer, &b.ring.buffer, &suni, &gpu.step])?;
         let unrope = Rope::new(gpu, b.o, n_head, d, freqs, true, max_tokens)?;
         let part_len = part.len();
-        Ok(Self { reduce, split, long, merge, merge_bind, groups, long_groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
+        Ok(Self { reduce, split, long, merge, merge_bind, groups, max_split, _part: own, part_len, store, store_bind, store_wg_x, unrope, shape, _dummies: dummies })
     }
 
     /// How many workgroups share a token's candidates in a step of `ntok` tokens (1: no merge).
@@ -203,10 +199,10 @@ impl Attention {
         }
         {
             let pass = enc.pass();
-            let ((pipeline, bind), groups) = if short { (&self.split, self.groups) } else { (&self.long, self.long_groups) };
+            let (pipeline, bind) = if short { &self.split } else { &self.long };
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, bind, &[]);
-            pass.dispatch_workgroups(groups as u32, st.ntok, nsplit);
+            pass.dispatch_workgroups(self.groups as u32, st.ntok, nsplit);
             if nsplit > 1 {
                 pass.set_pipeline(&self.merge);
                 pass.set_bind_group(0, &self.merge_bind, &[]);
@@ -221,14 +217,6 @@ impl Attention {
         pass.dispatch_workgroups(self.store_wg_x.min(n.div_ceil(64)), n.div_ceil(64).div_ceil(self.store_wg_x), 1);
         Ok(())
     }
-}
-
-/// Heads a prefill workgroup serves: the most of `ATTENTION_HEAD_GROUPS` whose workgroup memory fits
-/// the adapter (`workgroup_memory` bytes; 8 needs 18.8 KiB: lavapipe, Apple GPUs, NVIDIA, AMD), no
-/// more than the layer's heads round up to. A head's sums do not depend on it.
-pub fn long_heads(workgroup_memory: u64, n_head: usize) -> u32 {
-    let fits = |h: u32| attention_workgroup_bytes(h, LONG_TILE as u32) <= workgroup_memory;
-    ATTENTION_HEAD_GROUPS.into_iter().filter(|&h| fits(h) && h as usize <= n_head.next_power_of_two()).max().unwrap_or(ATTENTION_HEAD_GROUPS[0])
 }
 
 /// The most candidate rows a token attends to: its window, then the compressed rows (all of them, or

@@ -17,7 +17,7 @@ mod step_matvec;
 mod swiglu;
 
 pub use argmax::{Argmax, Pick};
-pub use attention::{long_heads, max_candidates, split_floats, Attention, AttentionBuffers, AttentionShape, ATTENTION_MAX_HEAD_DIM};
+pub use attention::{max_candidates, split_floats, Attention, AttentionBuffers, AttentionShape, ATTENTION_MAX_HEAD_DIM};
 pub use compressor::{Compressor, CompressorShape, UNDO_ROWS};
 pub use indexer::{Indexer, IndexerBuffers, IndexerShape, INDEXER_MAX_DIM};
 pub use kv_row::{KvRow, KvRowSpec, RowNorm, RowPos, RowQat, KV_ROW_MAX_DIM};
