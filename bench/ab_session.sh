@@ -8,7 +8,7 @@
 #    the latter with each value of $VK_ENV (e.g. "DS4_SOME_SWITCH=0 DS4_SOME_SWITCH=1": a switch under test),
 #    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
 #    (device-bin/wgpu-*-tests) on the GPU first;
-#  - gpu_bench (when carried): kernel and GEMM timings alone;
+#  - kernel_bench and gpu_bench (when carried): the wgpu and the CUDA kernels alone;
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
 #    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
@@ -26,6 +26,9 @@ for t in $B/wgpu-*-tests; do
   grep -hE "test result|FAILED|panicked|Vulkan\)" $OUT/$(basename $t).log | head -5
 done
 el "wgpu tests done"
+if [ -x $B/kernel_bench ]; then  # each wgpu kernel alone at the Flash shapes (crates/wgpu/examples/kernel_bench.rs)
+  timeout 150 $B/kernel_bench 100 > $OUT/kernels_vulkan.csv 2>&1; grep -v "@s" $OUT/kernels_vulkan.csv | head -40; el "kernel_bench done"
+fi
 if [ -x $B/wip-device-tests ]; then
   DS4_TEST_DIR=/dev/shm timeout 200 $B/wip-device-tests --nocapture --test-threads 1 > $OUT/wip_device_tests.log 2>&1
   grep -E "^test .*FAILED|test result|panicked" $OUT/wip_device_tests.log

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds device-bin/bins.tar.xz for bench/ab_session.sh (and bench/h200_session.sh) here:
-#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, the ds4-cuda device tests and the wgpu op and
+#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, kernel_bench, the ds4-cuda device tests and the wgpu op and
 #    stage tests;
 #  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
 #    Vulkan A/B;
@@ -43,7 +43,8 @@ other $BASE "" base-bench
 cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf
 cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
 cargo build --release -p ds4-cuda --features cuda --example gpu_bench
-cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $S/
+cargo build --release -p ds4-wgpu --example kernel_bench
+cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $T/examples/kernel_bench $S/
 cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/device-tests
 for t in ops_attention ops_ffn stage; do cp "$(test_exe -p ds4-wgpu --test $t)" $S/wgpu-$t-tests; done
 strip $S/*
