@@ -35,6 +35,15 @@ impl CudaWeights {
     }
 }
 
+/// Largest context (`--ctx`) and prefill chunk (`--prefill-chunk`) accepted, in tokens: 2^30, a
+/// thousand times DeepSeek V4's 1M context; beyond it the memory plan's byte counts could overflow.
+pub const MAX_CTX: usize = 1 << 30;
+/// Largest `--threads` accepted (more threads than this only oversubscribe the cores).
+pub const MAX_THREADS: usize = 1024;
+/// Largest number of KV states held at once (`--concurrency`, `--batched-session`, snapshots): beyond it
+/// the memory plan's byte counts could overflow.
+pub const MAX_SESSIONS: usize = 1 << 16;
+
 #[derive(Debug, Clone)]
 pub struct LoadOptions {
     pub ctx: usize,
@@ -118,14 +127,27 @@ impl LoadOptions {
         if self.threads == Some(0) {
             return bad("--threads must be at least 1");
         }
+        if let Some(t) = self.threads.filter(|&t| t > MAX_THREADS) {
+            return Err(EngineError::Invalid(format!("--threads {t}: at most {MAX_THREADS}")));
+        }
         if self.ctx == 0 {
             return bad("--ctx must be at least 1");
+        }
+        // Larger values would overflow the memory plan's byte counts (and no model attends that far).
+        if self.ctx > MAX_CTX {
+            return Err(EngineError::Invalid(format!("--ctx {}: at most {MAX_CTX} tokens", self.ctx)));
         }
         if self.prefill_chunk == 0 {
             return bad("--prefill-chunk must be at least 1");
         }
+        if self.prefill_chunk > MAX_CTX {
+            return Err(EngineError::Invalid(format!("--prefill-chunk {}: at most {MAX_CTX} tokens", self.prefill_chunk)));
+        }
         if self.batch_slots == 0 {
             return bad("the batched session count must be at least 1");
+        }
+        if self.batch_slots > MAX_SESSIONS || self.kv_states > MAX_SESSIONS {
+            return Err(EngineError::Invalid(format!("{} sessions held at once: at most {MAX_SESSIONS}", self.batch_slots.max(self.kv_states))));
         }
         if let Some(g) = self.mem_limit_gb {
             if !(g > 0.0 && g.is_finite()) {
@@ -173,6 +195,8 @@ pub struct Engine {
     pub plan: MemoryPlan,
     /// The MTP drafter when loaded with `--mtp` (speculative decoding, `Session::generate_speculative`).
     pub mtp: Option<crate::speculative::MtpEngine>,
+    /// The host budget the plan was admitted by (`set_ctx` admits a new context by the same rule).
+    budget: u64,
 }
 
 /// A model file planned for loading: its metadata, tokenizer and memory plan, admitted by the budget,
@@ -312,8 +336,54 @@ impl Engine {
             placement: Placement::Cpu,
         };
         let plan = MemoryPlan::new(&input);
-        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None }
+        Self { gpu: None, stage, tokenizer: None, ctx, prefill_chunk: usize::MAX, plan, mtp: None, budget: u64::MAX }
     }
+
+    /// A new context size for sessions created afterwards (ds4's interactive `/ctx N`), admitted as
+    /// `--ctx N` would be at startup: on the CPU the memory plan for `n` must fit the budget the engine
+    /// was loaded with (the work buffers are then reserved for it); a GPU backend's KV buffers were
+    /// sized at load, so there `n` may not exceed the loaded context. Existing sessions keep their own
+    /// size: replace them (`Session::new`). Returns the plan in force.
+    pub fn set_ctx(&mut self, n: usize) -> Result<&MemoryPlan, EngineError> {
+        if n == 0 {
+            return Err(EngineError::Invalid("the context must be at least 1 token".into()));
+        }
+        if n > MAX_CTX {
+            return Err(EngineError::Invalid(format!("a context is at most {MAX_CTX} tokens")));
+        }
+        if let Some(g) = &self.gpu {
+            if n > self.plan.ctx {
+                return Err(EngineError::Unsupported(format!(
+                    "the {} backend's buffers were sized for --ctx {} at load; restart with --ctx {n} for a larger context",
+                    g.backend().name(),
+                    self.plan.ctx
+                )));
+            }
+            self.ctx = n;
+            return Ok(&self.plan);
+        }
+        let input = PlanInput {
+            cfg: &self.stage.cfg,
+            range: self.stage.w.range,
+            weights: self.plan.weights,
+            ctx: n,
+            prefill_chunk: self.plan.prefill_chunk,
+            threads: rayon::current_num_threads(),
+            kv_states: self.plan.kv_states,
+            memory: self.plan.memory,
+            placement: Placement::Cpu,
+        };
+        let plan = admit(&input, self.budget).map_err(EngineError::Budget)?;
+        let draft_rows = self.mtp.as_ref().map_or(0, |m| m.opts.draft + 1);
+        let head = self.stage.w.range.head as usize;
+        self.stage.reserve(self.plan.prefill_chunk.max(draft_rows), n, head.max(draft_rows));
+        self.plan = plan;
+        self.ctx = n;
+        Ok(&self.plan)
+    }
+
+    /// The host budget the engine was admitted by (bytes).
+    pub fn budget(&self) -> u64 { self.budget }
 
     /// Attaches an MTP drafter (what `--mtp` loads): sessions created afterwards draft with it (on a GPU
     /// backend, on its device: built there from `model`'s weights).
@@ -523,7 +593,7 @@ impl LoadPlan {
     /// Brings the weights in (copied or mapped as planned, with a progress bar on a terminal) and
     /// builds the engine: its backend, and the CPU's work buffers sized by the plan.
     pub fn load(self) -> Result<Engine, EngineError> {
-        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, steering, .. } = self;
+        let LoadPlan { path, opts, file, cfg, range, tokenizer, mut memory, spans, place, steering, budget, .. } = self;
         residency::set_phase(residency::Phase::Load);
         let mem = memory.memory;
         let reads = mem == WeightMemory::Copy || opts.warm_weights;
@@ -586,7 +656,7 @@ impl LoadPlan {
             Some(g) if opts.auto_chunk => g.rows(),
             _ => opts.prefill_chunk,
         };
-        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp })
+        Ok(Engine { gpu, stage, tokenizer, ctx: opts.ctx, prefill_chunk, plan: memory, mtp, budget })
     }
 }
 

@@ -19,7 +19,7 @@ mod wgpu_stage;
 pub use default_model::{default_model_path, resolve_model, vocab_from_parts, ModelSource};
 pub use ds4_model::hostload::WeightMemory;
 pub use backend::{probe_wgpu, AdapterKind, Backend};
-pub use engine::{CudaWeights, Engine, LoadOptions, LoadPlan};
+pub use engine::{CudaWeights, Engine, LoadOptions, LoadPlan, MAX_CTX, MAX_SESSIONS, MAX_THREADS};
 pub use error::EngineError;
 pub use session::{GenStats, Session, SessionSnapshot, StopReason};
 pub use speculative::{MtpEngine, MtpOptions, ScriptedDrafts, SpecSampler};

@@ -80,3 +80,28 @@ fn kv_states_are_planned_per_state() {
     let nine = Engine::plan(src.path(), &LoadOptions { ctx: 4096, kv_states: 9, ..LoadOptions::default() }).unwrap().memory;
     assert_eq!(nine.total() - one.total(), 8 * one.kv.total());
 }
+
+#[test]
+fn values_that_would_overflow_the_plan_are_refused_before_the_file_is_opened() {
+    // Each used to wrap the plan's byte counts to a small number and then panic or abort on the
+    // allocation (`--ctx 18446744073709551615`, `--prefill-chunk 2^62`, `--concurrency 2^64-1`), or hang
+    // spawning threads (`--threads 100000`).
+    let missing = std::path::Path::new("/nonexistent/model.gguf");
+    for (opts, needle) in [
+        (LoadOptions { ctx: usize::MAX, ..LoadOptions::default() }, "--ctx"),
+        (LoadOptions { ctx: ds4_engine::MAX_CTX + 1, ..LoadOptions::default() }, "--ctx"),
+        (LoadOptions { prefill_chunk: 1 << 62, ..LoadOptions::default() }, "--prefill-chunk"),
+        (LoadOptions { threads: Some(100_000), ..LoadOptions::default() }, "--threads"),
+        (LoadOptions { kv_states: usize::MAX, ..LoadOptions::default() }, "sessions"),
+        (LoadOptions { batch_slots: ds4_engine::MAX_SESSIONS + 1, ..LoadOptions::default() }, "sessions"),
+    ] {
+        match Engine::plan(missing, &opts) {
+            Err(EngineError::Invalid(m)) => assert!(m.contains(needle) && m.contains("at most"), "{m}"),
+            Err(e) => panic!("{needle}: expected a usage error before opening the file, got {e}"),
+            Ok(_) => panic!("{needle}: accepted"),
+        }
+    }
+    // The largest accepted values still reach the file (and the plan).
+    let ok = LoadOptions { ctx: ds4_engine::MAX_CTX, threads: Some(ds4_engine::MAX_THREADS), ..LoadOptions::default() };
+    assert!(ok.validate().is_ok());
+}

@@ -210,6 +210,11 @@ impl GgufWriter {
         tmp_name.push(".tmp");
         let tmp_path = path.with_file_name(tmp_name);
         let io = |p: &Path, source| GgufError::Io { path: p.display().to_string(), source };
+        // The finished file is renamed over `path`: never over a directory, device, FIFO or socket
+        // (e.g. /dev/null given as a place to discard the output), and before anything is written.
+        if std::fs::metadata(&path).is_ok_and(|m| !m.is_file()) {
+            return Err(io(&path, std::io::Error::other("exists and is not a regular file (it is not replaced)")));
+        }
         let file = File::create(&tmp_path).map_err(|e| io(&tmp_path, e))?;
         let mut stream = TensorStream {
             out: Some(BufWriter::with_capacity(8 << 20, file)),

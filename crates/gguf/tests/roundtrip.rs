@@ -260,3 +260,37 @@ fn alignment_from_kv_and_open_errors() {
     assert!(matches!(GgufFile::open(dir.join("missing.gguf")), Err(GgufError::Io { .. })));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The finished file is renamed over the output path: a directory, FIFO or device there (e.g.
+/// `ds4-gguf synth tiny /dev/null`, which as root replaced /dev/null with a regular file) is refused
+/// before anything is written, and left as it was.
+#[test]
+fn output_path_that_is_not_a_regular_file_is_refused_up_front() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tmpdir();
+    let sub = dir.join("a-directory.gguf");
+    std::fs::create_dir_all(&sub).unwrap();
+    let e = build_writer(None).begin(&sub).err().expect("a directory refused at begin");
+    assert!(e.to_string().contains("not a regular file"), "{e}");
+    assert!(sub.is_dir());
+    let fifo = dir.join("fifo.gguf");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success());
+    if made {
+        let e = build_writer(None).begin(&fifo).err().expect("a FIFO refused at begin");
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still there");
+    }
+    let mut tmp = sub.clone().into_os_string();
+    tmp.push(".tmp");
+    assert!(!std::path::Path::new(&tmp).exists(), "no temporary file left");
+    // An existing regular file is replaced as before.
+    let f = dir.join("existing.gguf");
+    std::fs::write(&f, b"old").unwrap();
+    let mut s = build_writer(None).begin(&f).unwrap();
+    for (i, (_, ty, d)) in tensors().iter().enumerate() {
+        s.write(&pattern(i, ds4_gguf::tensor_n_bytes(*ty, d).unwrap())).unwrap();
+    }
+    s.finish().unwrap();
+    assert!(GgufFile::open(&f).is_ok());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -537,6 +537,11 @@ pub fn decode_from(
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename, and an
 /// fsync of the directory. The temporary name starts with `.` and contains `.tmp`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    // The rename replaces what is at `path`: only ever a regular file (never a directory, device,
+    // FIFO or socket, e.g. `--kv-save /dev/null`).
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        return Err(std::io::Error::other(format!("{} exists and is not a regular file (it is not replaced)", path.display())));
+    }
     let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("kv");
     let tmp = dir.join(format!(".{name}.tmp{}", std::process::id()));

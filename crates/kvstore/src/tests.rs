@@ -325,3 +325,32 @@ fn a_file_unlinked_while_open_is_still_read_whole() {
     assert_eq!(kv2, kv);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `save_file` renames its temporary file over the target: a FIFO or device there (`--kv-save /dev/null`,
+/// which as root replaced /dev/null with a regular file) or a directory is refused and left as it was;
+/// a regular file is replaced.
+#[test]
+fn save_never_replaces_what_is_not_a_regular_file() {
+    use std::os::unix::fs::FileTypeExt;
+    let dir = tmpdir("save-target");
+    let (tokens, kv, logits) = filled(5, 1);
+    let st = StateRef { tokens: &tokens, kv: &kv, logits: &logits, tool_map: &[] };
+    let fifo = dir.join("fifo.kv");
+    if std::process::Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
+        let e = format::save_file(&fifo, &MODEL, Reason::Manual, &st).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the FIFO is still there");
+    }
+    let sub = dir.join("sub.kv");
+    std::fs::create_dir_all(&sub).unwrap();
+    assert!(format::save_file(&sub, &MODEL, Reason::Manual, &st).unwrap_err().to_string().contains("not a regular file"));
+    assert!(sub.is_dir());
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), if fifo.exists() { 2 } else { 1 }, "no temporary file left");
+    let f = dir.join("ok.kv");
+    std::fs::write(&f, b"old").unwrap();
+    format::save_file(&f, &MODEL, Reason::Manual, &st).unwrap();
+    let mut kv2 = template(256);
+    let mut l2 = Vec::new();
+    assert_eq!(format::load_file(&f, &MODEL, &mut kv2, &mut l2, Some(VOCAB)).unwrap().tokens, tokens);
+    std::fs::remove_dir_all(&dir).ok();
+}

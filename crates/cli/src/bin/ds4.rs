@@ -25,6 +25,8 @@ mod diagnostics;
 mod ds4_compat;
 #[path = "../ds4/logprobs.rs"]
 mod logprobs;
+#[path = "../out_path.rs"]
+mod out_path;
 #[path = "../ds4/prefix_file.rs"]
 mod prefix_file;
 #[path = "../ds4/reasoning_view.rs"]
@@ -207,8 +209,17 @@ fn check_usage(args: &Args) -> ds4_engine::Backend {
     if args.prefill_chunk == Some(0) {
         usage("--prefill-chunk must be at least 1");
     }
-    if !(args.temp >= 0.0) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
-        usage("--temp must be >= 0, --top-p and --min-p within [0, 1]");
+    if !(args.temp >= 0.0 && args.temp.is_finite()) || !(0.0..=1.0).contains(&args.top_p) || !(0.0..=1.0).contains(&args.min_p) {
+        usage("--temp must be a number >= 0, --top-p and --min-p within [0, 1]");
+    }
+    // Output files: checked now, not after the generation that fills them.
+    for (flag, path) in [("--dump-logprobs", &d.dump_logprobs), ("--dump-logits", &d.dump_logits), ("--imatrix-out", &d.imatrix_out)] {
+        if let Some(p) = path {
+            out_path::check_output(p).unwrap_or_else(|e| usage(&format!("{flag} {e}")));
+        }
+    }
+    if let Some(p) = &args.kv_save {
+        out_path::check_replaced(p).unwrap_or_else(|e| usage(&format!("--kv-save {e}")));
     }
     let mtp = d.sw.mtp.options().unwrap_or_else(|e| usage(&e));
     if mtp.is_some() {
@@ -256,11 +267,6 @@ fn run(args: Args) -> Result<(), String> {
     if let Err(e) = opts.validate() {
         eprintln!("ds4: {e}");
         std::process::exit(2);
-    }
-    if let Some(dir) = args.kv_save.as_deref().map(|p| p.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."))) {
-        if !dir.is_dir() {
-            return Err(format!("--kv-save: directory {} does not exist", dir.display()));
-        }
     }
     // Plan first: a refusal (memory, a prompt over --ctx) comes before any weight is read.
     let planned = Engine::plan(src.path(), &opts).map_err(|e| format!("{}: {e}", src.path().display()))?;

@@ -15,6 +15,9 @@ use std::time::Instant;
 mod backend_flags;
 #[path = "../ds4_compat.rs"]
 mod ds4_compat;
+#[path = "../out_path.rs"]
+#[allow(dead_code)] // check_replaced: ds4's --kv-save
+mod out_path;
 #[path = "../kv_snapshot.rs"]
 mod kv_snapshot;
 
@@ -114,11 +117,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// Most frontiers one run measures (each is a prefill and a decode measurement).
+const MAX_FRONTIERS: usize = 1 << 16;
+
 /// Context frontiers from --ctx-start to --ctx-max; --ctx-max is always the last one, also when the
 /// step jumps past it (as ds4-bench).
 fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
         return Err("need 0 < --ctx-start <= --ctx-max".into());
+    }
+    // Also bounds the frontier list (one entry per step up to --ctx-max).
+    if a.ctx_max > ds4_engine::MAX_CTX {
+        return Err(usage(&format!("--ctx-max {}: at most {} tokens", a.ctx_max, ds4_engine::MAX_CTX)));
     }
     let linear = a.step_mul == 1.0;
     if !linear && a.step_incr.is_some() {
@@ -138,7 +148,10 @@ fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
         if cur >= a.ctx_max {
             break;
         }
-        let next = if linear { cur + incr } else { ((cur as f64) * a.step_mul).ceil() as usize };
+        if v.len() == MAX_FRONTIERS {
+            return Err(usage(&format!("--ctx-start {} to --ctx-max {} gives more than {MAX_FRONTIERS} frontiers: use a larger --step-incr or --step-mul", a.ctx_start, a.ctx_max)));
+        }
+        let next = if linear { cur.saturating_add(incr) } else { ((cur as f64) * a.step_mul).ceil() as usize };
         v.push(next.max(cur + 1).min(a.ctx_max));
     }
     Ok(v)
@@ -189,9 +202,14 @@ fn run(a: Args) -> Result<(), String> {
         return Err("--prefill-chunk must be at least 1".into());
     }
     let fr = frontiers(&a)?;
-    if a.concurrency == 0 {
-        return Err(usage("--concurrency must be at least 1"));
+    if a.concurrency == 0 || a.concurrency > ds4_engine::MAX_SESSIONS {
+        return Err(usage(&format!("--concurrency must be within 1..={}", ds4_engine::MAX_SESSIONS)));
     }
+    // The allocated context: the last frontier and the decoded tokens (checked: no wrap-around to a
+    // small context for huge values).
+    let Some(need) = a.ctx_max.checked_add(a.gen_tokens).and_then(|n| n.checked_add(1)).filter(|&n| n <= ds4_engine::MAX_CTX) else {
+        return Err(usage(&format!("--ctx-max {} + --gen-tokens {} + 1 exceeds the largest context, {} tokens", a.ctx_max, a.gen_tokens, ds4_engine::MAX_CTX)));
+    };
     let backend = a.ds4.sw.resolve_backend().map_err(|e| usage(&e.0))?;
     let mut power = ds4_engine::power::Power::new(a.ds4.sw.power).map_err(|e| usage(&e))?;
     let load = LoadOptions { threads: a.threads, mem_limit_gb: a.mem_limit_gb, debug: a.debug, ..a.ds4.sw.load_options(backend) }.chunk_flag(a.prefill_chunk);
@@ -226,11 +244,14 @@ fn run(a: Args) -> Result<(), String> {
     if let Some(d) = &a.ds4.dump_frontier_logits_dir {
         std::fs::create_dir_all(d).map_err(|e| format!("cannot create {}: {e}", d.display()))?;
     }
+    // The CSV destination is checked before the weights load (it is created once they have).
+    if let Some(p) = &a.csv {
+        out_path::check_output(p).map_err(|e| usage(&format!("--csv {e}")))?;
+    }
     let src = resolve_model(a.model.as_deref()).map_err(|e| e.to_string())?;
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-bench: using the embedded tiny default model {}", p.display());
     }
-    let need = a.ctx_max + a.gen_tokens + 1;
     let ctx = a.ctx.unwrap_or(need);
     if ctx < need {
         return Err(format!("--ctx-alloc {ctx} is smaller than --ctx-max + --gen-tokens + 1 = {need}"));

@@ -14,8 +14,8 @@ pub trait Conversation {
     fn tokens(&self) -> &[u32];
     fn prefill_chunk(&self) -> usize;
     fn reset(&mut self);
-    /// `/ctx N`: a new context size (the conversation is cleared).
-    fn set_ctx(&mut self, n: usize) -> Result<(), String>;
+    /// `/ctx N`: a new context size (the conversation is cleared); returns a line on its memory.
+    fn set_ctx(&mut self, n: usize) -> Result<String, String>;
     /// `/steer [F]`: the first steering slot's FFN scale set to F (the KV state is kept), or with
     /// None only reported; returns the slots' (ffn, attn) scales.
     fn steer(&mut self, _ffn: Option<f32>) -> Result<Vec<(f32, f32)>, String> {
@@ -70,12 +70,16 @@ impl Conversation for Local {
         }
         self.eng.steering().map(|s| s.scales()).ok_or_else(|| "no steering loaded: start ds4 with --dir-steering-file FILE".into())
     }
-    fn set_ctx(&mut self, n: usize) -> Result<(), String> {
-        self.eng.ctx = n;
+    fn set_ctx(&mut self, n: usize) -> Result<String, String> {
+        // Admitted by the memory plan as `--ctx N` at startup; a refusal keeps the conversation.
+        let budget = self.eng.budget();
+        let line = self.eng.set_ctx(n).map_err(|e| e.to_string())?.describe(budget);
         let chunk = self.session.prefill_chunk;
+        // The old KV state is freed before the new one is allocated: the plan counts one of them.
+        self.session.kv.layers = Vec::new();
         self.session = Session::new(&self.eng);
         self.session.prefill_chunk = chunk;
-        Ok(())
+        Ok(line)
     }
     fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {
         self.session.sync(&mut self.eng, prompt, progress, cancel).map_err(|e| e.to_string())
@@ -119,7 +123,7 @@ impl Conversation for Route {
     fn tokens(&self) -> &[u32] { &self.setup.session.tokens }
     fn prefill_chunk(&self) -> usize { self.setup.session.opts.prefill_chunk }
     fn reset(&mut self) { self.setup.session.reset(); }
-    fn set_ctx(&mut self, _n: usize) -> Result<(), String> {
+    fn set_ctx(&mut self, _n: usize) -> Result<String, String> {
         Err("/ctx is not available on a distributed route (the workers registered with the coordinator's --ctx)".into())
     }
     fn sync(&mut self, prompt: &[u32], progress: &mut dyn FnMut(usize, usize), cancel: &AtomicBool) -> Result<usize, String> {

@@ -72,8 +72,8 @@ fn command(input: &str, conv: &mut dyn Conversation, chat: &mut Chat) -> Next {
         "/nothink" => set_mode(chat, conv, ThinkMode::None),
         "/ctx" => match words.next().and_then(|w| w.parse::<usize>().ok()) {
             Some(n) if n > 0 => match conv.set_ctx(n) {
-                Ok(()) => eprintln!("context set to {n} tokens; conversation cleared"),
-                Err(e) => eprintln!("{e}"),
+                Ok(memory) => eprintln!("context set to {n} tokens; conversation cleared\n{memory}"),
+                Err(e) => eprintln!("/ctx {n}: {e}; the context stays {} tokens", conv.ctx()),
             },
             _ => eprintln!("usage: /ctx N (a positive number of tokens)"),
         },
@@ -97,6 +97,10 @@ fn command(input: &str, conv: &mut dyn Conversation, chat: &mut Chat) -> Next {
         }
         "/read" => {
             let path = input.trim_start()["/read".len()..].trim();
+            if path.is_empty() {
+                eprintln!("usage: /read FILE (the next message is the file's text)");
+                return Next::Nothing;
+            }
             match std::fs::read_to_string(path) {
                 Ok(t) => return Next::Send(t),
                 Err(e) => eprintln!("cannot read {path}: {e}"),
