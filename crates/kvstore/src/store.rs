@@ -39,8 +39,11 @@ pub struct Stats {
     pub misses: u64,
     pub saves: u64,
     pub evictions: u64,
-    /// Files found bad (truncated, corrupted, other model or version) and removed.
+    /// This store's files found bad (truncated, corrupted, another format version) and removed.
     pub removed_bad: u64,
+    /// Cache files of other models (or numerics options) sharing the directory, found at open and
+    /// left in place: neither indexed nor counted in this store's budget.
+    pub foreign: u64,
     pub bytes_written: u64,
     pub bytes_read: u64,
 }
@@ -106,7 +109,9 @@ impl KvStore {
                 }
                 continue;
             }
-            if !name.ends_with(&format!(".{EXT}")) {
+            // Only `<sha256>.kv` names are this cache's; any other file (a `--kv-save` session file,
+            // the user's own) is left alone.
+            if parse_key(&name).is_none() {
                 continue;
             }
             match s.index_file(&name, &path) {
@@ -119,6 +124,8 @@ impl KvStore {
                     e.seq = s.seq;
                     s.entries.insert(e.key, e);
                 }
+                // Another model's cache in a shared directory (e.g. the q2 and q4 files): kept for it.
+                Err(FormatError::OtherModel) => s.stats.foreign += 1,
                 Err(err) => s.remove_bad(&path, &err),
             }
         }

@@ -253,12 +253,15 @@ fn bad_files_are_removed_at_open_and_at_load() {
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     std::fs::File::options().write(true).open(dir.join(".x.kv.tmp1")).unwrap().set_modified(old).unwrap();
 
+    std::fs::write(dir.join("session.kv"), b"a --kv-save file").unwrap();
+
     let mut s = KvStore::open(&dir, 1 << 30, MODEL).unwrap();
-    // Header-level damage is caught at open; the body flip only when loaded.
+    // Header-level damage is caught at open; the body flip only when loaded. Another model's file
+    // and files not named as this cache names them are left alone.
     assert_eq!(s.len(), 2, "{:?}", kv_files(&dir));
-    assert_eq!(s.stats.removed_bad, 5);
+    assert_eq!((s.stats.removed_bad, s.stats.foreign), (3, 1));
     assert!(!dir.join(".x.kv.tmp1").exists());
-    assert!(!dir.join("zz.kv").exists());
+    assert!(dir.join("zz.kv").exists() && dir.join("session.kv").exists() && files[3].exists());
     let entries: Vec<_> = s.entries().cloned().collect();
     let mut ok = 0;
     for e in entries {
@@ -270,8 +273,8 @@ fn bad_files_are_removed_at_open_and_at_load() {
     }
     assert_eq!(ok, 1);
     assert_eq!(s.len(), 1);
-    assert_eq!(kv_files(&dir).len(), 1);
-    assert_eq!(s.stats.removed_bad, 6);
+    assert_eq!(kv_files(&dir).len(), 4, "the intact file, the other model's and the two foreign names");
+    assert_eq!(s.stats.removed_bad, 4);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

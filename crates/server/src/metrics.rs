@@ -117,7 +117,7 @@ impl Metrics {
         c(&mut s, "ds4_kv_disk_misses_total", "Disk KV cache lookups that found no longer prefix than memory.", self.kv_disk_misses.load(Relaxed));
         c(&mut s, "ds4_kv_disk_saves_total", "Sessions written to the disk KV cache.", self.kv_disk_saves.load(Relaxed));
         c(&mut s, "ds4_kv_disk_evictions_total", "Disk KV cache files evicted for space.", self.kv_disk_evictions.load(Relaxed));
-        c(&mut s, "ds4_kv_disk_bad_files_total", "Disk KV cache files found truncated, corrupted or foreign, and removed.", self.kv_disk_removed_bad.load(Relaxed));
+        c(&mut s, "ds4_kv_disk_bad_files_total", "Disk KV cache files of this model found truncated or corrupted, and removed (other models' files are left in place).", self.kv_disk_removed_bad.load(Relaxed));
         c(&mut s, "ds4_kv_disk_loaded_tokens_total", "Prompt tokens restored from disk instead of prefilled.", self.kv_disk_loaded_tokens.load(Relaxed));
         c(&mut s, "ds4_kv_disk_written_bytes_total", "Bytes written to the disk KV cache.", self.kv_disk_written_bytes.load(Relaxed));
         c(&mut s, "ds4_kv_disk_read_bytes_total", "Bytes read from the disk KV cache.", self.kv_disk_read_bytes.load(Relaxed));
