@@ -1,6 +1,8 @@
 """Each API, non-streamed and streamed, through the official SDKs."""
 import json
 
+import openai
+
 
 def test_models_and_health(server, oai):
     ids = [m.id for m in oai.models.list().data]
@@ -146,3 +148,18 @@ def test_sse_keepalive_during_prefill(make_server):
     assert prefill_s > 1.0, f"prefill took only {prefill_s:.2f}s: make the prompt longer"
     assert lines.count(": prefill") >= 1, lines[:5]
     assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
+
+
+def test_requests_without_a_seed_sample_anew(oai, make_server):
+    # Before, every request without `seed` used seed 0: at temperature 1 each "regenerate" gave the
+    # same text. Now only an explicit seed (in the request, or the server's --seed) repeats a sample.
+    kw = dict(model="m", messages=[{"role": "user", "content": "tell me something"}], max_tokens=16,
+              temperature=1.0, extra_body={"min_p": 0.0}, reasoning_effort="none")
+    unseeded = {oai.chat.completions.create(**kw).choices[0].message.content for _ in range(4)}
+    assert len(unseeded) > 1, unseeded
+    seeded = {oai.chat.completions.create(seed=42, **kw).choices[0].message.content for _ in range(3)}
+    assert len(seeded) == 1, seeded
+    s = make_server("--ctx", "1024", "--seed", "7", name="seeded")
+    c = openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0)
+    fixed = {c.chat.completions.create(**kw).choices[0].message.content for _ in range(3)}
+    assert len(fixed) == 1, fixed

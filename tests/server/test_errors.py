@@ -2,6 +2,7 @@
 import json
 import threading
 import time
+import urllib.error
 
 import anthropic
 import openai
@@ -207,3 +208,25 @@ def test_cuda_backend_accepts_the_disk_kv_cache(tmp_path):
     r = subprocess.run([str(BIN), "--backend", "cuda", "--kv-disk-dir", str(tmp_path), "--port", "0"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 1, r.stderr
     assert "CUDA" in r.stderr and "not available" not in r.stderr, r.stderr
+
+
+def test_n_other_than_one_is_rejected(server, oai):
+    # Before, chat ignored `n` and answered one choice to a request for two (and accepted n=-1).
+    for n in (2, 0):
+        with pytest.raises(openai.BadRequestError) as e:
+            oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2, n=n)
+        assert e.value.body["param"] == "n"
+    st, b = server.post_raw("/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}], "n": -1}).encode())
+    assert_openai_error(st, b, 400, "n")
+    r = oai.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], max_tokens=2, n=1)
+    assert len(r.choices) == 1
+
+
+def test_model_path_that_is_not_utf8_is_a_json_error(server):
+    # `/v1/models/%ff` used to get axum's plain-text 400 ("Invalid URL: ..."), which the SDKs cannot parse.
+    with pytest.raises(urllib.error.HTTPError) as e:
+        server.get("/v1/models/%ff")
+    assert e.value.code == 400
+    assert e.value.headers["content-type"] == "application/json"
+    err = json.loads(e.value.read())["error"]
+    assert err["type"] == "invalid_request_error" and err["message"]

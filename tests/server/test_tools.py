@@ -130,3 +130,29 @@ def test_messages_tool_round_trip(server, claude):
         final = s.get_final_message()
     assert final.stop_reason == "tool_use"
     assert final.content[-1].type == "tool_use" and final.content[-1].input == ARGS
+
+
+def test_responses_stream_with_a_tool_call_cut_short(oai):
+    # The output limit falls inside the DSML block: the call never completes and comes back as text.
+    # The stream must stay well formed for the SDK's accumulator: before, the call's item was added
+    # when its name was parsed, never finished, and the text's item was added at the same output_index
+    # (the SDK raised "Duplicate response output index").
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather forecast", "parameters": WEATHER_SCHEMA}]
+    kw = dict(model="m", input="[[weather]] cut short", tools=tools, max_output_tokens=60)
+    with oai.responses.stream(**kw) as st:
+        events = list(st)
+    added = [e.output_index for e in events if e.type == "response.output_item.added"]
+    assert len(added) == len(set(added)), added
+    last = events[-1]
+    assert last.type == "response.incomplete"
+    assert [o.type for o in last.response.output] == ["reasoning", "message"]
+    text = last.response.output[1].content[0].text
+    assert "get_weather" in text
+    # The same as the non-streamed answer.
+    r = oai.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "message"] and r.output[1].content[0].text == text
+    # A complete call is still a function_call item, streamed and not.
+    with oai.responses.stream(model="m", input="[[weather]] complete", tools=tools, max_output_tokens=300) as st:
+        final = st.get_final_response()
+    assert [o.type for o in final.output] == ["reasoning", "function_call"]
+    assert json.loads(final.output[1].arguments) == ARGS

@@ -42,6 +42,8 @@ pub struct App {
     pub script: Option<Script>,
     pub default_mode: ThinkMode,
     pub default_sampling: SamplerConfig,
+    /// `--seed`: the seed of requests without one (None: a fresh random seed per request).
+    pub default_seed: Option<u64>,
     pub exact_replay: bool,
     pub api_key: Option<String>,
     pub keepalive: Duration,
@@ -65,7 +67,8 @@ impl App {
             tool_mem,
             script,
             default_mode,
-            default_sampling: SamplerConfig { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p, seed: args.seed },
+            default_sampling: SamplerConfig { temperature: args.temp, top_k: args.top_k, top_p: args.top_p, min_p: args.min_p, seed: args.seed.unwrap_or(0) },
+            default_seed: args.seed,
             exact_replay: !args.disable_exact_dsml_tool_replay,
             api_key: args.api_key.clone(),
             keepalive: Duration::from_secs(args.keepalive_secs),

@@ -37,8 +37,10 @@ pub struct Args {
     pub top_p: f32,
     #[arg(long = "min-p", default_value_t = 0.05)]
     pub min_p: f32,
-    #[arg(long = "seed", default_value_t = 0)]
-    pub seed: u64,
+    /// Sampling seed of requests that send none (each then samples the same way). Default: a fresh
+    /// random seed per request, so repeated requests differ unless they send a `seed`.
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
     /// Thinking mode by default (the default).
     #[arg(long = "think", conflicts_with_all = ["nothink", "think_max"])]
     pub think: bool,
@@ -140,6 +142,10 @@ pub struct Args {
     /// Seconds allowed to receive a request body (408 after that).
     #[arg(long = "body-timeout-secs", default_value_t = 60)]
     pub body_timeout_secs: u64,
+    /// Seconds a response write may wait for a client that does not read (its socket buffers full);
+    /// the connection is then closed and its generation stopped (ds4: 10 s socket send timeout).
+    #[arg(long = "send-timeout-secs", default_value_t = 10)]
+    pub send_timeout_secs: u64,
     /// No per-request log lines or prefill progress on stderr.
     #[arg(long = "quiet", short = 'q')]
     pub quiet: bool,
@@ -211,6 +217,9 @@ impl Args {
         }
         if self.header_timeout_secs == 0 || self.body_timeout_secs == 0 {
             return Err("--header-timeout-secs and --body-timeout-secs must be at least 1".into());
+        }
+        if self.send_timeout_secs == 0 {
+            return Err("--send-timeout-secs must be at least 1".into());
         }
         ds4_engine::power::Power::new(self.ds4.power)?;
         if self.ds4.mixed_prefill_quantum == 0 {

@@ -13,6 +13,9 @@ pub struct Conn {
     id: u64,
     in_flight: AtomicUsize,
     idle_since: Mutex<Instant>,
+    /// Since when a write to the client has been waiting for the socket (a client that does not read),
+    /// None while writes go through.
+    write_blocked_since: Mutex<Option<Instant>>,
     /// Notified when the connection must be dropped (it was evicted for a new one).
     pub evicted: Notify,
 }
@@ -25,6 +28,21 @@ impl Conn {
         }
         let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
         Some(since + timeout)
+    }
+
+    /// Notes the outcome of a write to the socket: blocked (the client's window is full) or through.
+    pub fn note_write(&self, blocked: bool) {
+        let mut since = self.write_blocked_since.lock().unwrap_or_else(|e| e.into_inner());
+        match (blocked, *since) {
+            (true, None) => *since = Some(Instant::now()),
+            (false, Some(_)) => *since = None,
+            _ => {}
+        }
+    }
+
+    /// When the write blocked now has waited `timeout`; None while no write is blocked.
+    pub fn write_deadline(&self, timeout: Duration) -> Option<Instant> {
+        self.write_blocked_since.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t + timeout)
     }
 
     fn idle_for(&self) -> Option<Instant> {
@@ -80,7 +98,7 @@ impl Registry {
             }
         }
         let id = self.next.fetch_add(1, SeqCst);
-        let c = Arc::new(Conn { id, in_flight: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), evicted: Notify::new() });
+        let c = Arc::new(Conn { id, in_flight: AtomicUsize::new(0), idle_since: Mutex::new(Instant::now()), write_blocked_since: Mutex::new(None), evicted: Notify::new() });
         conns.insert(id, c.clone());
         Some(c)
     }
@@ -120,5 +138,20 @@ mod tests {
         assert!(r.admit().is_some());
         r.remove(&c);
         assert_eq!(r.open(), 1);
+    }
+
+    #[test]
+    fn a_blocked_write_has_a_deadline_until_a_write_goes_through() {
+        let r = Registry::new(1);
+        let c = r.admit().unwrap();
+        let t = Duration::from_secs(10);
+        assert!(c.write_deadline(t).is_none());
+        c.note_write(true);
+        let d = c.write_deadline(t).unwrap();
+        // Still blocked: the deadline counts from the first blocked write.
+        c.note_write(true);
+        assert_eq!(c.write_deadline(t), Some(d));
+        c.note_write(false);
+        assert!(c.write_deadline(t).is_none());
     }
 }

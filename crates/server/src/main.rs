@@ -102,6 +102,7 @@ fn run(args: args::Args) -> Result<(), String> {
         max_connections: args.max_connections,
         header_timeout: Duration::from_secs(args.header_timeout_secs),
         body_timeout: Duration::from_secs(args.body_timeout_secs),
+        send_timeout: Duration::from_secs(args.send_timeout_secs),
         max_body: args.max_body_bytes,
     };
     let saves_on_exit = args.kv_disk_dir.is_some();

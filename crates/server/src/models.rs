@@ -1,6 +1,7 @@
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, `GET /metrics`.
 use crate::app::App;
 use crate::errors::ApiError;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -43,7 +44,12 @@ pub async fn list(State(app): State<Arc<App>>) -> Response {
     Json(json!({ "object": "list", "data": [model_object(&app, &id)] })).into_response()
 }
 
-pub async fn get_one(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+pub async fn get_one(State(app): State<Arc<App>>, id: Result<Path<String>, PathRejection>) -> Response {
+    // A percent-escape that is not UTF-8 (`/v1/models/%ff`): a JSON 400, not axum's plain-text one.
+    let id = match id {
+        Ok(Path(id)) => id,
+        Err(e) => return ApiError::bad_request(format!("invalid model id in the path: {}", e.body_text())).param("model").into_response(),
+    };
     if MODEL_IDS.contains(&id.as_str()) {
         Json(model_object(&app, &id)).into_response()
     } else {

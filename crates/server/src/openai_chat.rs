@@ -83,6 +83,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         Some(t) if !tool_choice_none(o.get("tool_choice")) => chat_tool_schemas(t)?,
         _ => Vec::new(),
     };
+    request::only_one_choice(&o)?;
     let mode = request::think_mode(&o, app.default_mode)?;
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_completion_tokens", "max_tokens"])?;

@@ -48,11 +48,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         RawPrompt::Text(t) => t.clone(),
         RawPrompt::Ids(_) => String::new(),
     };
-    if let Some(n) = fields::opt_u64(&o, "n")? {
-        if n != 1 {
-            return Err(ApiError::bad_request("only `n`: 1 is supported").param("n"));
-        }
-    }
+    request::only_one_choice(&o)?;
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_tokens"])?.or(Some(16));
     let stops = fields::opt_stops(&o, "stop")?;

@@ -240,8 +240,6 @@ struct Stream<'a> {
     open: Open,
     item_id: String,
     text: String,
-    /// Output index of each started tool call, by call index.
-    calls: Vec<(usize, String, String)>,
     /// Logprobs of tokens whose text has not been sent yet.
     lp_pending: Vec<TokenLogprob>,
     /// Logprobs of the open message's text so far.
@@ -339,7 +337,7 @@ impl Stream<'_> {
 }
 
 async fn stream_responses(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDrop, out: SseOut, meta: Meta) {
-    let mut st = Stream { out: &out, meta: &meta, seq: 0, items: Vec::new(), open: Open::None, item_id: String::new(), text: String::new(), calls: Vec::new(), lp_pending: Vec::new(), lp_text: Vec::new() };
+    let mut st = Stream { out: &out, meta: &meta, seq: 0, items: Vec::new(), open: Open::None, item_id: String::new(), text: String::new(), lp_pending: Vec::new(), lp_text: Vec::new() };
     let skeleton = response(&meta, "in_progress", &[], Value::Null, None, Value::Null);
     if !(st.send("response.created", json!({ "response": skeleton.clone() })).await && st.send("response.in_progress", json!({ "response": skeleton })).await) {
         return;
@@ -353,22 +351,19 @@ async fn stream_responses(mut rx: mpsc::UnboundedReceiver<Event>, _guard: Cancel
                 st.lp_pending.push(l);
                 true
             }
-            Event::ToolStart { id, name, .. } => {
+            // A call's item is only added once the call is complete: a block cut short (the output
+            // limit, a stop string, malformed DSML) comes back as text, and an item added early could
+            // never be finished (the SDK's stream accumulator refuses a second item at its index).
+            Event::ToolStart { .. } => true,
+            Event::ToolDone { id, name, arguments, .. } => {
                 if !st.close().await {
                     return;
                 }
                 let idx = st.items.len();
                 let fc = new_id("fc_");
-                st.calls.push((idx, fc.clone(), id.clone()));
-                st.send("response.output_item.added", json!({ "output_index": idx, "item": call_item(&fc, &id, &name, "", "in_progress") })).await
-            }
-            Event::ToolDone { index, id, name, arguments } => {
-                let (idx, fc) = match st.calls.get(index) {
-                    Some((i, f, _)) => (*i, f.clone()),
-                    None => (st.items.len(), new_id("fc_")),
-                };
                 let item = call_item(&fc, &id, &name, &arguments, "completed");
-                let ok = st.send("response.function_call_arguments.delta", json!({ "item_id": fc, "output_index": idx, "delta": arguments })).await
+                let ok = st.send("response.output_item.added", json!({ "output_index": idx, "item": call_item(&fc, &id, &name, "", "in_progress") })).await
+                    && st.send("response.function_call_arguments.delta", json!({ "item_id": fc, "output_index": idx, "delta": arguments })).await
                     && st.send("response.function_call_arguments.done", json!({ "item_id": fc, "output_index": idx, "name": name, "arguments": arguments })).await
                     && st.send("response.output_item.done", json!({ "output_index": idx, "item": item })).await;
                 st.items.push(item);

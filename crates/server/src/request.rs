@@ -38,10 +38,22 @@ pub fn sampling(o: &Obj, app: &App) -> Result<SamplerConfig, ApiError> {
     if let Some(k) = fields::opt_u64(o, "top_k")? {
         c.top_k = k.min(u32::MAX as u64) as usize;
     }
-    if let Some(s) = fields::opt_i64_bits(o, "seed")? {
-        c.seed = s;
-    }
+    // A request without a seed samples anew each time (as OpenAI's and Anthropic's APIs), unless the
+    // server was started with `--seed`.
+    c.seed = match fields::opt_i64_bits(o, "seed")? {
+        Some(s) => s,
+        None => app.default_seed.unwrap_or_else(crate::tools::random_u64),
+    };
     Ok(c)
+}
+
+/// `n` (choices per request): only 1 is served; any other value is a 400 rather than fewer choices than
+/// asked for.
+pub fn only_one_choice(o: &Obj) -> Result<(), ApiError> {
+    match fields::opt_u64(o, "n")? {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::bad_request("only `n`: 1 is supported").param("n")),
+    }
 }
 
 /// The first present output limit among `names`; it must be at least 1.

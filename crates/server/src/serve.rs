@@ -2,7 +2,9 @@
 //! timeout that is also the header read timeout (a connection with no request in flight is closed after
 //! `--header-timeout-secs`), the request body read here with its limits (a declared `Content-Length`
 //! over `--max-body-bytes` is answered 413 before a byte of it is read; a body not received within
-//! `--body-timeout-secs` is answered 408), and a graceful stop.
+//! `--body-timeout-secs` is answered 408), a send timeout (a connection whose client has not read for
+//! `--send-timeout-secs` while a write waits on it is closed, which also cancels its generation), and a
+//! graceful stop.
 use crate::conn_limit::{Busy, Conn, Registry};
 use crate::errors::{ApiError, Flavor};
 use axum::body::Body;
@@ -26,6 +28,8 @@ pub struct Limits {
     pub max_connections: usize,
     pub header_timeout: Duration,
     pub body_timeout: Duration,
+    /// Longest a write may wait for a client that does not read.
+    pub send_timeout: Duration,
     pub max_body: usize,
 }
 
@@ -87,7 +91,8 @@ async fn connection(stream: TcpStream, conn: Arc<Conn>, registry: Arc<Registry>,
         let router = router.clone();
         Box::pin(async move { Ok::<_, Infallible>(handle(req, router, limits, busy).await) })
     });
-    let mut http = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(stream), svc);
+    let io = Watched { inner: stream, conn: conn.clone() };
+    let mut http = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(TokioIo::new(io), svc);
     let mut stopping = false;
     let mut finished = false;
     loop {
@@ -98,6 +103,8 @@ async fn connection(stream: TcpStream, conn: Arc<Conn>, registry: Arc<Registry>,
             }
             _ = conn.evicted.notified() => break,
             _ = idle_expired(&conn, limits.header_timeout) => break,
+            // A client that stopped reading: the response (and the generation behind it) is dropped.
+            _ = write_stalled(&conn, limits.send_timeout) => break,
             _ = stop.wait_for(|v| *v), if !stopping => {
                 stopping = true;
                 Pin::new(&mut http).graceful_shutdown();
@@ -106,7 +113,7 @@ async fn connection(stream: TcpStream, conn: Arc<Conn>, registry: Arc<Registry>,
     }
     registry.remove(&conn);
     if finished {
-        linger(http.into_parts().io.into_inner()).await;
+        linger(http.into_parts().io.into_inner().inner).await;
     }
 }
 
@@ -133,6 +140,67 @@ async fn linger(mut stream: TcpStream) {
 
 const LINGER_MAX_TIME: Duration = Duration::from_secs(2);
 const LINGER_MAX_BYTES: usize = 256 << 20;
+
+/// Resolves once a write to the connection has waited `timeout` for the client to read.
+async fn write_stalled(conn: &Conn, timeout: Duration) {
+    loop {
+        let now = std::time::Instant::now();
+        let wait = match conn.write_deadline(timeout) {
+            Some(d) if d <= now => return,
+            Some(d) => d - now,
+            None => timeout,
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// The connection's socket; notes on its `Conn` whether writes are waiting for the client to read.
+struct Watched {
+    inner: TcpStream,
+    conn: Arc<Conn>,
+}
+
+impl Watched {
+    fn note<T>(&self, r: Poll<std::io::Result<T>>) -> Poll<std::io::Result<T>> {
+        self.conn.note_write(r.is_pending());
+        r
+    }
+}
+
+impl tokio::io::AsyncRead for Watched {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut tokio::io::ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Watched {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, buf);
+        self.note(r)
+    }
+
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[std::io::IoSlice<'_>]) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        self.note(r)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // Only a write that went through shows the client reads again (a socket's flush is a no-op).
+        let r = Pin::new(&mut self.inner).poll_flush(cx);
+        if r.is_pending() {
+            self.conn.note_write(true);
+        }
+        r
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 /// Resolves once the connection has had no request in flight for `timeout`.
 async fn idle_expired(conn: &Conn, timeout: Duration) {

@@ -34,6 +34,16 @@ pub fn new_id(prefix: &str) -> String {
     out
 }
 
+/// A random 64-bit number (the process's randomly keyed SipHash over a counter and the time; fresh keys
+/// per call), e.g. the sampling seed of a request that sends none.
+pub fn random_u64() -> u64 {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut h = RandomState::new().build_hasher();
+    h.write_u64(n);
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
 /// Bounded map from tool-call id to the exact DSML text sampled for the block containing that call
 /// (including the whitespace that preceded the block). Oldest ids are forgotten first.
 pub struct ToolMemory {

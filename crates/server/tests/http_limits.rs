@@ -241,3 +241,41 @@ fn a_body_of_millions_of_tiny_values_is_refused_with_bounded_memory() {
     eprintln!("60 MB of tiny JSON values: RSS +{growth_mb} MB");
     assert!(growth_mb < 200, "RSS grew by {growth_mb} MB");
 }
+
+/// A metric of `/metrics` (0 when absent).
+fn metric(port: u16, name: &str) -> f64 {
+    let (_, m) = request(port, "GET", "/metrics", b"");
+    m.lines().find_map(|l| l.strip_prefix(name).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok())).unwrap_or(0.0)
+}
+
+/// A client that sends a streaming request and then never reads: once the socket buffers are full and
+/// a write has waited `--send-timeout-secs`, the connection is closed and the generation stopped
+/// (before: the worker generated every token for nobody and the connection stayed busy for ever, so
+/// such clients could take every connection slot).
+#[test]
+fn a_client_that_stops_reading_is_dropped_and_its_generation_stopped() {
+    let dir = std::env::temp_dir().join(format!("ds4-stall-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let script = dir.join("script.json");
+    let long = "tick tock ".repeat(6000);
+    std::fs::write(&script, format!(r#"[{{"when":"[[huge]]","output":"{long}"}}]"#)).unwrap();
+    let srv = Server::start(&["--ctx", "16384", "--send-timeout-secs", "1", "--test-script", script.to_str().unwrap()], true);
+    let body = br#"{"messages":[{"role":"user","content":"[[huge]]"}],"max_tokens":12000,"stream":true,"reasoning_effort":"none","logprobs":true,"top_logprobs":20}"#;
+    let mut s = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+    let head = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
+    // Never read `s`. Its generation would take well over a minute to finish.
+    let t0 = Instant::now();
+    while metric(srv.port, "ds4_jobs_cancelled_total") < 1.0 {
+        assert_eq!(metric(srv.port, "ds4_jobs_completed_total"), 0.0, "the generation ran to its end for a client that does not read");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the stalled client was not dropped: {}", srv.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(metric(srv.port, "ds4_generated_tokens_total") < 12000.0);
+    // Its connection is gone: only the one asking for the metrics is open.
+    assert_eq!(metric(srv.port, "ds4_http_connections_open"), 1.0);
+    assert!(srv.log_text().contains("finish=cancelled"), "{}", srv.log_text());
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
+}
