@@ -142,7 +142,7 @@ def test_api_key(make_server):
     assert s.get_json("/health")["status"] == "ok"  # health stays open
 
 
-def test_queue_full_gets_503(make_server):
+def test_queue_full_gets_429(make_server):
     s = make_server("--ctx", "8192", "--max-queue", "1", name="queue")
     c = openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0)
     msgs = [{"role": "user", "content": "long one"}]
@@ -161,7 +161,7 @@ def test_queue_full_gets_503(make_server):
         time.sleep(0.01)
     with pytest.raises(openai.APIStatusError) as e:
         c.chat.completions.create(model="m", messages=msgs, max_tokens=3)
-    assert e.value.status_code == 503 and e.value.body["code"] == "queue_full"
+    assert e.value.status_code == 429 and e.value.body["code"] == "queue_full"
     running.close()  # disconnect: the worker stops that generation and takes the queued one
     t.join(30)
     assert queued_result["r"].choices[0].finish_reason in ("length", "stop")

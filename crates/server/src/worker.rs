@@ -119,7 +119,7 @@ impl Submitter {
         if self.max_queue > 0 && depth >= self.max_queue as u64 {
             self.metrics.queue_depth.fetch_sub(1, SeqCst);
             self.metrics.queue_rejected.fetch_add(1, Relaxed);
-            return Err(ApiError::unavailable(format!("server busy: {depth} requests already queued (--max-queue)")).code("queue_full"));
+            return Err(ApiError::too_many(format!("server busy: {depth} requests already queued (--max-queue)")).code("queue_full"));
         }
         let (etx, erx) = mpsc::unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
