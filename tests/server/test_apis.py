@@ -1,7 +1,9 @@
 """Each API, non-streamed and streamed, through the official SDKs."""
 import json
 
+import anthropic
 import openai
+import pytest
 
 
 def test_models_and_health(server, oai):
@@ -110,6 +112,23 @@ def test_messages(claude):
     assert r.stop_reason == "end_turn"
     # input_tokens excludes the cache reads (an identical earlier request may have left it all cached).
     assert r.usage.input_tokens + r.usage.cache_read_input_tokens > 0 and r.usage.output_tokens > 0
+
+
+def test_messages_count_tokens(claude):
+    # The count is the prompt /v1/messages builds from the same body: equal to its reported usage.
+    body = dict(model="m", system="be brief", thinking={"type": "disabled"},
+                messages=[{"role": "user", "content": "count these words please"}])
+    n = claude.messages.count_tokens(**body).input_tokens
+    r = claude.messages.create(max_tokens=1, **body)
+    assert n == r.usage.input_tokens + r.usage.cache_read_input_tokens + (r.usage.cache_creation_input_tokens or 0)
+    longer = dict(body, messages=body["messages"] + [{"role": "assistant", "content": "ok"},
+                                                     {"role": "user", "content": "and these too"}])
+    assert claude.messages.count_tokens(**longer).input_tokens > n
+    tools = [{"name": "get_weather", "description": "Weather of a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    assert claude.messages.count_tokens(tools=tools, **body).input_tokens > n
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.count_tokens(model="m", messages=[])
 
 
 def test_messages_streaming(claude):

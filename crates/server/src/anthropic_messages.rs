@@ -25,6 +25,27 @@ pub async fn handle(State(app): State<Arc<App>>, body: Result<Bytes, BytesReject
     }
 }
 
+/// `POST /v1/messages/count_tokens`: the tokens the same request body would put in the prompt
+/// (system, messages, tools and thinking mode rendered as `/v1/messages` renders them), as
+/// `{"input_tokens": N}`; nothing is generated. A prompt over the context is the same 400.
+pub async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    let run = async {
+        let body = body?;
+        let o: Obj = fields::parse_object(&body)?;
+        let (messages, _) = parse_conversation(&o)?;
+        let tools = match fields::opt_array(&o, "tools")? {
+            Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
+            _ => Vec::new(),
+        };
+        let mode = request::think_mode(&o, app.default_mode)?;
+        drop(o);
+        drop(body);
+        let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+        Ok::<_, ApiError>(Json(json!({ "input_tokens": prompt.tokens.len() })).into_response())
+    };
+    run.await.unwrap_or_else(|e| e.flavor(Flavor::Anthropic).into_response())
+}
+
 fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
     fields::content_text(v, at, &["text"])
 }

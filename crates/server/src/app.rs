@@ -98,6 +98,7 @@ pub fn router(app: Arc<App>, max_body: usize, cors: bool) -> Router {
         .route("/v1/completions", post(openai_completions::handle))
         .route("/v1/responses", post(openai_responses::handle))
         .route("/v1/messages", post(anthropic_messages::handle))
+        .route("/v1/messages/count_tokens", post(anthropic_messages::count_tokens))
         .route("/health", get(models::health))
         .route("/metrics", get(models::metrics))
         .fallback(fallback)
