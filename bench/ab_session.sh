@@ -8,7 +8,8 @@
 #    the latter with each value of $VK_ENV (e.g. "DS4_SOME_SWITCH=0 DS4_SOME_SWITCH=1": a switch under test),
 #    interleaved, then per-op profiles (DS4_WGPU_PROFILE=1) of before and after; the wgpu tests
 #    (device-bin/wgpu-*-tests) on the GPU first;
-#  - kernel_bench and gpu_bench (when carried): the wgpu and the CUDA kernels alone;
+#  - kernel_bench (and base-kernel_bench: the base build's, interleaved) and gpu_bench (when carried):
+#    the wgpu and the CUDA kernels alone;
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
 #    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
@@ -27,7 +28,14 @@ for t in $B/wgpu-*-tests; do
 done
 el "wgpu tests done"
 if [ -x $B/kernel_bench ]; then  # each wgpu kernel alone at the Flash shapes (crates/wgpu/examples/kernel_bench.rs)
-  timeout 150 $B/kernel_bench 100 > $OUT/kernels_vulkan.csv 2>&1; grep -v "@s" $OUT/kernels_vulkan.csv | head -40; el "kernel_bench done"
+  # With the base build's (base-kernel_bench): base, this build, base again (the clocks settle first).
+  [ -x $B/base-kernel_bench ] && timeout 100 $B/base-kernel_bench 100 > $OUT/kernels_vulkan_base.csv 2>&1
+  timeout 100 $B/kernel_bench 100 > $OUT/kernels_vulkan.csv 2>&1
+  if [ -x $B/base-kernel_bench ]; then
+    timeout 100 $B/base-kernel_bench 100 > $OUT/kernels_vulkan_base2.csv 2>&1
+    paste -d, $OUT/kernels_vulkan_base.csv $OUT/kernels_vulkan.csv $OUT/kernels_vulkan_base2.csv | cut -d, -f1,3,7,11 | head -40
+  else grep -v "@s" $OUT/kernels_vulkan.csv | head -40; fi
+  el "kernel_bench done"; pack
 fi
 if [ -x $B/wip-device-tests ]; then
   DS4_TEST_DIR=/dev/shm timeout 200 $B/wip-device-tests --nocapture --test-threads 1 > $OUT/wip_device_tests.log 2>&1
