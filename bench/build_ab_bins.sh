@@ -12,6 +12,9 @@
 # (/tmp/ds4-ab-target): cargo keeps a workspace crate's source paths relative to the workspace, so a
 # tree elsewhere sharing this target directory would pass its artifacts off as this tree's.
 # Usage: BASE=<commit> [WIP=<ref>] bench/build_ab_bins.sh
+# A candidate kept as a patch (bench/candidates/*.patch) is measured from a worktree with it applied:
+#   git worktree add --detach /tmp/cand main && cd /tmp/cand && git apply bench/candidates/X.patch \
+#     && BASE=main bench/build_ab_bins.sh && cp device-bin/bins.tar.xz /work/main/device-bin/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -25,7 +28,11 @@ test_exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/nul
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
-bench_of() { cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench; cp $T/ds4-bench $S/$1; }
+# ds4-bench as $1, and wgpu's kernel_bench as ${1%-bench}-kernel_bench (e.g. base-kernel_bench).
+bench_of() {
+  cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench && cargo build --release -p ds4-wgpu --example kernel_bench \
+    && cp $T/ds4-bench $S/$1 && cp $T/examples/kernel_bench $S/${1%-bench}-kernel_bench
+}
 # Another tree at $1 (with $2's kernel files when given), its ds4-bench as $3 and (with $4) its
 # device tests as $4.
 other() {
