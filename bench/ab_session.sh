@@ -27,7 +27,7 @@ for t in $B/wgpu-*-tests; do
   grep -hE "test result|FAILED|panicked|Vulkan\)" $OUT/$(basename $t).log | head -5
 done
 el "wgpu tests done"
-if [ -x $B/kernel_bench ]; then  # each wgpu kernel alone at the Flash shapes (crates/wgpu/examples/kernel_bench.rs)
+if [ -x $B/kernel_bench ]; then  # each wgpu kernel alone at the Flash shapes (crates/wgpu/examples/wgpu_kernel_bench.rs)
   # With the base build's (base-kernel_bench): base, this build, base again (the clocks settle first).
   [ -x $B/base-kernel_bench ] && timeout 100 $B/base-kernel_bench 100 > $OUT/kernels_vulkan_base.csv 2>&1
   timeout 100 $B/kernel_bench 100 > $OUT/kernels_vulkan.csv 2>&1

@@ -30,8 +30,10 @@ for l in sys.stdin:
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
 # ds4-bench as $1, and wgpu's kernel_bench as ${1%-bench}-kernel_bench (e.g. base-kernel_bench).
 bench_of() {
-  cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench && cargo build --release -p ds4-wgpu --example kernel_bench \
-    && cp $T/ds4-bench $S/$1 && cp $T/examples/kernel_bench $S/${1%-bench}-kernel_bench
+  cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench && cp $T/ds4-bench $S/$1 || return 1
+  # (The example was named kernel_bench before 2026-12-07.)
+  if cargo build --release -p ds4-wgpu --example wgpu_kernel_bench 2>/dev/null; then cp $T/examples/wgpu_kernel_bench $S/${1%-bench}-kernel_bench
+  elif cargo build --release -p ds4-wgpu --example kernel_bench; then cp $T/examples/kernel_bench $S/${1%-bench}-kernel_bench; fi
 }
 # Another tree at $1 (with $2's kernel files when given), its ds4-bench as $3 and (with $4) its
 # device tests as $4.
@@ -50,8 +52,8 @@ other $BASE "" base-bench
 cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf
 cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
 cargo build --release -p ds4-cuda --features cuda --example gpu_bench
-cargo build --release -p ds4-wgpu --example kernel_bench
-cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $T/examples/kernel_bench $S/
+cargo build --release -p ds4-wgpu --example wgpu_kernel_bench
+cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $S/ && cp $T/examples/wgpu_kernel_bench $S/kernel_bench
 cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/device-tests
 for t in ops_attention ops_ffn stage; do cp "$(test_exe -p ds4-wgpu --test $t)" $S/wgpu-$t-tests; done
 strip $S/*

@@ -8,10 +8,10 @@ mkdir -p device-bin
 cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf --bin ds4
 cargo build --release -p ds4-server --features "cuda wgpu"
 cargo build --release -p ds4-cuda --features cuda --example gpu_bench
-cargo build --release -p ds4-wgpu --example kernel_bench
+cargo build --release -p ds4-wgpu --example wgpu_kernel_bench
 cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs
 T=${CARGO_TARGET_DIR:-target}/release
-cp $T/ds4-bench $T/ds4-gguf $T/ds4 $T/ds4-server $T/examples/gpu_bench $T/examples/kernel_bench $T/examples/mtp_step_costs device-bin/
+cp $T/ds4-bench $T/ds4-gguf $T/ds4 $T/ds4-server $T/examples/gpu_bench $T/examples/mtp_step_costs device-bin/ && cp $T/examples/wgpu_kernel_bench device-bin/kernel_bench
 exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/null | python3 -c 'import sys,json
 for l in sys.stdin:
     m=json.loads(l)

@@ -8,7 +8,7 @@
 //! `--sweep` also times each Q8_0 product under every workgroup shape (`shaders::matvec_shapes`), for
 //! tuning `shaders::matvec_shape`.
 //!
-//! cargo run --release -p ds4-wgpu --example kernel_bench -- [ITERS] [--checked] [--sweep] [--adapter NAME]
+//! cargo run --release -p ds4-wgpu --example wgpu_kernel_bench -- [ITERS] [--checked] [--sweep] [--adapter NAME]
 use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
@@ -23,7 +23,7 @@ fn es(e: WgpuError) -> String { e.to_string() }
 
 fn main() {
     if let Err(e) = run() {
-        eprintln!("kernel_bench: {e}");
+        eprintln!("wgpu_kernel_bench: {e}");
         std::process::exit(1);
     }
 }
