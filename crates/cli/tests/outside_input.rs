@@ -124,6 +124,9 @@ fn bench_sizes_that_wrapped_or_exhausted_memory_are_usage_errors() {
         (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--concurrency", "18446744073709551615"], "--concurrency"),
         (&["--prompt-file", p, "--ctx-start", "1", "--ctx-max", "100000000", "--step-incr", "1", "-n", "1"], "frontiers"),
         (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--csv", dir], "--csv"),
+        // Bad values are usage errors (exit 2) like the rest, not run failures (exit 1).
+        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--prefill-chunk", "0"], "--prefill-chunk"),
+        (&["--prompt-file", p, "--ctx-start", "256", "--ctx-max", "128", "-n", "4"], "--ctx-start"),
     ] {
         let o = run(bench(), args, "", Duration::from_secs(60));
         refused_before_loading(&o, args, needle);

@@ -124,7 +124,7 @@ const MAX_FRONTIERS: usize = 1 << 16;
 /// step jumps past it (as ds4-bench).
 fn frontiers(a: &Args) -> Result<Vec<usize>, String> {
     if a.ctx_start == 0 || a.ctx_start > a.ctx_max {
-        return Err("need 0 < --ctx-start <= --ctx-max".into());
+        return Err(usage("need 0 < --ctx-start <= --ctx-max"));
     }
     // Also bounds the frontier list (one entry per step up to --ctx-max).
     if a.ctx_max > ds4_engine::MAX_CTX {
@@ -199,7 +199,7 @@ fn dump_frontier(dir: &std::path::Path, f: usize, logits: &[f32], tokens: &[u32]
 
 fn run(a: Args) -> Result<(), String> {
     if a.prefill_chunk == Some(0) {
-        return Err("--prefill-chunk must be at least 1".into());
+        return Err(usage("--prefill-chunk must be at least 1"));
     }
     let fr = frontiers(&a)?;
     if a.concurrency == 0 || a.concurrency > ds4_engine::MAX_SESSIONS {
