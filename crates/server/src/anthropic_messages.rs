@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ds4_tokenizer::chat::{Message, Role, ToolCall};
+use ds4_tokenizer::chat::{Message, Role, ThinkMode, ToolCall};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -32,18 +32,24 @@ pub async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, Bytes
     let run = async {
         let body = body?;
         let o: Obj = fields::parse_object(&body)?;
-        let (messages, _) = parse_conversation(&o)?;
-        let tools = match fields::opt_array(&o, "tools")? {
-            Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
-            _ => Vec::new(),
-        };
-        let mode = request::think_mode(&o, app.default_mode)?;
+        let (messages, _, tools, mode) = prompt_parts(&o, &app)?;
         drop(o);
         drop(body);
         let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
         Ok::<_, ApiError>(Json(json!({ "input_tokens": prompt.tokens.len() })).into_response())
     };
     run.await.unwrap_or_else(|e| e.flavor(Flavor::Anthropic).into_response())
+}
+
+/// What a request puts in the prompt: the conversation (and its last message's text), the tool
+/// schemas (none with `tool_choice: none`) and the thinking mode.
+fn prompt_parts(o: &Obj, app: &App) -> Result<(Vec<Message>, String, Vec<String>, ThinkMode), ApiError> {
+    let (messages, last) = parse_conversation(o)?;
+    let tools = match fields::opt_array(o, "tools")? {
+        Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
+        _ => Vec::new(),
+    };
+    Ok((messages, last, tools, request::think_mode(o, app.default_mode)?))
 }
 
 fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
@@ -160,12 +166,7 @@ fn usage(u: &Usage) -> Value {
 async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body?;
     let o: Obj = fields::parse_object(&body)?;
-    let (messages, last) = parse_conversation(&o)?;
-    let tools = match fields::opt_array(&o, "tools")? {
-        Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
-        _ => Vec::new(),
-    };
-    let mode = request::think_mode(&o, app.default_mode)?;
+    let (messages, last, tools, mode) = prompt_parts(&o, &app)?;
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_tokens"])?;
     let stops = fields::opt_stops(&o, "stop_sequences")?;
