@@ -38,6 +38,8 @@ SCRIPT = [
     {"when": "[[plain]]", "output": "Plain scripted answer."},
     # A long answer (about 1000 tokens) that is still streaming when a test breaks something.
     {"when": "[[long]]", "output": "tick tock " * 500},
+    # About 24000 tokens: still streaming long after any grace period (no EOS can end it early).
+    {"when": "[[endless]]", "output": "tick tock " * 12000},
 ]
 
 WEATHER_SCHEMA = {

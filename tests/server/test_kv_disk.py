@@ -276,3 +276,54 @@ def test_ds4_save_policy_trims_aligns_and_saves_at_frontiers(make_server, tmp_pa
                      "--kv-cache-cold-max-tokens", "0", "--kv-cache-continued-interval-tokens", "8", name="policy3")
     _, usage3, delta3 = run(s3, CONV_A)
     assert delta3["ds4_kv_disk_saves_total"] == usage3.prompt_tokens // 8
+
+
+@pytest.mark.parametrize("sessions", ["1", "2"])
+def test_sigterm_with_streams_in_flight_saves_and_exits_promptly(make_server, tmp_path, sessions):
+    """SIGTERM while long generations stream to clients that keep reading, and another request waits:
+    after the connection grace (5 s) the requests still open are dropped (their generations stop), the
+    live sessions are saved to disk, and the process exits. It used to keep every generation running
+    behind the closed listener and wait up to 60 s for them (a long one left the session unsaved)."""
+    import json
+    import signal
+    import subprocess
+    import threading
+    import urllib.request
+
+    d = tmp_path / "kv"
+    s = make_server("--ctx", "32768", "--kv-disk-dir", str(d), "--kv-disk-min-tokens", "8",
+                    "--batched-session", sessions, name="sigterm")
+
+    def stream():
+        body = {"messages": [{"role": "user", "content": "[[endless]] go"}], "max_tokens": 30000, "stream": True}
+        req = urllib.request.Request(s.base + "/v1/chat/completions", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=200) as r:
+                while r.readline():  # a client that keeps reading
+                    pass
+        except Exception:
+            pass
+
+    clients = [threading.Thread(target=stream, daemon=True) for _ in range(3)]
+    for c in clients:
+        c.start()
+    deadline = time.time() + 30
+    while s.metrics().get("ds4_worker_busy", 0) == 0 and time.time() < deadline:
+        time.sleep(0.1)
+    time.sleep(1.0)  # well into the generations
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = s.proc.wait(40)
+    except subprocess.TimeoutExpired:
+        rc = None
+    took = time.time() - t0
+    assert rc == 0, f"exit code {rc} after {took:.1f}s: {log_of(s)[-2000:]}"
+    assert took < 20, f"exit took {took:.1f}s"
+    log = log_of(s)
+    assert "reason=shutdown" in log, log[-2000:]
+    assert "was not saved" not in log
+    assert "panic" not in log
+    # The generations were stopped, not run to their end behind the closed listener.
+    assert "finish=cancelled" in log and "finish=length" not in log, log[-2000:]

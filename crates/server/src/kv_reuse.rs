@@ -169,7 +169,10 @@ impl LiveKv {
             let live_text = tok.decode(&self.session.tokens);
             if !live_text.contains('\u{FFFD}') && text.len() > live_text.len() && text.starts_with(&live_text) {
                 let suffix = tok.encode(&text[live_text.len()..]);
-                if !suffix.is_empty() {
+                // The live tokens may take more of the context than the request's own tokenization
+                // (which was checked to fit): such a prompt would fail the prefill (500), or leave no
+                // room for a reply token (an empty 200). The request's own tokens are used instead.
+                if !suffix.is_empty() && live_len + suffix.len() < engine.ctx {
                     prompt = self.session.tokens.clone();
                     prompt.extend(suffix);
                     decision = Decision::TextPrefix;
@@ -276,5 +279,53 @@ impl LiveKv {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ds4_engine::{resolve_model, LoadOptions};
+
+    fn engine(ctx: usize) -> Engine {
+        let src = resolve_model(None).expect("embedded model");
+        let opts = LoadOptions { ctx, prefill_chunk: 16, quiet: true, ..LoadOptions::default() };
+        Engine::load(src.path(), &opts).expect("load")
+    }
+
+    /// A live state whose tokens spell a prefix of the new rendered prompt with more tokens than the
+    /// prompt's own tokenization (the model sampled a word piece by piece) must not be reused when that
+    /// would not fit the context: the request's own tokens (which fit) are prefilled instead.
+    #[test]
+    fn text_prefix_reuse_never_outgrows_the_context() {
+        let big = engine(256);
+        let tok = big.tokenizer().expect("tokenizer");
+        let head = "hello world, this is the shared beginning";
+        let tail = " and the new part";
+        let text = format!("{head}{tail}");
+        // The head one character per token: the same text, many more tokens than `encode(head)`.
+        let pieces: Vec<u32> = head.chars().flat_map(|c| tok.encode(&c.to_string())).collect();
+        assert_eq!(tok.decode(&pieces), head);
+        let prompt = tok.encode(&text);
+        // The reused prompt (the pieces, then the tail) exactly fills the context; the request's own fits.
+        let ctx = pieces.len() + tok.encode(tail).len();
+        assert!(prompt.len() < ctx && pieces.len() < ctx, "{} {} {ctx}", prompt.len(), pieces.len());
+        let mut eng = engine(ctx);
+        let mut live = LiveKv::new(Session::new(&eng), 0);
+        live.session.tokens = pieces.clone();
+        live.session.logits = vec![0.0; eng.cfg().n_vocab];
+        let prep = live.choose(&mut eng, &tok, prompt.clone(), Some(&text));
+        assert_ne!(prep.decision, Decision::TextPrefix);
+        assert!(prep.prompt.len() < ctx, "prompt of {} tokens for a context of {ctx}", prep.prompt.len());
+        assert_eq!(prep.prompt, prompt);
+
+        // With room to spare the same state is reused by text prefix (the path itself still works).
+        let mut eng = big;
+        let mut live = LiveKv::new(Session::new(&eng), 0);
+        live.session.tokens = pieces.clone();
+        live.session.logits = vec![0.0; eng.cfg().n_vocab];
+        let prep = live.choose(&mut eng, &tok, prompt.clone(), Some(&text));
+        assert_eq!(prep.decision, Decision::TextPrefix);
+        assert!(prep.prompt.starts_with(&pieces));
     }
 }

@@ -147,6 +147,11 @@ fn run(args: args::Args) -> Result<(), String> {
         serve.await;
         result
     });
+    // The grace is over: the connections still open (streams still being read, requests still queued)
+    // are closed now, so their generations stop within a token and queued ones are skipped. Without
+    // this their tasks kept running while the shutdown save below waited for every one of them to
+    // finish (up to its 60 s), and a long generation left the exit unsaved.
+    rt.shutdown_timeout(Duration::from_secs(1));
     if saves_on_exit {
         // Clean exit: the live session goes to the disk KV cache (after the job in progress, if any).
         if let Some(r) = app.ready.get() {
