@@ -71,6 +71,21 @@ def test_chat_tool_call_streaming(oai):
     assert json.loads(calls[0]["arguments"]) == ARGS
 
 
+def test_chat_stream_with_a_tool_call_cut_short(oai):
+    # The output limit falls inside the DSML block: the call never completes and comes back as text.
+    # Streamed, no tool call may be announced (before: its id and name went out with empty arguments,
+    # then the block's text followed as content); the text equals the non-streamed answer's.
+    user = {"role": "user", "content": "[[weather]] cut short"}
+    kw = dict(model="m", messages=[user], tools=CHAT_TOOLS, max_tokens=60)
+    chunks = list(oai.chat.completions.create(stream=True, **kw))
+    assert not any(ch.choices and ch.choices[0].delta.tool_calls for ch in chunks)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["length"]
+    r = oai.chat.completions.create(**kw)
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+    assert "get_weather" in text and r.choices[0].message.content == text
+
+
 def test_chat_edited_tool_call_is_not_replayed(server, oai):
     user = {"role": "user", "content": "[[weather]] edited history"}
     r1 = oai.chat.completions.create(model="m", messages=[user], tools=CHAT_TOOLS, max_tokens=300)

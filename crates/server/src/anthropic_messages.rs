@@ -262,7 +262,7 @@ async fn stream_messages(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelO
             }
             Event::Reasoning(s) => b.delta(Open::Thinking, s).await,
             Event::Text(s) => b.delta(Open::Text, s).await,
-            Event::ToolStart { .. } => b.close().await,
+            Event::ToolStart => b.close().await,
             Event::Logprob(_) => true,
             Event::ToolDone { id, name, arguments, .. } => {
                 let i = b.index;

@@ -172,14 +172,15 @@ async fn stream_chat(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDro
                 true
             }
             Event::Text(s) => out.data(&text_chunk(&meta, s, &mut lp)).await,
-            Event::Reasoning(_) | Event::ToolStart { .. } | Event::Done { .. } if !flush_logprobs(&out, &meta, &mut lp).await => false,
+            Event::Reasoning(_) | Event::ToolDone { .. } | Event::Done { .. } if !flush_logprobs(&out, &meta, &mut lp).await => false,
             Event::Reasoning(s) => out.data(&chunk(&meta, json!({ "reasoning_content": s }), None)).await,
-            Event::ToolStart { index, id, name } => {
-                let d = json!({ "tool_calls": [{ "index": index, "id": id, "type": "function", "function": { "name": name, "arguments": "" } }] });
+            // A call goes out whole once it is complete: one cut short (by the token limit, a stop
+            // string, malformed DSML) then ends as text, as in the non-streamed answer, not as a call
+            // with empty arguments beside that text.
+            Event::ToolStart => true,
+            Event::ToolDone { index, id, name, arguments } => {
+                let d = json!({ "tool_calls": [{ "index": index, "id": id, "type": "function", "function": { "name": name, "arguments": arguments } }] });
                 out.data(&chunk(&meta, d, None)).await
-            }
-            Event::ToolDone { index, arguments, .. } => {
-                out.data(&chunk(&meta, json!({ "tool_calls": [{ "index": index, "function": { "arguments": arguments } }] }), None)).await
             }
             Event::Done { finish, usage } => {
                 meta.finish(&out, "chat.completion.chunk", &chunk(&meta, json!({}), Some(openai_finish(finish))), openai_usage(&usage)).await;

@@ -354,7 +354,7 @@ async fn stream_responses(mut rx: mpsc::UnboundedReceiver<Event>, _guard: Cancel
             // A call's item is only added once the call is complete: a block cut short (the output
             // limit, a stop string, malformed DSML) comes back as text, and an item added early could
             // never be finished (the SDK's stream accumulator refuses a second item at its index).
-            Event::ToolStart { .. } => true,
+            Event::ToolStart => true,
             Event::ToolDone { id, name, arguments, .. } => {
                 if !st.close().await {
                     return;

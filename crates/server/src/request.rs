@@ -270,7 +270,7 @@ pub async fn collect(mut rx: mpsc::UnboundedReceiver<Event>, _guard: CancelOnDro
             Event::Reasoning(s) => c.reasoning.push_str(&s),
             Event::Text(s) => c.text.push_str(&s),
             Event::Logprob(l) => c.logprobs.push(l),
-            Event::ToolStart { .. } => {}
+            Event::ToolStart => {}
             Event::ToolDone { id, name, arguments, .. } => c.calls.push((id, name, arguments)),
             Event::Done { finish, usage } => {
                 c.finish = Some(finish);

@@ -77,7 +77,9 @@ pub enum Event {
     /// Logprobs of one visible output token (only when the request asked for them); sent just before
     /// the `Text` that shows the token's text (at the end when its text never shows, e.g. a stop string).
     Logprob(crate::logprobs::TokenLogprob),
-    ToolStart { index: usize, id: String, name: String },
+    /// A tool-call block began (the text before it is complete); the call itself comes whole in
+    /// `ToolDone`, or never when the block is cut short (it then ends as text).
+    ToolStart,
     ToolDone { index: usize, id: String, name: String, arguments: String },
     Done { finish: Finish, usage: Usage },
     Error(ApiError),
@@ -530,7 +532,7 @@ impl Output {
                     let _ = self.events.send(Event::Reasoning(r));
                 }
                 DsmlEvent::Text(t) => self.text(&t),
-                DsmlEvent::ToolCallStart { name } => {
+                DsmlEvent::ToolCallStart { .. } => {
                     if self.block_start.is_none() {
                         let at = self.all_text.rfind(CALLS_OPEN).unwrap_or(self.all_text.len());
                         // Whitespace right before the marker was never shown (held back, or swallowed by
@@ -540,10 +542,8 @@ impl Output {
                         self.pending_ws.clear();
                         self.lp_pending.clear();
                     }
-                    let id = new_id(self.id_prefix);
-                    let index = self.block_ids.len();
-                    self.block_ids.push(id.clone());
-                    let _ = self.events.send(Event::ToolStart { index, id, name });
+                    self.block_ids.push(new_id(self.id_prefix));
+                    let _ = self.events.send(Event::ToolStart);
                 }
                 DsmlEvent::ToolCallDone { name, arguments_json } => {
                     let index = self.calls.len();
