@@ -67,7 +67,33 @@ fn addr(v: &[String], flag: &str) -> Result<String> {
     }
 }
 
+/// Shortest `--dist-timeout-s` accepted.
+pub const MIN_TIMEOUT_S: f64 = 0.5;
+
+/// Resolves `HOST:PORT` of `flag` (a usage error naming the flag when the host does not resolve).
+fn resolve(a: &str, flag: &str) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    match a.to_socket_addrs().map(|mut it| it.next()) {
+        Ok(Some(_)) => Ok(()),
+        Ok(None) => Err(DistError::Usage(format!("{flag} {a}: the host has no address"))),
+        Err(e) => Err(DistError::Usage(format!("{flag} {a}: the host does not resolve ({e})"))),
+    }
+}
+
 impl DistArgs {
+    /// Resolves the `--listen` / `--coordinator` host (binaries call it after [`Self::validate`],
+    /// before loading the model): a host that does not resolve is a usage error at start, not an
+    /// error after the weights are loaded (coordinator) or a reconnect loop for good (worker).
+    pub fn resolve_hosts(&self) -> Result<()> {
+        if self.is_coordinator() {
+            resolve(&self.listen_addr()?, "--listen")?;
+        }
+        if self.is_worker() {
+            resolve(&self.coordinator_addr()?, "--coordinator")?;
+        }
+        Ok(())
+    }
+
     /// The busy-poll budget per wait (`--dist-spin-us`, or the backend's default).
     pub fn spin(&self, backend: ds4_engine::Backend) -> std::time::Duration {
         let us = self.dist_spin_us.unwrap_or(if backend.is_gpu() { 5000 } else { 0 });
@@ -107,8 +133,11 @@ impl DistArgs {
             }
             return Ok(());
         }
-        if !(self.dist_timeout_s > 0.0 && self.dist_timeout_s <= 3600.0) {
-            return u("--dist-timeout-s must be within (0, 3600]");
+        if !(self.dist_timeout_s >= MIN_TIMEOUT_S && self.dist_timeout_s <= 3600.0) {
+            return Err(DistError::Usage(format!(
+                "--dist-timeout-s {}: must be within {MIN_TIMEOUT_S}..3600 seconds (heartbeats go every timeout/4; a shorter one takes scheduling jitter for a dead peer)",
+                self.dist_timeout_s
+            )));
         }
         if self.dist_spin_us.is_some_and(|v| v > 1_000_000) {
             return u("--dist-spin-us must be at most 1000000 (one second)");
@@ -149,6 +178,9 @@ impl DistArgs {
         } else {
             if self.coordinator.is_empty() {
                 return u("--role worker requires --coordinator HOST PORT");
+            }
+            if self.coordinator.get(1).is_some_and(|p| p.parse::<u16>() == Ok(0)) {
+                return u("--coordinator HOST PORT: port 0 is not a port a coordinator listens on (give its --listen port)");
             }
             self.coordinator_addr()?;
             for (set, f) in &dist_flags[..5] {
@@ -211,6 +243,37 @@ mod tests {
         assert!(e.contains("--dist-spin-us"), "{e}");
         let e = v(&["--dist-spin-us", "10"]).unwrap_err().to_string();
         assert!(e.contains("requires --role"), "{e}");
+    }
+
+    #[test]
+    fn timeouts_below_the_floor_ports_0_and_hosts_that_do_not_resolve_are_usage_errors() {
+        let w = ["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "9000"];
+        let with = |extra: &[&str]| {
+            let mut a = w.to_vec();
+            a.extend_from_slice(extra);
+            v(&a)
+        };
+        for t in ["0", "0.0001", "0.49", "nan", "inf", "3601"] {
+            let e = with(&["--dist-timeout-s", t]).unwrap_err();
+            assert!(matches!(e, DistError::Usage(_)) && e.to_string().contains("--dist-timeout-s"), "{t}: {e}");
+        }
+        assert!(with(&["--dist-timeout-s", "0.5"]).is_ok());
+        let e = v(&["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "0"]).unwrap_err();
+        assert!(matches!(e, DistError::Usage(_)) && e.to_string().contains("port 0"), "{e}");
+        assert!(v(&["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0"]).is_ok(), "an ephemeral --listen port is fine");
+        let p = |a: &[&str]| T::try_parse_from(std::iter::once("x").chain(a.iter().copied())).unwrap().d;
+        // `.invalid` never resolves (RFC 6761).
+        for a in [
+            &["--role", "worker", "--layers", "3:output", "--coordinator", "no-such-host.invalid", "9000"][..],
+            &["--role", "coordinator", "--layers", "0:2", "--listen", "no-such-host.invalid", "9000"][..],
+        ] {
+            let d = p(a);
+            d.validate().unwrap();
+            let e = d.resolve_hosts().unwrap_err();
+            assert!(matches!(e, DistError::Usage(_)) && e.to_string().contains("no-such-host.invalid:9000"), "{e}");
+        }
+        assert!(p(&w).resolve_hosts().is_ok());
+        assert!(p(&["--role", "coordinator", "--layers", "0:2", "--listen", "::1", "0"]).resolve_hosts().is_ok());
     }
 
     #[test]

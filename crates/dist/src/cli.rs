@@ -21,6 +21,7 @@ pub fn exit_code(e: &DistError) -> u8 { if matches!(e, DistError::Usage(_)) { 2 
 /// backend, prefill chunk, memory budget); the layers come from `--layers`.
 pub fn worker_main(dist: &DistArgs, model: Option<&Path>, load: &LoadOptions) -> Result<()> {
     dist.validate()?;
+    dist.resolve_hosts()?;
     crate::spin::set(dist.spin(load.backend));
     let test_hang_at = test_hang()?;
     let src = resolve_model(model)?;
@@ -58,10 +59,18 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait
     if !dist.is_coordinator() {
         return Err(DistError::Usage("start_coordinator needs --role coordinator".into()));
     }
+    dist.resolve_hosts()?;
     crate::spin::set(dist.spin(load.backend));
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
     let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
+    if range.last + 1 == cfg.n_layer && !range.head {
+        // No worker can follow (it would start past the last layer), so the route could never complete.
+        return Err(DistError::Usage(format!(
+            "--layers {}: the coordinator holds every layer but not the output head, and workers own only layers after it; use --layers 0:output, or leave layers to workers",
+            range.label()
+        )));
+    }
     // --dist-prefill-chunk sizes the engine's batch; without it (and without --prefill-chunk) a GPU
     // takes the largest chunk that fits, and the route prefills in chunks of at most that.
     let given = dist.dist_prefill_chunk.or((!load.auto_chunk).then_some(load.prefill_chunk));

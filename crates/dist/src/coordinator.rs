@@ -200,12 +200,17 @@ struct Registry {
     lost: HashMap<usize, String>,
 }
 
+/// (table_id, weights_id) of a layer range.
+type Ids = (Digest32, Digest32);
+
 struct Inner {
     cfg: CoordConfig,
     model_id: Digest32,
     reg: Mutex<Registry>,
     changed: Condvar,
     next_id: AtomicU64,
+    /// (table_id, weights_id) of the coordinator's file per worker range (None: the file lacks them).
+    ids: Mutex<HashMap<(usize, usize, bool), Option<Ids>>>,
 }
 
 /// A planned route: the workers after the local layers, in layer order.
@@ -236,7 +241,7 @@ impl Coordinator {
             .map_err(|e| DistError::Io(format!("--listen {}: {e}", cfg.listen)))?;
         let addr = listener.local_addr()?;
         let model_id = identity::model_id(&cfg.file);
-        let inner = Arc::new(Inner { cfg, model_id, reg: Mutex::new(Registry { workers: Vec::new(), generation: 0, lost: HashMap::new() }), changed: Condvar::new(), next_id: AtomicU64::new(1) });
+        let inner = Arc::new(Inner { cfg, model_id, reg: Mutex::new(Registry { workers: Vec::new(), generation: 0, lost: HashMap::new() }), changed: Condvar::new(), next_id: AtomicU64::new(1), ids: Mutex::new(HashMap::new()) });
         eprintln!(
             "ds4: distributed coordinator: listening on {addr} model_id={} local layers {} ctx={} activation_bits={}{}",
             identity::short(&model_id),
@@ -402,11 +407,6 @@ impl Inner {
                 return Err(format!("layers {} overlap worker {} layers {}", range.label(), w.peer, w.range.label()));
             }
         }
-        if let Some(t) = identity::table_id(&c.file, range) {
-            if t != reg.table_id {
-                return Err(format!("wrong model: tensor table of layers {} differs from the coordinator's file (different quantization or shapes)", range.label()));
-            }
-        }
         if (reg.ctx as usize) < c.ctx {
             return Err(format!("worker ctx {} is below the coordinator's --ctx {}", reg.ctx, c.ctx));
         }
@@ -414,6 +414,37 @@ impl Inner {
             return Err(format!("worker does not accept {}-bit activations (accepts {:?})", c.bits, reg.activation_bits));
         }
         Ok(range)
+    }
+
+    /// Refuses a worker whose tensors of `range` differ from the coordinator's file, when that file
+    /// holds them: the tensor table (quantization, shapes), then a sampled fingerprint of the bytes
+    /// (the same metadata and table with other weights). Computed off the runtime's thread and
+    /// cached per range (a restarted worker of a large model does not read the samples again).
+    async fn check_identity(&self, reg: &Registration, range: LayerRange) -> std::result::Result<(), String> {
+        let key = (range.first, range.last, range.head);
+        let cached = self.ids.lock().unwrap().get(&key).copied();
+        let ids = match cached {
+            Some(ids) => ids,
+            None => {
+                let file = self.cfg.file.clone();
+                let ids = tokio::task::spawn_blocking(move || identity::table_id(&file, range).zip(identity::weights_id(&file, range)))
+                    .await
+                    .map_err(|e| format!("cannot check the worker's tensors: {e}"))?;
+                self.ids.lock().unwrap().insert(key, ids);
+                ids
+            }
+        };
+        let Some((table, weights)) = ids else { return Ok(()) };
+        if table != reg.table_id {
+            return Err(format!("wrong model: tensor table of layers {} differs from the coordinator's file (different quantization or shapes)", range.label()));
+        }
+        if weights != reg.weights_id {
+            return Err(format!(
+                "wrong model: the weights of layers {} differ from the coordinator's file (same metadata and tensor types: another fine-tune or quantization run, or a damaged file)",
+                range.label()
+            ));
+        }
+        Ok(())
     }
 
     async fn serve(self: Arc<Self>, sock: tokio::net::TcpStream, peer: SocketAddr) -> Result<()> {
@@ -606,6 +637,7 @@ impl Inner {
             let r = self.reg.lock().unwrap();
             self.validate(&reg, &r).map_err(DistError::Rejected)?
         };
+        self.check_identity(&reg, range).await.map_err(DistError::Rejected)?;
         let coord_mac = self.cfg.token.as_ref().map(|s| auth::coordinator_proof(s, &wn, &cn));
         Ok((reg, range, coord_mac))
     }

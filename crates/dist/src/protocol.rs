@@ -23,7 +23,8 @@ use crate::error::DistError;
 /// Bumped on any incompatible change of the messages below.
 /// 2: 16-bit activations carry a power-of-two exponent per block of 64 (see `codec`).
 /// 3: a worker's heartbeat carries its compute progress ([`Busy`]).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 4: a registration carries a fingerprint of the range's weights ([`Registration::weights_id`]).
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Frame limit while the peer is not yet authenticated and registered.
 pub const HANDSHAKE_MAX_FRAME: usize = 64 * 1024;
 /// Upper bound of the frame limit after registration, whatever the shapes say.
@@ -59,6 +60,9 @@ pub struct Registration {
     pub model_id: Digest32,
     /// sha256 of the tensor table (name, type, dims) of the tensors this range owns.
     pub table_id: Digest32,
+    /// Sampled fingerprint of those tensors' bytes (`identity::weights_id`): other weights with the
+    /// same metadata and table (another fine-tune or quantization run) differ.
+    pub weights_id: Digest32,
     pub model_name: String,
     pub n_layer: u32,
     pub first: u32,
@@ -281,6 +285,8 @@ pub async fn send(conn: &mut Conn, msg: &Msg) -> Result<(), DistError> {
 pub async fn recv(conn: &mut Conn) -> Result<Msg, DistError> {
     match conn.next().await {
         None => Err(DistError::Io("connection closed by peer".into())),
+        // The codec's refusal of a length prefix over the limit: the peer does not speak this protocol.
+        Some(Err(e)) if e.kind() == std::io::ErrorKind::InvalidData => Err(DistError::Protocol(format!("receive: {e} (a length prefix over the frame limit)"))),
         Some(Err(e)) => Err(DistError::Io(format!("receive: {e}"))),
         Some(Ok(b)) => decode(&b),
     }

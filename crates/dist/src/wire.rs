@@ -267,6 +267,9 @@ pub struct FrameReader {
 /// 32-bit ones are used as f32 in place ([`crate::codec::as_f32`]).
 pub const BODY_AT: usize = 1;
 
+/// The first size a frame buffer grows to when a body does not fit (then it doubles).
+const FIRST_GROW: usize = 64 * 1024;
+
 /// What one [`FrameReader::read`] did.
 pub enum ReadStep {
     /// A whole frame is in [`FrameReader::frame`].
@@ -297,10 +300,28 @@ impl FrameReader {
     /// Capacity of the reused buffer in bytes (tests: it does not grow per frame).
     pub fn capacity(&self) -> usize { self.buf.capacity() * 4 }
 
+    /// Where the next bytes go: the length prefix, or the body up to the end of the buffer (which
+    /// [`Self::grow`] keeps ahead of what was received, up to the frame's length).
     fn dest(&mut self) -> &mut [u8] {
         match self.body_len {
             None => &mut self.hdr[self.hdr_got..],
-            Some(n) => &mut bytemuck::cast_slice_mut::<u32, u8>(&mut self.buf)[BODY_AT + self.got..BODY_AT + n],
+            Some(n) => {
+                let end = (BODY_AT + n).min(self.buf.len() * 4);
+                &mut bytemuck::cast_slice_mut::<u32, u8>(&mut self.buf)[BODY_AT + self.got..end]
+            }
+        }
+    }
+
+    /// Grows the buffer when the body received so far fills it: doubling, from [`FIRST_GROW`], to at
+    /// most the frame's length. Memory follows the bytes that arrived, not the length a peer claims
+    /// (a length prefix of 1 GiB followed by silence or a close allocated 1 GiB at once).
+    fn grow(&mut self) {
+        if let Some(n) = self.body_len {
+            let have = self.buf.len() * 4;
+            if self.got < n && BODY_AT + self.got >= have {
+                let target = (BODY_AT + n).min((have * 2).max(FIRST_GROW));
+                self.buf.resize(target.div_ceil(4), 0);
+            }
         }
     }
 
@@ -313,6 +334,7 @@ impl FrameReader {
             self.hdr_got = 0;
             self.got = 0;
         }
+        self.grow();
         let n = if self.pending_at < self.pending.len() {
             let d = self.dest_len().min(self.pending.len() - self.pending_at);
             let from = std::mem::take(&mut self.pending);
@@ -336,11 +358,8 @@ impl FrameReader {
                     if len > self.max_frame {
                         return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("frame of {len} bytes exceeds the limit {}", self.max_frame)));
                     }
-                    let words = (BODY_AT + len).div_ceil(4);
-                    if self.buf.len() < words {
-                        // Grows to the largest frame seen, once; never shrinks.
-                        self.buf.resize(words, 0);
-                    }
+                    // The buffer grows as the body arrives ([`Self::grow`]) to the largest frame
+                    // seen; it never shrinks.
                     self.body_len = Some(len);
                     if len == 0 {
                         return Ok(ReadStep::Frame);
@@ -358,7 +377,7 @@ impl FrameReader {
     fn dest_len(&self) -> usize {
         match self.body_len {
             None => 4 - self.hdr_got,
-            Some(n) => n - self.got,
+            Some(n) => (BODY_AT + n).min(self.buf.len() * 4) - BODY_AT - self.got,
         }
     }
 }
@@ -533,6 +552,28 @@ mod tests {
         }
         assert_eq!(n, frames.len());
         assert_eq!(pre.capacity(), reserved);
+        // A length prefix claiming the whole limit, then a few bytes and a close: the buffer follows
+        // what arrived, not the claim.
+        let mut big = FrameReader::new(1 << 30, &[]);
+        let mut claim = (1u32 << 30).to_be_bytes().to_vec();
+        claim.extend_from_slice(&[7u8; 100]);
+        let mut src4 = Trickle(&claim);
+        loop {
+            match big.read(&mut src4).unwrap() {
+                ReadStep::Partial => {}
+                ReadStep::Closed => break,
+                ReadStep::Frame => panic!("no whole frame was sent"),
+            }
+        }
+        assert!(big.capacity() <= 2 * FIRST_GROW, "a claimed 1 GiB frame allocated {} bytes", big.capacity());
+        // A frame larger than the first growth still arrives whole, across reads and growths.
+        let large = protocol::encode(&Msg::Forward(req(vec![3u8; 5 * FIRST_GROW + 17], Want::Hidden))).unwrap().to_vec();
+        let mut w5 = (large.len() as u32).to_be_bytes().to_vec();
+        w5.extend_from_slice(&large);
+        let mut grown = FrameReader::new(1 << 30, &w5[..3]);
+        let mut src5 = Trickle(&w5[3..]);
+        while !matches!(grown.read(&mut src5).unwrap(), ReadStep::Frame) {}
+        assert_eq!(grown.frame(), &large[..]);
         let mut small = FrameReader::new(100, &[]);
         // Refused at its length prefix, before anything is allocated for it.
         assert!(small.read(&mut Trickle(&wire)).is_err(), "over the limit");

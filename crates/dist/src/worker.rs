@@ -61,9 +61,12 @@ pub fn load_stage(model: &Path, layers: &str, load: &LoadOptions) -> Result<(Loc
     let range = LayerRange::parse(layers, cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
     let table_id = identity::table_id(&file, range)
         .ok_or_else(|| DistError::Model(format!("{} lacks tensors of layers {}", model.display(), range.label())))?;
+    let weights_id = identity::weights_id(&file, range)
+        .ok_or_else(|| DistError::Model(format!("{} lacks tensors of layers {}", model.display(), range.label())))?;
     let reg = Registration {
         model_id: identity::model_id(&file),
         table_id,
+        weights_id,
         model_name: file.get("general.name").and_then(|v| v.as_str()).unwrap_or("").to_string(),
         n_layer: cfg.n_layer as u32,
         first: range.first as u32,
@@ -148,7 +151,12 @@ async fn connect(reg: &Registration, coordinator: &str, opts: &WorkerOptions) ->
     let mut conn = protocol::framed(sock, HANDSHAKE_MAX_FRAME);
     let max_frame = tokio::time::timeout(opts.timeout, handshake(&mut conn, reg, opts))
         .await
-        .map_err(|_| DistError::Io("handshake timed out".into()))??;
+        .map_err(|_| DistError::Io(format!("{coordinator} did not answer the handshake within {:.1}s (is it a ds4 coordinator's --listen port?)", opts.timeout.as_secs_f64())))?
+        .map_err(|e| match e {
+            // Something answered, but not a coordinator of this build (an HTTP server, garbage, another version).
+            DistError::Protocol(m) => DistError::Protocol(format!("{coordinator} is not a ds4 coordinator speaking protocol version {}: {m}", protocol::PROTOCOL_VERSION)),
+            e => e,
+        })?;
     conn.codec_mut().set_max_frame_length(max_frame);
     Ok(conn)
 }
@@ -428,5 +436,48 @@ async fn handshake(conn: &mut Conn, reg: &Registration, opts: &WorkerOptions) ->
         }
         Msg::Reject { reason } => Err(DistError::Rejected(reason)),
         m => Err(DistError::Protocol(format!("expected Accept, got {}", m.name()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+
+    fn reg() -> Registration {
+        Registration { model_id: [0; 32], table_id: [0; 32], weights_id: [0; 32], model_name: String::new(), n_layer: 6, first: 3, last: 5, head: true, ctx: 512, activation_bits: vec![32] }
+    }
+
+    /// A peer that is not a coordinator (what it answers to the worker's Hello) fails the connect with
+    /// an error that says so, within the timeout (it used to be `i/o: receive: frame size too big` or
+    /// `handshake timed out`).
+    #[test]
+    fn a_peer_that_is_not_a_coordinator_is_named_as_such() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let answers: [(&[u8], &str); 3] = [
+            (b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n", "is not a ds4 coordinator"),
+            (&[0, 0, 0, 4, 9, 9, 9, 9], "is not a ds4 coordinator"),
+            (b"", "did not answer the handshake"),
+        ];
+        for (answer, want) in answers {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap().to_string();
+            let answer = answer.to_vec();
+            let peer = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                let mut b = [0u8; 256];
+                let _ = s.read(&mut b);
+                let _ = s.write_all(&answer);
+                // Silent afterwards, the connection left open: only the timeout ends a wait.
+                std::thread::sleep(Duration::from_millis(1500));
+            });
+            let opts = WorkerOptions { timeout: Duration::from_millis(500), ..WorkerOptions::default() };
+            let t0 = Instant::now();
+            let Err(e) = rt.block_on(connect(&reg(), &addr, &opts)) else { panic!("{addr} taken for a coordinator") };
+            assert!(t0.elapsed() < Duration::from_secs(2), "bounded by the timeout");
+            let m = e.to_string();
+            assert!(m.contains(&addr) && m.contains(want), "{m}");
+            peer.join().unwrap();
+        }
     }
 }

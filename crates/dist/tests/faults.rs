@@ -13,8 +13,12 @@ fn refused(path: &std::path::Path, layers: &str, addr: &str, token: Option<&str>
     let w = thread_worker(path, layers, addr, token, TIMEOUT);
     let t0 = Instant::now();
     let mut w = w;
+    // Bounded: a worker that is wrongly accepted fails the test instead of hanging it.
+    while !w.join.as_ref().unwrap().is_finished() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "worker {layers} from {} was not refused within 10 s", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let r = w.join.take().unwrap().join().unwrap();
-    assert!(t0.elapsed() < Duration::from_secs(10));
     match r {
         Err(e @ (DistError::Rejected(_) | DistError::Auth(_))) => e.to_string(),
         other => panic!("expected a refusal, got {other:?}"),
@@ -42,6 +46,45 @@ fn wrong_model_range_or_secret_is_refused_with_the_reason() {
     // With the secret, the same worker registers.
     let _w = thread_worker(model(), "3:output", &c.addr, Some("s3cret"), TIMEOUT);
     c.coord.wait_complete(Duration::from_secs(10)).unwrap();
+}
+
+#[test]
+fn same_metadata_and_table_with_other_weights_is_refused() {
+    // Another seed of the same synthetic model: metadata and tensor table are equal, so only the
+    // weights fingerprint tells the files apart (it used to register and give other text).
+    let f = |p: &std::path::Path| std::sync::Arc::new(ds4_gguf::GgufFile::open(p).unwrap());
+    let (a, b) = (f(model()), f(reseeded_model()));
+    let r = ds4_model::LayerRange::parse("3:output", 6).unwrap();
+    assert_eq!(ds4_dist::identity::model_id(&a), ds4_dist::identity::model_id(&b));
+    assert_eq!(ds4_dist::identity::table_id(&a, r), ds4_dist::identity::table_id(&b, r));
+    let (c, _local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    let e = refused(reseeded_model(), "3:output", &c.addr, None);
+    assert!(e.contains("wrong model") && e.contains("weights of layers 3:output differ"), "{e}");
+    assert!(c.coord.plan().is_err());
+    // The coordinator's own file registers (the fingerprint is cached per range: asked twice).
+    for _ in 0..2 {
+        let w = thread_worker(model(), "3:output", &c.addr, None, TIMEOUT);
+        c.coord.wait_complete(Duration::from_secs(10)).unwrap();
+        w.finish().unwrap();
+    }
+}
+
+#[test]
+fn a_coordinator_that_leaves_no_layer_for_the_head_owner_is_a_usage_error() {
+    // 0:5 of a 6-layer model without the head: a worker would have to start at layer 6, so the route
+    // could never complete (it used to wait DS4_DIST_WAIT_S, 300 s, for a worker that cannot exist).
+    let dist = ds4_dist::DistArgs {
+        role: Some(ds4_dist::Role::Coordinator),
+        layers: Some("0:5".into()),
+        listen: vec!["127.0.0.1".into(), "0".into()],
+        dist_timeout_s: 2.0,
+        ..Default::default()
+    };
+    dist.validate().unwrap();
+    let t0 = Instant::now();
+    let e = ds4_dist::cli::start_coordinator(&dist, model(), &load_opts(), Some(Duration::from_secs(30))).err().expect("refused");
+    assert!(matches!(e, DistError::Usage(_)) && e.to_string().contains("0:output"), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(5));
 }
 
 #[test]

@@ -49,6 +49,13 @@ pub fn other_model() -> &'static Path {
     P.get_or_init(|| make("tiny-q2.gguf", Mix::Q2, 7))
 }
 
+/// Same metadata and tensor table as [`model`], other weights (another seed): a different model
+/// that only the weights fingerprint tells apart.
+pub fn reseeded_model() -> &'static Path {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| make("tiny-q4-seed8.gguf", Mix::Q4, 8))
+}
+
 pub fn load(path: &Path, layers: &str) -> (LocalStage, Config, Arc<GgufFile>) {
     let file = Arc::new(GgufFile::open(path).unwrap());
     let cfg = Config::from_gguf(&file).unwrap();
