@@ -242,6 +242,7 @@ def test_hung_compute_with_live_heartbeats_fails_the_stream_naming_the_stage(dis
     (["--role", "worker", "--layers", "3:output", "--coordinator", "127.0.0.1", "1"], "ds4 --role worker"),
     (["--role", "coordinator", "--layers", "0:2", "--listen", "127.0.0.1", "0", "--kv-disk-dir", "/tmp/x"], "--kv-disk-dir"),
     (["--dist-token", "s"], "requires --role"),
+    (["--role", "coordinator", "--layers", "0:2", "--listen", "nosuchhost.invalid", "9000"], "does not resolve"),
 ])
 def test_bad_distributed_flags_exit_2(args, want):
     from conftest import BIN

@@ -55,6 +55,11 @@ fn main() -> ExitCode {
         eprintln!("ds4-server: {e}");
         return ExitCode::from(2);
     }
+    // A route's host names, resolved before the listener is bound (a usage error, as for ds4).
+    if let Err(e) = args.dist.resolve_hosts() {
+        eprintln!("ds4-server: {e}");
+        return ExitCode::from(2);
+    }
     if let Some(dir) = &args.ds4.chdir {
         if let Err(e) = std::env::set_current_dir(dir) {
             eprintln!("ds4-server: --chdir {}: {e}", dir.display());
