@@ -233,6 +233,14 @@ fn host_weights_plan(mut p: MemoryPlan) -> MemoryPlan {
     p
 }
 
+/// The CPU stage's work buffers for prefill chunks of `prefill_chunk` tokens at context `ctx`; with MTP
+/// drafting `draft` tokens, a verify step runs 1 + draft tokens with a logit row each.
+fn reserve_cpu(stage: &mut Stage, prefill_chunk: usize, ctx: usize, draft: Option<usize>) {
+    let draft_rows = draft.map_or(0, |d| d + 1);
+    let head = stage.w.range.head as usize;
+    stage.reserve(prefill_chunk.max(draft_rows), ctx, head.max(draft_rows));
+}
+
 impl Engine {
     /// Plans and loads (see [`Engine::plan`] and [`LoadPlan::load`]).
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
@@ -374,9 +382,7 @@ impl Engine {
             placement: Placement::Cpu,
         };
         let plan = admit(&input, self.budget).map_err(EngineError::Budget)?;
-        let draft_rows = self.mtp.as_ref().map_or(0, |m| m.opts.draft + 1);
-        let head = self.stage.w.range.head as usize;
-        self.stage.reserve(self.plan.prefill_chunk.max(draft_rows), n, head.max(draft_rows));
+        reserve_cpu(&mut self.stage, self.plan.prefill_chunk, n, self.mtp.as_ref().map(|m| m.opts.draft));
         self.plan = plan;
         self.ctx = n;
         Ok(&self.plan)
@@ -624,9 +630,7 @@ impl LoadPlan {
             g.set_steering(Some(st), stage.steer_gate.clone())?;
         }
         if opts.backend == Backend::Cpu {
-            // A verify step runs 1 + draft tokens with a logit row each.
-            let draft_rows = opts.mtp.as_ref().map_or(0, |m| m.draft + 1);
-            stage.reserve(opts.prefill_chunk.max(draft_rows), opts.ctx, (range.head as usize).max(draft_rows));
+            reserve_cpu(&mut stage, opts.prefill_chunk, opts.ctx, opts.mtp.as_ref().map(|m| m.draft));
         }
         let mtp = match &opts.mtp {
             Some(m) => {

@@ -143,9 +143,15 @@ const LINGER_MAX_BYTES: usize = 256 << 20;
 
 /// Resolves once a write to the connection has waited `timeout` for the client to read.
 async fn write_stalled(conn: &Conn, timeout: Duration) {
+    deadline_passed(timeout, || conn.write_deadline(timeout)).await
+}
+
+/// Resolves once `deadline()` (re-read after each wait: it moves, or is None while it does not apply)
+/// lies in the past; checks at least every `timeout`.
+async fn deadline_passed(timeout: Duration, deadline: impl Fn() -> Option<std::time::Instant>) {
     loop {
         let now = std::time::Instant::now();
-        let wait = match conn.write_deadline(timeout) {
+        let wait = match deadline() {
             Some(d) if d <= now => return,
             Some(d) => d - now,
             None => timeout,
@@ -204,15 +210,7 @@ impl tokio::io::AsyncWrite for Watched {
 
 /// Resolves once the connection has had no request in flight for `timeout`.
 async fn idle_expired(conn: &Conn, timeout: Duration) {
-    loop {
-        let now = std::time::Instant::now();
-        let wait = match conn.idle_deadline(timeout) {
-            Some(d) if d <= now => return,
-            Some(d) => d - now,
-            None => timeout,
-        };
-        tokio::time::sleep(wait).await;
-    }
+    deadline_passed(timeout, || conn.idle_deadline(timeout)).await
 }
 
 fn error(e: ApiError, path: &str) -> Response<Body> {

@@ -13,20 +13,12 @@ use std::sync::Arc;
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// `prefix` + 24 random alphanumerics (from the process's randomly keyed SipHash, fresh keys per call).
+/// `prefix` + 24 random alphanumerics (three [`random_u64`] words).
 pub fn new_id(prefix: &str) -> String {
     const ALPHA: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
     let mut out = String::with_capacity(prefix.len() + 24);
     out.push_str(prefix);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mut words = Vec::new();
-    for k in 0..3u64 {
-        let mut h = RandomState::new().build_hasher();
-        h.write_u64(n);
-        h.write_u64(k);
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-        words.push(h.finish());
-    }
+    let words = [random_u64(), random_u64(), random_u64()];
     for i in 0..24 {
         let w = words[i / 8] >> ((i % 8) * 8);
         out.push(ALPHA[(w as usize) % ALPHA.len()] as char);
