@@ -131,6 +131,32 @@ def test_messages_count_tokens(claude):
         claude.messages.count_tokens(model="m", messages=[])
 
 
+def test_messages_assistant_prefill_is_continued(claude, oai):
+    """A conversation ending in an assistant message continues that turn (Anthropic's prefill): the
+    reply is what the model writes after the prefill text, i.e. the raw completion of the prompt with
+    that turn left open (written here by hand from the chat template), and only the new text."""
+    B, U, A = "<｜begin▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"
+    msgs = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "The colour is"}]
+    for thinking in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
+        r = claude.messages.create(model="m", max_tokens=8, extra_body={"temperature": 0}, thinking=thinking, messages=msgs)
+        assert [b.type for b in r.content] == ["text"], r.content  # the answer goes on: no thinking block
+        raw = oai.completions.create(model="m", prompt=f"{B}{U}Name a colour.{A}</think>The colour is", max_tokens=8, temperature=0)
+        assert r.content[0].text == raw.choices[0].text and r.content[0].text
+        assert not r.content[0].text.startswith("The colour is")
+    # The same through OpenAI chat's `continue_final_message` (vLLM's name).
+    c = oai.chat.completions.create(model="m", max_tokens=8, temperature=0, reasoning_effort="none",
+                                    messages=msgs, extra_body={"continue_final_message": True})
+    assert c.choices[0].message.content == r.content[0].text
+    with pytest.raises(openai.BadRequestError):
+        oai.chat.completions.create(model="m", max_tokens=1, messages=msgs[:1], extra_body={"continue_final_message": True})
+    # As Anthropic: a prefill ending in whitespace, or a last turn with an unanswered tool call, is a 400.
+    with pytest.raises(anthropic.BadRequestError, match="trailing whitespace"):
+        claude.messages.create(model="m", max_tokens=4, messages=[msgs[0], {"role": "assistant", "content": "The colour is "}])
+    call = {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]}
+    with pytest.raises(anthropic.BadRequestError, match="tool_result"):
+        claude.messages.create(model="m", max_tokens=4, messages=[msgs[0], call])
+
+
 def test_messages_streaming(claude):
     with claude.messages.stream(model="m", max_tokens=64, messages=[{"role": "user", "content": "[[hello]]"}]) as s:
         text = "".join(s.text_stream)

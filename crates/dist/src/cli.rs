@@ -50,6 +50,21 @@ pub struct CoordinatorSetup {
     pub cfg: Config,
 }
 
+/// The coordinator's `--layers` against the model (a usage error when they do not parse for it, or
+/// leave no layer for a worker that would own the output head). Binaries that can read the model's
+/// metadata before loading call it first.
+pub fn coordinator_range(dist: &DistArgs, cfg: &Config) -> Result<LayerRange> {
+    let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
+    if range.last + 1 == cfg.n_layer && !range.head {
+        // No worker can follow (it would start past the last layer), so the route could never complete.
+        return Err(DistError::Usage(format!(
+            "--layers {}: the coordinator holds every layer but not the output head, and workers own only layers after it; use --layers 0:output, or leave layers to workers",
+            range.label()
+        )));
+    }
+    Ok(range)
+}
+
 /// `load`: how the local layers are loaded (the layers themselves come from `--layers`, the batch
 /// from `--dist-prefill-chunk` when given). `wait`: how long to wait for a complete route (None:
 /// return at once; requests made while the route is incomplete fail with the missing layer, as
@@ -63,14 +78,7 @@ pub fn start_coordinator(dist: &DistArgs, model: &Path, load: &LoadOptions, wait
     crate::spin::set(dist.spin(load.backend));
     let file = Arc::new(ds4_gguf::GgufFile::open(model).map_err(|e| DistError::Model(format!("{}: {e}", model.display())))?);
     let cfg = Config::from_gguf(&file)?;
-    let range = LayerRange::parse(dist.layers.as_deref().unwrap_or_default(), cfg.n_layer).map_err(|e| DistError::Usage(e.to_string()))?;
-    if range.last + 1 == cfg.n_layer && !range.head {
-        // No worker can follow (it would start past the last layer), so the route could never complete.
-        return Err(DistError::Usage(format!(
-            "--layers {}: the coordinator holds every layer but not the output head, and workers own only layers after it; use --layers 0:output, or leave layers to workers",
-            range.label()
-        )));
-    }
+    let range = coordinator_range(dist, &cfg)?;
     // --dist-prefill-chunk sizes the engine's batch; without it (and without --prefill-chunk) a GPU
     // takes the largest chunk that fits, and the route prefills in chunks of at most that.
     let given = dist.dist_prefill_chunk.or((!load.auto_chunk).then_some(load.prefill_chunk));

@@ -22,6 +22,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
+/// Connections a coordinator keeps in their handshake at once; more are closed on arrival (a route
+/// has a few workers, which retry).
+pub const MAX_PENDING_HANDSHAKES: usize = 32;
+
 /// What the coordinator accepts.
 #[derive(Clone)]
 pub struct CoordConfig {
@@ -252,13 +256,25 @@ impl Coordinator {
         );
         inner.log_route(&inner.reg.lock().unwrap());
         let i2 = inner.clone();
+        // Connections still in their handshake (not yet authenticated): a bounded number, so a flood of
+        // connections that never finish cannot hold unbounded sockets and tasks for the timeout each.
+        let pending = Arc::new(tokio::sync::Semaphore::new(MAX_PENDING_HANDSHAKES));
         rt.spawn(async move {
+            let mut refused = 0u64;
             loop {
                 match listener.accept().await {
                     Ok((sock, peer)) => {
+                        let Ok(permit) = pending.clone().try_acquire_owned() else {
+                            // Closed at once; logged for the first and then every 1000th.
+                            if refused % 1000 == 0 {
+                                eprintln!("ds4: distributed coordinator: {MAX_PENDING_HANDSHAKES} handshakes in progress: connection from {peer} closed ({} so far)", refused + 1);
+                            }
+                            refused += 1;
+                            continue;
+                        };
                         let i3 = i2.clone();
                         tokio::spawn(async move {
-                            if let Err(e) = i3.clone().serve(sock, peer).await {
+                            if let Err(e) = i3.clone().serve(sock, peer, permit).await {
                                 eprintln!("ds4: distributed coordinator: worker {peer}: {e}");
                             }
                         });
@@ -447,9 +463,12 @@ impl Inner {
         Ok(())
     }
 
-    async fn serve(self: Arc<Self>, sock: tokio::net::TcpStream, peer: SocketAddr) -> Result<()> {
+    /// One connection: the handshake (holding `pending`, a place among the handshakes in progress),
+    /// then the registered worker's session.
+    async fn serve(self: Arc<Self>, sock: tokio::net::TcpStream, peer: SocketAddr, pending: tokio::sync::OwnedSemaphorePermit) -> Result<()> {
         let mut conn = protocol::framed(sock, HANDSHAKE_MAX_FRAME);
         let hs = tokio::time::timeout(self.cfg.timeout, self.handshake(&mut conn, peer)).await;
+        drop(pending);
         let (reg, range, coord_mac) = match hs {
             Err(_) => return Err(DistError::Protocol("handshake timed out".into())),
             Ok(Err(DistError::Rejected(reason))) => {

@@ -350,3 +350,24 @@ fn killed_middle_worker_mid_pipelined_prefill_fails_at_once_and_restart_recovers
     assert_eq!(s.sync(&p).unwrap(), &rl[0][..]);
     assert_eq!(s.step(rt[0]).unwrap(), &rl[1][..]);
 }
+
+#[test]
+fn a_flood_of_silent_connections_is_bounded_and_a_worker_registers_after_it() {
+    use ds4_dist::coordinator::MAX_PENDING_HANDSHAKES;
+    use std::net::TcpStream;
+    let (c, _local) = coordinator("0:2", 32, None, TIMEOUT, CHUNK);
+    // Connections that never say Hello fill the handshake places; the next ones are closed at once.
+    let silent: Vec<TcpStream> = (0..MAX_PENDING_HANDSHAKES).map(|_| TcpStream::connect(&c.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let mut extra = TcpStream::connect(&c.addr).unwrap();
+    extra.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+    let t0 = Instant::now();
+    let mut b = [0u8; 1];
+    assert!(matches!(extra.read(&mut b), Ok(0) | Err(_)), "a connection over the bound was served");
+    assert!(t0.elapsed() < Duration::from_millis(900), "the connection over the bound was not closed at once");
+    // The silent ones time out (the handshake's timeout) and free their places: a worker registers.
+    let w = thread_worker(model(), "3:output", &c.addr, None, TIMEOUT);
+    c.coord.wait_complete(Duration::from_secs(15)).unwrap();
+    drop(silent);
+    w.finish().unwrap();
+}

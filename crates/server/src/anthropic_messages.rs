@@ -35,7 +35,7 @@ pub async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, Bytes
         let (messages, _, tools, mode) = prompt_parts(&o, &app)?;
         drop(o);
         drop(body);
-        let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+        let prompt = request::chat_prompt(&app, messages, tools, mode, true).await?;
         Ok::<_, ApiError>(Json(json!({ "input_tokens": prompt.tokens.len() })).into_response())
     };
     run.await.unwrap_or_else(|e| e.flavor(Flavor::Anthropic).into_response())
@@ -45,11 +45,27 @@ pub async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, Bytes
 /// schemas (none with `tool_choice: none`) and the thinking mode.
 fn prompt_parts(o: &Obj, app: &App) -> Result<(Vec<Message>, String, Vec<String>, ThinkMode), ApiError> {
     let (messages, last) = parse_conversation(o)?;
+    check_prefill(&messages)?;
     let tools = match fields::opt_array(o, "tools")? {
         Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
         _ => Vec::new(),
     };
     Ok((messages, last, tools, request::think_mode(o, app.default_mode)?))
+}
+
+/// A conversation ending in an assistant message is an assistant prefill, continued from its text
+/// (`chat_prompt` with `continue_last`); Anthropic refuses one whose text ends in whitespace, and a
+/// last turn with tool calls wants their results, not a continuation.
+fn check_prefill(messages: &[Message]) -> Result<(), ApiError> {
+    match messages.last() {
+        Some(m) if m.role == Role::Assistant && !m.tool_calls.is_empty() => {
+            Err(ApiError::bad_request("messages: the last assistant message has `tool_use` blocks; send their `tool_result` blocks in a user message after it"))
+        }
+        Some(m) if m.role == Role::Assistant && m.content.ends_with(char::is_whitespace) => {
+            Err(ApiError::bad_request("messages: final assistant content cannot end with trailing whitespace"))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn text_of(v: &Value, at: &str) -> Result<String, ApiError> {
@@ -175,7 +191,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
-    let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+    let prompt = request::chat_prompt(&app, messages, tools, mode, true).await?;
     let params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &last);
     let (rx, guard) = app.ready()?.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("msg_"), model, stops };

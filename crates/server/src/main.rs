@@ -68,17 +68,51 @@ fn main() -> ExitCode {
     }
     match run(args) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+        Err(Failure::Usage(e)) => {
+            eprintln!("ds4-server: {e}");
+            ExitCode::from(2)
+        }
+        Err(Failure::Run(e)) => {
             eprintln!("ds4-server: {e}");
             ExitCode::from(1)
         }
     }
 }
 
+/// Why the server stopped: flags that do not fit the model (exit 2, as clap's usage errors) or a
+/// failure to start or run (exit 1).
+enum Failure {
+    Usage(String),
+    Run(String),
+}
+
+impl From<String> for Failure {
+    fn from(e: String) -> Self { Failure::Run(e) }
+}
+
+/// The flags checked against the model's metadata before the listener is bound (no weight is read):
+/// a coordinator's `--layers` (a usage error) and the `--mtp` file's tensors against the model's shapes
+/// (a bad file). Without this both failed only after the server said it was listening.
+fn check_against_model(args: &args::Args, path: &std::path::Path) -> Result<(), Failure> {
+    let mtp = args.ds4.mtp_options().map_err(Failure::Usage)?;
+    if mtp.is_none() && !args.dist.is_coordinator() {
+        return Ok(());
+    }
+    let file = ds4_gguf::GgufFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let cfg = ds4_model::Config::from_gguf(&file).map_err(|e| format!("{}: {e}", path.display()))?;
+    if args.dist.is_coordinator() {
+        ds4_dist::cli::coordinator_range(&args.dist, &cfg).map_err(|e| Failure::Usage(e.to_string()))?;
+    }
+    if let Some(m) = mtp {
+        ds4_model::mtp::check_file(&m.path, &cfg).map_err(|e| format!("--mtp: {e}"))?;
+    }
+    Ok(())
+}
+
 /// Everything that can be checked before loading: the listener is bound and the cache directory is
 /// usable before a weight byte is read, so a taken port or a bad `--kv-disk-dir` fails at once. The
 /// model then loads on its own thread while HTTP answers (503 until it is ready).
-fn run(args: args::Args) -> Result<(), String> {
+fn run(args: args::Args) -> Result<(), Failure> {
     serve::raise_nofile_limit();
     let script = match &args.test_script {
         Some(p) => {
@@ -95,6 +129,7 @@ fn run(args: args::Args) -> Result<(), String> {
     if let ModelSource::EmbeddedDefault(p) = &src {
         eprintln!("ds4-server: no -m given and ./ds4flash.gguf not found: using the embedded tiny default model (random weights) {}", p.display());
     }
+    check_against_model(&args, src.path())?;
     if let Some(dir) = &args.kv_disk_dir {
         disk::check_dir(dir).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
     }
@@ -165,7 +200,7 @@ fn run(args: args::Args) -> Result<(), String> {
             }
         }
     }
-    served
+    served.map_err(Failure::Run)
 }
 
 /// Loads the model (or starts the distributed route), opens the disk cache, starts the inference

@@ -84,6 +84,11 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         _ => Vec::new(),
     };
     request::only_one_choice(&o)?;
+    // vLLM's `continue_final_message`: the last (assistant) message is continued, not closed.
+    let continue_last = fields::opt_bool(&o, "continue_final_message")?.unwrap_or(false);
+    if continue_last && messages.last().is_none_or(|m| m.role != Role::Assistant || !m.tool_calls.is_empty()) {
+        return Err(ApiError::bad_request("`continue_final_message` needs a last message from the assistant without tool calls").param("continue_final_message"));
+    }
     let mode = request::think_mode(&o, app.default_mode)?;
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_completion_tokens", "max_tokens"])?;
@@ -98,7 +103,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
-    let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+    let prompt = request::chat_prompt(&app, messages, tools, mode, continue_last).await?;
     let mut params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
     params.logprobs = logprobs;
     let (rx, guard) = app.ready()?.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;

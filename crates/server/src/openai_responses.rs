@@ -201,7 +201,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
-    let prompt = request::chat_prompt(&app, messages, tools, mode).await?;
+    let prompt = request::chat_prompt(&app, messages, tools, mode, false).await?;
     let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
     params.logprobs = lp_top;
     let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;

@@ -6,7 +6,7 @@ use crate::fields::{self, Obj};
 use crate::prompt_bound;
 use crate::tools::apply_exact_replay;
 use crate::worker::{CancelOnDrop, Event, Finish, GenParams, Usage};
-use ds4_tokenizer::chat::{render_chat, Message, RenderOptions, ThinkMode};
+use ds4_tokenizer::chat::{continues_assistant, render_chat, Message, RenderOptions, ThinkMode};
 use ds4_tokenizer::sampling::SamplerConfig;
 use ds4_tokenizer::Tokenizer;
 use serde_json::{json, Value};
@@ -162,7 +162,10 @@ fn encode_fitting(tok: &Tokenizer, text: &str, max_token_bytes: usize, ctx: usiz
 
 /// Renders a conversation (tools block, thinking mode, exact DSML replay of known tool ids), tokenizes
 /// it off the async threads, and checks it fits the context.
-pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<String>, mode: ThinkMode) -> Result<Prompt, ApiError> {
+/// The conversation rendered and tokenized. With `continue_last` a conversation ending in an assistant
+/// message is continued from its text (assistant prefill: Anthropic's last assistant turn, OpenAI
+/// chat's `continue_final_message`); the reply then starts in the answer, not in a thinking block.
+pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<String>, mode: ThinkMode, continue_last: bool) -> Result<Prompt, ApiError> {
     if app.exact_replay {
         if let Ok(mem) = app.tool_mem.lock() {
             let n = apply_exact_replay(&mut messages, &mem);
@@ -173,18 +176,19 @@ pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<
     let ready = app.ready()?;
     let (tok, max_bytes) = (ready.tok.clone(), ready.max_token_bytes);
     let eff = mode.effective(ctx as u64);
-    let (tokens, rendered) = tokio::task::spawn_blocking(move || {
-        let opts = RenderOptions { mode: eff, ctx: ctx as u64, tools, developer_as_system: true, ..RenderOptions::default() };
+    let (tokens, rendered, prefill) = tokio::task::spawn_blocking(move || {
+        let opts = RenderOptions { mode: eff, ctx: ctx as u64, tools, developer_as_system: true, continue_last_assistant: continue_last, ..RenderOptions::default() };
         let text = render_chat(&messages, &opts);
+        let prefill = continues_assistant(&messages, &opts);
         drop(messages);
-        encode_fitting(&tok, &text, max_bytes, ctx).map(|t| (t, text))
+        encode_fitting(&tok, &text, max_bytes, ctx).map(|t| (t, text, prefill))
     })
     .await
     .map_err(|_| ApiError::internal("prompt rendering failed"))??;
     if tokens.len() >= ctx {
         return Err(context_error(tokens.len(), ctx));
     }
-    Ok(Prompt { tokens, rendered: Some(rendered), thinking: eff.thinking() })
+    Ok(Prompt { tokens, rendered: Some(rendered), thinking: eff.thinking() && !prefill })
 }
 
 /// Raw completion prompt: BOS + text (unless the text already starts with BOS), or token ids.

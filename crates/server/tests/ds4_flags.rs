@@ -43,7 +43,7 @@ const DS4_SERVER_FLAGS: &[(&str, &str)] = &[
     ("--threads", "1"),
     ("--quality", ""),
     ("--qat", "off"),
-    ("--mtp", "mtp.gguf"),
+    ("--mtp", "MTP"),
     ("--mtp-draft", "2"),
     ("--mtp-margin", "3.0"),
     ("--mtp-model", "mtp.gguf"),
@@ -89,6 +89,10 @@ fn every_ds4_server_flag_is_accepted_or_answered_with_not_built() {
     std::fs::create_dir_all(&dir).unwrap();
     // Checked for existence before the port (its size when the model loads).
     std::fs::write(dir.join("dir.f32"), b"").unwrap();
+    // Checked against the model before the port: a real MTP file of the default model's shape.
+    let mtp = dir.join("mtp.gguf");
+    let spec = ds4_model::synth::SynthSpec { shape: "tiny", mix: ds4_model::synth::Mix::Q2, seed: 5, layers: None, vocab: None };
+    ds4_model::synth::write_mtp(&spec, &mtp, |_, _| {}).unwrap();
     let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
     let mut accepted = 0;
     let mut not_built = 0;
@@ -97,6 +101,7 @@ fn every_ds4_server_flag_is_accepted_or_answered_with_not_built() {
             "MODEL" => model.to_str().unwrap().to_string(),
             "TRACE" => dir.join("trace.log").to_str().unwrap().to_string(),
             "KVDIR" => dir.join("kv").to_str().unwrap().to_string(),
+            "MTP" => mtp.to_str().unwrap().to_string(),
             v => v.to_string(),
         };
         let mut cmd = Command::new(BIN);
@@ -186,4 +191,22 @@ fn a_gpu_backend_not_built_names_the_cargo_feature() {
         let out = Command::new(BIN).args(args).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
     }
+}
+
+/// A coordinator's `--layers` that leave no layer for the worker owning the output head is a usage
+/// error found from the model's metadata before the server listens (exit 2), as for `ds4 --role`.
+#[test]
+fn a_coordinator_range_without_room_for_a_worker_is_a_usage_error_before_listening() {
+    let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
+    let file = ds4_gguf::GgufFile::open(&model).unwrap();
+    let n = ds4_model::Config::from_gguf(&file).unwrap().n_layer;
+    let layers = format!("0:{}", n - 1);
+    let out = Command::new(BIN)
+        .args(["-m", model.to_str().unwrap(), "--backend", "cpu", "--port", "0", "--role", "coordinator", "--layers", &layers, "--listen", "127.0.0.1", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--layers") && err.contains("output head"), "{err}");
+    assert!(!err.contains("listening"), "refused only after listening: {err}");
 }

@@ -63,3 +63,16 @@ fn bad_mtp_flags_exit_2() {
         assert!(err.contains("mtp") || err.contains("cuda"), "{args:?}: {err}");
     }
 }
+
+/// An `--mtp` file that does not fit the model is refused before the server listens (exit 1, the file
+/// named), not after it has said it is listening and loaded the weights.
+#[test]
+fn an_mtp_file_that_does_not_fit_is_refused_before_listening() {
+    let model = ds4_engine::resolve_model(None).unwrap().path().to_path_buf();
+    // The model file itself: no MTP tensors.
+    let out = Command::new(BIN).args(["-m", model.to_str().unwrap(), "--backend", "cpu", "--port", "0", "--mtp", model.to_str().unwrap()]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("--mtp") && err.contains("not an MTP file"), "{err}");
+    assert!(!err.contains("listening"), "refused only after listening: {err}");
+}

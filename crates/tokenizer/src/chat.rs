@@ -153,6 +153,17 @@ pub struct RenderOptions {
     pub tool_result_separator: String,
     /// Render `developer` like `system` (DS4 server) instead of `<｜User｜>` + content (spec / ENC).
     pub developer_as_system: bool,
+    /// A conversation ending in an assistant message is continued (Anthropic's assistant prefill):
+    /// that turn is left open, with no end-of-sentence and no new assistant turn after it, so the
+    /// model writes on from its text (see [`continues_assistant`]).
+    pub continue_last_assistant: bool,
+}
+
+/// Whether `render_chat` leaves the last message open: asked for, and the conversation ends in an
+/// assistant message without tool calls. Its text is answer text, so generation starts in the answer
+/// (not in a thinking block), whatever the thinking mode.
+pub fn continues_assistant(messages: &[Message], opts: &RenderOptions) -> bool {
+    opts.continue_last_assistant && messages.last().is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty())
 }
 
 /// The "## Tools" block appended to the system text (DS4 `append_tools_prompt_text`).
@@ -291,6 +302,7 @@ pub fn render_chat(messages: &[Message], opts: &RenderOptions) -> String {
     }
 
     let order = tool_result_order(messages);
+    let open_last = continues_assistant(messages, opts).then(|| messages.len() - 1);
 
     let mut out = String::from(BOS);
     if mode == ThinkMode::Max {
@@ -330,7 +342,9 @@ pub fn render_chat(messages: &[Message], opts: &RenderOptions) -> String {
                 if pending_assistant {
                     out.push_str(ASSISTANT);
                     let keep_reasoning = tool_context || last_user.is_none_or(|lu| i > lu);
-                    if think && keep_reasoning {
+                    // A prefill without reasoning is answer text: no (empty) thinking block before it.
+                    let bare_prefill = open_last == Some(i) && m.reasoning.is_none();
+                    if think && keep_reasoning && !bare_prefill {
                         out.push_str(THINK_START);
                         out.push_str(m.reasoning.as_deref().unwrap_or(""));
                         out.push_str(THINK_END);
@@ -339,6 +353,10 @@ pub fn render_chat(messages: &[Message], opts: &RenderOptions) -> String {
                     }
                 }
                 out.push_str(&m.content);
+                if open_last == Some(i) {
+                    // The prefill: the model continues this turn.
+                    return out;
+                }
                 out.push_str(&dsml_tool_calls(&m.tool_calls));
                 out.push_str(EOS);
                 pending_assistant = false;

@@ -208,3 +208,24 @@ fn rendered_prompt_encodes_with_special_ids() {
     assert_eq!(&ids[ids.len() - 2..], &[128804, 128821]);
     assert_eq!(t.decode(&ids), s);
 }
+
+#[test]
+fn assistant_prefill_is_left_open() {
+    // Anthropic's assistant prefill: the last assistant turn is continued, so it gets no EOS and no new
+    // assistant turn after it; its text is answer text (</think> before it even in thinking mode, unless
+    // the turn carries its own reasoning).
+    let cont = |mode| RenderOptions { continue_last_assistant: true, ..opts(mode) };
+    let msgs = [Message::user("Hi"), Message::assistant("The answer is")];
+    assert_eq!(render_chat(&msgs, &cont(ThinkMode::None)), format!("{B}{U}Hi{A}</think>The answer is"));
+    assert_eq!(render_chat(&msgs, &cont(ThinkMode::High)), format!("{B}{U}Hi{A}</think>The answer is"));
+    let reasoned = [Message::user("Hi"), Message::assistant("So").with_reasoning("r")];
+    assert_eq!(render_chat(&reasoned, &cont(ThinkMode::High)), format!("{B}{U}Hi{A}<think>r</think>So"));
+    // Not asked for: the turn is closed as history (and a new one opened only after a user turn).
+    assert_eq!(render_chat(&msgs, &opts(ThinkMode::None)), format!("{B}{U}Hi{A}</think>The answer is{E}"));
+    // A last assistant turn with tool calls is not a prefill.
+    let called = [Message::user("Hi"), Message::assistant("").with_tool_call("c1", "f", "{}")];
+    assert!(render_chat(&called, &cont(ThinkMode::None)).ends_with(E));
+    // Earlier assistant turns stay closed.
+    let multi = [Message::user("a"), Message::assistant("b"), Message::user("c"), Message::assistant("d")];
+    assert_eq!(render_chat(&multi, &cont(ThinkMode::None)), format!("{B}{U}a{A}</think>b{E}{U}c{A}</think>d"));
+}
