@@ -13,7 +13,8 @@
 #  - time allowing (started before $MTP_BEFORE_S, default 400 s), the MTP verify / draft step costs
 #    and their per-kernel profile (device-bin/mtp_step_costs, a synthetic MTP file).
 # Prepare here: the binaries in device-bin/bins.tar.xz, the Vulkan loader in .gl (bench/wgpu/h200.sh).
-# NO_PROFILE=1 leaves the profiles out, VK_ROUNDS (default "1 2") sets the Vulkan rounds.
+# NO_PROFILE=1 leaves the profiles out, VK_ROUNDS (default "1 2") sets the Vulkan rounds; BATCH_DIAG=1
+# adds CUDA batched decode at 1..8 streams and the per-kernel profiles of 1 and 2 streams.
 # Run: bench/ab_session.sh (carry device-bin/bins.tar.xz and .gl)
 . bench/device_prelude.sh
 F=${FLASH:-flash:12}; M=/dev/shm/${F/:/}.gguf; G=${GEN:-32}
@@ -74,6 +75,23 @@ if [ -x $B/base-bench ]; then
       --prefill-chunk 4096 --backend vulkan 2>&1 | grep -v uploading > $OUT/profile_vulkan_$b.txt
   done
   el "Vulkan A/B done"
+fi
+if [ -n "${BATCH_DIAG:-}" ]; then
+  # Issue 24's batched step on CUDA at this file's size: aggregate rates at 1, 2, 4, 8 streams (2 also
+  # --deterministic), then the per-kernel profile of 1 and 2 streams (launch by launch, no graphs).
+  el "batch diagnosis"
+  echo "mode,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,streams,aggregate_gen_tps,per_stream_gen_tps" > $OUT/batching.csv
+  for c in 1 2 2d 4 8; do
+    n=${c%d}; det=; mode=default; [ "$c" != "$n" ] && { det=--deterministic; mode=deterministic; }
+    r=$(timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 32 \
+        --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n $det 2>$OUT/batch_$c.err | grep "^4096,")
+    echo "$mode,$r" | tee -a $OUT/batching.csv
+  done
+  for n in 1 2; do
+    DS4_CUDA_PROFILE=1 timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 8 \
+      --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n 2>&1 | grep -v uploading > $OUT/batch_profile_$n.txt
+  done
+  el "batch diagnosis done"; pack
 fi
 if [ -x $B/mtp_step_costs ] && [ $(( $(date +%s) - T0 )) -lt ${MTP_BEFORE_S:-400} ]; then
   # What a verify step of 1..5 rows adds to a decode step, kernel by kernel (no graphs: each launch timed).
