@@ -834,7 +834,7 @@ fn takes(i: usize, step: usize) -> bool { (i != 3 || step >= JOIN) && (i != 1 ||
 
 /// Logits rows of each session (after its prompt, then after each of its decode steps) decoded alone
 /// on a one-slot stage, greedy; and the rows of the same sessions decoded in batches on a four-slot
-/// stage (`rowwise`: the deterministic mode), fed the alone run's tokens (so a row that picks another
+/// stage (`rowwise`: exact rows, else the multi-token kernels), fed the alone run's tokens (so a row that picks another
 /// token does not change what later rows are compared against).
 struct BatchRun {
     alone: Vec<Vec<Vec<f32>>>,
@@ -870,7 +870,13 @@ fn batch_run(m: &Model, lens: &[usize; 4], chunk: usize, steps: usize, rowwise: 
     // Batched: session i in KV slot i.
     let mut gpu = ds4_cuda::CudaStage::new_slots(&m.stage, ctx, chunk, m.stage.w.range, 0, WeightPlace::Device, 4).unwrap();
     assert_eq!(gpu.slots(), 4);
-    gpu.ops.set_exact_batches(rowwise);
+    // Not rowwise: every batch through the multi-token kernels (by default batches of up to
+    // EXACT_BATCH_ROWS sessions take exact rows too).
+    if rowwise {
+        gpu.ops.set_exact_batches(true);
+    } else {
+        gpu.ops.set_exact_batch_rows(0);
+    }
     let mut kvs: Vec<ds4_model::KvState> = (0..4)
         .map(|i| {
             let mut kv = m.stage.new_kv(ctx);

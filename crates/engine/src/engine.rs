@@ -74,10 +74,11 @@ pub struct LoadOptions {
     /// Sessions decoded together on a GPU backend (`--batched-session N`, `--concurrency N`): the
     /// device holds a KV slot for each (counted by its plan); `KvState::slot` picks one. 1: one.
     pub batch_slots: usize,
-    /// Deterministic batched decode (`--deterministic`): on CUDA each session of a batch runs as its
-    /// own one-token decode step, so its tokens and logits are bit-identical to decoding it alone (no
-    /// speed gain). Off, a CUDA batch reads the weights once for all sessions with the multi-token
-    /// kernels, which round differently. The CPU and wgpu batches are bit-identical either way.
+    /// Deterministic batched decode (`--deterministic`): on CUDA every row of a batch is computed as
+    /// its session's one-token decode step computes it, so its tokens and logits are bit-identical to
+    /// decoding it alone, at any batch size. Off, CUDA does so for batches of up to 8 sessions (faster
+    /// there) and reads the weights once for larger batches with the multi-token kernels, which
+    /// round differently. The CPU and wgpu batches are bit-identical either way.
     pub deterministic: bool,
     /// No progress bar or load timing lines on stderr (the memory plan line is still printed).
     pub quiet: bool,
@@ -507,8 +508,8 @@ impl Engine {
 
     /// One decode step for several sequences at once: `tokens[s]` is fed to `kvs[s]` at its own position,
     /// reading every weight once for the batch. Returns one logit row per sequence, each bit-identical
-    /// to a `forward` of that token alone (on CUDA only with `LoadOptions::deterministic`, which
-    /// steps the sessions one by one; its default batch rounds as its prefill does). On a GPU backend each sequence lives in its own KV slot
+    /// to a `forward` of that token alone (on CUDA for batches of up to 8 sequences, and for any with
+    /// `LoadOptions::deterministic`; a larger default batch rounds as its prefill does). On a GPU backend each sequence lives in its own KV slot
     /// (`kvs[s].slot`, all different, below `kv_slots()`), where its prefill ran.
     pub fn decode_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> Result<&[f32], EngineError> {
         if !self.batched_decode() {

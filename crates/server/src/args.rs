@@ -91,10 +91,10 @@ pub struct Args {
     /// session has its own KV state and snapshots: the memory plan counts them all.
     #[arg(long = "batched-session", value_name = "N", default_value_t = 1)]
     pub batched_session: usize,
-    /// With --batched-session N > 1 on CUDA: each session of a batch decodes as its own one-token step,
-    /// so its tokens and logits are bit-identical to serving it alone (no batching speed-up). Without
-    /// it a CUDA batch reads the weights once for all sessions (the multi-token kernels, which round
-    /// differently). CPU and wgpu batches are bit-identical either way.
+    /// With --batched-session N > 8 on CUDA: every row of every batch is computed as its session's own
+    /// one-token step computes it (bit-identical to serving it alone). Batches of up to 8 sessions do
+    /// so anyway (faster there); larger ones otherwise read each weight once with the multi-token
+    /// kernels, which round differently. CPU and wgpu batches are bit-identical either way.
     #[arg(long = "deterministic")]
     pub deterministic: bool,
     /// KV snapshots kept for rewinding to a common prefix (0 disables rewinds).

@@ -438,22 +438,25 @@ fn steering(cfg: &Config) -> ds4_model::steering::Steering {
         }
         d
     };
-    ds4_model::steering::Steering::from_dirs(vec![(slot(1), -0.5, 0.5), (slot(2), 1.0, 0.0)], cfg.n_embd)
+    ds4_model::steering::Steering::from_dirs(vec![(slot(1), -1.5, 0.5), (slot(2), 1.0, 0.0)], cfg.n_embd)
 }
 
 /// Directional steering on the device against the CPU stage's (same directions, scales and gate):
-/// greedy tokens identical and logits within the stage bound through a chunked prefill and decode
-/// (lavapipe: 4.4e-6). A negative scale amplifies each layer's component along its direction, and
-/// with it the device's rounding differences: at -1.5 lavapipe gave 5.2e-6 but an H200 through
-/// Vulkan 9.2e-5 (tokens still identical), so the amplifying slot here is -0.5. Fails with
+/// greedy tokens identical and logits within the stage bound through a chunked prefill and decode,
+/// QAT off (see below). With QAT on an H200 through Vulkan gave 9.2e-5 and an H100 2.0e-4 (tokens
+/// identical): FP8 boundary flips, not the steering (steering_error_breakdown). Fails with
 /// the shared expert left out of the edited sum (0/24 tokens) or the row flags ignored;
 /// the steered tokens differ from the plain model's; with the gate off the device is the plain model
 /// again; a batched step steers only the rows its mask names.
 #[test]
 fn steering_matches_cpu() {
     let Some(o) = opts() else { return };
-    let mut plain = load(Mix::Q2, 11, true);
-    let mut cpu = load(Mix::Q2, 11, true);
+    // Without the FP8/FP4 simulation: a value a rounding step apart on the device and on the CPU can
+    // fall on either side of an FP8 boundary, and which steered run meets one is luck (QAT on, lavapipe:
+    // 1.2e-6 to 6.5e-4 over slots and sites, steering_error_breakdown; all 1.1e-6 to 1.6e-6 with QAT
+    // off). The QAT path itself is held to the bound by the tiny-model tests.
+    let mut plain = load(Mix::Q2, 11, false);
+    let mut cpu = load(Mix::Q2, 11, false);
     let st = Arc::new(steering(&cpu.cfg));
     cpu.steering = Some(st.clone());
     let p = prompt(&cpu.cfg, 60);
@@ -492,5 +495,45 @@ fn steering_matches_cpu() {
         let got = gpu2.forward_batch(&mut [&mut ga, &mut gb], &[3, 5]).unwrap().to_vec();
         let e = rel_err(&got, &want);
         assert!(e <= LOGITS_BOUND, "batched rows {mask:?}: {e:.2e}");
+    }
+}
+
+/// A measuring aid for `steering_matches_cpu` on a GPU (ignored: run it by name): the worst logits
+/// error of the same model and prompt with no steering, each slot alone, each site alone, and the
+/// test's steering with a one-token prefill (every position a decode step) or one prefill chunk.
+#[test]
+#[ignore]
+fn steering_error_breakdown() {
+    let Some(o) = opts() else { return };
+    let base = load(Mix::Q2, 11, true);
+    let full = steering(&base.cfg);
+    let dir = |s: usize| (0..base.cfg.n_layer).flat_map(|il| full.direction(s, il).to_vec()).collect::<Vec<f32>>();
+    let e = base.cfg.n_embd;
+    let cases: Vec<(&str, Option<ds4_model::steering::Steering>, usize)> = vec![
+        ("none", None, 24),
+        ("test steering", Some(steering(&base.cfg)), 24),
+        ("test steering, chunk 1", Some(steering(&base.cfg)), 1),
+        ("test steering, chunk 60", Some(steering(&base.cfg)), 60),
+        ("slot 1 alone (ffn -1.5, attn 0.5)", Some(ds4_model::steering::Steering::from_dirs(vec![(dir(0), -1.5, 0.5)], e)), 24),
+        ("slot 2 alone (ffn 1.0)", Some(ds4_model::steering::Steering::from_dirs(vec![(dir(1), 1.0, 0.0)], e)), 24),
+        ("attn 0.5 only", Some(ds4_model::steering::Steering::from_dirs(vec![(dir(0), 0.0, 0.5)], e)), 24),
+        ("ffn -0.5 only", Some(ds4_model::steering::Steering::from_dirs(vec![(dir(0), -0.5, 0.0)], e)), 24),
+        ("ffn +0.5 only", Some(ds4_model::steering::Steering::from_dirs(vec![(dir(0), 0.5, 0.0)], e)), 24),
+    ];
+    for qat in [true, false] {
+    for (name, st, chunk) in cases.iter().cloned() {
+        let mut cpu = load(Mix::Q2, 11, qat);
+        let p = prompt(&cpu.cfg, 60);
+        let ctx = 60 + 24 + 8;
+        let mut gpu = WgpuStage::new(&cpu, ctx, 60, cpu.w.range, &o).unwrap();
+        if let Some(st) = st {
+            let st = Arc::new(st);
+            cpu.steering = Some(st.clone());
+            use ds4_gpu::DeviceOps;
+            gpu.ops.set_steering(Some(&st), cpu.steer_gate.clone()).unwrap();
+        }
+        let (tc, tg, worst) = compare(&mut cpu, &mut gpu, &p, chunk, 24, ctx);
+        eprintln!("qat {qat}, {name}: {}/24 tokens identical, worst logits rel err {worst:.2e}", tc.iter().zip(&tg).take_while(|(a, b)| a == b).count());
+    }
     }
 }

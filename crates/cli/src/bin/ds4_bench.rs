@@ -82,9 +82,9 @@ struct Args {
     /// single-stream rate of stream 0 measured alone).
     #[arg(long = "concurrency", value_name = "N", default_value_t = 1)]
     concurrency: usize,
-    /// With --concurrency N > 1 on CUDA: each stream of a batch decodes as its own one-token step
-    /// (bit-identical to decoding it alone; no batching speed-up). Without it a CUDA batch reads the
-    /// weights once for all streams (multi-token kernels, which round differently).
+    /// With --concurrency N > 8 on CUDA: every row of every batch is computed as its stream's own
+    /// one-token step (bit-identical to decoding it alone). Batches of up to 8 streams do so anyway
+    /// (faster there); larger ones otherwise take the multi-token kernels, which round differently.
     #[arg(long = "deterministic")]
     deterministic: bool,
     /// ds4's flags (backend switches, --quality, --power, --dump-frontier-logits-dir).

@@ -17,6 +17,13 @@ use crate::gpu::SIDE_STREAMS;
 use ds4_gpu::Compressor;
 use ds4_model::kv::compressed_capacity;
 
+/// Batches of distinct sessions up to this many rows run as exact rows (each row through the decode
+/// kernels, bit-identical to decoding it alone) without `--deterministic`: on an H100 (flash:12, ctx
+/// 4096, two interleaved rounds, bench/results/batching.md) they decoded 1.16x / 1.06x / 1.04x /
+/// 1.19x / 1.10x the multi-token kernels' aggregate rate at 2 / 3 / 4 / 6 / 8 streams. Larger batches
+/// (not measured against each other) keep the multi-token kernels, which read each weight once.
+pub const EXACT_BATCH_ROWS: usize = 8;
+
 impl CudaOps {
     pub(super) fn slots(&self) -> usize { self.parked.len() }
 
@@ -64,7 +71,7 @@ impl CudaOps {
             }
         }
         self.same_slot = same_slot;
-        self.exact = same_slot || self.exact_batches;
+        self.exact = same_slot || rows.len() <= self.exact_batch_rows;
         self.pend = None;
         self.decode_mode = false;
         // Programmatic dependent launch, as decode: a batched step runs the one-token kernels, each of

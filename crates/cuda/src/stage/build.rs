@@ -557,7 +557,7 @@ impl CudaOps {
             batch: Vec::with_capacity(brows),
             batch_cap: brows,
             exact: false,
-            exact_batches: false,
+            exact_batch_rows: EXACT_BATCH_ROWS,
             same_slot: false,
             wk,
             undo_table: Vec::with_capacity(3 * jobs_cap),

@@ -18,11 +18,17 @@ impl CudaOps {
     /// activation buffers hold a few rows, slot 0 holds the undo buffers.
     pub fn verify_capable(&self) -> bool { self.batch_cap >= 2 && self.dec_attn_rows() && self.undo_cap() >= 2 }
 
-    /// Batches of distinct sessions as exact rows (`--deterministic`) or with the multi-token
-    /// kernels (the default: weights read once per batch); recorded batched steps are dropped.
-    pub fn set_exact_batches(&mut self, on: bool) {
-        if on != self.exact_batches {
-            self.exact_batches = on;
+    /// Batches of distinct sessions as exact rows at every size (`--deterministic`), or only up to
+    /// [`EXACT_BATCH_ROWS`] rows and with the multi-token kernels (weights read once per batch) above
+    /// (the default).
+    pub fn set_exact_batches(&mut self, on: bool) { self.set_exact_batch_rows(if on { usize::MAX } else { EXACT_BATCH_ROWS }) }
+
+    /// Batches of distinct sessions of up to `rows` rows as exact rows, larger ones with the
+    /// multi-token kernels (0: every batch with them; tests of those kernels); recorded batched steps
+    /// are dropped.
+    pub fn set_exact_batch_rows(&mut self, rows: usize) {
+        if rows != self.exact_batch_rows {
+            self.exact_batch_rows = rows;
             self.batch_graphs.clear();
         }
     }

@@ -32,6 +32,7 @@ mod mtp;
 mod state;
 mod undo;
 
+pub use batch::EXACT_BATCH_ROWS;
 pub use build::GpuPlan;
 pub use mtp::{CudaMtp, CudaMtpOps, CUDA_MTP_STEP_PAIRS};
 
@@ -316,8 +317,9 @@ pub struct CudaOps {
     batch_cap: usize,
     /// The step in progress computes every row as its decode step does (`exact_rows.rs`).
     exact: bool,
-    /// Batches of distinct sessions take exact rows too (`--deterministic`).
-    pub exact_batches: bool,
+    /// Batches of distinct sessions of up to this many rows take exact rows ([`EXACT_BATCH_ROWS`] by
+    /// default, every batch with `--deterministic`).
+    pub exact_batch_rows: usize,
     /// The batched step in progress has one slot on several rows (a verify step): its per-row ops run
     /// in row order on one stream.
     same_slot: bool,
@@ -504,9 +506,10 @@ impl CudaStage {
     pub fn hidden(&mut self, n: usize) -> ds4_model::Result<&[f32]> { self.0.hidden(n).map_err(ge) }
 
     /// One decode step for several sessions, each in its own KV slot (`GpuStage::forward_batch`): one
-    /// logits row per session. Rows are bit-identical to decoding alone only with exact batches
-    /// (`CudaOps::set_exact_batches`, the deterministic mode); by default the batch's products use the
-    /// multi-token kernels (weights read once per batch), which round differently.
+    /// logits row per session. Rows are bit-identical to decoding alone in batches of up to
+    /// `EXACT_BATCH_ROWS` sessions, and in any batch with exact batches (`CudaOps::set_exact_batches`,
+    /// the deterministic mode); larger batches by default use the multi-token kernels (weights read
+    /// once per batch), which round differently.
     /// A batch of one session is its decode step (that slot's CUDA graph), not a one-row batch.
     pub fn forward_batch(&mut self, kvs: &mut [&mut KvState], tokens: &[u32]) -> ds4_model::Result<&[f32]> {
         match (kvs, tokens) {
