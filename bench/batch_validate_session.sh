@@ -5,12 +5,12 @@
 # and engine-batch-tests (ds4-engine --features "cuda wgpu" --test decode_batch_cuda).
 . bench/device_prelude.sh
 M=/dev/shm/flash12.gguf
-SP=; [ -f $M ] || { (timeout 300 $B/ds4-gguf synth flash:12 $M --mix q2 > $OUT/synth.log 2>&1) & SP=$!; }
+(timeout 300 $B/ds4-gguf synth flash:12 $M --mix q2 > $OUT/synth.log 2>&1) & SP=$!
 DS4_TEST_DIR=/dev/shm timeout 200 $B/device-tests --nocapture --test-threads 1 > $OUT/device_tests.log 2>&1
 grep -E "^test .*FAILED|test result|panicked" $OUT/device_tests.log; el "device tests done"; pack
 timeout 150 $B/engine-batch-tests --nocapture --test-threads 1 > $OUT/engine_batch_tests.log 2>&1
 grep -E "^test |test result|panicked|engine default" $OUT/engine_batch_tests.log; el "engine batch tests done"; pack
-[ -z "$SP" ] || wait $SP
+wait $SP
 cat README.md README.md README.md > /tmp/prompt.txt
 echo "mode,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,streams,aggregate_gen_tps,per_stream_gen_tps" > $OUT/batching.csv
 for c in 1 2 4 8 8d; do

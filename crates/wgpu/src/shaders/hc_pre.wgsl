@@ -25,45 +25,74 @@ struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
 
 const MAX_HC: u32 = 8u;
 var<workgroup> pre: array<f32, MAX_HC>;
+var<workgroup> c: array<f32, 128>;  // the comb matrix, row-major [r][k], in two halves (at 0 and 64)
 
-// The Sinkhorn matrix of token t from its scaled mix (as hc::pre_from_mix), by one thread in its own
-// memory: no barrier (one a half-step took when a thread owned each element), each row and column
-// summed in index order as the CPU sums it.
-fn sinkhorn(t: u32, inv: f32) {
-    let n = p.n_hc;
-    let nn = n * n;
-    let mb = t * p.nm + 2u * n;
-    let cb = t * (n + nn) + n;
-    let eps = p.hc_eps;
-    var c: array<f32, 64>;
-    for (var i = 0u; i < nn; i++) { c[i] = mix[mb + i] * inv * hw[2] + hw[3u + 2u * n + i]; }
-    for (var it = 0u; it < max(p.iters, 1u); it++) {
-        // Row step: the softmax + eps first, then the normalisation by the row sum.
-        for (var r = 0u; r < n; r++) {
-            let b = r * n;
-            if (it == 0u) {
-                var mx = c[b];
-                for (var j = 1u; j < n; j++) { mx = max(mx, c[b + j]); }
-                var s = 0.0;
-                for (var j = 0u; j < n; j++) {
-                    c[b + j] = exp(c[b + j] - mx);
-                    s += c[b + j];
-                }
-                for (var j = 0u; j < n; j++) { c[b + j] = c[b + j] / s + eps; }
-            } else {
-                var s = 0.0;
-                for (var j = 0u; j < n; j++) { s += c[b + j]; }
-                for (var j = 0u; j < n; j++) { c[b + j] = c[b + j] / (s + eps); }
-            }
-        }
-        // Column step.
-        for (var k = 0u; k < n; k++) {
-            var s = 0.0;
-            for (var r = 0u; r < n; r++) { s += c[r * n + k]; }
-            for (var r = 0u; r < n; r++) { c[r * n + k] = c[r * n + k] / (s + eps); }
-        }
+// The Sinkhorn loop, one thread per comb element (r, k) (n x n <= 64 threads; the others only join
+// the barriers). Each thread sums its row or column in index order, as the CPU does, so the result
+// is the serial one bit for bit. A step reads one half of `c` and writes the other, so it needs one
+// barrier (before its writes are read) instead of a pair. (Fusing a row and a column step, each
+// thread summing every row of its column, would halve the barriers again but added about 4 ms per
+// entry on lavapipe, the CI adapter.)
+
+// The row step at element lid of the half at `src`: the row softmax + eps (first), or the
+// normalisation by the row sum.
+fn row_value(src: u32, n: u32, lid: u32, eps: f32, softmax: bool) -> f32 {
+    let b = src + (lid / n) * n;
+    let v = c[src + lid];
+    if (softmax) {
+        var mx = c[b];
+        for (var j = 1u; j < n; j++) { mx = max(mx, c[b + j]); }
+        var s = 0.0;
+        for (var j = 0u; j < n; j++) { s += exp(c[b + j] - mx); }
+        return exp(v - mx) / s + eps;
     }
-    for (var i = 0u; i < nn; i++) { coef[cb + i] = c[i]; }
+    var s = 0.0;
+    for (var j = 0u; j < n; j++) { s += c[b + j]; }
+    return v / (s + eps);
+}
+
+// The column step at element lid of the half at `src`.
+fn col_value(src: u32, n: u32, lid: u32, eps: f32) -> f32 {
+    let k = lid % n;
+    var s = 0.0;
+    for (var r = 0u; r < n; r++) { s += c[src + r * n + k]; }
+    return c[src + lid] / (s + eps);
+}
+
+// Writes the owners' new values into the other half once every thread has read `src`; returns it.
+fn publish(lid: u32, owns: bool, v: f32, src: u32) -> u32 {
+    let dst = 64u - src;
+    if (owns) { c[dst + lid] = v; }
+    workgroupBarrier();
+    return dst;
+}
+
+// pre, post and the Sinkhorn matrix of token t from its scaled mix (as hc::pre_from_mix).
+fn mix_weights(lid: u32, t: u32, inv: f32) {
+    let n = p.n_hc;
+    let mb = t * p.nm;
+    let cb = t * (n + n * n);
+    let eps = p.hc_eps;
+    let owns = lid < n * n;
+    if (lid < n) {
+        pre[lid] = sigmoid(mix[mb + lid] * inv * hw[0] + hw[3u + lid]) + eps;
+        coef[cb + lid] = 2.0 * sigmoid(mix[mb + n + lid] * inv * hw[1] + hw[3u + n + lid]);
+    }
+    if (owns) {
+        c[lid] = mix[mb + 2u * n + lid] * inv * hw[2] + hw[3u + 2u * n + lid];
+    }
+    workgroupBarrier();
+    var v = 0.0;
+    if (owns) { v = row_value(0u, n, lid, eps, true); }
+    var src = publish(lid, owns, v, 0u);
+    if (owns) { v = col_value(src, n, lid, eps); }
+    for (var it = 1u; it < p.iters; it++) {
+        src = publish(lid, owns, v, src);
+        if (owns) { v = row_value(src, n, lid, eps, false); }
+        src = publish(lid, owns, v, src);
+        if (owns) { v = col_value(src, n, lid, eps); }
+    }
+    if (owns) { coef[cb + n + lid] = v; }
 }
 
 // The module is built per shape (hc_streams.wgsl: a thread's stream values in registers).
@@ -71,15 +100,9 @@ fn sinkhorn(t: u32, inv: f32) {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let t = wid.x;
     if (t >= step.ntok) { return; }
-    let n = p.n_hc;
     var xr = load_streams(lid, t * N * E);
     let inv = flat_inv_rms(lid, &xr, p.rms_eps);
-    if (lid < n) {
-        let mb = t * p.nm;
-        pre[lid] = sigmoid(mix[mb + lid] * inv * hw[0] + hw[3u + lid]) + p.hc_eps;
-        coef[t * (n + n * n) + lid] = 2.0 * sigmoid(mix[mb + n + lid] * inv * hw[1] + hw[3u + n + lid]);
-    }
-    workgroupBarrier();
+    mix_weights(lid, t, inv);
     // Collapse into xn (each thread its own columns), then the weighted RMS norm.
     var yr: array<f32, C>;
     let inv2 = collapse(lid, &xr, pre, &yr, p.rms_eps);
@@ -89,6 +112,4 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let j = lid + m * WG;
         if (j < E) { xn[ob + j] = yr[m] * inv2 * hw[nb + j]; }
     }
-    // The exit's comb matrix, off the others' path (they are done).
-    if (lid == 0u) { sinkhorn(t, inv); }
 }
