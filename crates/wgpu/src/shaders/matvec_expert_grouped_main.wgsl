@@ -26,7 +26,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var u = lid % SEG; u < p.cols / UNIT; u += SEG) {
         for (var t = 0u; t < TB; t++) {
             if (t >= nt) { break; }
-            for (var i = 0u; i < XV; i++) { xs[i] = x[xr[t] + u * XV + i]; }
+            for (var i = 0u; i < XV; i++) { xs[i] = x[xr[t] + xv_at(u, i)]; }
             for (var r = 0u; r < R; r++) {
                 let rr = r0 + r;
                 let g = g0 + rr;

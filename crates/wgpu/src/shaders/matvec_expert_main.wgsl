@@ -27,7 +27,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc: array<f32, NS>;
     var xs: array<vec4<f32>, XV>;
     for (var u = lid % SEG; u < p.cols / UNIT; u += SEG) {
-        for (var i = 0u; i < XV; i++) { xs[i] = x[xb0 + u * XV + i]; }
+        for (var i = 0u; i < XV; i++) { xs[i] = x[xb0 + xv_at(u, i)]; }
         for (var r = 0u; r < R; r++) {
             let rr = r0 + r;
             let g = g0 + rr;

@@ -30,8 +30,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                 if (row >= p.rows) { break; }
                 // A thread's rows are consecutive: their inputs change only where a group starts.
                 if (r == 0u || (p.group_rows != 0u && (p.y_off + row) % p.group_rows == 0u)) {
-                    let xb = group_x(row) + (t0 + t) * p.x_stride4 + u * XV;
-                    for (var i = 0u; i < XV; i++) { xs[i] = x[xb + i]; }
+                    let xb = group_x(row) + (t0 + t) * p.x_stride4;
+                    for (var i = 0u; i < XV; i++) { xs[i] = x[xb + xv_at(u, i)]; }
                 }
                 acc[r * TB + t] += dotu(p.w_off + row * p.row_bytes, u, &xs);
             }
