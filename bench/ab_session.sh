@@ -80,13 +80,7 @@ if [ -n "${BATCH_DIAG:-}" ]; then
   # Issue 24's batched step on CUDA at this file's size: aggregate rates at 1, 2, 4, 8 streams (2 also
   # --deterministic), then the per-kernel profile of 1 and 2 streams (launch by launch, no graphs).
   el "batch diagnosis"
-  echo "mode,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,streams,aggregate_gen_tps,per_stream_gen_tps" > $OUT/batching.csv
-  for c in 1 2 2d 4 8; do
-    n=${c%d}; det=; mode=default; [ "$c" != "$n" ] && { det=--deterministic; mode=deterministic; }
-    r=$(timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 32 \
-        --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n $det 2>$OUT/batch_$c.err | grep "^4096,")
-    echo "$mode,$r" | tee -a $OUT/batching.csv
-  done
+  batch_rates $M 32 "1 2 2d 4 8"
   for n in 1 2; do
     DS4_CUDA_PROFILE=1 timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 8 \
       --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n 2>&1 | grep -v uploading > $OUT/batch_profile_$n.txt

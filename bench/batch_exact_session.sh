@@ -11,11 +11,5 @@ timeout 200 device-bin/wgpu-stage-main steering --include-ignored --test-threads
 grep -E "rel err|test result" $OUT/steering.log; el "steering done"; pack
 wait $SP
 cat README.md README.md README.md > /tmp/prompt.txt
-echo "mode,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,streams,aggregate_gen_tps,per_stream_gen_tps" > $OUT/batching.csv
-for r in 1 2; do for c in 1 2 2d 3 3d 4 4d 6 6d 8 8d; do
-  n=${c%d}; det=; mode=default; [ "$c" != "$n" ] && { det=--deterministic; mode=deterministic; }
-  x=$(timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 48 \
-      --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n $det 2>$OUT/batch_${c}_$r.err | grep "^4096,")
-  echo "$mode,$x" | tee -a $OUT/batching.csv
-done; pack; done
+for r in 1 2; do batch_rates $M 48 "1 2 2d 3 3d 4 4d 6 6d 8 8d" _$r; pack; done
 el done; pack

@@ -12,11 +12,5 @@ timeout 150 $B/engine-batch-tests --nocapture --test-threads 1 > $OUT/engine_bat
 grep -E "^test |test result|panicked|engine default" $OUT/engine_batch_tests.log; el "engine batch tests done"; pack
 wait $SP
 cat README.md README.md README.md > /tmp/prompt.txt
-echo "mode,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,streams,aggregate_gen_tps,per_stream_gen_tps" > $OUT/batching.csv
-for c in 1 2 4 8 8d; do
-  n=${c%d}; det=; mode=default; [ "$c" != "$n" ] && { det=--deterministic; mode=deterministic; }
-  x=$(timeout 100 $B/ds4-bench -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start 4096 --ctx-max 4096 --gen-tokens 48 \
-      --prefill-chunk 4096 --mem-limit-gb 200 --concurrency $n $det 2>$OUT/batch_$c.err | grep "^4096,")
-  echo "$mode,$x" | tee -a $OUT/batching.csv
-done
+batch_rates $M 48 "1 2 4 8 8d"
 el done; pack
