@@ -125,21 +125,23 @@ pub fn opt_obj<'a>(o: &'a Obj, key: &str) -> Result<Option<&'a Obj>, ApiError> {
     }
 }
 
-/// `stop`: a string or an array of strings (at most 16).
+/// `stop`: a string or an array of strings (at most 16). Empty strings can never match and are dropped
+/// here, so the index a stop hit reports (the matcher skips them too) names the right entry.
 pub fn opt_stops(o: &Obj, key: &str) -> Result<Vec<String>, ApiError> {
-    match present(o, key) {
-        None => Ok(Vec::new()),
-        Some(Value::String(s)) => Ok(vec![s.clone()]),
+    let all: Vec<String> = match present(o, key) {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
         Some(Value::Array(a)) => {
             if a.len() > 16 {
                 return Err(ApiError::bad_request(format!("`{key}` allows at most 16 entries")).param(key));
             }
             a.iter()
                 .map(|v| v.as_str().map(str::to_string).ok_or_else(|| type_error(key, "a string or an array of strings")))
-                .collect()
+                .collect::<Result<_, _>>()?
         }
-        Some(_) => Err(type_error(key, "a string or an array of strings")),
-    }
+        Some(_) => return Err(type_error(key, "a string or an array of strings")),
+    };
+    Ok(all.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
 /// Text of a `content` value: a string, or an array of parts whose `text` members are concatenated
@@ -178,6 +180,12 @@ pub fn content_text(v: &Value, what: &str, types: &[&str]) -> Result<String, Api
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_stops_are_dropped() {
+        let o = parse_object(br#"{"stop":["", "x", ""]}"#).unwrap();
+        assert_eq!(opt_stops(&o, "stop").unwrap(), vec!["x".to_string()]);
+    }
 
     #[test]
     fn value_count_ignores_strings() {

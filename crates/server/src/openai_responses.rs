@@ -116,6 +116,15 @@ struct Meta {
     summary: bool,
     /// Output-text logprobs were asked for.
     logprobs: bool,
+    /// Request fields the response object echoes (as OpenAI's does: `instructions`, `tools`, ...).
+    echo: serde_json::Map<String, Value>,
+}
+
+/// The request's members that a Responses object reports back; absent ones keep the defaults.
+const ECHOED: &[&str] = &["instructions", "metadata", "parallel_tool_calls", "tool_choice", "tools", "temperature", "top_p", "max_output_tokens", "text", "user"];
+
+fn echoed(o: &Obj) -> serde_json::Map<String, Value> {
+    ECHOED.iter().filter_map(|k| o.get(*k).filter(|v| !v.is_null()).map(|v| (k.to_string(), v.clone()))).collect()
 }
 
 fn usage(u: &Usage) -> Value {
@@ -131,7 +140,7 @@ fn usage(u: &Usage) -> Value {
 
 fn response(meta: &Meta, status: &str, output: &[Value], usage_v: Value, finish: Option<Finish>, error: Value) -> Value {
     let incomplete = if finish == Some(Finish::Length) { json!({ "reason": "max_output_tokens" }) } else { Value::Null };
-    json!({
+    let mut r = json!({
         "id": meta.id,
         "object": "response",
         "created_at": meta.created,
@@ -146,7 +155,11 @@ fn response(meta: &Meta, status: &str, output: &[Value], usage_v: Value, finish:
         "parallel_tool_calls": true,
         "tool_choice": "auto",
         "tools": [],
-    })
+    });
+    for (k, v) in &meta.echo {
+        r[k] = v.clone();
+    }
+    r
 }
 
 fn reasoning_item(id: &str, text: &str, summary: bool) -> Value {
@@ -198,6 +211,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let lp_top = logprobs::responses_request(&o)?;
     let stream = fields::opt_bool(&o, "stream")?.unwrap_or(false);
     let model = fields::opt_str(&o, "model")?.unwrap_or(&app.ready()?.model_id).to_string();
+    let echo = echoed(&o);
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
@@ -205,7 +219,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
     params.logprobs = lp_top;
     let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;
-    let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary, logprobs: lp_top.is_some() };
+    let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary, logprobs: lp_top.is_some(), echo };
     if stream {
         return Ok(sse::spawn(app.keepalive, move |out| stream_responses(rx, guard, out, meta)));
     }
