@@ -13,7 +13,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use ds4_tokenizer::chat::{Message, Role, ToolCall};
+use ds4_tokenizer::chat::{ends_in_prefill, Message, Role, ToolCall};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -86,7 +86,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     request::only_one_choice(&o)?;
     // vLLM's `continue_final_message`: the last (assistant) message is continued, not closed.
     let continue_last = fields::opt_bool(&o, "continue_final_message")?.unwrap_or(false);
-    if continue_last && messages.last().is_none_or(|m| m.role != Role::Assistant || !m.tool_calls.is_empty()) {
+    if continue_last && !ends_in_prefill(&messages) {
         return Err(ApiError::bad_request("`continue_final_message` needs a last message from the assistant without tool calls").param("continue_final_message"));
     }
     let mode = request::think_mode(&o, app.default_mode)?;

@@ -161,10 +161,10 @@ fn encode_fitting(tok: &Tokenizer, text: &str, max_token_bytes: usize, ctx: usiz
 }
 
 /// Renders a conversation (tools block, thinking mode, exact DSML replay of known tool ids), tokenizes
-/// it off the async threads, and checks it fits the context.
-/// The conversation rendered and tokenized. With `continue_last` a conversation ending in an assistant
-/// message is continued from its text (assistant prefill: Anthropic's last assistant turn, OpenAI
-/// chat's `continue_final_message`); the reply then starts in the answer, not in a thinking block.
+/// it off the async threads, and checks it fits the context. With `continue_last` a conversation ending
+/// in an assistant message is continued from its text (assistant prefill: Anthropic's last assistant
+/// turn, OpenAI chat's `continue_final_message`); the reply then starts in the answer, not in a
+/// thinking block.
 pub async fn chat_prompt(app: &Arc<App>, mut messages: Vec<Message>, tools: Vec<String>, mode: ThinkMode, continue_last: bool) -> Result<Prompt, ApiError> {
     if app.exact_replay {
         if let Ok(mem) = app.tool_mem.lock() {

@@ -159,11 +159,16 @@ pub struct RenderOptions {
     pub continue_last_assistant: bool,
 }
 
-/// Whether `render_chat` leaves the last message open: asked for, and the conversation ends in an
-/// assistant message without tool calls. Its text is answer text, so generation starts in the answer
-/// (not in a thinking block), whatever the thinking mode.
+/// Whether the conversation ends in an assistant message without tool calls: a turn that can be
+/// continued (an assistant prefill).
+pub fn ends_in_prefill(messages: &[Message]) -> bool {
+    messages.last().is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty())
+}
+
+/// Whether `render_chat` leaves the last message open: asked for, and [`ends_in_prefill`]. Its text is
+/// answer text, so generation starts in the answer (not in a thinking block), whatever the thinking mode.
 pub fn continues_assistant(messages: &[Message], opts: &RenderOptions) -> bool {
-    opts.continue_last_assistant && messages.last().is_some_and(|m| m.role == Role::Assistant && m.tool_calls.is_empty())
+    opts.continue_last_assistant && ends_in_prefill(messages)
 }
 
 /// The "## Tools" block appended to the system text (DS4 `append_tools_prompt_text`).

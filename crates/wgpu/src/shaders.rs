@@ -168,13 +168,15 @@ fn load8_source(ty: GgmlType) -> Option<String> {
 /// The products' `dotu` (a unit of `matvec_unit(ty)` values of a row dotted with activations in
 /// registers) and `load_prelude` of `ty`.
 fn dot_source(ty: GgmlType) -> Option<String> {
+    const XV_CONTIGUOUS: &str = include_str!("shaders/xv_contiguous.wgsl");
     Some(match ty {
-        GgmlType::F16 => include_str!("shaders/dot_f16.wgsl").to_string(),
-        GgmlType::F32 => include_str!("shaders/dot_f32.wgsl").to_string(),
-        GgmlType::Q8_0 => include_str!("shaders/dot_q8_0.wgsl").to_string(),
+        GgmlType::F16 => format!("{}{XV_CONTIGUOUS}", include_str!("shaders/dot_f16.wgsl")),
+        GgmlType::F32 => format!("{}{XV_CONTIGUOUS}", include_str!("shaders/dot_f32.wgsl")),
+        GgmlType::Q8_0 => format!("{}{XV_CONTIGUOUS}", include_str!("shaders/dot_q8_0.wgsl")),
+        // Its unit's activations are not contiguous: the file has its own `xv_at`.
         GgmlType::Q2_K => include_str!("shaders/dot_q2_k.wgsl").to_string(),
-        GgmlType::Q4_K => format!("{Q4_K_SCALES}{}", include_str!("shaders/dot_q4_k.wgsl")),
-        GgmlType::IQ2_XXS => format!("{IQ2_GRID}{}", include_str!("shaders/dot_iq2_xxs.wgsl")),
+        GgmlType::Q4_K => format!("{Q4_K_SCALES}{}{XV_CONTIGUOUS}", include_str!("shaders/dot_q4_k.wgsl")),
+        GgmlType::IQ2_XXS => format!("{IQ2_GRID}{}{XV_CONTIGUOUS}", include_str!("shaders/dot_iq2_xxs.wgsl")),
         _ => return None,
     })
 }

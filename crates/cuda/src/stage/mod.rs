@@ -319,7 +319,7 @@ pub struct CudaOps {
     exact: bool,
     /// Batches of distinct sessions of up to this many rows take exact rows ([`EXACT_BATCH_ROWS`] by
     /// default, every batch with `--deterministic`).
-    pub exact_batch_rows: usize,
+    exact_batch_rows: usize,
     /// The batched step in progress has one slot on several rows (a verify step): its per-row ops run
     /// in row order on one stream.
     same_slot: bool,

@@ -3,9 +3,6 @@
 const UNIT: u32 = 8u;
 const XV: u32 = 2u;
 
-// The unit's activations: vec4 i of unit u is vec4 xv_at(u, i) of the activation row (contiguous).
-fn xv_at(u: u32, i: u32) -> u32 { return u * XV + i; }
-
 fn dotu(rb: u32, u: u32, xs: ptr<function, array<vec4<f32>, XV>>) -> f32 {
     let i = (rb + 32u * u) >> 2u;
     let a = vec4<f32>(bitcast<f32>(w[i]), bitcast<f32>(w[i + 1u]), bitcast<f32>(w[i + 2u]), bitcast<f32>(w[i + 3u]));

@@ -3,9 +3,6 @@
 const UNIT: u32 = 32u;
 const XV: u32 = 8u;
 
-// The unit's activations: vec4 i of unit u is vec4 xv_at(u, i) of the activation row (contiguous).
-fn xv_at(u: u32, i: u32) -> u32 { return u * XV + i; }
-
 fn dotu(rb: u32, u: u32, xs: ptr<function, array<vec4<f32>, XV>>) -> f32 {
     let bo = rb + (u >> 3u) * 144u;
     let s = u & 7u;
