@@ -31,11 +31,23 @@ TOOL_OUTPUT = (
     f"</{D}tool_calls>"
 )
 ANSWER_OUTPUT = "The tool says sunny.</think>It is sunny in Paris."
+# The rest of a forced call (tool_choice naming get_weather): the prompt already ends in its opening
+# through the `invoke` header, so the model writes only the parameters and the closing tags.
+FORCED_REST = (
+    f'<{D}parameter name="city" string="true">Paris</{D}parameter>\n'
+    f'<{D}parameter name="days" string="false">2</{D}parameter>\n'
+    f"</{D}invoke>\n"
+    f"</{D}tool_calls>"
+)
 SCRIPT = [
     {"when": "[[weather]]", "output": TOOL_OUTPUT},
     {"when": "sunny-result", "output": ANSWER_OUTPUT},
     {"when": "[[hello]]", "output": "Thinking about hello.</think>Hello there, friend."},
     {"when": "[[plain]]", "output": "Plain scripted answer."},
+    # tool_choice naming get_weather / "required": the continuation of the forced opening.
+    {"when": "[[forced-named]]", "output": FORCED_REST},
+    {"when": "[[forced-any]]", "output": f'<{D}invoke name="get_weather">\n' + FORCED_REST},
+    {"when": "[[forced-two]]", "output": f'<{D}invoke name="search">\n</{D}invoke>\n<{D}invoke name="get_weather">\n' + FORCED_REST},
     # A long answer (about 1000 tokens) that is still streaming when a test breaks something.
     {"when": "[[long]]", "output": "tick tock " * 500},
     # About 24000 tokens: still streaming long after any grace period (no EOS can end it early).

@@ -6,7 +6,8 @@ use crate::errors::{ApiError, Flavor};
 use crate::fields::{self, Obj};
 use crate::request;
 use crate::sse::{self, SseOut};
-use crate::tools::{anthropic_tool_schemas, new_id, tool_choice_none};
+use crate::tool_choice::{prefill_call, Forced, ToolChoice};
+use crate::tools::{anthropic_tool_schemas, new_id};
 use crate::worker::{CancelOnDrop, Event, Finish, Usage};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -32,25 +33,55 @@ pub async fn count_tokens(State(app): State<Arc<App>>, body: Result<Bytes, Bytes
     let run = async {
         let body = body?;
         let o: Obj = fields::parse_object(&body)?;
-        let (messages, _, tools, mode) = prompt_parts(&o, &app)?;
+        let p = prompt_parts(&o, &app)?;
         drop(o);
         drop(body);
-        let prompt = request::chat_prompt(&app, messages, tools, mode, true).await?;
+        let prompt = request::chat_prompt(&app, p.messages, p.tools, p.mode, true).await?;
         Ok::<_, ApiError>(Json(json!({ "input_tokens": prompt.tokens.len() })).into_response())
     };
     run.await.unwrap_or_else(|e| e.flavor(Flavor::Anthropic).into_response())
 }
 
-/// What a request puts in the prompt: the conversation (and its last message's text), the tool
-/// schemas (none with `tool_choice: none`) and the thinking mode.
-fn prompt_parts(o: &Obj, app: &App) -> Result<(Vec<Message>, String, Vec<String>, ThinkMode), ApiError> {
-    let (messages, last) = parse_conversation(o)?;
+/// What a request puts in the prompt.
+struct PromptParts {
+    /// The conversation; with a forced tool choice it ends in the call's opening (an assistant prefill).
+    messages: Vec<Message>,
+    /// The last message's text (for `--test-script`).
+    last: String,
+    /// Tool schemas (none with `tool_choice: none`).
+    tools: Vec<String>,
+    mode: ThinkMode,
+    forced: Option<Forced>,
+    /// `tool_choice.disable_parallel_tool_use`.
+    single_call: bool,
+}
+
+fn prompt_parts(o: &Obj, app: &App) -> Result<PromptParts, ApiError> {
+    let (mut messages, last) = parse_conversation(o)?;
     check_prefill(&messages)?;
+    let (choice, single_call) = ToolChoice::anthropic(o.get("tool_choice"))?;
     let tools = match fields::opt_array(o, "tools")? {
-        Some(t) if !tool_choice_none(o.get("tool_choice")) => anthropic_tool_schemas(t)?,
+        Some(t) if choice.allows_tools() => anthropic_tool_schemas(t)?,
         _ => Vec::new(),
     };
-    Ok((messages, last, tools, request::think_mode(o, app.default_mode)?))
+    let forced = choice.forced(&tools)?;
+    if let Some(f) = &forced {
+        // As Anthropic's API: a forced tool use cannot follow extended thinking.
+        if thinking_enabled(o) {
+            return Err(ApiError::bad_request("Thinking may not be enabled when tool_choice forces tool use.").param("tool_choice"));
+        }
+        prefill_call(&mut messages, f, true);
+    }
+    Ok(PromptParts { messages, last, tools, mode: request::think_mode(o, app.default_mode)?, forced, single_call })
+}
+
+/// Whether the request itself turns extended thinking on (`thinking: {type: enabled|adaptive}`).
+fn thinking_enabled(o: &Obj) -> bool {
+    match o.get("thinking") {
+        Some(Value::Bool(b)) => *b,
+        Some(Value::Object(t)) => matches!(t.get("type").and_then(Value::as_str), Some("enabled" | "adaptive")),
+        _ => false,
+    }
 }
 
 /// A conversation ending in an assistant message is an assistant prefill, continued from its text
@@ -182,7 +213,7 @@ fn usage(u: &Usage) -> Value {
 async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Response, ApiError> {
     let body = body?;
     let o: Obj = fields::parse_object(&body)?;
-    let (messages, last, tools, mode) = prompt_parts(&o, &app)?;
+    let p = prompt_parts(&o, &app)?;
     let sampling = request::sampling(&o, &app)?;
     let max = request::max_tokens(&o, &["max_tokens"])?;
     let stops = fields::opt_stops(&o, "stop_sequences")?;
@@ -191,8 +222,10 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
-    let prompt = request::chat_prompt(&app, messages, tools, mode, true).await?;
-    let params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &last);
+    let prompt = request::chat_prompt(&app, p.messages, p.tools, p.mode, true).await?;
+    let mut params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &p.last);
+    params.forced = p.forced;
+    params.single_call = p.single_call;
     let (rx, guard) = app.ready()?.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("msg_"), model, stops };
     if stream {

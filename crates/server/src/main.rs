@@ -24,6 +24,8 @@ mod script;
 mod serve;
 mod sse;
 mod steer_policy;
+mod tool_choice;
+mod forced_call;
 mod tools;
 mod trace;
 mod worker;

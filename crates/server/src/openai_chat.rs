@@ -6,7 +6,8 @@ use crate::fields::{self, Obj};
 use crate::logprobs::{self, TokenLogprob};
 use crate::request::{self, openai_finish, openai_usage};
 use crate::sse::{self, SseOut};
-use crate::tools::{chat_tool_schemas, new_id, tool_choice_none};
+use crate::tool_choice::{prefill_call, ToolChoice};
+use crate::tools::{chat_tool_schemas, new_id};
 use crate::worker::{CancelOnDrop, Event};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -78,16 +79,22 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let body = body?;
     let o: Obj = fields::parse_object(&body)?;
     let msgs = fields::opt_array(&o, "messages")?.ok_or_else(|| ApiError::bad_request("`messages` is required").param("messages"))?;
-    let (messages, last) = parse_messages(msgs)?;
+    let (mut messages, last) = parse_messages(msgs)?;
+    let choice = ToolChoice::openai_chat(o.get("tool_choice"))?;
     let tools = match fields::opt_array(&o, "tools")? {
-        Some(t) if !tool_choice_none(o.get("tool_choice")) => chat_tool_schemas(t)?,
+        Some(t) if choice.allows_tools() => chat_tool_schemas(t)?,
         _ => Vec::new(),
     };
+    let forced = choice.forced(&tools)?;
+    let single_call = fields::opt_bool(&o, "parallel_tool_calls")? == Some(false);
     request::only_one_choice(&o)?;
     // vLLM's `continue_final_message`: the last (assistant) message is continued, not closed.
-    let continue_last = fields::opt_bool(&o, "continue_final_message")?.unwrap_or(false);
+    let mut continue_last = fields::opt_bool(&o, "continue_final_message")?.unwrap_or(false);
     if continue_last && !ends_in_prefill(&messages) {
         return Err(ApiError::bad_request("`continue_final_message` needs a last message from the assistant without tool calls").param("continue_final_message"));
+    }
+    if let Some(f) = &forced {
+        continue_last = prefill_call(&mut messages, f, continue_last);
     }
     let mode = request::think_mode(&o, app.default_mode)?;
     let sampling = request::sampling(&o, &app)?;
@@ -106,6 +113,8 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     let prompt = request::chat_prompt(&app, messages, tools, mode, continue_last).await?;
     let mut params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
     params.logprobs = logprobs;
+    params.forced = forced;
+    params.single_call = single_call;
     let (rx, guard) = app.ready()?.submitter.submit("chat", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("chatcmpl-"), created: request::now_secs(), model, include_usage };
     if stream {

@@ -8,7 +8,8 @@ use crate::fields::{self, Obj};
 use crate::logprobs::{self, TokenLogprob};
 use crate::request;
 use crate::sse::{self, SseOut};
-use crate::tools::{new_id, responses_tool_schemas, tool_choice_none};
+use crate::tool_choice::{prefill_call, ToolChoice};
+use crate::tools::{new_id, responses_tool_schemas};
 use crate::worker::{CancelOnDrop, Event, Finish, Usage};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -196,11 +197,14 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
             return Err(ApiError::bad_request(format!("`{k}` is not supported: this server keeps no response store; send the full input")).param(k));
         }
     }
-    let (messages, last) = parse_input(&o)?;
+    let (mut messages, last) = parse_input(&o)?;
+    let choice = ToolChoice::responses(o.get("tool_choice"))?;
     let tools = match fields::opt_array(&o, "tools")? {
-        Some(t) if !tool_choice_none(o.get("tool_choice")) => responses_tool_schemas(t)?,
+        Some(t) if choice.allows_tools() => responses_tool_schemas(t)?,
         _ => Vec::new(),
     };
+    let forced = choice.forced(&tools)?;
+    let single_call = fields::opt_bool(&o, "parallel_tool_calls")? == Some(false);
     let mode = request::think_mode(&o, app.default_mode)?;
     let summary = match fields::opt_obj(&o, "reasoning")? {
         Some(r) => matches!(fields::opt_str(r, "summary")?, Some("auto" | "concise" | "detailed")),
@@ -215,9 +219,15 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     // The request JSON is not needed any more: free it before the prompt is rendered (bounded memory).
     drop(o);
     drop(body);
-    let prompt = request::chat_prompt(&app, messages, tools, mode, false).await?;
+    let continue_last = match &forced {
+        Some(f) => prefill_call(&mut messages, f, false),
+        None => false,
+    };
+    let prompt = request::chat_prompt(&app, messages, tools, mode, continue_last).await?;
     let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
     params.logprobs = lp_top;
+    params.forced = forced;
+    params.single_call = single_call;
     let (rx, guard) = app.ready()?.submitter.submit("responses", prompt.tokens, prompt.rendered, params)?;
     let meta = Meta { id: new_id("resp_"), created: request::now_secs(), model, summary, logprobs: lp_top.is_some(), echo };
     if stream {

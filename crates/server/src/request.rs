@@ -220,6 +220,7 @@ pub async fn raw_prompt(app: &Arc<App>, prompt: RawPrompt) -> Result<Prompt, Api
     Ok(Prompt { tokens, rendered: None, thinking: false })
 }
 
+#[derive(Debug, Clone)]
 pub enum RawPrompt {
     Text(String),
     Ids(Vec<u64>),
@@ -248,6 +249,8 @@ pub fn params(
         id_prefix,
         script,
         logprobs: None,
+        forced: None,
+        single_call: false,
     }
 }
 

@@ -178,15 +178,6 @@ pub fn anthropic_tool_schemas(tools: &[Value]) -> Result<Vec<String>, ApiError> 
         .collect()
 }
 
-/// Whether `tool_choice` disables tools (`"none"` / `{type:"none"}`); anything else means auto.
-pub fn tool_choice_none(v: Option<&Value>) -> bool {
-    match v {
-        Some(Value::String(s)) => s == "none",
-        Some(Value::Object(o)) => o.get("type").and_then(Value::as_str) == Some("none"),
-        _ => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

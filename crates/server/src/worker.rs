@@ -37,6 +37,11 @@ pub struct GenParams {
     pub script: Option<Vec<u32>>,
     /// Per-token logprobs with this many alternatives (None: off, no extra work per token).
     pub logprobs: Option<usize>,
+    /// A forced tool choice: the prompt ends in the opening of its call, the output is its rest.
+    pub forced: Option<crate::tool_choice::Forced>,
+    /// At most one tool call (`parallel_tool_calls: false`, `disable_parallel_tool_use`): the block
+    /// ends after the first.
+    pub single_call: bool,
 }
 
 pub struct Job {
@@ -459,10 +464,13 @@ pub(crate) struct Output {
     /// Logprobs of tokens whose text has not been sent yet: sent just before it, dropped when that
     /// text turns out to open a tool-call block.
     pub(crate) lp_pending: Vec<crate::logprobs::TokenLogprob>,
+    forced: Option<crate::tool_choice::Forced>,
+    single_call: bool,
 }
 
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
 const CALLS_CLOSE: &str = "</｜DSML｜tool_calls>";
+const INVOKE_CLOSE: &str = "</｜DSML｜invoke>";
 
 impl Output {
     pub(crate) fn new(job: &Job, tool_mem: Arc<Mutex<ToolMemory>>, remember: bool) -> Self {
@@ -480,7 +488,42 @@ impl Output {
             tool_mem,
             remember,
             lp_pending: Vec::new(),
+            forced: None,
+            single_call: p.single_call,
         }
+        .with_forced(p.forced.clone())
+    }
+
+    /// A forced call's opening is in the prompt: the parser reads it as if it had been generated (the
+    /// block starts at the output's start; an `invoke` header in it gets its call id), nothing is sent.
+    fn with_forced(mut self, forced: Option<crate::tool_choice::Forced>) -> Self {
+        let Some(f) = forced else { return self };
+        let parser = self.parser.get_or_insert_with(|| DsmlParser::new(false));
+        for e in parser.push(&f.prefix) {
+            if let DsmlEvent::ToolCallStart { .. } = e {
+                self.block_ids.push(new_id(self.id_prefix));
+            }
+        }
+        self.all_text.push_str(&f.prefix);
+        self.block_start = Some(0);
+        self.forced = Some(f);
+        self
+    }
+
+    /// Ends a forced block that holds no finished call with the call made up from what parses of it.
+    fn salvage_forced(&mut self) {
+        let (Some(f), Some(start)) = (self.forced.as_ref(), self.block_start) else { return };
+        if !self.calls.is_empty() {
+            self.block_done = true;
+            return;
+        }
+        let (name, arguments) = crate::forced_call::forced_call(f, &self.all_text[start..]);
+        eprintln!("ds4-server: forced tool call `{name}` made up from unparsable output");
+        let id = self.block_ids.first().cloned().unwrap_or_else(|| new_id(self.id_prefix));
+        self.calls.push((id.clone(), name.clone()));
+        let _ = self.events.send(Event::ToolDone { index: 0, id, name, arguments });
+        self.lp_pending.clear();
+        self.block_done = true;
     }
 
     fn send_logprobs(&mut self) {
@@ -491,7 +534,7 @@ impl Output {
 
     /// Inside a tool-call block (its opening marker seen, or a call started).
     pub(crate) fn in_tool_block(&self) -> bool {
-        self.block_start.is_some() || self.parser.as_ref().is_some_and(|p| p.in_tool_block())
+        self.forced.is_some() || self.block_start.is_some() || self.parser.as_ref().is_some_and(|p| p.in_tool_block())
     }
 
     pub(crate) fn in_syntax(&self) -> bool {
@@ -527,10 +570,15 @@ impl Output {
 
     fn handle(&mut self, evs: Vec<DsmlEvent>) {
         for e in evs {
+            if self.block_done {
+                break;
+            }
             match e {
                 DsmlEvent::Reasoning(r) => {
                     let _ = self.events.send(Event::Reasoning(r));
                 }
+                // Text before any call: a forced block was closed without one.
+                DsmlEvent::Text(_) if self.forced.is_some() && self.calls.is_empty() => self.salvage_forced(),
                 DsmlEvent::Text(t) => self.text(&t),
                 DsmlEvent::ToolCallStart { .. } => {
                     if self.block_start.is_none() {
@@ -545,11 +593,16 @@ impl Output {
                     self.block_ids.push(new_id(self.id_prefix));
                     let _ = self.events.send(Event::ToolStart);
                 }
+                DsmlEvent::ToolCallDone { .. } if self.single_call && !self.calls.is_empty() => {}
                 DsmlEvent::ToolCallDone { name, arguments_json } => {
                     let index = self.calls.len();
                     let id = self.block_ids.get(index).cloned().unwrap_or_else(|| new_id(self.id_prefix));
                     self.calls.push((id.clone(), name.clone()));
                     let _ = self.events.send(Event::ToolDone { index, id, name, arguments: arguments_json });
+                }
+                DsmlEvent::Malformed { reason, .. } if self.forced.is_some() => {
+                    eprintln!("ds4-server: malformed DSML in a forced tool call ({reason})");
+                    self.salvage_forced();
                 }
                 DsmlEvent::Malformed { raw, reason } => {
                     eprintln!("ds4-server: malformed DSML tool call ({reason}); returned as text");
@@ -559,18 +612,33 @@ impl Output {
                 }
             }
         }
-        // The block is complete once the parser has left it with at least one finished call.
+        if self.block_done {
+            return;
+        }
+        // The block is complete once the parser has left it with at least one finished call (or after
+        // the first call when only one is allowed).
         if let (Some(start), Some(p)) = (self.block_start, self.parser.as_ref()) {
             if !p.in_tool_block() && !self.calls.is_empty() {
                 let end = self.all_text[start..].find(CALLS_CLOSE).map(|i| start + i + CALLS_CLOSE.len()).unwrap_or(self.all_text.len());
-                let raw = &self.all_text[start..end];
-                if self.remember {
-                    if let Ok(mut mem) = self.tool_mem.lock() {
-                        let ids: Vec<String> = self.calls.iter().map(|c| c.0.clone()).collect();
-                        mem.insert(&ids, raw);
-                    }
-                }
+                self.remember_block(&self.all_text[start..end]);
                 self.block_done = true;
+            } else if self.single_call && !self.calls.is_empty() {
+                // Cut after its first call, and closed as the model would, so the history replays it.
+                let end = self.all_text[start..].find(INVOKE_CLOSE).map(|i| start + i + INVOKE_CLOSE.len()).unwrap_or(self.all_text.len());
+                self.remember_block(&format!("{}\n{CALLS_CLOSE}", &self.all_text[start..end]));
+                self.block_done = true;
+            } else if self.forced.is_some() && !p.in_tool_block() {
+                // A forced block closed without a call.
+                self.salvage_forced();
+            }
+        }
+    }
+
+    fn remember_block(&self, raw: &str) {
+        if self.remember {
+            if let Ok(mut mem) = self.tool_mem.lock() {
+                let ids: Vec<String> = self.calls.iter().map(|c| c.0.clone()).collect();
+                mem.insert(&ids, raw);
             }
         }
     }
@@ -592,5 +660,76 @@ impl Output {
         if !self.in_tool_block() {
             self.send_logprobs();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool_choice::ToolChoice;
+    use serde_json::json;
+
+    fn job(forced: Option<crate::tool_choice::Forced>, single_call: bool) -> (Job, mpsc::UnboundedReceiver<Event>) {
+        let (events, rx) = mpsc::unbounded_channel();
+        let params = GenParams { max_tokens: 16, sampling: SamplerConfig::default(), stops: Vec::new(), thinking: false, parse_tools: true, id_prefix: "call_", script: None, logprobs: None, forced, single_call };
+        (Job { kind: "chat", prompt: Vec::new(), rendered: None, params, events, cancel: Arc::new(AtomicBool::new(false)), queued: Instant::now() }, rx)
+    }
+
+    fn forced(choice: ToolChoice) -> Option<crate::tool_choice::Forced> {
+        let schemas = vec![json!({"name": "get_weather"}).to_string(), json!({"name": "search"}).to_string()];
+        choice.forced(&schemas).unwrap()
+    }
+
+    /// Runs `pieces` through an `Output`; returns (text, calls as (name, arguments)), block done.
+    fn run(forced: Option<crate::tool_choice::Forced>, single_call: bool, pieces: &[&str]) -> (String, Vec<(String, String)>, bool) {
+        let (j, mut rx) = job(forced, single_call);
+        let mut out = Output::new(&j, Arc::new(Mutex::new(ToolMemory::new(8))), true);
+        for p in pieces {
+            out.push(p);
+        }
+        out.finish();
+        let (mut text, mut calls) = (String::new(), Vec::new());
+        while let Ok(e) = rx.try_recv() {
+            match e {
+                Event::Text(s) => text.push_str(&s),
+                Event::ToolDone { name, arguments, .. } => calls.push((name, arguments)),
+                _ => {}
+            }
+        }
+        (text, calls, out.block_done)
+    }
+
+    const D: &str = "｜DSML｜";
+
+    #[test]
+    fn a_forced_call_is_parsed_from_the_continuation_of_its_opening() {
+        let cont = format!("<{D}parameter name=\"city\" string=\"true\">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>");
+        let (text, calls, done) = run(forced(ToolChoice::Named("get_weather".into())), false, &[&cont[..12], &cont[12..]]);
+        assert_eq!(text, "");
+        assert_eq!(calls, vec![("get_weather".to_string(), "{\"city\":\"Paris\"}".to_string())]);
+        assert!(done);
+    }
+
+    #[test]
+    fn garbage_after_a_forced_opening_is_still_a_call() {
+        let (text, calls, done) = run(forced(ToolChoice::Named("search".into())), false, &["zq!! 3 <<", " random"]);
+        assert_eq!((text.as_str(), done), ("", true));
+        assert_eq!(calls, vec![("search".to_string(), "{}".to_string())]);
+        let (text, calls, _) = run(forced(ToolChoice::Required), false, &["</", &format!("{D}tool_calls> hi")]);
+        assert_eq!(text, "");
+        assert_eq!(calls, vec![("get_weather".to_string(), "{}".to_string())]);
+        // Without the forcing the same output is plain text.
+        let (text, calls, done) = run(None, false, &["zq!! 3 <<", " random"]);
+        assert_eq!((text.as_str(), calls.len(), done), ("zq!! 3 << random", 0, false));
+    }
+
+    #[test]
+    fn a_single_call_ends_the_block() {
+        let two = format!("<{D}invoke name=\"search\">\n</{D}invoke>\n<{D}invoke name=\"get_weather\">\n</{D}invoke>\n</{D}tool_calls>");
+        let (_, calls, done) = run(forced(ToolChoice::Required), true, &[&two]);
+        assert_eq!(calls, vec![("search".to_string(), "{}".to_string())]);
+        assert!(done);
+        let (_, calls, _) = run(forced(ToolChoice::Required), false, &[&two]);
+        assert_eq!(calls.len(), 2);
     }
 }

@@ -284,6 +284,18 @@ pub fn dsml_tool_calls(calls: &[ToolCall]) -> String {
     out
 }
 
+/// The start of a tool-call block as [`dsml_tool_calls`] writes it: up to the block's opening, or with
+/// `name` through that call's `invoke` header (what a forced tool choice puts at the start of a reply).
+pub fn dsml_call_opening(name: Option<&str>) -> String {
+    let mut out = format!("\n\n<{DSML}tool_calls>\n");
+    if let Some(n) = name {
+        out.push_str(&format!("<{DSML}invoke name=\""));
+        attr_escape(n, &mut out);
+        out.push_str("\">\n");
+    }
+    out
+}
+
 /// Render a conversation to prompt text (see module docs and spec §5.2).
 pub fn render_chat(messages: &[Message], opts: &RenderOptions) -> String {
     let mode = opts.mode.effective(opts.ctx);

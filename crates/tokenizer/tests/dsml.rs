@@ -233,3 +233,12 @@ fn arbitrary_input_never_panics() {
         let _ = p.finish();
     }
 }
+
+#[test]
+fn a_forced_call_opening_is_the_start_of_the_canonical_block() {
+    use ds4_tokenizer::chat::{dsml_call_opening, dsml_tool_calls, ToolCall};
+    let call = ToolCall { id: None, name: "a\"b".into(), arguments: "{\"x\": 1}".into(), raw_dsml: None };
+    let block = dsml_tool_calls(&[call]);
+    assert!(block.starts_with(&dsml_call_opening(Some("a\"b"))), "{block}");
+    assert!(dsml_call_opening(Some("a\"b")).starts_with(&dsml_call_opening(None)));
+}
