@@ -20,11 +20,23 @@
 #define MG_IQ2S 1
 #define MG_Q2K 2
 
+// A small unsigned int (< 2^23) as float without a conversion instruction (1/8 rate on Hopper):
+// 2^23 + v has v as its mantissa, and the subtraction is exact.
+__device__ __forceinline__ float q2_float(u32 v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
+
+// Byte permute (PTX prmt: the selector's nibbles are used as they are; ours stay below 8).
+__device__ __forceinline__ u32 prmt(u32 a, u32 b, u32 sel) {
+    u32 r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+    return r;
+}
+
 template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X,
                                                                        float* __restrict__ Y, int K, int R, int n) {
     constexpr int WTN = BT / 32, RW = MG_BR * WTN / 8, NT = RW / 8;  // token warps, rows a warp, its 8-row tiles
     __shared__ __align__(16) u16 xs[2][BT * MG_LD];
     __shared__ __align__(16) u16 wsh[2][MG_BR * MG_LD];
+    __shared__ u64 gsel[WT == MG_IQ2S ? 256 : 1];
     // Without a tile list: one dense product over n tokens (slot 0, tiles of 64 tokens in order).
     int4 tl = tiles ? tiles[blockIdx.x] : make_int4(0, blockIdx.x * BT, min(BT, n - (int)blockIdx.x * BT), 0);
     int nb = K >> 8;
@@ -34,22 +46,27 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
     int m = tl.z;
     int tid = threadIdx.x, lane = tid & 31, w = tid >> 5;
     int wt = w % WTN, wr = w / WTN, g = lane >> 2, t = lane & 3;
+    int mts = (m - wt * 32 + 15) >> 4;  // this warp's 16-token sub-tiles holding tokens (<= 0: none)
     // X tile: BT rows x 64 bytes = BT * 4 chunks of 16 bytes (BT / 64 per thread); W tile: 512 chunks
     // of 8 values (two per thread: row u / 4, columns 8 (u % 4) ..).
+    // Per-thread sources, computed once (the loop only adds the step's offset): X rows (zero-filled
+    // past the tile's m tokens) and the two weight rows this thread loads.
+    const u16* xsrc[BT / 64];
+    int xdst[BT / 64], xbytes[BT / 64];
+#pragma unroll
+    for (int q = 0; q < BT / 64; q++) {
+        int u = tid + 256 * q, r = u >> 2, c = (u & 3) * 8;
+        xbytes[q] = r < m ? 16 : 0;
+        xsrc[q] = r < m ? Xb + (u64)r * K + c : Xb;
+        xdst[q] = r * MG_LD + c;
+    }
+    const u8* wrow[2] = {Wb + (u64)(tid >> 2) * rb, Wb + (u64)((tid + 256) >> 2) * rb};
     auto load_x = [&](int st, int k0) {
 #pragma unroll
-        for (int q = 0; q < BT / 64; q++) {
-            int u = tid + 256 * q, r = u >> 2, c = (u & 3) * 8;
-            bool ok = r < m;
-            cp_async16(&xs[st][r * MG_LD + c], ok ? Xb + (u64)r * K + k0 + c : Xb, ok ? 16 : 0);
-        }
+        for (int q = 0; q < BT / 64; q++) cp_async16(&xs[st][xdst[q]], xbytes[q] ? xsrc[q] + k0 : Xb, xbytes[q]);
         if (WT == MG_F16) {
 #pragma unroll
-            for (int q = 0; q < 2; q++) {
-                int u = tid + q * 256;
-                int rw = u >> 2, cw = (u & 3) * 8;
-                cp_async16(&wsh[st][rw * MG_LD + cw], Wb + (u64)rw * rb + 2 * (k0 + cw), 16);
-            }
+            for (int q = 0; q < 2; q++) cp_async16(&wsh[st][((tid + q * 256) >> 2) * MG_LD + (tid & 3) * 8], wrow[q] + 2 * (k0 + (tid & 3) * 8), 16);
         }
         asm volatile("cp.async.commit_group;\n");
     };
@@ -58,14 +75,13 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
         int c = k0 >> 8, q8 = (k0 >> 5) & 7;
 #pragma unroll
         for (int q = 0; q < 2; q++) {
-            int u = tid + q * 256;
-            const u8* wr = Wb + (u64)(u >> 2) * rb;
+            const u8* wr = wrow[q];
             if (WT == MG_IQ2S) {
-                const u8* p = wr + 64 * c + 8 * q8;
+                const u8* p = wr + (k0 >> 2);  // 64 c + 8 q8
                 raw[q] = make_uint4(*(const u32*)p, *(const u32*)(p + 4), ld16(wr + nb * 64 + 2 * c), 0);
             } else if (WT == MG_Q2K) {
-                const u8* b = wr + (u64)c * 84;
-                int h = q8 >> 2, s = q8 & 3, l8 = u & 3;
+                const u8* b = wr + c * 84;
+                int h = q8 >> 2, s = q8 & 3, l8 = tid & 3;
                 raw[q] = make_uint4(*(const u32*)(b + 16 + 32 * h + 8 * l8), *(const u32*)(b + 20 + 32 * h + 8 * l8), b[8 * h + 2 * s + (l8 >> 1)], *(const u32*)(b + 80));
             }
         }
@@ -79,14 +95,18 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
             if (WT == MG_IQ2S) {
                 u32 a0 = raw[q].x, a1 = raw[q].y;
                 float db = h2f((u16)raw[q].z) * (0.5f + (float)(a1 >> 28)) * 0.25f;
-                u64 gv = iq2xxs_grid[(a0 >> (8 * l)) & 255];
+                u64 sv = gsel[(a0 >> (8 * l)) & 255];
                 u32 sg = ksign((a1 >> (7 * l)) & 127);
+                // The 8 values take 3 magnitudes (db times 8, 25, 43), each rounded to f16 once; a byte
+                // permute of that palette by the grid entry's selectors gives a pair of magnitudes, and
+                // the pair's sign bits (bits k, k + 1 of sg moved to bits 15 and 31 by one multiply) flip
+                // them: the f16 of the signed product, as rounding to nearest is symmetric.
+                u32 plo = pack2h(db * 8.0f, db * 25.0f), phi = pack2h(db * 43.0f, 0.0f);
+                u32 sw[2] = {(u32)sv, (u32)(sv >> 32)};
 #pragma unroll
                 for (int k = 0; k < 8; k += 2) {
-                    float v0 = db * (float)((gv >> (8 * k)) & 255), v1 = db * (float)((gv >> (8 * k + 8)) & 255);
-                    if ((sg >> k) & 1) v0 = -v0;
-                    if ((sg >> (k + 1)) & 1) v1 = -v1;
-                    o[k / 2] = (u32)f2h(v0) | ((u32)f2h(v1) << 16);
+                    u32 mag = prmt(plo, phi, sw[k >> 2] >> (8 * (k & 2)));
+                    o[k / 2] = mag ^ (((sg >> k) * 0x40008000u) & 0x80008000u);
                 }
             } else if (WT == MG_Q2K) {
                 int s = (k0 >> 5) & 3;
@@ -96,13 +116,25 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
                 for (int k = 0; k < 8; k += 2) {
                     u32 wv = k < 4 ? raw[q].x : raw[q].y;
                     int b0 = 8 * (k & 3);
-                    float v0 = (float)((wv >> (b0 + 2 * s)) & 3), v1 = (float)((wv >> (b0 + 8 + 2 * s)) & 3);
+                    float v0 = q2_float((wv >> (b0 + 2 * s)) & 3), v1 = q2_float((wv >> (b0 + 8 + 2 * s)) & 3);
                     o[k / 2] = (u32)f2h(dl * v0 - ml) | ((u32)f2h(dl * v1 - ml) << 16);
                 }
             }
             *(uint4*)&wsh[st][rw * MG_LD + 8 * l] = make_uint4(o[0], o[1], o[2], o[3]);
         }
     };
+    // IQ2_XXS: each grid entry's 8 bytes (8, 25 or 43) as byte-permute selectors of a 3-value f16
+    // palette (8 bits a value: bytes 2i, 2i + 1 of palette value i; a pair's 16 bits make a word).
+    if (WT == MG_IQ2S) {
+        u64 gv = iq2xxs_grid[tid], sv = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            u32 b = (u32)(gv >> (8 * k)) & 255, i = b == 8 ? 0 : b == 25 ? 1 : 2;
+            sv |= (u64)((2 * i) | ((2 * i + 1) << 4)) << (8 * k);
+        }
+        gsel[tid] = sv;
+        __syncthreads();
+    }
     float acc[2][NT][4];
 #pragma unroll
     for (int a = 0; a < 2; a++)
@@ -126,11 +158,15 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
         __syncthreads();
         const u16* xa = xs[kt & 1];
         const u16* wb = wsh[kt & 1];
+        // 16-token sub-tiles past the tile's tokens are skipped (warp-uniform): at small chunks an
+        // expert holds ~12 tokens of a 64-token tile. Their outputs are never stored.
 #pragma unroll
         for (int kk = 0; kk < MG_BK; kk += 16) {
+            if (mts <= 0) break;
             u32 a[2][4], b[NT][2];
 #pragma unroll
             for (int mt = 0; mt < 2; mt++) {
+                if (mt >= mts) break;
                 const u16* p = xa + (wt * 32 + mt * 16 + g) * MG_LD + kk + 2 * t;
                 a[mt][0] = *(const u32*)p;
                 a[mt][1] = *(const u32*)(p + 8 * MG_LD);
@@ -146,7 +182,8 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
-                for (int nt = 0; nt < NT; nt++) mma16816(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
+                for (int nt = 0; nt < NT; nt++)
+                    if (mt < mts) mma16816(acc[mt][nt], a[mt][0], a[mt][1], a[mt][2], a[mt][3], b[nt][0], b[nt][1]);
         }
         // The other buffer was last read before the previous step's closing barrier.
         if (WT != MG_F16 && next) store_w((kt + 1) & 1, (kt + 1) * MG_BK);
@@ -164,8 +201,10 @@ template <int WT, int BT> __device__ __forceinline__ void moe_gemm_impl(const u8
         }
 }
 
+// Registers capped for 3 blocks an SM with 64-token tiles, 2 with 128 (the occupancy of the kernels
+// before the per-thread sources were hoisted out of the loop).
 #define MOE_GEMM(NAME, WT, BT) \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X, \
+    extern "C" __global__ void __launch_bounds__(256, BT == 64 ? 3 : 2) NAME(const u8* __restrict__ W, u64 ws, const int4* __restrict__ tiles, const u16* __restrict__ X, \
                                                            float* __restrict__ Y, int K, int R, int n) { PDL_ENTRY moe_gemm_impl<WT, BT>(W, ws, tiles, X, Y, K, R, n); }
 MOE_GEMM(moe_gemm, MG_F16, 64)
 MOE_GEMM(moe_gemm_iq2s, MG_IQ2S, 64)
