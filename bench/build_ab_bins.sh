@@ -28,9 +28,11 @@ test_exe() { cargo test --release "$@" --no-run --message-format=json 2>/dev/nul
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["kind"]==["test"]: print(m["executable"])' | tail -1; }
-# ds4-bench as $1, and wgpu's kernel_bench as ${1%-bench}-kernel_bench (e.g. base-kernel_bench).
+# ds4-bench as $1, wgpu's kernel_bench as ${1%-bench}-kernel_bench (e.g. base-kernel_bench) and
+# the MTP step costs as ${1%-bench}-mtp_step_costs.
 bench_of() {
   cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench && cp $T/ds4-bench $S/$1 || return 1
+  cargo build --release -p ds4-engine --features "cuda wgpu" --example mtp_step_costs && cp $T/examples/mtp_step_costs $S/${1%-bench}-mtp_step_costs
   # (The example was named kernel_bench before 2026-12-07.)
   if cargo build --release -p ds4-wgpu --example wgpu_kernel_bench 2>/dev/null; then cp $T/examples/wgpu_kernel_bench $S/${1%-bench}-kernel_bench
   elif cargo build --release -p ds4-wgpu --example kernel_bench; then cp $T/examples/kernel_bench $S/${1%-bench}-kernel_bench; fi
