@@ -104,6 +104,18 @@ fn all_kernels_compile_for_sm_80() {
     }
 }
 
+/// DGX Spark (GB10, compute capability 12.1), where seed reports' users run: every module compiles for
+/// it (the kernels use no Hopper-only instructions; programmatic dependent launch stays on past Hopper).
+#[test]
+fn all_kernels_compile_for_sm_121() {
+    if nvrtc_or_skip() {
+        ds4_cuda::nvrtc::check_arch("sm_121").unwrap();
+        let mods: Vec<&ds4_cuda::KernelModule> = ds4_cuda::MODULES.iter().collect();
+        let images = ds4_cuda::nvrtc::compile_modules(&mods, "sm_121", ds4_cuda::nvrtc::compile_threads()).unwrap_or_else(|e| panic!("{e}"));
+        check_images("sm_121", &images);
+    }
+}
+
 /// Process CPU seconds (user + system) from /proc/self/stat (Linux).
 fn cpu_s() -> f64 {
     let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
