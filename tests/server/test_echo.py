@@ -48,3 +48,15 @@ def test_echo_with_logprobs_is_a_400(server):
     st, body = server.post_raw("/v1/completions", json.dumps({"prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 2}).encode())
     assert st == 400 and body["error"]["param"] == "echo"
     assert "echo" in body["error"]["message"] and "logprobs" in body["error"]["message"]
+
+
+@pytest.mark.parametrize("extra,param", [({"suffix": " The end."}, "suffix"), ({"suffix": 7}, "suffix"),
+                                         ({"best_of": 2}, "best_of"), ({"best_of": 0}, "best_of")])
+def test_suffix_and_best_of_are_refused_not_ignored(server, extra, param):
+    # Audit: `suffix` and `best_of` > 1 were silently ignored (a reply as if neither had been sent).
+    body = {"prompt": PROMPT, "max_tokens": 2, "echo": True, **extra}
+    st, r = server.post_raw("/v1/completions", json.dumps(body).encode())
+    assert st == 400 and r["error"]["param"] == param and param in r["error"]["message"]
+    # Their no-op values are fine.
+    st, r = server.post_raw("/v1/completions", json.dumps({"prompt": PROMPT, "max_tokens": 2, "suffix": None, "best_of": 1}).encode())
+    assert st == 200 and r["choices"][0]["finish_reason"] == "length"

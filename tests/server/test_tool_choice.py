@@ -191,3 +191,80 @@ def test_forced_call_with_batched_sessions(make_server):
     assert tc.function.name == "get_weather" and json.loads(tc.function.arguments) == ARGS
     calls, finish, _ = chat_stream_calls(oai.chat.completions.create(stream=True, **kw))
     assert finish == "tool_calls" and [json.loads(x["arguments"]) for x in calls] == [ARGS]
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_forced_call_cut_by_the_token_limit_reports_the_limit(oai, claude, limit):
+    # Audit: a forced call cut by max_tokens was reported finished (`tool_calls` / `tool_use` /
+    # `completed`), so a client ran the made-up call (arguments `{}`, required `city` missing) as if the
+    # model had written it. It is still a well-formed call, but the finish names the limit, as
+    # OpenAI and Anthropic report a call they cut.
+    named = chat_named("get_weather")
+    kw = dict(model="m", messages=[{"role": "user", "content": "[[forced-named]] cut"}], tools=CHAT_TOOLS, tool_choice=named,
+              max_completion_tokens=limit)
+    c = oai.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "length" and c.message.content is None
+    (tc,) = c.message.tool_calls
+    assert tc.id.startswith("call_") and tc.function.name == "get_weather" and json.loads(tc.function.arguments) == {}
+    chunks = list(oai.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    calls, finish, text = chat_stream_calls(chunks)
+    assert finish == "length" and text == "" and [(x["name"], x["arguments"]) for x in calls] == [("get_weather", "{}")]
+    assert chunks[-1].usage.completion_tokens == limit
+    r = oai.responses.create(model="m", input="[[forced-named]] cut", tools=RESP_TOOLS, tool_choice={"type": "function", "name": "get_weather"},
+                             max_output_tokens=limit)
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert [(o.type, o.name, o.arguments) for o in r.output] == [("function_call", "get_weather", "{}")]
+    akw = dict(model="m", max_tokens=limit, tools=CLAUDE_TOOLS, tool_choice={"type": "tool", "name": "get_weather"},
+               messages=[{"role": "user", "content": "[[forced-named]] cut"}])
+    m = claude.messages.create(**akw)
+    assert m.stop_reason == "max_tokens" and [(b.type, b.name, b.input) for b in m.content] == [("tool_use", "get_weather", {})]
+    with claude.messages.stream(**akw) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "max_tokens" and [(b.type, b.input) for b in final.content] == [("tool_use", {})]
+    # With room to finish, the same call is complete and says so.
+    full = oai.chat.completions.create(**{**kw, "max_completion_tokens": 200}).choices[0]
+    assert full.finish_reason == "tool_calls" and json.loads(full.message.tool_calls[0].function.arguments) == ARGS
+
+
+def test_forced_call_cut_by_a_stop_string_reports_the_stop(oai, claude):
+    # Audit: a stop string matched inside the forced DSML ended the call early but the reply said
+    # `tool_calls` / `tool_use` (Anthropic's `stop_sequence` was null).
+    kw = dict(model="m", messages=[{"role": "user", "content": "[[forced-named]] stop"}], tools=CHAT_TOOLS,
+              tool_choice=chat_named("get_weather"), max_tokens=200, stop=["Paris"])
+    c = oai.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "stop" and [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+    calls, finish, _ = chat_stream_calls(oai.chat.completions.create(stream=True, **kw))
+    assert finish == "stop" and [x["name"] for x in calls] == ["get_weather"]
+    m = claude.messages.create(model="m", max_tokens=200, tools=CLAUDE_TOOLS, tool_choice={"type": "tool", "name": "get_weather"},
+                               stop_sequences=["Paris"], messages=[{"role": "user", "content": "[[forced-named]] stop"}])
+    assert (m.stop_reason, m.stop_sequence) == ("stop_sequence", "Paris") and [b.type for b in m.content] == ["tool_use"]
+    # A stop string the call never contains changes nothing.
+    c = oai.chat.completions.create(**{**kw, "stop": ["zzz-never"]}).choices[0]
+    assert c.finish_reason == "tool_calls" and json.loads(c.message.tool_calls[0].function.arguments) == ARGS
+
+
+def test_tool_choice_none_never_returns_a_call(oai, claude):
+    # Audit: with `tool_choice: none` (schemas left out of the prompt) a tool-call block the model wrote
+    # anyway (scripted `[[weather]]`) came back as a call with finish `tool_calls` / `tool_use`. It is
+    # the model's text now, in every API, streamed or not.
+    from conftest import TOOL_OUTPUT
+    block = TOOL_OUTPUT.split("</think>", 1)[1].lstrip()
+    kw = dict(model="m", messages=[{"role": "user", "content": "[[weather]] none"}], tools=CHAT_TOOLS, tool_choice="none", max_tokens=300)
+    c = oai.chat.completions.create(**kw).choices[0]
+    assert c.finish_reason == "stop" and not c.message.tool_calls and block in c.message.content
+    calls, finish, text = chat_stream_calls(oai.chat.completions.create(stream=True, **kw))
+    assert (calls, finish) == ([], "stop") and text == c.message.content
+    r = oai.responses.create(model="m", input="[[weather]] none", tools=RESP_TOOLS, tool_choice="none", max_output_tokens=300)
+    assert [o.type for o in r.output] == ["reasoning", "message"] and block in r.output_text
+    with oai.responses.stream(model="m", input="[[weather]] none", tools=RESP_TOOLS, tool_choice="none", max_output_tokens=300) as st:
+        final = st.get_final_response()
+    assert [o.type for o in final.output] == ["reasoning", "message"] and final.output_text == r.output_text
+    akw = dict(model="m", max_tokens=300, tools=CLAUDE_TOOLS, tool_choice={"type": "none"}, messages=[{"role": "user", "content": "[[weather]] none"}])
+    m = claude.messages.create(**akw)
+    assert m.stop_reason == "end_turn" and [b.type for b in m.content] == ["thinking", "text"] and block in m.content[1].text
+    with claude.messages.stream(**akw) as s:
+        final = s.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"] and final.content[1].text == m.content[1].text
+    # The same request with tool_choice auto is a call.
+    auto = oai.chat.completions.create(**{**kw, "tool_choice": "auto"}).choices[0]
+    assert auto.finish_reason == "tool_calls" and auto.message.tool_calls[0].function.name == "get_weather"

@@ -54,6 +54,8 @@ struct PromptParts {
     forced: Option<Forced>,
     /// `tool_choice.disable_parallel_tool_use`.
     single_call: bool,
+    /// Tool calls are parsed (not with `tool_choice: none`, whose calls the model writes anyway are text).
+    calls: bool,
 }
 
 fn prompt_parts(o: &Obj, app: &App) -> Result<PromptParts, ApiError> {
@@ -72,7 +74,7 @@ fn prompt_parts(o: &Obj, app: &App) -> Result<PromptParts, ApiError> {
         }
         prefill_call(&mut messages, f, true);
     }
-    Ok(PromptParts { messages, last, tools, mode: request::think_mode(o, app.default_mode)?, forced, single_call })
+    Ok(PromptParts { messages, last, tools, mode: request::think_mode(o, app.default_mode)?, forced, single_call, calls: choice.allows_tools() })
 }
 
 /// Whether the request itself turns extended thinking on (`thinking: {type: enabled|adaptive}`).
@@ -223,7 +225,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     drop(o);
     drop(body);
     let prompt = request::chat_prompt(&app, p.messages, p.tools, p.mode, true).await?;
-    let mut params = request::params(&app, &prompt, sampling, max, stops.clone(), true, "toolu_", &p.last);
+    let mut params = request::params(&app, &prompt, sampling, max, stops.clone(), p.calls, "toolu_", &p.last);
     params.forced = p.forced;
     params.single_call = p.single_call;
     let (rx, guard) = app.ready()?.submitter.submit("messages", prompt.tokens, prompt.rendered, params)?;

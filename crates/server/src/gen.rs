@@ -192,7 +192,11 @@ impl Gen {
             self.out.push(&tail);
         }
         self.out.finish();
-        let finish = if self.out.block_done {
+        // A block the output's end cut short (its call made up from what parsed) reports that end: the
+        // token limit or a stop string, as OpenAI and Anthropic do for a call they cut; the model's own
+        // end of sequence leaves it a call.
+        let cut = self.out.cut_short && (self.stop_hit.is_some() || reason != StopReason::Eos);
+        let finish = if self.out.block_done && !cut {
             Finish::ToolCalls
         } else if let Some(i) = self.stop_hit {
             Finish::StopSequence(i)

@@ -111,7 +111,8 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
     drop(o);
     drop(body);
     let prompt = request::chat_prompt(&app, messages, tools, mode, continue_last).await?;
-    let mut params = request::params(&app, &prompt, sampling, max, stops, true, "call_", &last);
+    // `tool_choice: none`: no call, also when the model writes one anyway (it is text).
+    let mut params = request::params(&app, &prompt, sampling, max, stops, choice.allows_tools(), "call_", &last);
     params.logprobs = logprobs;
     params.forced = forced;
     params.single_call = single_call;

@@ -53,6 +53,23 @@ fn echo_request(o: &Obj) -> Result<bool, ApiError> {
     Ok(echo)
 }
 
+/// Options this server cannot honour are refused rather than ignored: `suffix` (text to insert
+/// before, fill-in-the-middle) and `best_of` above 1 (several candidates, the best returned).
+fn unsupported_options(o: &Obj) -> Result<(), ApiError> {
+    match o.get("suffix") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(_)) => {
+            return Err(ApiError::bad_request("`suffix` is not supported: this server completes the prompt only (no fill-in-the-middle)").param("suffix"))
+        }
+        Some(_) => return Err(ApiError::bad_request("`suffix` must be a string or null").param("suffix")),
+    }
+    match fields::opt_u64(o, "best_of")? {
+        None | Some(1) => Ok(()),
+        Some(_) => Err(ApiError::bad_request("only `best_of`: 1 is supported (one candidate per request)").param("best_of")),
+    }
+}
+
 /// The output limit: at least 1, except that `echo` allows 0 (the reply is then just the prompt).
 fn completion_limit(o: &Obj, echo: bool) -> Result<Option<usize>, ApiError> {
     if echo && fields::opt_u64(o, "max_tokens")? == Some(0) {
@@ -81,6 +98,7 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         RawPrompt::Ids(_) => String::new(),
     };
     request::only_one_choice(&o)?;
+    unsupported_options(&o)?;
     let sampling = request::sampling(&o, &app)?;
     let echo = echo_request(&o)?;
     let max = completion_limit(&o, echo)?;
@@ -220,6 +238,17 @@ mod tests {
         assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("echo")));
         assert!(e.message.contains("logprobs"));
         assert!(echo_request(&obj(json!({"echo": "yes"}))).is_err());
+    }
+
+    #[test]
+    fn suffix_and_best_of_are_refused_not_ignored() {
+        for ok in [json!({}), json!({"suffix": null, "best_of": null}), json!({"suffix": "", "best_of": 1})] {
+            assert!(unsupported_options(&obj(ok.clone())).is_ok(), "{ok}");
+        }
+        for (bad, param) in [(json!({"suffix": " end"}), "suffix"), (json!({"suffix": 3}), "suffix"), (json!({"best_of": 2}), "best_of"), (json!({"best_of": 0}), "best_of"), (json!({"best_of": "2"}), "best_of")] {
+            let e = unsupported_options(&obj(bad.clone())).unwrap_err();
+            assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some(param)), "{bad}");
+        }
     }
 
     #[test]

@@ -224,7 +224,8 @@ async fn run(app: Arc<App>, body: Result<Bytes, BytesRejection>) -> Result<Respo
         None => false,
     };
     let prompt = request::chat_prompt(&app, messages, tools, mode, continue_last).await?;
-    let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), true, "call_", &last);
+    // `tool_choice: none`: no call, also when the model writes one anyway (it is text).
+    let mut params = request::params(&app, &prompt, sampling, max, Vec::new(), choice.allows_tools(), "call_", &last);
     params.logprobs = lp_top;
     params.forced = forced;
     params.single_call = single_call;

@@ -29,7 +29,8 @@ pub struct GenParams {
     pub stops: Vec<String>,
     /// The prompt ends with `<think>`: output starts as reasoning.
     pub thinking: bool,
-    /// Recognise DSML tool calls in the output (chat-style endpoints).
+    /// Recognise DSML tool calls in the output (chat-style endpoints); off (also for `tool_choice`
+    /// none), a tool-call block the model writes anyway is text.
     pub parse_tools: bool,
     /// Tool-call id prefix (`call_` / `toolu_`).
     pub id_prefix: &'static str,
@@ -466,6 +467,12 @@ pub(crate) struct Output {
     pub(crate) lp_pending: Vec<crate::logprobs::TokenLogprob>,
     forced: Option<crate::tool_choice::Forced>,
     single_call: bool,
+    /// The tool-call block was ended by the end of the output (token limit, stop string, end of
+    /// sequence), not by the model closing it: its calls are what parsed of it (a forced call made up,
+    /// or the calls finished before the cut).
+    pub(crate) cut_short: bool,
+    /// No tool calls (`parse_tools` off): a block is held until it ends, then sent as text.
+    calls_off: bool,
 }
 
 const CALLS_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -490,6 +497,8 @@ impl Output {
             lp_pending: Vec::new(),
             forced: None,
             single_call: p.single_call,
+            cut_short: false,
+            calls_off: !p.parse_tools,
         }
         .with_forced(p.forced.clone())
     }
@@ -579,7 +588,11 @@ impl Output {
                 }
                 // Text before any call: a forced block was closed without one.
                 DsmlEvent::Text(_) if self.forced.is_some() && self.calls.is_empty() => self.salvage_forced(),
-                DsmlEvent::Text(t) => self.text(&t),
+                DsmlEvent::Text(t) => {
+                    // Text after a block of a request without tool calls: the block (closed) first.
+                    self.block_as_text();
+                    self.text(&t)
+                }
                 DsmlEvent::ToolCallStart { .. } => {
                     if self.block_start.is_none() {
                         let at = self.all_text.rfind(CALLS_OPEN).unwrap_or(self.all_text.len());
@@ -590,10 +603,13 @@ impl Output {
                         self.pending_ws.clear();
                         self.lp_pending.clear();
                     }
+                    if self.calls_off {
+                        continue;
+                    }
                     self.block_ids.push(new_id(self.id_prefix));
                     let _ = self.events.send(Event::ToolStart);
                 }
-                DsmlEvent::ToolCallDone { .. } if self.single_call && !self.calls.is_empty() => {}
+                DsmlEvent::ToolCallDone { .. } if self.calls_off || (self.single_call && !self.calls.is_empty()) => {}
                 DsmlEvent::ToolCallDone { name, arguments_json } => {
                     let index = self.calls.len();
                     let id = self.block_ids.get(index).cloned().unwrap_or_else(|| new_id(self.id_prefix));
@@ -606,7 +622,11 @@ impl Output {
                 }
                 DsmlEvent::Malformed { raw, reason } => {
                     eprintln!("ds4-server: malformed DSML tool call ({reason}); returned as text");
-                    self.block_start = None;
+                    // With the whitespace before the block, which was held back when it opened.
+                    let raw = match self.block_start.take() {
+                        Some(start) if self.all_text[start..].ends_with(&raw) => self.all_text[start..].to_string(),
+                        _ => raw,
+                    };
                     self.block_ids.truncate(self.calls.len());
                     self.text(&raw);
                 }
@@ -615,6 +635,7 @@ impl Output {
         if self.block_done {
             return;
         }
+        self.block_as_text();
         // The block is complete once the parser has left it with at least one finished call (or after
         // the first call when only one is allowed).
         if let (Some(start), Some(p)) = (self.block_start, self.parser.as_ref()) {
@@ -634,6 +655,18 @@ impl Output {
         }
     }
 
+    /// Without tool calls, a block the parser has left (closed) is sent as the text it is.
+    fn block_as_text(&mut self) {
+        let (true, Some(start)) = (self.calls_off, self.block_start) else { return };
+        if self.parser.as_ref().is_some_and(|p| p.in_tool_block()) {
+            return;
+        }
+        let end = self.all_text[start..].find(CALLS_CLOSE).map(|i| start + i + CALLS_CLOSE.len()).unwrap_or(self.all_text.len());
+        let raw = self.all_text[start..end].to_string();
+        self.block_start = None;
+        self.text(&raw);
+    }
+
     fn remember_block(&self, raw: &str) {
         if self.remember {
             if let Ok(mut mem) = self.tool_mem.lock() {
@@ -651,6 +684,7 @@ impl Output {
             let evs = p.finish();
             self.handle(evs);
         }
+        self.cut_short = self.block_done;
         if !self.pending_ws.is_empty() && !self.block_done {
             let ws = std::mem::take(&mut self.pending_ws);
             self.send_logprobs();
@@ -682,12 +716,19 @@ mod tests {
 
     /// Runs `pieces` through an `Output`; returns (text, calls as (name, arguments)), block done.
     fn run(forced: Option<crate::tool_choice::Forced>, single_call: bool, pieces: &[&str]) -> (String, Vec<(String, String)>, bool) {
+        let (t, c, done, _) = run_cut(forced, single_call, pieces);
+        (t, c, done)
+    }
+
+    /// As `run`, also whether the end of the output cut the block short.
+    fn run_cut(forced: Option<crate::tool_choice::Forced>, single_call: bool, pieces: &[&str]) -> (String, Vec<(String, String)>, bool, bool) {
         let (j, mut rx) = job(forced, single_call);
         let mut out = Output::new(&j, Arc::new(Mutex::new(ToolMemory::new(8))), true);
         for p in pieces {
             out.push(p);
         }
         out.finish();
+        let cut = out.cut_short;
         let (mut text, mut calls) = (String::new(), Vec::new());
         while let Ok(e) = rx.try_recv() {
             match e {
@@ -696,7 +737,7 @@ mod tests {
                 _ => {}
             }
         }
-        (text, calls, out.block_done)
+        (text, calls, out.block_done, cut)
     }
 
     const D: &str = "｜DSML｜";
@@ -731,5 +772,63 @@ mod tests {
         assert!(done);
         let (_, calls, _) = run(forced(ToolChoice::Required), false, &[&two]);
         assert_eq!(calls.len(), 2);
+    }
+
+    #[test]
+    fn a_block_ended_by_the_output_end_is_cut_short() {
+        // The model closes the forced call: not cut.
+        let whole = format!("<{D}parameter name=\"city\" string=\"true\">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>");
+        let (_, calls, done, cut) = run_cut(forced(ToolChoice::Named("get_weather".into())), false, &[&whole]);
+        assert_eq!((calls.len(), done, cut), (1, true, false));
+        // The output ends inside it (token limit, stop string): still a call, but cut short.
+        let (_, calls, done, cut) = run_cut(forced(ToolChoice::Named("get_weather".into())), false, &[&whole[..40]]);
+        assert_eq!(calls, vec![("get_weather".to_string(), "{}".to_string())]);
+        assert!(done && cut);
+        // Malformed output mid-stream ends the block before the output's end: not cut.
+        let (_, calls, done, cut) = run_cut(forced(ToolChoice::Required), false, &["zq!! 3 <<", " random"]);
+        assert_eq!((calls.len(), done, cut), (1, true, false));
+        // Nothing at all after the opening (a limit of 0 tokens left).
+        let (_, calls, _, cut) = run_cut(forced(ToolChoice::Required), false, &[]);
+        assert_eq!((calls.len(), cut), (1, true));
+    }
+
+    #[test]
+    fn without_tool_calls_a_block_is_text() {
+        // `tool_choice: none` in thinking mode: the parser splits the reasoning, but a tool-call block
+        // the model writes anyway is text, in order with the text around it, never a call.
+        let block = format!("<{D}tool_calls>\n<{D}invoke name=\"get_weather\">\n<{D}parameter name=\"city\" string=\"true\">Paris</{D}parameter>\n</{D}invoke>\n</{D}tool_calls>");
+        let (events, mut rx) = mpsc::unbounded_channel();
+        let params = GenParams { max_tokens: 16, sampling: SamplerConfig::default(), stops: Vec::new(), thinking: true, parse_tools: false, id_prefix: "call_", script: None, logprobs: None, forced: None, single_call: false };
+        let j = Job { kind: "chat", prompt: Vec::new(), rendered: None, params, events, cancel: Arc::new(AtomicBool::new(false)), queued: Instant::now() };
+        let mut out = Output::new(&j, Arc::new(Mutex::new(ToolMemory::new(8))), true);
+        let all = format!("hmm</think>Before.\n\n{block} after.");
+        for piece in [&all[..20], &all[20..70], &all[70..]] {
+            out.push(piece);
+        }
+        out.finish();
+        let (mut reasoning, mut text, mut other) = (String::new(), String::new(), 0);
+        while let Ok(e) = rx.try_recv() {
+            match e {
+                Event::Reasoning(r) => reasoning.push_str(&r),
+                Event::Text(t) => text.push_str(&t),
+                _ => other += 1,
+            }
+        }
+        assert_eq!(reasoning, "hmm");
+        assert_eq!(text, format!("Before.\n\n{block} after."));
+        assert_eq!((other, out.block_done, out.calls.len()), (0, false, 0));
+        // Cut inside the block: what there is of it, as text.
+        let (events, mut rx) = mpsc::unbounded_channel();
+        let j = Job { events, ..j };
+        let mut out = Output::new(&j, Arc::new(Mutex::new(ToolMemory::new(8))), true);
+        out.push(&format!("x</think>Hi {}", &block[..60]));
+        out.finish();
+        let mut text = String::new();
+        while let Ok(e) = rx.try_recv() {
+            if let Event::Text(t) = e {
+                text.push_str(&t);
+            }
+        }
+        assert_eq!(text, format!("Hi {}", &block[..60]));
     }
 }
