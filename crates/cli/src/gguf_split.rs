@@ -15,6 +15,10 @@ pub struct SplitArgs {
 }
 
 pub fn run(a: &SplitArgs) -> Result<()> {
+    // The shard replaces OUT: never the model it is cut from.
+    if let (Ok(i), Ok(o)) = (a.input.canonicalize(), a.out.canonicalize()) {
+        anyhow::ensure!(i != o, "{} is the input file: give another output path", a.out.display());
+    }
     let f = GgufFile::open(&a.input).with_context(|| format!("reading {}", a.input.display()))?;
     let cfg = Config::from_gguf(&f)?;
     let r = LayerRange::parse(&a.layers, cfg.n_layer)?;

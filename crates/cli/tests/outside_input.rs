@@ -133,3 +133,126 @@ fn bench_sizes_that_wrapped_or_exhausted_memory_are_usage_errors() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn negative_values_get_the_range_message_not_an_unknown_argument() {
+    // `--temp -1`, `--top-p -0.1`, `--mem-limit-gb -1` were read as unknown options ("unexpected
+    // argument '-0' found"), hiding the range the value must be in; `--gpu-bw-gbps 0` or NaN was
+    // accepted and divided by.
+    for (args, needle) in [
+        (&["-p", "x", "--temp", "-1"][..], "--temp must be a number >= 0"),
+        (&["-p", "x", "--top-p", "-0.1"], "--top-p and --min-p within [0, 1]"),
+        (&["-p", "x", "--min-p", "-1"], "--top-p and --min-p within [0, 1]"),
+        (&["-p", "x", "--mem-limit-gb", "-1"], "--mem-limit-gb must be a positive number"),
+        (&["-p", "x", "-n", "-1"], "invalid value '-1' for '--tokens"),
+        (&["-p", "x", "--ctx", "-5"], "invalid value '-5' for '--ctx"),
+    ] {
+        let o = run(ds4(), args, "", Duration::from_secs(60));
+        refused_before_loading(&o, args, needle);
+    }
+    let d = scratch("negative");
+    let prompt = d.join("p.txt");
+    std::fs::write(&prompt, "Quel ramo del lago di Como ".repeat(20)).unwrap();
+    let p = prompt.to_str().unwrap();
+    for (args, needle) in [
+        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--step-mul", "-2"][..], "--step-mul must be 1"),
+        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "0"], "--gpu-bw-gbps must be a positive"),
+        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "NaN"], "--gpu-bw-gbps must be a positive"),
+        (&["--prompt-file", p, "--ctx-start", "-1", "--ctx-max", "128"], "invalid value '-1' for '--ctx-start"),
+    ] {
+        let o = run(bench(), args, "", Duration::from_secs(60));
+        refused_before_loading(&o, args, needle);
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Runs `c` with stdout on `out` (stdin closed), killed after `limit`.
+fn run_to(mut c: Command, args: &[&str], out: Stdio, limit: Duration) -> Output {
+    let mut child = c.args(args).stdin(Stdio::null()).stdout(out).stderr(Stdio::piped()).spawn().unwrap();
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("{args:?} still running after {limit:?}: {}", stderr(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_failed_stdout_write_is_an_error_not_a_panic_or_a_silent_success() {
+    // With stdout on a full disk, the answer was lost and ds4 exited 0; --dump-tokens, --inspect,
+    // --perplexity-file and --decode-consistency panicked (exit 101). ds4-bench's error named no file.
+    let d = scratch("full");
+    let text = d.join("t.txt");
+    std::fs::write(&text, "Quel ramo del lago di Como").unwrap();
+    let t = text.to_str().unwrap();
+    for args in [
+        &["-p", "x", "-n", "4", "--temp", "0"][..],
+        &["-p", "x", "-n", "2", "--logprobs-top-k", "2"],
+        &["--dump-tokens", "-p", "x"],
+        &["--inspect"],
+        &["--perplexity-file", t],
+        &["--decode-consistency", "2", "-p", "x"],
+    ] {
+        let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+        let o = run_to(ds4(), args, full.into(), Duration::from_secs(60));
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {e}");
+        assert!(e.contains("cannot write") && e.contains("No space left") && !e.contains("panicked"), "{args:?}: {e}");
+    }
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let args = ["--prompt-file", t, "--ctx-start", "8", "--ctx-max", "16", "-n", "1", "--csv", "/dev/full"];
+    let o = run_to(bench(), &args, full.into(), Duration::from_secs(60));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cannot write the CSV to /dev/full"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_closed_stdout_pipe_stops_the_generation() {
+    // `ds4 -p ... | head -c 1`: the answer went on being generated (to the full --ctx) after the reader
+    // had gone. Now the generation stops at the first failed write; a closed pipe is not an error.
+    let mut child = ds4()
+        .args(["-p", "x", "-n", "1000000", "--temp", "0", "--ctx", "32768"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!("still generating with no reader after 20 s: {}", stderr(&o));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(!e.contains("the context (--ctx 32768) is full") && !e.contains("panicked"), "{e}");
+}
+
+#[test]
+fn gguf_split_refuses_to_overwrite_its_input() {
+    // `ds4-gguf split --layers 0:2 model.gguf model.gguf` replaced the whole model by a 3-layer shard.
+    let d = scratch("split");
+    let m = d.join("tiny.gguf");
+    let gguf = || Command::new(env!("CARGO_BIN_EXE_ds4-gguf"));
+    assert!(gguf().args(["synth", "tiny"]).arg(&m).output().unwrap().status.success());
+    let before = std::fs::metadata(&m).unwrap().len();
+    let same = d.join(".").join("tiny.gguf");
+    let o = gguf().args(["split", "--layers", "0:2"]).arg(&m).arg(&same).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is the input file"), "{}", stderr(&o));
+    assert_eq!(std::fs::metadata(&m).unwrap().len(), before, "the model is untouched");
+    let o = gguf().args(["split", "--layers", "0:2"]).arg(&m).arg(d.join("shard.gguf")).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -48,22 +48,22 @@ struct Args {
     #[arg(long = "prompt-file", conflicts_with = "prompt")]
     prompt_file: Option<PathBuf>,
     /// Context size in tokens.
-    #[arg(short = 'c', long = "ctx", default_value_t = 32768)]
+    #[arg(short = 'c', long = "ctx", default_value_t = 32768, allow_negative_numbers = true)]
     ctx: usize,
     /// Maximum tokens to generate per answer (a line says when generation stopped there).
-    #[arg(short = 'n', long = "tokens", default_value_t = 50000)]
+    #[arg(short = 'n', long = "tokens", default_value_t = 50000, allow_negative_numbers = true)]
     tokens: usize,
     /// Sampling temperature (0 = greedy).
-    #[arg(long = "temp", default_value_t = 1.0)]
+    #[arg(long = "temp", default_value_t = 1.0, allow_negative_numbers = true)]
     temp: f32,
-    #[arg(long = "top-k", default_value_t = 0)]
+    #[arg(long = "top-k", default_value_t = 0, allow_negative_numbers = true)]
     top_k: usize,
-    #[arg(long = "top-p", default_value_t = 1.0)]
+    #[arg(long = "top-p", default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
-    #[arg(long = "min-p", default_value_t = 0.05)]
+    #[arg(long = "min-p", default_value_t = 0.05, allow_negative_numbers = true)]
     min_p: f32,
     /// Sampling seed [default: a new random seed each run].
-    #[arg(long = "seed")]
+    #[arg(long = "seed", allow_negative_numbers = true)]
     seed: Option<u64>,
     /// Thinking mode (default).
     #[arg(long = "think", conflicts_with_all = ["nothink", "think_max"])]
@@ -78,14 +78,14 @@ struct Args {
     #[arg(long = "system", default_value = "You are a helpful assistant")]
     system: String,
     /// CPU threads (default: all cores).
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", allow_negative_numbers = true)]
     threads: Option<usize>,
     /// Prompt tokens per prefill batch (sizes the prefill working memory). Default: on a GPU the largest
     /// of 4096, 2048, 1024, 512, 256 that fits beside the weights (ds4: 2048-4096); 256 on the CPU.
-    #[arg(long = "prefill-chunk")]
+    #[arg(long = "prefill-chunk", allow_negative_numbers = true)]
     prefill_chunk: Option<usize>,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
-    #[arg(long = "mem-limit-gb")]
+    #[arg(long = "mem-limit-gb", allow_negative_numbers = true)]
     mem_limit_gb: Option<f64>,
     /// Restore a session saved with --kv-save before the first prompt (it continues that conversation).
     #[arg(long = "kv-load")]
@@ -259,8 +259,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     if args.ds4.dump_tokens {
         let tok = diagnostics::file_tokenizer(src.path())?;
-        print!("{}", diagnostics::dump_tokens(&tok, prompt.as_deref().unwrap_or_default()));
-        return Ok(());
+        return print_out(&diagnostics::dump_tokens(&tok, prompt.as_deref().unwrap_or_default()));
     }
     let t0 = Instant::now();
     let opts = load_options(&args, backend);
@@ -289,8 +288,7 @@ fn run(args: Args) -> Result<(), String> {
         );
     }
     if args.ds4.inspect {
-        diagnostics::inspect(src.path(), &eng);
-        return Ok(());
+        return print_out(&diagnostics::inspect(src.path(), &eng));
     }
     let tokenizer = eng.tokenizer().map_err(|e| e.to_string())?;
     if let (Some(ds), Some(out)) = (&args.ds4.imatrix_dataset, &args.ds4.imatrix_out) {
@@ -302,8 +300,7 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(f) = &args.ds4.perplexity_file {
         let text = std::fs::read_to_string(f).map_err(|e| format!("cannot read {}: {e}", f.display()))?;
         let p = diagnostics::perplexity(&mut eng, &tokenizer, &text, &AtomicBool::new(false))?;
-        println!("perplexity: {:.4} over {} tokens (mean NLL {:.4} nats)", p.mean_nll.exp(), p.tokens, p.mean_nll);
-        return Ok(());
+        return print_out(&format!("perplexity: {:.4} over {} tokens (mean NLL {:.4} nats)\n", p.mean_nll.exp(), p.tokens, p.mean_nll));
     }
     let mut session = Session::new(&eng);
     let kv_id = ds4_kvstore::stage_identity(&eng.stage);
@@ -361,8 +358,8 @@ fn decode_consistency(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::
         }
     }
     let worst = c.worst();
-    println!(
-        "decode consistency: {} steps after {} prompt tokens ({}): max |Δlogit| {worst:.3e} ({:.3e} of max |logit| {:.3}), argmax agrees {}/{}",
+    print_out(&format!(
+        "decode consistency: {} steps after {} prompt tokens ({}): max |Δlogit| {worst:.3e} ({:.3e} of max |logit| {:.3}), argmax agrees {}/{}\n",
         c.steps,
         toks.len(),
         conv.eng.backend().name(),
@@ -370,8 +367,18 @@ fn decode_consistency(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::
         c.max_logit,
         c.argmax_agree(),
         c.steps
-    );
-    Ok(())
+    ))
+}
+
+/// A diagnostic's result on stdout: a failed write (a full disk) is an error (exit 1), not a panic.
+fn print_out(text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        // A closed pipe (`ds4 --dump-tokens ... | head`) is not an error.
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write to stdout: {e}")),
+        _ => Ok(()),
+    }
 }
 
 /// How the model (or this process's layers of it) is loaded.

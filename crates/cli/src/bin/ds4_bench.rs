@@ -38,31 +38,31 @@ struct Args {
     #[arg(long = "system", requires = "chat_prompt_file")]
     system: Option<String>,
     /// First measured frontier.
-    #[arg(long = "ctx-start", default_value_t = 2048)]
+    #[arg(long = "ctx-start", default_value_t = 2048, allow_negative_numbers = true)]
     ctx_start: usize,
     /// Last frontier (always measured, also when the step jumps past it).
-    #[arg(long = "ctx-max", default_value_t = 32768)]
+    #[arg(long = "ctx-max", default_value_t = 32768, allow_negative_numbers = true)]
     ctx_max: usize,
     /// Linear frontier step, used when --step-mul is 1 [default: 2048].
-    #[arg(long = "step-incr")]
+    #[arg(long = "step-incr", allow_negative_numbers = true)]
     step_incr: Option<usize>,
     /// Multiplicative frontier step: when not 1, next = ceil(current × F).
-    #[arg(long = "step-mul", default_value_t = 1.0)]
+    #[arg(long = "step-mul", default_value_t = 1.0, allow_negative_numbers = true)]
     step_mul: f64,
     /// Context size to allocate (default: --ctx-max + --gen-tokens + 1).
-    #[arg(long = "ctx-alloc", short = 'c', visible_alias = "ctx")]
+    #[arg(long = "ctx-alloc", short = 'c', visible_alias = "ctx", allow_negative_numbers = true)]
     ctx: Option<usize>,
     /// Greedy tokens decoded at each frontier (0: prefill only).
-    #[arg(long = "gen-tokens", short = 'n', visible_alias = "tokens", default_value_t = 128)]
+    #[arg(long = "gen-tokens", short = 'n', visible_alias = "tokens", default_value_t = 128, allow_negative_numbers = true)]
     gen_tokens: usize,
-    #[arg(short = 't', long = "threads")]
+    #[arg(short = 't', long = "threads", allow_negative_numbers = true)]
     threads: Option<usize>,
     /// Prompt tokens per prefill batch (sizes the prefill working memory). Default: on a GPU the largest
     /// of 4096, 2048, 1024, 512, 256 that fits beside the weights (ds4: 2048-4096); 256 on the CPU.
-    #[arg(long = "prefill-chunk")]
+    #[arg(long = "prefill-chunk", allow_negative_numbers = true)]
     prefill_chunk: Option<usize>,
     /// Memory budget in GiB (default: the RAM available now); a plan over it refuses to start.
-    #[arg(long = "mem-limit-gb")]
+    #[arg(long = "mem-limit-gb", allow_negative_numbers = true)]
     mem_limit_gb: Option<f64>,
     /// Also measure this machine's read bandwidth and report decode as a fraction of it (stderr).
     #[arg(long = "bandwidth")]
@@ -71,7 +71,7 @@ struct Args {
     #[arg(long = "csv")]
     csv: Option<PathBuf>,
     /// With a GPU backend (cuda, vulkan, metal): report decode as a fraction of this memory bandwidth (GB/s).
-    #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0)]
+    #[arg(long = "gpu-bw-gbps", default_value_t = 4800.0, allow_negative_numbers = true)]
     gpu_bw_gbps: f64,
     /// Verbose diagnostics (distributed per-hop telemetry) on stderr.
     #[arg(long = "debug")]
@@ -80,7 +80,7 @@ struct Args {
     /// stream): each stream has its own KV state and its own text (the prompt rotated), all at the
     /// frontier; the CSV gains `streams,aggregate_gen_tps,per_stream_gen_tps` (gen_tps stays the
     /// single-stream rate of stream 0 measured alone).
-    #[arg(long = "concurrency", value_name = "N", default_value_t = 1)]
+    #[arg(long = "concurrency", value_name = "N", default_value_t = 1, allow_negative_numbers = true)]
     concurrency: usize,
     /// With --concurrency N > 8 on CUDA: every row of every batch is computed as its stream's own
     /// one-token step (bit-identical to decoding it alone). Batches of up to 8 streams do so anyway
@@ -202,6 +202,9 @@ fn run(a: Args) -> Result<(), String> {
         return Err(usage("--prefill-chunk must be at least 1"));
     }
     let fr = frontiers(&a)?;
+    if !(a.gpu_bw_gbps > 0.0 && a.gpu_bw_gbps.is_finite()) {
+        return Err(usage(&format!("--gpu-bw-gbps must be a positive number of GB/s, got {}", a.gpu_bw_gbps)));
+    }
     if a.concurrency == 0 || a.concurrency > ds4_engine::MAX_SESSIONS {
         return Err(usage(&format!("--concurrency must be within 1..={}", ds4_engine::MAX_SESSIONS)));
     }
@@ -274,8 +277,11 @@ fn run(a: Args) -> Result<(), String> {
         Some(p) => Box::new(std::fs::File::create(p).map_err(|e| format!("cannot create {}: {e}", p.display()))?),
         None => Box::new(std::io::stdout()),
     };
+    // A failed CSV write (a full disk) names its destination.
+    let dest = a.csv.as_ref().map_or("stdout".to_string(), |p| p.display().to_string());
+    let csv_err = |e: std::io::Error| format!("cannot write the CSV to {dest}: {e}");
     let extra = if a.concurrency > 1 { ",streams,aggregate_gen_tps,per_stream_gen_tps" } else if mtp.is_some() { ",mtp_drafted,mtp_accepted,mtp_acceptance" } else { "" };
-    writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}").map_err(|e| e.to_string())?;
+    writeln!(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes{extra}").map_err(&csv_err)?;
     // The other streams of --concurrency: the same text rotated, so their routing and attention differ.
     let mut others: Vec<(Session, Vec<u32>)> = (1..a.concurrency)
         .map(|j| {
@@ -332,17 +338,17 @@ fn run(a: Args) -> Result<(), String> {
             }
             s.restore(snap);
         }
-        write!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(|e| e.to_string())?;
+        write!(out, "{f},{n},{:.2},{},{:.2},{kv_bytes}", n as f64 / pt, st.gen_tokens, st.gen_tps()).map_err(&csv_err)?;
         if a.concurrency > 1 {
             for (o, t) in others.iter_mut() {
                 o.sync(&mut eng, &t[..f], &mut |_, _| {}, &never).map_err(|e| e.to_string())?;
             }
             let agg = batched_decode(&mut eng, &s, &others, a.gen_tokens)?;
-            write!(out, ",{},{agg:.2},{:.2}", a.concurrency, agg / a.concurrency as f64).map_err(|e| e.to_string())?;
+            write!(out, ",{},{agg:.2},{:.2}", a.concurrency, agg / a.concurrency as f64).map_err(&csv_err)?;
         } else if mtp.is_some() {
-            write!(out, ",{},{},{:.4}", st.drafted, st.accepted, st.acceptance()).map_err(|e| e.to_string())?;
+            write!(out, ",{},{},{:.4}", st.drafted, st.accepted, st.acceptance()).map_err(&csv_err)?;
         }
-        writeln!(out).map_err(|e| e.to_string())?;
+        writeln!(out).map_err(&csv_err)?;
         if a.bandwidth {
             let cfg = eng.cfg().clone();
             let bpt = eng.stage.w.decode_bytes(cfg.n_expert_used, f / 4 > cfg.idx_topk) as f64;
@@ -370,7 +376,7 @@ fn run(a: Args) -> Result<(), String> {
                 eprintln!("ctx {f}: {r}");
             }
         }
-        out.flush().map_err(|e| e.to_string())?;
+        out.flush().map_err(&csv_err)?;
     }
     if let Some(hwm) = peak_rss() {
         let plan = eng.plan.total();

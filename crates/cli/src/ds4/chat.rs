@@ -231,6 +231,13 @@ impl Chat {
         let mut view = ReasoningView::new(thinking, stdout.is_terminal());
         let mut dec = StreamDecoder::new();
         let mut out = stdout.lock();
+        // A failed write to stdout (a closed pipe, a full disk) stops the generation; a full disk fails the turn.
+        let write_err: RefCell<Option<std::io::Error>> = RefCell::new(None);
+        let failed = |r: std::io::Result<()>| {
+            if let Err(e) = r {
+                write_err.borrow_mut().get_or_insert(e);
+            }
+        };
         let top_k = match self.display {
             Display::Logprobs(k) => Some(k.max(self.record_top_k.unwrap_or(0))),
             Display::Text => self.record_top_k,
@@ -253,8 +260,7 @@ impl Chat {
                 } else {
                     view.text(&dec.push(&tok, t))
                 };
-                let _ = out.write_all(piece.as_bytes());
-                let _ = out.flush();
+                failed(out.write_all(piece.as_bytes()).and_then(|()| out.flush()));
             }
             if debug {
                 // Weight residency operations so far in this phase: stays 0 after load.
@@ -263,7 +269,7 @@ impl Chat {
                 eprintln!("[debug] token {t}: decode map={} bind={} upload={}", c.get(Phase::Decode, Op::Map), c.get(Phase::Decode, Op::Bind), c.get(Phase::Decode, Op::Upload));
             }
             power.tick();
-            true
+            write_err.borrow().is_none()
         };
         // MTP: the sampler itself gives the distributions (logprob output is refused with --mtp).
         let reason = if conv.speculative() && top_k.is_none() {
@@ -278,7 +284,7 @@ impl Chat {
                     let s = logprobs::step(l, t, k);
                     if let Display::Logprobs(n) = display {
                         let shown = Step { chosen: s.chosen, top: s.top[..n.min(s.top.len())].to_vec() };
-                        let _ = writeln!(std::io::stdout(), "{}", logprobs::line(&tok, first + steps.borrow().len(), &shown));
+                        failed(writeln!(std::io::stdout(), "{}", logprobs::line(&tok, first + steps.borrow().len(), &shown)));
                     }
                     steps.borrow_mut().push(s);
                 }
@@ -291,15 +297,18 @@ impl Chat {
         drop(on_token);
         if display == Display::Text {
             let rest = view.text(&dec.finish()) + &view.finish();
-            let _ = out.write_all(rest.as_bytes());
-            let _ = writeln!(out);
+            failed(out.write_all(rest.as_bytes()).and_then(|()| writeln!(out)));
         }
-        let _ = out.flush();
+        failed(out.flush());
         if self.record_top_k.is_some() {
             self.recorded.extend(steps.into_inner());
         }
         st.stop = Some(reason?);
-        Ok(())
+        match write_err.into_inner() {
+            // A closed pipe (`ds4 -p ... | head`) is not an error: the reader has what it wanted.
+            Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write the answer to stdout: {e}")),
+            _ => Ok(()),
+        }
     }
 }
 

@@ -7,20 +7,23 @@ use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
-/// `--inspect`: what was loaded, then exit.
-pub fn inspect(path: &Path, eng: &Engine) {
+/// `--inspect`: what was loaded (printed by the caller), then exit.
+pub fn inspect(path: &Path, eng: &Engine) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
     let c = eng.cfg();
     let ratios = |r: usize| c.compress_ratios.iter().filter(|&&x| x == r).count();
-    println!("model: {}", path.display());
-    println!("backend: {:?}, context {} tokens, prefill chunk {}", eng.backend(), eng.ctx, eng.prefill_chunk);
-    println!("layers {}: embedding {}, vocabulary {}, {} heads × {} (rope {}), sliding window {}", c.n_layer, c.n_embd, c.n_vocab, c.n_head, c.head_dim, c.rope_dim, c.swa);
-    println!("experts: {} routed (top {}), {} shared, width {}; {} hash-routed layers", c.n_expert, c.n_expert_used, c.n_shared, c.ff_exp, c.n_hash_layer);
-    println!("compression: {} raw-only layers, {} at ratio 4 (indexer {} heads × {}, top {}), {} at ratio 128", ratios(0), ratios(4), c.idx_heads, c.idx_dim, c.idx_topk, ratios(128));
-    println!("hyper-connections: {} streams, {} Sinkhorn iterations", c.n_hc, c.sinkhorn_iters);
+    let _ = writeln!(s, "model: {}", path.display());
+    let _ = writeln!(s, "backend: {:?}, context {} tokens, prefill chunk {}", eng.backend(), eng.ctx, eng.prefill_chunk);
+    let _ = writeln!(s, "layers {}: embedding {}, vocabulary {}, {} heads × {} (rope {}), sliding window {}", c.n_layer, c.n_embd, c.n_vocab, c.n_head, c.head_dim, c.rope_dim, c.swa);
+    let _ = writeln!(s, "experts: {} routed (top {}), {} shared, width {}; {} hash-routed layers", c.n_expert, c.n_expert_used, c.n_shared, c.ff_exp, c.n_hash_layer);
+    let _ = writeln!(s, "compression: {} raw-only layers, {} at ratio 4 (indexer {} heads × {}, top {}), {} at ratio 128", ratios(0), ratios(4), c.idx_heads, c.idx_dim, c.idx_topk, ratios(128));
+    let _ = writeln!(s, "hyper-connections: {} streams, {} Sinkhorn iterations", c.n_hc, c.sinkhorn_iters);
     if let Ok(t) = eng.tokenizer() {
-        println!("tokenizer: {} tokens", t.n_vocab());
+        let _ = writeln!(s, "tokenizer: {} tokens", t.n_vocab());
     }
-    println!("memory plan: {:.3} GiB", eng.plan.total() as f64 / (1u64 << 30) as f64);
+    let _ = writeln!(s, "memory plan: {:.3} GiB", eng.plan.total() as f64 / (1u64 << 30) as f64);
+    s
 }
 
 /// `--dump-tokens`: the prompt tokenized exactly as written (special tokens recognised), one
