@@ -170,6 +170,9 @@ pub struct Args {
     pub ds4: crate::ds4_flags::Ds4Flags,
 }
 
+/// Largest value of a seconds flag (about 31 years).
+pub const MAX_SECS: u64 = 1_000_000_000;
+
 impl Args {
     /// Checks values clap cannot; the message names the flag.
     pub fn validate(&self) -> Result<(), String> {
@@ -206,6 +209,9 @@ impl Args {
         if self.kv_cache_cold_max_tokens != 0 && self.kv_cache_cold_max_tokens < self.kv_disk_min_tokens {
             return Err("--kv-cache-cold-max-tokens must be 0 or at least --kv-cache-min-tokens".into());
         }
+        if self.kv_snapshots >= ds4_engine::MAX_SESSIONS {
+            return Err(format!("--kv-snapshots {}: at most {}", self.kv_snapshots, ds4_engine::MAX_SESSIONS - 1));
+        }
         if self.batched_session == 0 {
             return Err("--batched-session must be at least 1".into());
         }
@@ -220,6 +226,12 @@ impl Args {
         }
         if self.send_timeout_secs == 0 {
             return Err("--send-timeout-secs must be at least 1".into());
+        }
+        // Larger values overflow the clock's deadlines (a panic in every connection, or every stream).
+        for (flag, v) in [("--header-timeout-secs", self.header_timeout_secs), ("--body-timeout-secs", self.body_timeout_secs), ("--send-timeout-secs", self.send_timeout_secs), ("--keepalive-secs", self.keepalive_secs)] {
+            if v > MAX_SECS {
+                return Err(format!("{flag} {v}: at most {MAX_SECS} seconds"));
+            }
         }
         ds4_engine::power::Power::new(self.ds4.power)?;
         if self.ds4.mixed_prefill_quantum == 0 {

@@ -27,7 +27,8 @@ impl Conn {
             return None;
         }
         let since = *self.idle_since.lock().unwrap_or_else(|e| e.into_inner());
-        Some(since + timeout)
+        // A timeout too large to add never expires (it used to panic the connection's task).
+        since.checked_add(timeout)
     }
 
     /// Notes the outcome of a write to the socket: blocked (the client's window is full) or through.
@@ -42,7 +43,7 @@ impl Conn {
 
     /// When the write blocked now has waited `timeout`; None while no write is blocked.
     pub fn write_deadline(&self, timeout: Duration) -> Option<Instant> {
-        self.write_blocked_since.lock().unwrap_or_else(|e| e.into_inner()).map(|t| t + timeout)
+        self.write_blocked_since.lock().unwrap_or_else(|e| e.into_inner()).and_then(|t| t.checked_add(timeout))
     }
 
     fn idle_for(&self) -> Option<Instant> {
@@ -153,5 +154,16 @@ mod tests {
         assert_eq!(c.write_deadline(t), Some(d));
         c.note_write(false);
         assert!(c.write_deadline(t).is_none());
+    }
+
+    #[test]
+    fn a_timeout_too_large_for_the_clock_never_expires_instead_of_panicking() {
+        // `--header-timeout-secs 18446744073709551615` panicked every connection's task ("overflow
+        // when adding duration to instant"): /health got no answer at all.
+        let r = Registry::new(1);
+        let c = r.admit().unwrap();
+        assert!(c.idle_deadline(Duration::MAX).is_none());
+        c.note_write(true);
+        assert!(c.write_deadline(Duration::MAX).is_none());
     }
 }

@@ -136,6 +136,15 @@ fn run(args: args::Args) -> Result<(), Failure> {
         disk::check_dir(dir).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
     }
     ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
+    // The load options' ranges (--threads, --ctx, --prefill-chunk, sessions held) and the backend's
+    // presence in this build, checked before the listener is bound. Before, each of these failed only
+    // after the server said it was listening (and the ranges with exit 1). What needs the model file
+    // (its metadata, the memory plan) is checked by the loader, while HTTP answers 503 `loading`.
+    let opts = load_options(&args)?;
+    opts.validate().map_err(|e| match e {
+        ds4_engine::EngineError::Invalid(m) => Failure::Usage(m),
+        e => Failure::Run(e.to_string()),
+    })?;
     let metrics = Arc::new(metrics::Metrics::default());
     let tool_mem = Arc::new(Mutex::new(tools::ToolMemory::new(args.tool_memory_max_ids)));
     let app = Arc::new(app::App::from_args(&args, metrics.clone(), tool_mem.clone(), script));
@@ -165,7 +174,7 @@ fn run(args: args::Args) -> Result<(), Failure> {
         std::thread::Builder::new()
             .name("ds4-load".into())
             .spawn(move || {
-                if let Err(e) = load(&args, src.path(), &app, metrics, tool_mem, trace) {
+                if let Err(e) = load(&args, opts, src.path(), &app, metrics, tool_mem, trace) {
                     let _ = failed_tx.send(e);
                 }
             })
@@ -205,16 +214,8 @@ fn run(args: args::Args) -> Result<(), Failure> {
     served.map_err(Failure::Run)
 }
 
-/// Loads the model (or starts the distributed route), opens the disk cache, starts the inference
-/// worker, and marks the server ready.
-fn load(
-    args: &args::Args,
-    path: &std::path::Path,
-    app: &app::App,
-    metrics: Arc<metrics::Metrics>,
-    tool_mem: Arc<Mutex<tools::ToolMemory>>,
-    trace: Arc<trace::Trace>,
-) -> Result<(), String> {
+/// The engine's load options from the flags.
+fn load_options(args: &args::Args) -> Result<LoadOptions, String> {
     let backend = ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
     let mut opts = LoadOptions { ctx: args.ctx, threads: args.threads, mem_limit_gb: args.mem_limit_gb, backend, cuda_devices: args.cuda_devices.clone(), cuda_weights: ds4_engine::CudaWeights::parse(&args.cuda_weights).map_err(|e| e.to_string())?, debug: args.debug, weights: args.weights, warm_weights: args.warm_weights, kv_states: kv_states(args), batch_slots: args.batched_session, deterministic: args.deterministic, mtp: args.ds4.mtp_options()?, steering: args.ds4.steering.clone(), ..LoadOptions::default() }.chunk_flag(args.prefill_chunk);
     if args.ds4.quality {
@@ -223,6 +224,21 @@ fn load(
     }
     // Diagnostic only: `--qat off` drops the FP8/FP4 simulation (not the shipped numerics).
     opts.options.qat = args.ds4.qat != "off";
+    Ok(opts)
+}
+
+/// Loads the model (or starts the distributed route), opens the disk cache, starts the inference
+/// worker, and marks the server ready.
+fn load(
+    args: &args::Args,
+    opts: LoadOptions,
+    path: &std::path::Path,
+    app: &app::App,
+    metrics: Arc<metrics::Metrics>,
+    tool_mem: Arc<Mutex<tools::ToolMemory>>,
+    trace: Arc<trace::Trace>,
+) -> Result<(), String> {
+    let backend = opts.backend;
     app.set_loading("loading model weights");
     let t0 = std::time::Instant::now();
     let (model, tok, coordinator, model_id) = if args.dist.is_coordinator() {
@@ -286,7 +302,9 @@ fn load(
 /// KV states the server can hold at once, for the memory plan: every session (`--batched-session`) and
 /// its rewind snapshots (kept on the CPU backend only).
 fn kv_states(args: &args::Args) -> usize {
-    args.batched_session * (1 + if args.backend != "cpu" { 0 } else { args.kv_snapshots })
+    // Saturating: `--kv-snapshots 18446744073709551615` wrapped to 0 states, so the memory plan counted
+    // no KV at all and the range check passed.
+    args.batched_session.saturating_mul(1usize.saturating_add(if args.backend != "cpu" { 0 } else { args.kv_snapshots }))
 }
 
 /// SIGINT (Ctrl-C) or SIGTERM.

@@ -117,9 +117,10 @@ fn every_ds4_server_flag_is_accepted_or_answered_with_not_built() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.contains("unexpected argument") && !err.contains("unrecognized"), "{flag}: {err}");
         match out.status.code() {
-            // Accepted: stopped at the taken port, before loading.
+            // Accepted: stopped at the taken port, before loading (a backend this build lacks is
+            // refused before the port is bound).
             Some(1) => {
-                assert!(err.contains("cannot listen"), "{flag}: {err}");
+                assert!(err.contains("cannot listen") || (matches!(*flag, "--cuda" | "--metal" | "--vulkan") && err.contains("this binary was built without")), "{flag}: {err}");
                 accepted += 1;
             }
             Some(2) => {
@@ -170,8 +171,8 @@ fn chdir_changes_the_directory_before_the_model_is_resolved() {
 
 #[test]
 fn a_gpu_backend_not_built_names_the_cargo_feature() {
-    // Flags are checked before the port is bound; the backend when the model loads (exit 1, as for
-    // --backend cuda in a build without CUDA), with one line naming `--features wgpu`.
+    // Flags are checked before the port is bound, the backend too (exit 1, as for --backend cuda in a
+    // build without CUDA), with one line naming `--features wgpu`.
     let mut cases: Vec<(&[&str], &str)> = Vec::new();
     if !cfg!(feature = "wgpu") {
         for a in [&["--vulkan"][..], &["--metal"], &["--backend", "vulkan"], &["--backend", "metal"], &["--backend", "wgpu"]] {
@@ -185,6 +186,7 @@ fn a_gpu_backend_not_built_names_the_cargo_feature() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("listening"), "{args:?}: refused only after listening: {err}");
     }
     // Two backend switches at once, or an unknown name, are usage errors.
     for args in [&["--cpu", "--vulkan"][..], &["--metal", "--vulkan"], &["--backend", "opencl"]] {
@@ -209,4 +211,43 @@ fn a_coordinator_range_without_room_for_a_worker_is_a_usage_error_before_listeni
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("--layers") && err.contains("output head"), "{err}");
     assert!(!err.contains("listening"), "refused only after listening: {err}");
+}
+
+/// Values the engine refuses (out of its ranges) stop the server before it listens: exit 2 and one
+/// line. Before, each printed "listening on ..." first and failed from the loading thread with exit 1.
+#[test]
+fn load_option_ranges_are_usage_errors_before_listening() {
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["--threads", "0"], 2, "--threads must be at least 1"),
+        (&["--threads", "100000"], 2, "--threads 100000: at most"),
+        (&["--ctx", "100000000000"], 2, "--ctx 100000000000: at most"),
+        (&["--prefill-chunk", "100000000000"], 2, "--prefill-chunk 100000000000: at most"),
+        (&["--kv-snapshots", "100000000"], 2, "--kv-snapshots 100000000: at most 65535"),
+        // 2 x (1 + 2^63) used to wrap to 0 KV states: the plan counted none and the server started.
+        (&["--batched-session", "2", "--kv-snapshots", "9223372036854775807"], 2, "--kv-snapshots 9223372036854775807: at most"),
+        (&["--kv-snapshots", "18446744073709551615"], 2, "--kv-snapshots 18446744073709551615: at most"),
+        (&["--batched-session", "256", "--kv-snapshots", "256"], 2, "65792 sessions held at once: at most 65536"),
+        (&["--batched-session", "70000", "--kv-snapshots", "0"], 2, "sessions held at once: at most"),
+    ];
+    for (args, code, want) in cases {
+        let out = Command::new(BIN).args(*args).args(["--port", "0", "--backend", "cpu"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(*code), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+        assert!(!err.contains("listening"), "{args:?}: refused only after listening: {err}");
+        assert_eq!(err.lines().filter(|l| l.starts_with("ds4-server:") && !l.contains("embedded tiny default")).count(), 1, "{args:?}: {err}");
+    }
+}
+
+/// Seconds flags too large for the clock are refused (exit 2). Before, `--header-timeout-secs
+/// 18446744073709551615` started, then panicked every connection's task ("overflow when adding
+/// duration to instant"), so even /health got no answer.
+#[test]
+fn seconds_flags_too_large_for_the_clock_are_refused() {
+    for flag in ["--header-timeout-secs", "--body-timeout-secs", "--send-timeout-secs", "--keepalive-secs"] {
+        let out = Command::new(BIN).args([flag, "18446744073709551615", "--port", "0"]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag}: {err}");
+        assert!(err.contains(flag) && err.contains("at most") && err.lines().count() == 1, "{flag}: {err}");
+    }
 }
