@@ -21,6 +21,11 @@ fn scratch(name: &str) -> PathBuf {
 fn run(mut c: Command, args: &[&str], input: &str, limit: Duration) -> Output {
     let mut child = c.args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
+    wait_within(child, args, limit)
+}
+
+/// Waits for `child`; kills it and fails after `limit`.
+fn wait_within(mut child: std::process::Child, args: &[&str], limit: Duration) -> Output {
     let t0 = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if t0.elapsed() > limit {
@@ -41,19 +46,34 @@ fn refused_before_loading(o: &Output, args: &[&str], needle: &str) {
     assert!(!e.contains("memory: ") && !e.contains("panicked"), "{args:?}: refused before planning: {e}");
 }
 
+/// Each case (arguments, message) run through `bin` is refused before loading.
+fn each_refused_before_loading(bin: fn() -> Command, cases: &[(&[&str], &str)]) {
+    for &(args, needle) in cases {
+        let o = run(bin(), args, "", Duration::from_secs(60));
+        refused_before_loading(&o, args, needle);
+    }
+}
+
+/// A prompt file for ds4-bench in `d` (a few hundred tokens).
+fn bench_prompt(d: &std::path::Path) -> PathBuf {
+    let prompt = d.join("p.txt");
+    std::fs::write(&prompt, "Quel ramo del lago di Como ".repeat(20)).unwrap();
+    prompt
+}
+
 #[test]
 fn sizes_that_overflowed_the_plan_or_hung_are_usage_errors() {
     // --ctx 2^64-1 and --prefill-chunk 2^62 wrapped the plan to a few MiB, then panicked on the
     // allocation; --threads 100000 spawned threads for minutes; --temp inf sampled uniformly.
-    for (args, needle) in [
-        (&["-p", "x", "--ctx", "18446744073709551615"][..], "--ctx"),
-        (&["-p", "x", "--prefill-chunk", "4611686018427387904"], "--prefill-chunk"),
-        (&["-p", "x", "--threads", "100000"], "--threads"),
-        (&["-p", "x", "--temp", "inf"], "--temp"),
-    ] {
-        let o = run(ds4(), args, "", Duration::from_secs(60));
-        refused_before_loading(&o, args, needle);
-    }
+    each_refused_before_loading(
+        ds4,
+        &[
+            (&["-p", "x", "--ctx", "18446744073709551615"][..], "--ctx"),
+            (&["-p", "x", "--prefill-chunk", "4611686018427387904"], "--prefill-chunk"),
+            (&["-p", "x", "--threads", "100000"], "--threads"),
+            (&["-p", "x", "--temp", "inf"], "--temp"),
+        ],
+    );
 }
 
 #[test]
@@ -64,16 +84,16 @@ fn output_files_are_checked_before_the_generation() {
     let dir = d.to_str().unwrap();
     let missing = d.join("no/such/dir/f.json");
     let missing = missing.to_str().unwrap();
-    for (args, needle) in [
-        (&["-p", "x", "-n", "2", "--kv-save", dir][..], "--kv-save"),
-        (&["-p", "x", "-n", "2", "--kv-save", missing], "does not exist"),
-        (&["-p", "x", "-n", "2", "--dump-logprobs", dir], "--dump-logprobs"),
-        (&["-p", "x", "-n", "2", "--dump-logprobs", missing], "does not exist"),
-        (&["-p", "x", "--dump-logits", dir], "--dump-logits"),
-    ] {
-        let o = run(ds4(), args, "", Duration::from_secs(60));
-        refused_before_loading(&o, args, needle);
-    }
+    each_refused_before_loading(
+        ds4,
+        &[
+            (&["-p", "x", "-n", "2", "--kv-save", dir][..], "--kv-save"),
+            (&["-p", "x", "-n", "2", "--kv-save", missing], "does not exist"),
+            (&["-p", "x", "-n", "2", "--dump-logprobs", dir], "--dump-logprobs"),
+            (&["-p", "x", "-n", "2", "--dump-logprobs", missing], "does not exist"),
+            (&["-p", "x", "--dump-logits", dir], "--dump-logits"),
+        ],
+    );
     let fifo = d.join("fifo.kv");
     if Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()) {
         let args = ["-p", "x", "-n", "2", "--kv-save", fifo.to_str().unwrap()];
@@ -114,23 +134,25 @@ fn bench_sizes_that_wrapped_or_exhausted_memory_are_usage_errors() {
     // and the token list ran out of memory (abort); -n 2^64-1 wrapped to a context that silently cut the
     // decode short; --concurrency 2^64-1 overflowed the plan (panic).
     let d = scratch("bench");
-    let prompt = d.join("p.txt");
-    std::fs::write(&prompt, "Quel ramo del lago di Como ".repeat(20)).unwrap();
+    let prompt = bench_prompt(&d);
     let p = prompt.to_str().unwrap();
     let dir = d.to_str().unwrap();
-    for (args, needle) in [
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "18446744073709551615", "-n", "4"][..], "--ctx-max"),
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "18446744073709551615"], "--gen-tokens"),
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--concurrency", "18446744073709551615"], "--concurrency"),
-        (&["--prompt-file", p, "--ctx-start", "1", "--ctx-max", "100000000", "--step-incr", "1", "-n", "1"], "frontiers"),
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--csv", dir], "--csv"),
-        // Bad values are usage errors (exit 2) like the rest, not run failures (exit 1).
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--prefill-chunk", "0"], "--prefill-chunk"),
-        (&["--prompt-file", p, "--ctx-start", "256", "--ctx-max", "128", "-n", "4"], "--ctx-start"),
-    ] {
-        let o = run(bench(), args, "", Duration::from_secs(60));
-        refused_before_loading(&o, args, needle);
-    }
+    each_refused_before_loading(
+        bench,
+        &[
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "18446744073709551615", "-n", "4"][..], "--ctx-max"),
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "18446744073709551615"], "--gen-tokens"),
+            (
+                &["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--concurrency", "18446744073709551615"],
+                "--concurrency",
+            ),
+            (&["--prompt-file", p, "--ctx-start", "1", "--ctx-max", "100000000", "--step-incr", "1", "-n", "1"], "frontiers"),
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--csv", dir], "--csv"),
+            // Bad values are usage errors (exit 2) like the rest, not run failures (exit 1).
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "-n", "4", "--prefill-chunk", "0"], "--prefill-chunk"),
+            (&["--prompt-file", p, "--ctx-start", "256", "--ctx-max", "128", "-n", "4"], "--ctx-start"),
+        ],
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -139,46 +161,39 @@ fn negative_values_get_the_range_message_not_an_unknown_argument() {
     // `--temp -1`, `--top-p -0.1`, `--mem-limit-gb -1` were read as unknown options ("unexpected
     // argument '-0' found"), hiding the range the value must be in; `--gpu-bw-gbps 0` or NaN was
     // accepted and divided by.
-    for (args, needle) in [
-        (&["-p", "x", "--temp", "-1"][..], "--temp must be a number >= 0"),
-        (&["-p", "x", "--top-p", "-0.1"], "--top-p and --min-p within [0, 1]"),
-        (&["-p", "x", "--min-p", "-1"], "--top-p and --min-p within [0, 1]"),
-        (&["-p", "x", "--mem-limit-gb", "-1"], "--mem-limit-gb must be a positive number"),
-        (&["-p", "x", "-n", "-1"], "invalid value '-1' for '--tokens"),
-        (&["-p", "x", "--ctx", "-5"], "invalid value '-5' for '--ctx"),
-    ] {
-        let o = run(ds4(), args, "", Duration::from_secs(60));
-        refused_before_loading(&o, args, needle);
-    }
+    each_refused_before_loading(
+        ds4,
+        &[
+            (&["-p", "x", "--temp", "-1"][..], "--temp must be a number >= 0"),
+            (&["-p", "x", "--top-p", "-0.1"], "--top-p and --min-p within [0, 1]"),
+            (&["-p", "x", "--min-p", "-1"], "--top-p and --min-p within [0, 1]"),
+            (&["-p", "x", "--mem-limit-gb", "-1"], "--mem-limit-gb must be a positive number"),
+            (&["-p", "x", "-n", "-1"], "invalid value '-1' for '--tokens"),
+            (&["-p", "x", "--ctx", "-5"], "invalid value '-5' for '--ctx"),
+        ],
+    );
     let d = scratch("negative");
-    let prompt = d.join("p.txt");
-    std::fs::write(&prompt, "Quel ramo del lago di Como ".repeat(20)).unwrap();
+    let prompt = bench_prompt(&d);
     let p = prompt.to_str().unwrap();
-    for (args, needle) in [
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--step-mul", "-2"][..], "--step-mul must be 1"),
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "0"], "--gpu-bw-gbps must be a positive"),
-        (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "NaN"], "--gpu-bw-gbps must be a positive"),
-        (&["--prompt-file", p, "--ctx-start", "-1", "--ctx-max", "128"], "invalid value '-1' for '--ctx-start"),
-    ] {
-        let o = run(bench(), args, "", Duration::from_secs(60));
-        refused_before_loading(&o, args, needle);
-    }
+    each_refused_before_loading(
+        bench,
+        &[
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--step-mul", "-2"][..], "--step-mul must be 1"),
+            (&["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "0"], "--gpu-bw-gbps must be a positive"),
+            (
+                &["--prompt-file", p, "--ctx-start", "64", "--ctx-max", "128", "--gpu-bw-gbps", "NaN"],
+                "--gpu-bw-gbps must be a positive",
+            ),
+            (&["--prompt-file", p, "--ctx-start", "-1", "--ctx-max", "128"], "invalid value '-1' for '--ctx-start"),
+        ],
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
 /// Runs `c` with stdout on `out` (stdin closed), killed after `limit`.
 fn run_to(mut c: Command, args: &[&str], out: Stdio, limit: Duration) -> Output {
-    let mut child = c.args(args).stdin(Stdio::null()).stdout(out).stderr(Stdio::piped()).spawn().unwrap();
-    let t0 = Instant::now();
-    while child.try_wait().unwrap().is_none() {
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let o = child.wait_with_output().unwrap();
-            panic!("{args:?} still running after {limit:?}: {}", stderr(&o));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().unwrap()
+    let child = c.args(args).stdin(Stdio::null()).stdout(out).stderr(Stdio::piped()).spawn().unwrap();
+    wait_within(child, args, limit)
 }
 
 #[cfg(target_os = "linux")]

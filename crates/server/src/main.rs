@@ -135,7 +135,6 @@ fn run(args: args::Args) -> Result<(), Failure> {
     if let Some(dir) = &args.kv_disk_dir {
         disk::check_dir(dir).map_err(|e| format!("--kv-disk-dir {}: {e}", dir.display()))?;
     }
-    ds4_engine::Backend::parse(&args.backend).map_err(|e| e.to_string())?;
     // The load options' ranges (--threads, --ctx, --prefill-chunk, sessions held) and the backend's
     // presence in this build, checked before the listener is bound. Before, each of these failed only
     // after the server said it was listening (and the ranges with exit 1). What needs the model file

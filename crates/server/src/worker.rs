@@ -640,12 +640,12 @@ impl Output {
         // the first call when only one is allowed).
         if let (Some(start), Some(p)) = (self.block_start, self.parser.as_ref()) {
             if !p.in_tool_block() && !self.calls.is_empty() {
-                let end = self.all_text[start..].find(CALLS_CLOSE).map(|i| start + i + CALLS_CLOSE.len()).unwrap_or(self.all_text.len());
+                let end = self.block_end(start, CALLS_CLOSE);
                 self.remember_block(&self.all_text[start..end]);
                 self.block_done = true;
             } else if self.single_call && !self.calls.is_empty() {
                 // Cut after its first call, and closed as the model would, so the history replays it.
-                let end = self.all_text[start..].find(INVOKE_CLOSE).map(|i| start + i + INVOKE_CLOSE.len()).unwrap_or(self.all_text.len());
+                let end = self.block_end(start, INVOKE_CLOSE);
                 self.remember_block(&format!("{}\n{CALLS_CLOSE}", &self.all_text[start..end]));
                 self.block_done = true;
             } else if self.forced.is_some() && !p.in_tool_block() {
@@ -661,10 +661,15 @@ impl Output {
         if self.parser.as_ref().is_some_and(|p| p.in_tool_block()) {
             return;
         }
-        let end = self.all_text[start..].find(CALLS_CLOSE).map(|i| start + i + CALLS_CLOSE.len()).unwrap_or(self.all_text.len());
+        let end = self.block_end(start, CALLS_CLOSE);
         let raw = self.all_text[start..end].to_string();
         self.block_start = None;
         self.text(&raw);
+    }
+
+    /// End of the block starting at `start`: just past its first `marker`, else the output so far.
+    fn block_end(&self, start: usize, marker: &str) -> usize {
+        self.all_text[start..].find(marker).map_or(self.all_text.len(), |i| start + i + marker.len())
     }
 
     fn remember_block(&self, raw: &str) {

@@ -374,11 +374,7 @@ fn decode_consistency(args: &Args, conv: &mut Local, prefix: Vec<ds4_tokenizer::
 fn print_out(text: &str) -> Result<(), String> {
     use std::io::Write;
     let mut out = std::io::stdout().lock();
-    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
-        // A closed pipe (`ds4 --dump-tokens ... | head`) is not an error.
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write to stdout: {e}")),
-        _ => Ok(()),
-    }
+    chat::write_outcome(out.write_all(text.as_bytes()).and_then(|()| out.flush()), "to stdout")
 }
 
 /// How the model (or this process's layers of it) is loaded.

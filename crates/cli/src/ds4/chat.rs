@@ -304,11 +304,16 @@ impl Chat {
             self.recorded.extend(steps.into_inner());
         }
         st.stop = Some(reason?);
-        match write_err.into_inner() {
-            // A closed pipe (`ds4 -p ... | head`) is not an error: the reader has what it wanted.
-            Some(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write the answer to stdout: {e}")),
-            _ => Ok(()),
-        }
+        write_outcome(write_err.into_inner().map_or(Ok(()), Err), "the answer to stdout")
+    }
+}
+
+/// The result of writing `what` to stdout: a failed write (a full disk) is an error; a closed pipe
+/// (`ds4 -p ... | head`) is not: the reader has what it wanted.
+pub fn write_outcome(r: std::io::Result<()>, what: &str) -> Result<(), String> {
+    match r {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("cannot write {what}: {e}")),
+        _ => Ok(()),
     }
 }
 
