@@ -3,7 +3,7 @@
 #  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, kernel_bench, the ds4-cuda device tests and the wgpu op and
 #    stage tests;
 #  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
-#    Vulkan A/B;
+#    Vulkan and prefill A/Bs, with base-kernel_bench and base-mtp_step_costs of the same build;
 #  - with WIP=<ref> only: wip-bench and wip-device-tests, this tree with the CUDA kernel files
 #    ($KERNELS) of that ref, the candidate of a CUDA kernel A/B. (The last one, the ldmatrix
 #    fragments and per-128 loads of d973a23^, measured no gain on an H200 on 2026-12-07 and was
