@@ -29,13 +29,51 @@ __device__ __forceinline__ void grid_barrier(int* cnt, int* flag, int P) {
     __syncthreads();
 }
 
+// send = m ? lo : hi and keep the other, in inline PTX: a select on the array elements themselves is
+// compiled to an indexed load, which puts the array in local memory.
+__device__ __forceinline__ void pick(float lo, float hi, u32 m, float& send, float& keep) {
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\tselp.f32 %0, %2, %3, p;\n\tselp.f32 %1, %3, %2, p;\n\t}"
+        : "=f"(send), "=f"(keep) : "f"(lo), "f"(hi), "r"(m));
+}
+// One butterfly step over the first 2H values: a lane keeps the half of them its partner (lane ^ O)
+// does not keep and adds the partner's copy of that half (H shuffles).
+template <int O, int H> __device__ __forceinline__ void halve(float* a, int lane) {
+    u32 m = lane & O ? ~0u : 0u;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        float send, keep;
+        pick(a[i], a[i + H], m, send, keep);
+        a[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+// Warp sums of 32 values at once: lane L ends with the warp's sum of a[L] (31 shuffles instead of
+// 32 x 5).
+__device__ __forceinline__ float warp_sum_scatter32(float* a) {
+    int lane = threadIdx.x & 31;
+    halve<16, 16>(a, lane);
+    halve<8, 8>(a, lane);
+    halve<4, 4>(a, lane);
+    halve<2, 2>(a, lane);
+    halve<1, 1>(a, lane);
+    return a[0];
+}
+// The same for 16 values: lanes 2i and 2i + 1 end with the warp's sum of a[i] (16 shuffles).
+__device__ __forceinline__ float warp_sum_scatter16(float* a) {
+    int lane = threadIdx.x & 31;
+    halve<16, 8>(a, lane);
+    halve<8, 4>(a, lane);
+    halve<4, 2>(a, lane);
+    halve<2, 1>(a, lane);
+    return a[0] + __shfl_xor_sync(0xffffffffu, a[0], 1);
+}
+
 #define HCE_PMAX 32  // blocks of hc_entry_dec (e <= 8192)
 
 // The FFN entry's router: block p's part of the gate logits (F16 rows gW, ne x e) over its 256
 // columns of xn (thread t holds column 256p + t, value v; warp w takes rows w, w + 8, .., a lane 8
-// columns; 16 rows' weight words in flight per pass), published to glog[p][..]; the last block to
-// finish (ticket) adds the parts in block order and routes the token (route_token). ne <= 256,
-// P <= HCE_PMAX.
+// columns; 16 rows' weight words in flight per pass, summed by one butterfly), published to
+// glog[p][..]; the last block to finish (ticket) adds the parts in block order and routes the token
+// (route_token). ne <= 256, P <= HCE_PMAX.
 __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int ne, int e, float v, float* glog, int* ticket,
                                                 const float* bias, const int* hash, const u32* tokens, int k, int normalize, float scale,
                                                 int* eids, float* ew) {
@@ -54,6 +92,7 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
             int r = r0 + 8 * b;
             wq[b] = r < ne ? *(const uint4*)(gW + (u64)r * e + 256 * p + 8 * lane) : make_uint4(0, 0, 0, 0);
         }
+        float sb[16];
 #pragma unroll
         for (int b = 0; b < 16; b++) {
             u32 ww[4] = {wq[b].x, wq[b].y, wq[b].z, wq[b].w};
@@ -63,10 +102,12 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
                 s += h2f((u16)(ww[q] & 0xffff)) * xl[2 * q];
                 s += h2f((u16)(ww[q] >> 16)) * xl[2 * q + 1];
             }
-            s = warp_sum(s);
-            int r = r0 + 8 * b;
-            if (lane == 0 && r < ne) glog[(u64)p * ne + r] = s;
+            sb[b] = s;
         }
+        // The 16 rows' warp sums at once: lanes 2b and 2b + 1 hold row r0 + 8b's.
+        float s = warp_sum_scatter16(sb);
+        int r = r0 + 8 * (lane >> 1);
+        if ((lane & 1) == 0 && r < ne) glog[(u64)p * ne + r] = s;
     }
     __threadfence();
     __syncthreads();
@@ -96,16 +137,21 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
 //  1. the previous sub-layer's exit, if pending (xmode 1: y = ey, the attention output; 2: y = the k
 //     weighted expert rows of ey plus eadd, the shared expert): X'[c] = post[c]·y + Σ_r comb[r][c]·X[r]
 //     with the previous mixes, in the order hc_post / moe_combine_post use, written back to x;
-//  2. the block's part of the mix projection (F16 rows W, nm x nh·e) and of Σ X'², published;
+//  2. the block's part of the mix projection (F16 rows W, nm x nh·e) and of the streams' Gram matrix
+//     (double), published;
 //  3. barrier; every block reduces the parts in the same fixed order (identical results in all
-//     blocks): pre/post weights (block 0 stores post and the raw mix for hc_comb), the collapse of its
-//     columns and the block's part of Σ cur², published;
-//  4. barrier; the RMS norm (weight w) of its columns into xn, and the Q8_0 / Q8_K copies.
+//     blocks): the flat RMS factor (the trace), pre/post weights (block 0 stores post and the raw mix
+//     for hc_comb), Σ cur² = preᵀ·G·pre, then the collapse of its columns, their RMS norm (weight w)
+//     into xn and the Q8_0 / Q8_K copies;
+//  4. with gW, the gate logits and the routing (gate_route_part).
 // Replaces hc_post or moe_combine_post plus hc_pre_dec, whose single finishing block did the whole
 // collapse. Grid (e/256, tokens) blocks of 256 threads, every block of the grid resident (the grid
-// barriers); nh <= HCE_NH, nm <= HCE_NM.
+// barrier); nh <= HCE_NH, nm <= HCE_NM.
 #define HCE_NH 5
 #define HCE_NM 35
+#define HCE_NG 15                          // Gram entries: HCE_NH (HCE_NH + 1) / 2
+#define HCE_GI(s, u) ((s) * HCE_NH - (s) * ((s) - 1) / 2 + (u) - (s))
+#define HCE_RR ((HCE_NM + HCE_NG + 7) / 8)  // rows of the reduction a warp
 extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __restrict__ W, int nm, float* __restrict__ x, int e, int nh,
                                                                float* __restrict__ part, int* bar, const float* __restrict__ scale,
                                                                const float* __restrict__ base, float hc_eps, float* __restrict__ mixraw,
@@ -133,9 +179,9 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     // the launch's token y, with its own streams, outputs, exit inputs, routing and its own parts,
     // barrier and router ticket (4 ints a row at `bar`, the ticket third). Decode: one row, y = 0.
     if (blockIdx.y) {
-        const u64 row = blockIdx.y, P = gridDim.x, pst = (nm + 3) & ~1;
+        const u64 row = blockIdx.y, P = gridDim.x, pst = ((nm + 1) & ~1) + 2 * HCE_NG;
         x += row * nh * e;
-        part += row * (P * pst + 2 * P);
+        part += row * P * pst;
         bar += 4 * row;
         mixraw += row * nm;
         mixes += row * (nh + nh * nh);
@@ -149,14 +195,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     }
     __shared__ __align__(16) float xs[HCE_NH][256];  // read as float4
     __shared__ float red[8][HCE_NM];
-    __shared__ double redd[32];
-    __shared__ float mix[HCE_NM + 1];
-    __shared__ double ssx;
-    __shared__ float pre[HCE_NH];
+    __shared__ float redg[8][HCE_NG];
+    __shared__ float mix[HCE_NM];
+    __shared__ double gram[HCE_NG];
     __shared__ u64 redk[8];
     int P = gridDim.x, p = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
     int hd = nh * e, j = 256 * p + t;
-    int pst = (nm + 3) & ~1, pss = (nm + 1) & ~1;
+    // A block's part: nm floats, then (from an even slot) the HCE_NG Gram doubles.
+    int pss = (nm + 1) & ~1, pst = pss + 2 * HCE_NG;
     float wj = w ? w[j] : 1.0f;
     float xv[HCE_NH];
 #pragma unroll
@@ -223,70 +269,93 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
                 acc[r] = a;
             }
     }
+    // The warp's sums: mix rows 0..31 by one butterfly (lane r ends with row r), rows past 31 one by
+    // one; then the Gram matrix of the streams over the warp's columns, G[s][u] = Σ X'[s]·X'[u] (u >= s,
+    // entry (s, u) at slot HCE_GI(s, u); xv is zero past nh): its trace is the flat RMS sum and
+    // preᵀ·G·pre the collapse's Σ cur², so one grid barrier serves both norms.
+    {
+        float a[32];
 #pragma unroll
-    for (int r = 0; r < HCE_NM; r++)
-        if (r < nm) {
-            float v = warp_sum(acc[r]);
-            if (lane == 0) red[wid][r] = v;
-        }
-    double ss = 0.0;
+        for (int r = 0; r < 32; r++) a[r] = r < nm ? acc[r] : 0.0f;
+        float v = warp_sum_scatter32(a);
+        if (lane < nm) red[wid][lane] = v;
 #pragma unroll
-    for (int s = 0; s < HCE_NH; s++)
-        if (s < nh) ss += (double)xv[s] * (double)xv[s];
-    ss = block_sum_d(ss, redd);  // synchronises: red is complete
+        for (int r = 32; r < HCE_NM; r++)
+            if (r < nm) {
+                float v2 = warp_sum(acc[r]);
+                if (lane == 0) red[wid][r] = v2;
+            }
+        float g[16];
+#pragma unroll
+        for (int s = 0; s < HCE_NH; s++)
+#pragma unroll
+            for (int u = s; u < HCE_NH; u++) g[HCE_GI(s, u)] = xv[s] * xv[u];
+        g[15] = 0.0f;
+        float gv = warp_sum_scatter16(g);
+        if ((lane & 1) == 0 && (lane >> 1) < HCE_NG) redg[wid][lane >> 1] = gv;
+    }
+    const int ng = HCE_NG;
+    __syncthreads();
     float* pp = part + (u64)p * pst;
     if (t < nm) {
         float v = 0.0f;
         for (int q = 0; q < 8; q++) v += red[q][t];
         pp[t] = v;
+    } else if (t >= 64 && t < 64 + ng) {
+        double v = 0.0;
+        for (int q = 0; q < 8; q++) v += (double)redg[q][t - 64];
+        ((double*)(pp + pss))[t - 64] = v;
     }
-    if (t == 0) *(double*)(pp + pss) = ss;
+    __threadfence();
     grid_barrier(bar, bar + 1, P);
     // Every block reduces the P parts in the same order (warp per row, lane q holds part q, one tree);
-    // a warp's rows (wid, wid + 8, ..) are all loaded before the trees.
+    // a warp's rows (wid, wid + 8, ..: the nm mix values, then the ng Gram entries) are all loaded
+    // before the trees.
     {
-        double a[(HCE_NM + 8) / 8];
+        double a[HCE_RR];
 #pragma unroll
-        for (int i = 0; i < (HCE_NM + 8) / 8; i++) {
+        for (int i = 0; i < HCE_RR; i++) {
             int r = wid + 8 * i;
-            a[i] = r > nm || lane >= P ? 0.0 : r < nm ? (double)__ldcg(part + (u64)lane * pst + r) : __ldcg((const double*)(part + (u64)lane * pst + pss));
+            a[i] = r >= nm + ng || lane >= P ? 0.0 : r < nm ? (double)__ldcg(part + (u64)lane * pst + r) : __ldcg((const double*)(part + (u64)lane * pst + pss) + (r - nm));
         }
 #pragma unroll
-        for (int i = 0; i < (HCE_NM + 8) / 8; i++) {
+        for (int i = 0; i < HCE_RR; i++) {
             int r = wid + 8 * i;
-            if (r > nm) break;
+            if (r >= nm + ng) break;
             double v = warp_sum_d(a[i]);
             if (lane == 0) {
                 if (r < nm) mix[r] = (float)v;
-                else ssx = v;
+                else gram[r - nm] = v;
             }
         }
     }
     __syncthreads();
-    float inv = 1.0f / sqrtf((float)(ssx / hd) + eps);
-    if (t < nh) pre[t] = sigmoidf_(mix[t] * inv * scale[0] + base[t]) + hc_eps;
+    double tr = 0.0;
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++) tr += gram[HCE_GI(s, s)];
+    float inv = 1.0f / sqrtf((float)(tr / hd) + eps);
+    float pr[HCE_NH];
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++) pr[s] = s < nh ? sigmoidf_(mix[s] * inv * scale[0] + base[s]) + hc_eps : 0.0f;
     if (p == 0) {
         // The previous mixes were read by every block before the barrier.
         if (t < nm) mixraw[t] = mix[t];
         if (t < nh) mixes[t] = 2.0f * sigmoidf_(mix[nh + t] * inv * scale[1] + base[nh + t]);
     }
-    __syncthreads();
     float cur = 0.0f;
 #pragma unroll
     for (int s = 0; s < HCE_NH; s++)
-        if (s < nh) cur += pre[s] * xv[s];
-    double s2 = block_sum_d((double)cur * (double)cur, redd);
-    double* p2 = (double*)(part + (u64)P * pst);
-    if (t == 0) p2[p] = s2;
-    grid_barrier(bar, bar + 1, P);
-    if (wid == 0) {
-        double a = 0.0;
-        for (int q = lane; q < P; q += 32) a += __ldcg(p2 + q);
-        a = warp_sum_d(a);
-        if (lane == 0) redd[0] = a;
-    }
-    __syncthreads();
-    float inv2 = 1.0f / sqrtf((float)(redd[0] / e) + eps);
+        if (s < nh) cur += pr[s] * xv[s];
+    // Σ cur² = Σ_s Σ_u pre[s]·pre[u]·G[s][u], the same in every thread and block.
+    double s2 = 0.0;
+#pragma unroll
+    for (int s = 0; s < HCE_NH; s++)
+#pragma unroll
+        for (int u = s; u < HCE_NH; u++) {
+            double g = gram[HCE_GI(s, u)] * (double)pr[s] * (double)pr[u];
+            s2 += u == s ? g : 2.0 * g;
+        }
+    float inv2 = 1.0f / sqrtf((float)(s2 / e) + eps);
     float v = w ? cur * inv2 * wj : cur * inv2;
     xn[j] = v;
     if (q80) q80_warp(v, j, q80, d80);

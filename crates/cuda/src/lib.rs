@@ -31,7 +31,6 @@ pub const MODULES: &[KernelModule] = &[
     module!("attention_tc", ["tensor_core.cuh"], "attention_tc.cu", ["attn_tc64", "attn_tc32"]),
     module!("hc_entry_decode", ["routing.cuh"], "hc_entry_decode.cu", ["hc_entry_dec"]),
     module!("attention_dec", ["tensor_core.cuh"], "attention_dec.cu", ["attn_dec", "attn_dec_w", "attn_dec_merge"]),
-    module!("hc_pre_decode", ["hc.cuh"], "hc_pre_decode.cu", ["hc_pre_dec"]),
     module!("matvec", ["matvec.cuh"], "matvec.cu", [
         "mv_q8_0_n1", "mv_q8_0_n4", "mv_q2_k_n1", "mv_q2_k_n4", "mv_q4_k_n1", "mv_q4_k_n4", "mv_iq2_xxs_n1", "mv_iq2_xxs_n4",
         "mv_f16_n1", "mv_f16_n4", "mv_bf16_n1", "mv_bf16_n4", "mv_f32_n1", "mv_f32_n4",

@@ -426,11 +426,12 @@ impl CudaOps {
             q8_o: act8(brows * cfg.q_dim(), 32)?,
             q8_sh: act8(brows * ff, 32)?,
             gids: f((brows * cfg.o_groups).max(1))?,
-            // Slice records of hc_pre_dec, or hc_entry_dec's block records plus one double per block.
-            hcd_part: f(brows * (hcd_slices * ((cfg.hc_mix() + 3) & !1) + 2 * hcd_slices))?,
+            // hc_entry_dec's block records a row: e / 256 blocks of the mix parts (from an even count)
+            // and 15 Gram doubles.
+            hcd_part: f(brows * (e / 256).max(1) * (((cfg.hc_mix() + 1) & !1) + 30))?,
             // hc_entry_dec's barrier count, flag and router ticket of each row of an exact-rows launch.
             hcd_rows: g.alloc_zeroed(brows * 16)?,
-            // hc_pre_dec's ticket, gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
+            // (Unused), gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
             // Undo copies: per layer a ring row and each frontier's rows (or two whole frontiers) per row.
             jobs: g.alloc(jobs_cap * 24)?,

@@ -214,8 +214,8 @@ struct Work {
     q8_sh: ActQ8,
     /// Group index of each (row, group) slot of the grouped output projection over exact rows.
     gids: DBuf,
-    /// Slice records and ticket of the fused decode sub-layer entry (`hc_pre_dec`; a row's each for
-    /// exact rows).
+    /// Block records of the fused decode sub-layer entry (`hc_entry_dec`; a row's each for exact
+    /// rows).
     hcd_part: DBuf,
     /// Per row of an exact-rows entry: its barrier count and flag, and its router ticket (4 ints).
     hcd_rows: DBuf,
