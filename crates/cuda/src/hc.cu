@@ -3,9 +3,11 @@
 // ---------------------------------------------------------------------------------------------
 // Fused sub-layer entry for decode and prefill: from the raw mix projection of the un-normalised
 // streams (x·Wᵀ), the flat RMS factor, pre/post weights, the collapsed input cur = Σ pre[s]·X[s], and
-// its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms). With
-// `comb` the Sinkhorn matrix is computed here too; decode leaves it to `hc_comb` on a side stream,
-// since only the sub-layer's output step (hc_post) needs it.
+// its RMS norm with weight `w` into `xn`. One block per token (replaces rms + hc_pre + rms). The
+// Sinkhorn matrix is left out (only the sub-layer's output step, hc_post, needs it): decode computes
+// it with `hc_comb` on a side stream; with `comb` (prefill) the flat RMS factor is kept in the
+// matrix's first slot for `hc_comb_rows`, a warp a token (in this block, one warp's serial Sinkhorn
+// held the other 31 at the barrier).
 extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixraw, const float* scale, const float* base, int nh, int iters,
                                                               float hc_eps, const float* x, int e, float* mixes, const float* w, float eps,
                                                               float* xn, int comb) { PDL_ENTRY
@@ -24,7 +26,7 @@ extern "C" __global__ void __launch_bounds__(1024) hc_pre_norm(const float* mixr
         pre[t] = sigmoidf_(mr[t] * inv * scale[0] + base[t]) + hc_eps;
         mo[t] = 2.0f * sigmoidf_(mr[nh + t] * inv * scale[1] + base[nh + t]);
     }
-    if (comb && t < 32) hc_comb_warp(mr, inv, scale, base, nh, iters, hc_eps, mo);
+    if (comb && t == 0) mo[nh] = inv;
     __syncthreads();
     double s2 = block_sum_d(hc_collapse(xi, pre, nh, e, curs), red);
     if (t == 0) s_inv = 1.0f / sqrtf((float)(s2 / e) + eps);
@@ -43,6 +45,17 @@ extern "C" __global__ void __launch_bounds__(1024) hc_comb(const float* mixraw, 
     double ss = block_sum_d(sumsq_part(xi, hd), red);
     float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
     if (t < 32) hc_comb_warp(mixraw + (u64)i * nm, inv, scale, base, nh, iters, hc_eps, mixes + (u64)i * (nh + nh * nh));
+}
+
+// The Sinkhorn matrices of n tokens, a warp each, from the flat RMS factor hc_pre_norm kept (comb):
+// the warp computation of the fused entries, so the matrices are the same bits. 256 threads a block.
+extern "C" __global__ void hc_comb_rows(const float* mixraw, const float* scale, const float* base, int nh, int iters, float hc_eps, float* mixes, int n) { PDL_ENTRY
+    int i = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (i >= n) return;  // whole warps
+    float* mo = mixes + (u64)i * (nh + nh * nh);
+    float inv = mo[nh];
+    __syncwarp();
+    hc_comb_warp(mixraw + (u64)i * (2 + nh) * nh, inv, scale, base, nh, iters, hc_eps, mo);
 }
 
 // X'[c] = post[c]*y + sum_r comb[r][c]*X[r], in place. Grid: (ceil(e/256), n).

@@ -2,10 +2,10 @@
 // ---------------------------------------------------------------------------------------------
 // Hyper-connection helpers shared by hc.cu and the fused decode entry (hc_decode.cu).
 // ---------------------------------------------------------------------------------------------
-// Sinkhorn combination matrix of one token (warp 0; lanes = matrix elements, sums gathered by
+// Sinkhorn combination matrix of one token (one warp; lanes = matrix elements, sums gathered by
 // shuffles in the CPU's sequential order), from the raw mix projection scaled by `inv`.
 __device__ __forceinline__ void hc_comb_warp(const float* mr, float inv, const float* scale, const float* base, int nh, int iters, float hc_eps, float* mo) {
-    int lane = threadIdx.x, r = lane / nh, k = lane % nh;
+    int lane = threadIdx.x & 31, r = lane / nh, k = lane % nh;
     bool on = lane < nh * nh;
     float c = on ? mr[2 * nh + lane] * inv * scale[2] + base[2 * nh + lane] : 0.0f;
     float mx = -INFINITY;

@@ -37,7 +37,7 @@ pub const MODULES: &[KernelModule] = &[
     ]),
     module!("matvec_q8", ["matvec.cuh"], "matvec_q8.cu", ["q8k_quant", "mvq8_iq2s_n1", "mvq8_q2_k_n1", "q80_quant", "mvq8_q8s_n1"]),
     module!("matvec_q80", ["matvec.cuh", "matvec_q80.cuh"], "matvec_q80.cu", ["mvq8_q8p_r4", "mvq8_q8p_r2", "mvq8_q8p_r1", "mvq8_q8m_r2"]),
-    module!("hc", ["hc.cuh"], "hc.cu", ["hc_post", "head_collapse", "hc_pre_norm", "hc_comb"]),
+    module!("hc", ["hc.cuh"], "hc.cu", ["hc_post", "head_collapse", "hc_pre_norm", "hc_comb", "hc_comb_rows"]),
     module!("matvec_2bit", ["matvec.cuh"], "matvec_2bit.cu", ["mvq_iq2s_n1", "mvq_q2_k_n1"]),
     module!("moe", ["routing.cuh"], "moe.cu", ["route", "swiglu", "moe_count", "moe_scatter", "gather_rows", "scale_inplace", "moe_combine_post", "gate_route_dec"]),
     module!("moe_gemm", ["tensor_core.cuh"], "moe_gemm.cu", ["moe_gemm", "moe_gemm_iq2s", "moe_gemm_q2k", "moe_gemm_t128", "moe_gemm_iq2s_t128", "moe_gemm_q2k_t128"]),

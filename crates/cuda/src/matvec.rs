@@ -401,13 +401,26 @@ pub(crate) fn split_layout(g: &mut Gpu, m: &mut DM) -> Result<()> {
 /// The grouped expert GEMM kernel that reads `m`'s quantized blocks as stored, if there is one
 /// (IQ2_XXS rows in the split layout, 4-byte aligned; Q2_K).
 /// The `moe_gemm*` kernel `name` (64-token tiles) for tiles of `bt` (64 or 128) tokens.
-pub(crate) fn moe_gemm_kernel(name: &'static str, bt: usize) -> &'static str {
+fn moe_gemm_kernel(name: &'static str, bt: usize) -> &'static str {
     match (name, bt) {
         ("moe_gemm", 128) => "moe_gemm_t128",
         ("moe_gemm_iq2s", 128) => "moe_gemm_iq2s_t128",
         ("moe_gemm_q2k", 128) => "moe_gemm_q2k_t128",
         _ => name,
     }
+}
+
+/// Dynamic shared memory of a `moe_gemm*` kernel (moe_gemm.cu): two steps (K = 64 each, rows of 72
+/// f16) of the tile's tokens' activations and of the 128 weight rows.
+pub(crate) fn moe_gemm_smem(name: &str) -> u32 {
+    let bt = if name.ends_with("_t128") { 128 } else { 64 };
+    ((2 * bt * 72 + 2 * 128 * 72) * 2) as u32
+}
+
+/// Launches `moe_gemm*` kernel `name` (64-token tiles) for tiles of `bt` tokens.
+pub(crate) fn launch_moe_gemm(g: &mut Gpu, name: &'static str, bt: usize, grid: (u32, u32, u32), args: &[A]) -> Result<()> {
+    let name = moe_gemm_kernel(name, bt);
+    g.launch(name, grid, 256, moe_gemm_smem(name), args)
 }
 
 pub(crate) fn grouped_direct(m: &DM) -> Option<&'static str> {
@@ -438,5 +451,14 @@ mod tests {
         let tiny = dm(GgmlType::IQ2_XXS, 256, 256, false);
         assert!(grouped_direct(&DM { split: splits(&tiny), ..tiny }).is_none());
         assert!(!splits(&DM { split: true, ..gate }), "split once");
+    }
+
+    /// Three 64-token blocks of the grouped GEMM fit an SM's 228 KiB (each with 1 KiB reserved and
+    /// up to 3 KiB of static tables), two 128-token ones.
+    #[test]
+    fn grouped_gemm_shared_memory_fits() {
+        assert!(3 * (moe_gemm_smem("moe_gemm_iq2s") + 4096) <= 228 * 1024);
+        assert!(2 * (moe_gemm_smem("moe_gemm_iq2s_t128") + 4096) <= 228 * 1024);
+        assert_eq!(moe_gemm_smem("moe_gemm_q2k"), moe_gemm_smem("moe_gemm"));
     }
 }

@@ -2,7 +2,7 @@
 //! weights, mat-vec timing at given shapes, and the device's streaming read bandwidth.
 use crate::dec_attn::DecAttn;
 use crate::gpu::{Gpu, Result, A};
-use crate::matvec::{cdiv, grouped_direct, moe_gemm_kernel, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
+use crate::matvec::{cdiv, grouped_direct, launch_moe_gemm, launch_dq, launch_mv, launch_mvq8, launch_mvq8_ks, launch_q80, launch_q8k, mvq_ks, split_layout, DM};
 use crate::stage::me;
 use ds4_gguf::GgmlType;
 
@@ -165,11 +165,11 @@ pub fn grouped_gemm_paths(ty: GgmlType, rows: usize, cols: usize, counts: &[usiz
         launch_dq(&mut g, &m, wb.ptr, wh.ptr, ne * rows * cols)?;
         let (y1, y2) = (g.alloc(total * rows * 4)?, g.alloc(total * rows * 4)?);
         let grid = (tiles.len() as u32, (rows / 128) as u32, 1);
-        g.launch(name, grid, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
-        g.launch("moe_gemm", grid, 256, 0, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
+        launch_moe_gemm(&mut g, name, 64, grid, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y1.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
+        launch_moe_gemm(&mut g, "moe_gemm", 64, grid, &[A::P(wh.ptr), A::P((rows * cols * 2) as u64), A::P(tb.ptr), A::P(xh.ptr), A::P(y2.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
         let y3 = g.alloc(total * rows * 4)?;
         let grid128 = (tiles128.len() as u32, (rows / 128) as u32, 1);
-        g.launch(moe_gemm_kernel(name, 128), grid128, 256, 0, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb128.ptr), A::P(xh.ptr), A::P(y3.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
+        launch_moe_gemm(&mut g, name, 128, grid128, &[A::P(wb.ptr), A::P(m.mat_bytes() as u64), A::P(tb128.ptr), A::P(xh.ptr), A::P(y3.ptr), A::I(cols as i32), A::I(rows as i32), A::I(0)])?;
         let (mut a, mut b, mut c) = (vec![0f32; total * rows], vec![0f32; total * rows], vec![0f32; total * rows]);
         g.dtoh(&mut a, y1.ptr)?;
         g.dtoh(&mut b, y2.ptr)?;

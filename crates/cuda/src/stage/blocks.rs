@@ -1,7 +1,7 @@
 //! Building blocks of the forward pass on the device: products, norms, rope/QAT, hyper-connection
 //! entry and exit, the output head.
 use super::*;
-use crate::matvec::{moe_gemm_kernel, launch_dq, launch_mv_split, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
+use crate::matvec::{launch_moe_gemm, launch_dq, launch_mv_split, launch_mvq8_ks, launch_q80, mvq_ks, q80_ok};
 
 impl CudaOps {
     /// Mat-vec kernel over `n` tokens for `z` slots (see MV_ARGS in matvec.cuh).
@@ -74,10 +74,10 @@ impl CudaOps {
         // Up to 512 rows: cuBLAS measured 27 us for 512 x 4096 tokens x 4096 alone but ~5 ms inside
         // the prefill (256 rows: 450 us); the tensor-core tile kernel of the grouped expert GEMM
         // runs the product as one dense group.
-        if m.rows <= 512 && m.rows % 128 == 0 && m.cols % 32 == 0 && ldy == m.rows {
+        if m.rows <= 512 && m.rows % 128 == 0 && m.cols % 64 == 0 && ldy == m.rows {
             let args = [A::P(wh), A::P(0), A::P(0), A::P(xh), A::P(y), A::I(m.cols as i32), A::I(m.rows as i32), A::I(n as i32)];
             let bt = if n >= 256 { 128 } else { 64 };
-            return self.g.launch(moe_gemm_kernel("moe_gemm", bt), (cdiv(n, bt), (m.rows / 128) as u32, 1), 256, 0, &args);
+            return launch_moe_gemm(&mut self.g, "moe_gemm", bt, (cdiv(n, bt), (m.rows / 128) as u32, 1), &args);
         }
         self.g.gemm_f16(m.rows, n, m.cols, wh, m.cols, xh, m.cols, y, ldy)
     }
@@ -203,6 +203,11 @@ impl CudaOps {
             }
         }
         self.g.launch("hc_pre_norm", (n as u32, 1, 1), 1024, (e * 4) as u32, &args)?;
+        if !(self.decode_mode || self.exact) {
+            // Prefill: the Sinkhorn matrices a warp a token, from the RMS factors hc_pre_norm kept.
+            let cargs = [A::P(mix), A::P(scale), A::P(base), A::I(nh as i32), A::I(self.cfg.sinkhorn_iters as i32), A::F(self.cfg.hc_eps), A::P(mixes), A::I(n as i32)];
+            self.g.launch("hc_comb_rows", (n.div_ceil(8) as u32, 1, 1), 256, 0, &cargs)?;
+        }
         Ok(XnCopies::default())
     }
 

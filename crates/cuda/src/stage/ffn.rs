@@ -2,7 +2,7 @@
 //! expert for a batch), shared expert, combination.
 use super::*;
 use crate::gpu::SIDE_STREAMS;
-use crate::matvec::{grouped_direct, moe_gemm_kernel, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
+use crate::matvec::{grouped_direct, launch_moe_gemm, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
 
 impl CudaOps {
     /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
@@ -283,9 +283,8 @@ impl CudaOps {
                         _ if mat.ty == GgmlType::F16 => ("moe_gemm", mat.ptr + (g0 * mat.mat_bytes()) as u64, mat.mat_bytes()),
                         _ => ("moe_gemm", self.wk.ewh.ptr + ((j * group) * self.wk.ewh_slot * 2) as u64, self.wk.ewh_slot * 2),
                     };
-                    let name = moe_gemm_kernel(name, bt);
                     let args = [A::P(w), A::P(ws as u64), A::P(self.wk.gptrs.ptr), A::P(xh), A::P(*out), A::I(mat.cols as i32), A::I(mat.rows as i32), A::I(0)];
-                    self.g.launch(name, (tiles.len() as u32, (mat.rows / 128) as u32, 1), 256, 0, &args)?;
+                    launch_moe_gemm(&mut self.g, name, bt, (tiles.len() as u32, (mat.rows / 128) as u32, 1), &args)?;
                 }
             }
             self.g.fork_all()?;
@@ -323,7 +322,7 @@ impl CudaOps {
     /// Tiles of up to `bt` tokens of each expert in `big` (slot = expert - g0) for the grouped GEMM,
     /// or None when a matrix's shape does not suit the kernel or the tile list does not fit.
     fn grouped_tiles(&self, mats: &[(DM, u64)], big: &[usize], g0: usize, offs: &[i32], ch: &[i32], bt: usize) -> Option<Vec<[i32; 4]>> {
-        let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot || grouped_direct(m).is_some()) && m.rows % 128 == 0 && m.cols % 32 == 0;
+        let fits = |m: &DM| (m.ty == GgmlType::F16 || m.rows * m.cols <= self.wk.ewh_slot || grouped_direct(m).is_some()) && m.rows % 128 == 0 && m.cols % 64 == 0;
         if !mats.iter().all(|(m, _)| fits(m)) {
             return None;
         }

@@ -19,8 +19,8 @@ fn dotu(rb: u32, u: u32, xs: ptr<function, array<vec4<f32>, XV>>) -> f32 {
     for (var l = 0u; l < 4u; l++) {
         let gi = (a0 >> (8u * l)) & 255u;
         let n = iq2_signs(a1, l);
-        let g0 = vec4<f32>(unpack4xU8(iq2_grid[2u * gi]));
-        let g1 = vec4<f32>(unpack4xU8(iq2_grid[2u * gi + 1u]));
+        let g0 = bytes_f32(iq2_grid[2u * gi]);
+        let g1 = bytes_f32(iq2_grid[2u * gi + 1u]);
         s += dot(iq2_signed(g0, n), (*xs)[2u * l]) + dot(iq2_signed(g1, n >> 4u), (*xs)[2u * l + 1u]);
     }
     return db * s;

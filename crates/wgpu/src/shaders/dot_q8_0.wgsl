@@ -14,7 +14,7 @@ fn dotu(rb: u32, u: u32, xs: ptr<function, array<vec4<f32>, XV>>) -> f32 {
     var s = 0.0;
     for (var k = 0u; k < 8u; k++) {
         let q = select((wd[k] >> 16u) | (wd[k + 1u] << 16u), wd[k + 1u], odd);
-        s += dot(vec4<f32>(unpack4xI8(q)), (*xs)[k]);
+        s += dot(sbytes_f32(q), (*xs)[k]);
     }
     return d * s;
 }

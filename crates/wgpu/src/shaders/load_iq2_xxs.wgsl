@@ -10,7 +10,7 @@ fn load8(rb: u32, g: u32) -> W8 {
     let db = d * (0.5 + f32(a1 >> 28u)) * 0.25;
     let gi = (a0 >> (8u * l)) & 255u;
     let n = iq2_signs(a1, l);
-    let v0 = db * vec4<f32>(unpack4xU8(iq2_grid[2u * gi]));
-    let v1 = db * vec4<f32>(unpack4xU8(iq2_grid[2u * gi + 1u]));
+    let v0 = db * bytes_f32(iq2_grid[2u * gi]);
+    let v1 = db * bytes_f32(iq2_grid[2u * gi + 1u]);
     return W8(iq2_signed(v0, n), iq2_signed(v1, n >> 4u));
 }
