@@ -4,7 +4,7 @@
 #   1. this build's ds4-cuda device tests (device-bin/device-tests) while the model is synthesized;
 #   2. one prompt chunk of each size in $CHUNKS (default "512 4096"; ctx = chunk, $GEN tokens), base and
 #      this build interleaved, $ROUNDS rounds (default "1 2") -> $OUT/ab.csv;
-#   3. each build's per-kernel prefill profile at each chunk size (DS4_CUDA_PROFILE=1);
+#   3. each build's per-kernel prefill profile at each chunk size (DS4_CUDA_PROFILE=1) unless NO_PROFILE=1;
 #   4. on a card over 100 GB (full Flash), issue 22's sweep of both builds (ctx 512 -> 32768,
 #      --step-mul 8, --prefill-chunk 4096, 64 tokens) unless NO_SWEEP=1.
 # FLASH picks the model (default: full Flash on a card over 100 GB, flash:12 on an 80 GB one).
@@ -31,7 +31,7 @@ for r in ${ROUNDS:-1 2}; do
   for c in ${CHUNKS:-512 4096}; do run base_${c}_$r $B/base-bench $c X=1; run new_${c}_$r $B/ds4-bench $c X=1; done; pack
 done
 el "A/B done"
-for c in ${CHUNKS:-512 4096}; do
+[ -z "${NO_PROFILE:-}" ] && for c in ${CHUNKS:-512 4096}; do
   for b in base-bench ds4-bench; do
     run prof_${b}_$c $B/$b $c DS4_CUDA_PROFILE=1 >/dev/null; grep -v uploading $OUT/run_prof_${b}_$c.log > $OUT/profile_${b}_$c.txt
   done
