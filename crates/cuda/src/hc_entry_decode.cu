@@ -46,25 +46,20 @@ template <int O, int H> __device__ __forceinline__ void halve(float* a, int lane
         a[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
 }
-// Warp sums of 32 values at once: lane L ends with the warp's sum of a[L] (31 shuffles instead of
-// 32 x 5).
-__device__ __forceinline__ float warp_sum_scatter32(float* a) {
+// Warp sums of N (32 or 16) values at once: lane l ends with the warp's sum of a[l * N / 32]
+// (N - 1 shuffles, plus one for N = 16, instead of N x 5).
+template <int N> __device__ __forceinline__ float warp_sum_scatter(float* a) {
     int lane = threadIdx.x & 31;
-    halve<16, 16>(a, lane);
-    halve<8, 8>(a, lane);
-    halve<4, 4>(a, lane);
-    halve<2, 2>(a, lane);
-    halve<1, 1>(a, lane);
-    return a[0];
-}
-// The same for 16 values: lanes 2i and 2i + 1 end with the warp's sum of a[i] (16 shuffles).
-__device__ __forceinline__ float warp_sum_scatter16(float* a) {
-    int lane = threadIdx.x & 31;
-    halve<16, 8>(a, lane);
-    halve<8, 4>(a, lane);
-    halve<4, 2>(a, lane);
-    halve<2, 1>(a, lane);
-    return a[0] + __shfl_xor_sync(0xffffffffu, a[0], 1);
+    halve<16, N / 2>(a, lane);
+    halve<8, N / 4>(a, lane);
+    halve<4, N / 8>(a, lane);
+    halve<2, N / 16>(a, lane);
+    if constexpr (N == 32) {
+        halve<1, 1>(a, lane);
+        return a[0];
+    } else {
+        return a[0] + __shfl_xor_sync(0xffffffffu, a[0], 1);
+    }
 }
 
 #define HCE_PMAX 32  // blocks of hc_entry_dec (e <= 8192)
@@ -105,7 +100,7 @@ __device__ __forceinline__ void gate_route_part(const u16* __restrict__ gW, int 
             sb[b] = s;
         }
         // The 16 rows' warp sums at once: lanes 2b and 2b + 1 hold row r0 + 8b's.
-        float s = warp_sum_scatter16(sb);
+        float s = warp_sum_scatter<16>(sb);
         int r = r0 + 8 * (lane >> 1);
         if ((lane & 1) == 0 && r < ne) glog[(u64)p * ne + r] = s;
     }
@@ -178,8 +173,10 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     // Several tokens (exact rows: a verify step's, each computed as its decode step): grid row y is
     // the launch's token y, with its own streams, outputs, exit inputs, routing and its own parts,
     // barrier and router ticket (4 ints a row at `bar`, the ticket third). Decode: one row, y = 0.
+    // A block's part: nm floats, then (from an even slot) the HCE_NG Gram doubles.
+    const int pss = (nm + 1) & ~1, pst = pss + 2 * HCE_NG;
     if (blockIdx.y) {
-        const u64 row = blockIdx.y, P = gridDim.x, pst = ((nm + 1) & ~1) + 2 * HCE_NG;
+        const u64 row = blockIdx.y, P = gridDim.x;
         x += row * nh * e;
         part += row * P * pst;
         bar += 4 * row;
@@ -201,8 +198,6 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     __shared__ u64 redk[8];
     int P = gridDim.x, p = blockIdx.x, t = threadIdx.x, lane = t & 31, wid = t >> 5;
     int hd = nh * e, j = 256 * p + t;
-    // A block's part: nm floats, then (from an even slot) the HCE_NG Gram doubles.
-    int pss = (nm + 1) & ~1, pst = pss + 2 * HCE_NG;
     float wj = w ? w[j] : 1.0f;
     float xv[HCE_NH];
 #pragma unroll
@@ -277,7 +272,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
         float a[32];
 #pragma unroll
         for (int r = 0; r < 32; r++) a[r] = r < nm ? acc[r] : 0.0f;
-        float v = warp_sum_scatter32(a);
+        float v = warp_sum_scatter<32>(a);
         if (lane < nm) red[wid][lane] = v;
 #pragma unroll
         for (int r = 32; r < HCE_NM; r++)
@@ -291,17 +286,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
 #pragma unroll
             for (int u = s; u < HCE_NH; u++) g[HCE_GI(s, u)] = xv[s] * xv[u];
         g[15] = 0.0f;
-        float gv = warp_sum_scatter16(g);
+        float gv = warp_sum_scatter<16>(g);
         if ((lane & 1) == 0 && (lane >> 1) < HCE_NG) redg[wid][lane >> 1] = gv;
     }
-    const int ng = HCE_NG;
     __syncthreads();
     float* pp = part + (u64)p * pst;
     if (t < nm) {
         float v = 0.0f;
         for (int q = 0; q < 8; q++) v += red[q][t];
         pp[t] = v;
-    } else if (t >= 64 && t < 64 + ng) {
+    } else if (t >= 64 && t < 64 + HCE_NG) {
         double v = 0.0;
         for (int q = 0; q < 8; q++) v += (double)redg[q][t - 64];
         ((double*)(pp + pss))[t - 64] = v;
@@ -309,19 +303,19 @@ extern "C" __global__ void __launch_bounds__(256, 1) hc_entry_dec(const u16* __r
     __threadfence();
     grid_barrier(bar, bar + 1, P);
     // Every block reduces the P parts in the same order (warp per row, lane q holds part q, one tree);
-    // a warp's rows (wid, wid + 8, ..: the nm mix values, then the ng Gram entries) are all loaded
+    // a warp's rows (wid, wid + 8, ..: the nm mix values, then the HCE_NG Gram entries) are all loaded
     // before the trees.
     {
         double a[HCE_RR];
 #pragma unroll
         for (int i = 0; i < HCE_RR; i++) {
             int r = wid + 8 * i;
-            a[i] = r >= nm + ng || lane >= P ? 0.0 : r < nm ? (double)__ldcg(part + (u64)lane * pst + r) : __ldcg((const double*)(part + (u64)lane * pst + pss) + (r - nm));
+            a[i] = r >= nm + HCE_NG || lane >= P ? 0.0 : r < nm ? (double)__ldcg(part + (u64)lane * pst + r) : __ldcg((const double*)(part + (u64)lane * pst + pss) + (r - nm));
         }
 #pragma unroll
         for (int i = 0; i < HCE_RR; i++) {
             int r = wid + 8 * i;
-            if (r >= nm + ng) break;
+            if (r >= nm + HCE_NG) break;
             double v = warp_sum_d(a[i]);
             if (lane == 0) {
                 if (r < nm) mix[r] = (float)v;

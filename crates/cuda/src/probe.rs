@@ -579,8 +579,7 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
         let mixes0 = [v(nh, 1.0), v(nh * nh, 0.5)].concat();
         let (ey, eadd) = (v(k * e, 1.0), v(e, 1.0));
         let (eyb, addb) = (up(&g, &ey)?, up(&g, &eadd)?);
-        // hc_entry_dec's block records: e / 256 blocks of the mix parts (from an even count), 15 doubles.
-        let part2 = g.alloc(e / 256 * (((nm + 1) & !1) + 30) * 4)?;
+        let part2 = g.alloc(crate::stage::hc_entry_part_floats(e, nm) * 4)?;
         let bar = g.alloc_zeroed(8)?;
         // Router folded into the FFN entry: 256 experts, 6 chosen, a selection bias.
         let (ne, kr) = (256usize, 6usize);

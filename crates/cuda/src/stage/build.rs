@@ -426,9 +426,8 @@ impl CudaOps {
             q8_o: act8(brows * cfg.q_dim(), 32)?,
             q8_sh: act8(brows * ff, 32)?,
             gids: f((brows * cfg.o_groups).max(1))?,
-            // hc_entry_dec's block records a row: e / 256 blocks of the mix parts (from an even count)
-            // and 15 Gram doubles.
-            hcd_part: f(brows * (e / 256).max(1) * (((cfg.hc_mix() + 1) & !1) + 30))?,
+            // hc_entry_dec's block records, a row's each.
+            hcd_part: f(brows * hc_entry_part_floats(e, cfg.hc_mix()))?,
             // hc_entry_dec's barrier count, flag and router ticket of each row of an exact-rows launch.
             hcd_rows: g.alloc_zeroed(brows * 16)?,
             // (Unused), gate_route_dec's ticket, hc_entry_dec's barrier count and flag.

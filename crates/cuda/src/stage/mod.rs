@@ -247,6 +247,12 @@ enum PendingExit {
     Ffn { rows: u64, k: usize, add: u64 },
 }
 
+/// Floats of one token's `hc_entry_dec` block records (`e` embedding, `nm` mix rows): e / 256 blocks of
+/// the mix parts (from an even count) and HCE_NG = 15 Gram doubles (hc_entry_decode.cu).
+pub(crate) fn hc_entry_part_floats(e: usize, nm: usize) -> usize {
+    (e / 256).max(1) * (((nm + 1) & !1) + 30)
+}
+
 /// What an `hc_entry_dec` launch does beside the entry itself: the weights of the sub-layer, the int8
 /// copies of xn it writes (values, scales; 0: none), its barrier, the layer it routes (and the
 /// router's ticket), and the exit it applies first.
