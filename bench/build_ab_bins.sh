@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds device-bin/bins.tar.xz for bench/ab_session.sh (and bench/h200_session.sh) here:
-#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, kernel_bench, the ds4-cuda device tests and the wgpu op and
+#  - this tree's ds4-bench, ds4-gguf, mtp_step_costs, gpu_bench, kernel_bench, the ds4-cuda device tests, the engine's
+#    CUDA MTP and batch tests (engine-*-tests) and the wgpu op and
 #    stage tests;
 #  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
 #    Vulkan and prefill A/Bs, with base-kernel_bench and base-mtp_step_costs of the same build;
@@ -58,6 +59,8 @@ cargo build --release -p ds4-wgpu --example wgpu_kernel_bench
 cp $T/ds4-bench $T/ds4-gguf $T/examples/mtp_step_costs $T/examples/gpu_bench $S/ && cp $T/examples/wgpu_kernel_bench $S/kernel_bench
 cp "$(test_exe -p ds4-cuda --features cuda --test device)" $S/device-tests
 for t in ops_attention ops_ffn stage; do cp "$(test_exe -p ds4-wgpu --test $t)" $S/wgpu-$t-tests; done
+# The engine's CUDA tests of MTP (verify rows, rollback) and batched sessions (exact rows).
+for t in mtp_cuda decode_batch_cuda; do cp "$(test_exe -p ds4-engine --features cuda --test $t)" $S/engine-$t-tests; done
 strip $S/*
 mkdir -p device-bin && tar -cJf device-bin/bins.tar.xz -C /tmp/ds4-ab-bins device-bin
 ls -la device-bin/bins.tar.xz

@@ -29,7 +29,7 @@ pub const MODULES: &[KernelModule] = &[
     module!("matvec_tiled_n1", ["matvec.cuh", "matvec_tiled.cuh"], "matvec_tiled_n1.cu", ["mv4_f16_n1", "mv4_q8s_n1", "mv4_q2_k_n1", "mv4_q4_k_n1", "mv4_iq2s_n1"]),
     module!("attention", [], "attention.cu", ["attn_h1", "attn_h4", "attn_h16", "ring_store"]),
     module!("attention_tc", ["tensor_core.cuh"], "attention_tc.cu", ["attn_tc64", "attn_tc32"]),
-    module!("hc_entry_decode", ["routing.cuh"], "hc_entry_decode.cu", ["hc_entry_dec"]),
+    module!("hc_entry_decode", [], "hc_entry_decode.cu", ["hc_entry_dec"]),
     module!("attention_dec", ["tensor_core.cuh"], "attention_dec.cu", ["attn_dec", "attn_dec_w", "attn_dec_merge"]),
     module!("matvec", ["matvec.cuh"], "matvec.cu", [
         "mv_q8_0_n1", "mv_q8_0_n4", "mv_q2_k_n1", "mv_q2_k_n4", "mv_q4_k_n1", "mv_q4_k_n4", "mv_iq2_xxs_n1", "mv_iq2_xxs_n4",

@@ -10,13 +10,24 @@ extern "C" __global__ void route(const float* logits, int ne, const float* bias,
 
 // Decode router in one launch: the gate logits (F16 rows `W`, ne x e) four rows per block (warp w: row
 // 4 blockIdx.x + w / 2, column half w % 2), written to `logits`; the last block to finish (ticket)
-// routes the token. 256 threads, ne <= 256 and a multiple of 4, e a multiple of 16.
+// routes the token. Grid row y routes token y (x, logits, tokens, eids and ew at its row; its ticket
+// 4 ints past the previous row's), each as a one-token launch does. 256 threads, ne <= 256 and a
+// multiple of 4, e a multiple of 16.
 extern "C" __global__ void __launch_bounds__(256) gate_route_dec(const u16* __restrict__ W, const float* __restrict__ x, int e, float* logits, int* ticket,
                                                                  int ne, const float* bias, const int* hash, const u32* tokens, int k, int normalize,
                                                                  float scale, int* eids, float* ew) { PDL_ENTRY
     __shared__ float part[8];
     __shared__ int last;
     int t = threadIdx.x, lane = t & 31, w = t >> 5, row = 4 * blockIdx.x + (w >> 1), half = w & 1;
+    if (blockIdx.y) {
+        const u64 y = blockIdx.y;
+        x += y * e;
+        logits += y * ne;
+        ticket += 4 * y;
+        if (tokens) tokens += y;
+        eids += y * k;
+        ew += y * k;
+    }
     const u16* wr = W + (u64)row * e;
     float s = 0.0f;
     for (int c0 = half * (e / 2) + 8 * lane; c0 < (half + 1) * (e / 2); c0 += 4 * 256) {

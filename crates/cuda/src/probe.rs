@@ -581,14 +581,14 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
         let (eyb, addb) = (up(&g, &ey)?, up(&g, &eadd)?);
         let part2 = g.alloc(crate::stage::hc_entry_part_floats(e, nm) * 4)?;
         let bar = g.alloc_zeroed(8)?;
-        // Router folded into the FFN entry: 256 experts, 6 chosen, a selection bias.
+        // The FFN's router (gate_route_dec) on the entry's xn: 256 experts, 6 chosen, a selection bias.
         let (ne, kr) = (256usize, 6usize);
         let gwf: Vec<u16> = v(ne * e, 0.02).iter().map(|&x| half::f16::from_f32(x).to_bits()).collect();
         let gw = g.alloc(gwf.len() * 2)?;
         g.htod(gw.ptr, &gwf)?;
         let gm = DM { ptr: gw.ptr, ty: GgmlType::F16, rows: ne, cols: e, n_mat: 1, row_bytes: e * 2, split: false };
         let (bias, toks) = (up(&g, &v(ne, 0.05))?, g.alloc_zeroed(4)?);
-        let (rlog, glog, gticket) = (g.alloc(ne * 4)?, g.alloc(e / 256 * ne * 4)?, g.alloc_zeroed(4)?);
+        let (rlog, glog, gticket) = (g.alloc(ne * 4)?, g.alloc(ne * 4)?, g.alloc_zeroed(4)?);
         let (eid1, ew1, eid2, ew2) = (g.alloc(kr * 4)?, g.alloc(kr * 4)?, g.alloc(kr * 4)?, g.alloc(kr * 4)?);
         for xmode in 0..3 {
             // Reference: exit kernel on one copy of the streams, then the unfused entry.
@@ -607,11 +607,6 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
                 let ra = [A::P(rlog.ptr), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(toks.ptr), A::I(kr as i32), A::I(1), A::F(1.5), A::P(eid1.ptr), A::P(ew1.ptr)];
                 g.launch("route", (1, 1, 1), 256, 0, &ra)?;
             }
-            let route = if routed {
-                [A::P(gw.ptr), A::I(ne as i32), A::P(glog.ptr), A::P(gticket.ptr), A::P(bias.ptr), A::P(0), A::P(toks.ptr), A::I(kr as i32), A::I(1), A::F(1.5), A::P(eid2.ptr), A::P(ew2.ptr)]
-            } else {
-                [A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)]
-            };
             // Fused, twice from the same input (the barrier must be reusable: graph replay).
             let (xf, mf) = (up(&g, &x0)?, up(&g, &mixes0)?);
             for _ in 0..2 {
@@ -627,8 +622,11 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
                     A::F(1e-6), A::P(mix2.ptr), A::P(mf.ptr), A::P(nw.ptr), A::F(1e-6), A::P(xn2.ptr), A::P(q0.ptr), A::P(d0.ptr), A::P(qk.ptr), A::P(dk.ptr),
                     A::I(xmode), A::P(ey_p), A::I(ek as i32), A::P(add_p),
                 ];
-                let args: Vec<A> = args.into_iter().chain(route).collect();
                 g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &args)?;
+            }
+            if routed {
+                let ra = [A::P(gw.ptr), A::P(xn2.ptr), A::I(e as i32), A::P(glog.ptr), A::P(gticket.ptr), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(toks.ptr), A::I(kr as i32), A::I(1), A::F(1.5), A::P(eid2.ptr), A::P(ew2.ptr)];
+                g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &ra)?;
             }
             let (mut sa, mut sb) = (vec![0f32; hd], vec![0f32; hd]);
             g.dtoh(&mut sa, xr.ptr)?;
@@ -655,7 +653,7 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
                 g.dtoh(&mut wa, ew1.ptr)?;
                 g.dtoh(&mut wb, ew2.ptr)?;
                 let other = ia.iter().zip(&ib).filter(|(a, b)| a != b).count();
-                out.push(CopyCheck { what: "hc_entry_dec router (experts differing; weights)", values: kr, mismatches: other, rel_err: rel(&wa, &wb) });
+                out.push(CopyCheck { what: "gate_route_dec on hc_entry_dec's xn (experts differing; weights)", values: kr, mismatches: other, rel_err: rel(&wa, &wb) });
             }
         }
         Ok(out)
@@ -665,9 +663,10 @@ pub fn act_copy_checks(seed: u64, e: usize, nh: usize, ff: usize, k: usize) -> d
 
 /// The fused decode router (`gate_route_dec`) against the F16 mat-vec + `route` on random data (`e`
 /// columns, `ne` experts, `k` chosen, with a selection bias): whether the chosen experts are the same,
-/// the largest relative difference of their weights, and the gate logits' relative error.
-pub fn router_check(seed: u64, e: usize, ne: usize, k: usize) -> ds4_model::Result<(bool, f64, f64)> {
-    (|| -> Result<(bool, f64, f64)> {
+/// the largest relative difference of their weights, the gate logits' relative error, and whether a
+/// launch of 3 grid rows (3 tokens) routes each row bit for bit as a one-row launch does.
+pub fn router_check(seed: u64, e: usize, ne: usize, k: usize) -> ds4_model::Result<(bool, f64, f64, bool)> {
+    (|| -> Result<(bool, f64, f64, bool)> {
         let mut g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
         let mut rng = ds4_quant::random::SplitMix64(seed);
         let mut v = |n: usize, s: f32| -> Vec<f32> { (0..n).map(|_| rng.normal() * s).collect() };
@@ -702,7 +701,26 @@ pub fn router_check(seed: u64, e: usize, ne: usize, k: usize) -> ds4_model::Resu
         let num: f64 = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
         let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
         let wd = e1.iter().zip(&e2).map(|(x, y)| ((x - y).abs() / x.abs().max(1e-30)) as f64).fold(0.0, |m, v| if v.is_nan() { f64::INFINITY } else { m.max(v) });
-        Ok((i1 == i2, wd, (num / den.max(1e-30)).sqrt()))
+        // Three rows in one launch (tickets 4 ints apart), each against its own one-row launch.
+        let rows = 3usize;
+        let xr = v(rows * e, 1.0);
+        let (xs, ls, is, ws, tk) = (g.alloc(rows * e * 4)?, g.alloc(rows * ne * 4)?, g.alloc(rows * k * 4)?, g.alloc(rows * k * 4)?, g.alloc_zeroed(rows * 16)?);
+        g.htod(xs.ptr, &xr)?;
+        let rargs3 = |x: u64, l: u64, ids: u64, w: u64| [A::P(wdev.ptr), A::P(x), A::I(e as i32), A::P(l), A::P(tk.ptr), A::I(ne as i32), A::P(bias.ptr), A::P(0), A::P(0), A::I(k as i32), A::I(1), A::F(1.5), A::P(ids), A::P(w)];
+        g.launch("gate_route_dec", ((ne / 4) as u32, rows as u32, 1), 256, 0, &rargs3(xs.ptr, ls.ptr, is.ptr, ws.ptr))?;
+        let (mut ia, mut wa) = (vec![0i32; rows * k], vec![0f32; rows * k]);
+        g.dtoh(&mut ia, is.ptr)?;
+        g.dtoh(&mut wa, ws.ptr)?;
+        let mut rows_same = true;
+        for r in 0..rows {
+            let xo = (r * e * 4) as u64;
+            g.launch("gate_route_dec", ((ne / 4) as u32, 1, 1), 256, 0, &rargs3(xs.ptr + xo, l2.ptr, ids2.ptr, w2.ptr))?;
+            let (mut ib, mut wb) = (vec![0i32; k], vec![0f32; k]);
+            g.dtoh(&mut ib, ids2.ptr)?;
+            g.dtoh(&mut wb, w2.ptr)?;
+            rows_same &= ia[r * k..(r + 1) * k] == ib[..] && wa[r * k..(r + 1) * k].iter().zip(&wb).all(|(a, b)| a.to_bits() == b.to_bits());
+        }
+        Ok((i1 == i2, wd, (num / den.max(1e-30)).sqrt(), rows_same))
     })()
     .map_err(me)
 }

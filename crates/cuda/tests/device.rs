@@ -766,9 +766,10 @@ fn fused_decode_router_matches_matvec_and_route() {
         return;
     }
     for (seed, e, ne, k) in [(3u64, 4096usize, 256usize, 6usize), (4, 256, 8, 2), (5, 4096, 256, 6)] {
-        let (same, wd, lerr) = ds4_cuda::router_check(seed, e, ne, k).unwrap();
-        println!("op router e={e} ne={ne} k={k}: same experts {same}, weights rel diff {wd:.2e}, logits rel err {lerr:.2e}");
+        let (same, wd, lerr, rows_same) = ds4_cuda::router_check(seed, e, ne, k).unwrap();
+        println!("op router e={e} ne={ne} k={k}: same experts {same}, weights rel diff {wd:.2e}, logits rel err {lerr:.2e}, 3 rows as 1 {rows_same}");
         assert!(same, "fused router chose other experts");
+        assert!(rows_same, "a row of a 3-row launch routed otherwise than alone");
         // Other summation order of the gate logits: the weights differ by float rounding only.
         assert!(wd < 1e-5 && lerr < 1e-5, "weights {wd}, logits {lerr}");
     }

@@ -1,7 +1,7 @@
 //! The device-op trait: what a GPU backend implements so that [`crate::GpuStage`] can run the forward
 //! pass on it. The stage owns the order of the ops (the model, written once); a backend owns its weights,
 //! KV state and work buffers, and may fuse ops behind these calls (e.g. leave a sub-layer exit to the
-//! next entry, or route the token inside the FFN entry) as long as the results are the same.
+//! next entry) as long as the results are the same.
 use crate::error::Result;
 use ds4_model::KvState;
 

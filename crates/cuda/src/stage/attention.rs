@@ -11,7 +11,7 @@ impl CudaOps {
     pub(super) fn attn_entry(&mut self, li: usize, n: usize) -> Result<()> {
         let l = &self.layers[li];
         let (hc_fn, hsc, hba, an) = (l.hc_attn.fn_, l.hc_attn.scale, l.hc_attn.base, l.attn_norm);
-        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false, routed: false })?;
+        let xc = self.hc_pre(hc_fn, hsc, hba, an, n, XnCopies { q80: true, q8k: false })?;
         self.ls = LayerStep { xc, ..LayerStep::default() };
         Ok(())
     }

@@ -212,18 +212,15 @@ impl CudaOps {
     }
 
     /// One-token sub-layer entry in one launch (`hc_entry_dec`: the pending exit first, every block
-    /// finishing its own columns behind two grid barriers; with `entry_route` also the gate logits and
-    /// the routing), then the Sinkhorn matrix on side stream 1.
+    /// finishing its own columns behind one grid barrier), then the Sinkhorn matrix on side stream 1.
     fn hc_pre_dec(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, want: XnCopies) -> Result<XnCopies> {
         let e = self.cfg.n_embd;
-        let mut made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts, routed: false };
+        let made = XnCopies { q80: want.q80 && self.fast_q8, q8k: want.q8k && self.fast_experts };
         let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
-        let route = self.entry_route.take();
-        made.routed = route.is_some();
         let exit = self.pend.take();
-        let ticket = self.wk.hcd_ticket.ptr;
-        let entry = Entry { hc_fn, scale, base, norm, copies: [q80, d80, q8k, d8k], bar: ticket + 8, route, route_ticket: ticket + 4, exit };
+        // hcd_ticket: the router's ticket (int 1, gate_route_dec), the entry's barrier (ints 2, 3).
+        let entry = Entry { hc_fn, scale, base, norm, copies: [q80, d80, q8k, d8k], bar: self.wk.hcd_ticket.ptr + 8, exit };
         let all = self.entry_args(&entry, 0);
         self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
         self.hc_comb_side(scale, base, made)
@@ -231,11 +228,10 @@ impl CudaOps {
 
     /// The arguments of an `hc_entry_dec` launch whose first token is row `row` of the work buffers:
     /// mix weights, streams, slice records and barrier, HC scale and base, raw mix, mixes, norm
-    /// weight, xn and its int8 copies; the pending exit; the router (gate weights, logits parts,
-    /// ticket, bias or hash table, ids, weights) or nothing.
-    pub(super) fn entry_args(&self, en: &Entry, row: usize) -> [A; 35] {
+    /// weight, xn and its int8 copies; the pending exit.
+    pub(super) fn entry_args(&self, en: &Entry, row: usize) -> [A; 23] {
         let c = &self.cfg;
-        let (e, nh, k) = (c.n_embd, c.n_hc, c.n_expert_used);
+        let (e, nh) = (c.n_embd, c.n_hc);
         let at = |p: u64, floats: usize| p + (row * floats * 4) as u64;
         // The int8 copies: `e` values and e/32 (Q8_0) or e/256 (Q8_K) scales a row; 0 stays 0.
         let copy_at = |p: u64, bytes: usize| if p == 0 { 0 } else { p + (row * bytes) as u64 };
@@ -245,26 +241,6 @@ impl CudaOps {
             None => (0, 0, 0, 0),
             Some(PendingExit::Attn) => (1, at(self.wk.y.ptr, e), 0, 0),
             Some(PendingExit::Ffn { rows, k, add }) => (2, at(rows, k * e), k, if add != 0 { at(add, e) } else { 0 }),
-        };
-        let route = match en.route {
-            None => [A::P(0), A::I(0), A::P(0), A::P(0), A::P(0), A::P(0), A::P(0), A::I(0), A::I(0), A::F(0.0), A::P(0), A::P(0)],
-            Some(li) => {
-                let l = &self.layers[li];
-                [
-                    A::P(l.gate_inp.ptr),
-                    A::I(c.n_expert as i32),
-                    A::P(self.wk.rlog.ptr),
-                    A::P(en.route_ticket),
-                    A::P(l.exp_bias.unwrap_or(0)),
-                    A::P(l.tid2eid.unwrap_or(0)),
-                    A::P(at(self.wk.tokens.ptr, 1)),
-                    A::I(k as i32),
-                    A::I(c.expert_weights_norm as i32),
-                    A::F(c.expert_weights_scale),
-                    A::P(at(self.wk.eids.ptr, k)),
-                    A::P(at(self.wk.ew.ptr, k)),
-                ]
-            }
         };
         let head = [
             A::P(en.hc_fn.ptr),
@@ -287,10 +263,9 @@ impl CudaOps {
             A::P(q8k),
             A::P(d8k),
         ];
-        let mut all = [A::P(0); 35];
+        let mut all = [A::P(0); 23];
         all[..19].copy_from_slice(&head);
-        all[19..23].copy_from_slice(&[A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)]);
-        all[23..].copy_from_slice(&route);
+        all[19..].copy_from_slice(&[A::I(xmode), A::P(ey), A::I(ek as i32), A::P(eadd)]);
         all
     }
 

@@ -378,7 +378,7 @@ impl CudaOps {
             o: f(n * cfg.q_dim())?,
             low: f(n * cfg.o_groups * cfg.o_lora)?,
             y: f(n * e)?,
-            // Gate logits of a batch, or the folded decode router's per-block parts (hc_entry_dec).
+            // Gate logits of a batch (a row each).
             rlog: f(n.max(brows * hcd_slices) * ne)?,
             eids: f(n * k)?,
             ew: f(n * k)?,
@@ -428,7 +428,7 @@ impl CudaOps {
             gids: f((brows * cfg.o_groups).max(1))?,
             // hc_entry_dec's block records, a row's each.
             hcd_part: f(brows * hc_entry_part_floats(e, cfg.hc_mix()))?,
-            // hc_entry_dec's barrier count, flag and router ticket of each row of an exact-rows launch.
+            // hc_entry_dec's barrier count and flag, gate_route_dec's ticket, of each row of an exact-rows launch.
             hcd_rows: g.alloc_zeroed(brows * 16)?,
             // (Unused), gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
             hcd_ticket: g.alloc_zeroed(16)?,
@@ -576,7 +576,6 @@ impl CudaOps {
             fast_experts: stage.opts.precision == ds4_quant::Precision::Fast,
             pend: None,
             pend_rows: 1,
-            entry_route: None,
             ls: LayerStep::default(),
             decode_mode: false,
             dpos: dpos_buf,

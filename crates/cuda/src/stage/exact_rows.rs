@@ -6,8 +6,8 @@
 //! - products: each row an input of its own through the one-token kernels (int8 activations where
 //!   decode takes them, quantized per row as the decode producers quantize), the rows as slots of
 //!   one launch with the one-token K split (a slot's sums depend on the split only);
-//! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the router and the previous
-//!   sub-layer's exit folded in), a grid row per token;
+//! - sub-layer entries: the fused one-token entry (`hc_entry_dec`, with the previous sub-layer's
+//!   exit folded in), a grid row per token; the router (`gate_route_dec`) likewise;
 //! - the per-sequence ops (compressors, indexer, attention) row by row at each row's position
 //!   through the decode kernels (batch.rs), in row order on one stream when rows share a slot.
 use super::*;
@@ -34,19 +34,17 @@ impl CudaOps {
     }
 
     /// The sub-layer entry of `n` exact rows: `hc_entry_dec` over a grid row per token (each row's own
-    /// parts, barrier and router ticket), the previous sub-layer's exit folded in and the rows routed
-    /// when the FFN asked for it, as decode does for one, and each row's Q8_0 copy of xn when the
+    /// parts and barrier), the previous sub-layer's exit folded in, as decode does for one, and each row's Q8_0 copy of xn when the
     /// products after it take one (`want.q80`) and its Q8_K copy for the routed experts (`want.q8k`);
     /// then the rows' Sinkhorn matrices. A launch takes as many rows as keep every block resident
     /// (one block an SM: the grid barriers).
     pub(super) fn hc_pre_rows(&mut self, hc_fn: DM, scale: u64, base: u64, norm: u64, n: usize, want: XnCopies) -> Result<XnCopies> {
         let (e, nh) = (self.cfg.n_embd, self.cfg.n_hc);
-        let route = self.entry_route.take();
         let fits = n <= self.batch_cap;
         let (q80, q8k) = (want.q80 && self.fast_q8 && fits, want.q8k && self.fast_experts && fits);
         let (q, qd) = if q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (k8, kd) = if q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
-        let en = Entry { hc_fn, scale, base, norm, copies: [q, qd, k8, kd], bar: self.wk.hcd_rows.ptr, route, route_ticket: self.wk.hcd_rows.ptr + 8, exit: self.pend.take() };
+        let en = Entry { hc_fn, scale, base, norm, copies: [q, qd, k8, kd], bar: self.wk.hcd_rows.ptr, exit: self.pend.take() };
         let (x, mix, mixes) = (self.wk.x.ptr, self.wk.mix.ptr, self.wk.mixes.ptr);
         let blocks = e / 256;
         let per = if self.g.sms > 0 { (self.g.sms as usize / blocks).max(1) } else { 1 };
@@ -69,21 +67,27 @@ impl CudaOps {
         if self.same_slot {
             self.g.to_main();
         }
-        Ok(XnCopies { q80, q8k, routed: route.is_some() })
+        Ok(XnCopies { q80, q8k })
     }
 
-    /// Gate logits and routing of `n` rows through `gate_route_dec` (decode's router where the entry
-    /// kernel did not route): one launch per row.
+    /// Gate logits and routing of `n` rows through `gate_route_dec`, a grid row per token (each row
+    /// routed as a one-token launch routes it). Decode's one row takes the entry's ticket word; rows
+    /// take the third int of their `hcd_rows` record (free: the entries' barriers use the first two).
     pub(super) fn route_rows(&mut self, li: usize, n: usize) -> Result<()> {
-        let (e, k) = (self.cfg.n_embd, self.cfg.n_expert_used);
+        let (e, k, ne) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.n_expert);
         let gate_inp = self.layers[li].gate_inp;
         let r = self.route_args(li);
         let wk = &self.wk;
-        let (xn, tokens, eids, ew, ticket) = (wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr, wk.hcd_ticket.ptr + 4);
-        for row in 0..n {
-            let at = |p: u64, floats: usize| A::P(p + (row * floats * 4) as u64);
-            let args = [A::P(gate_inp.ptr), at(xn, e), A::I(e as i32), r[0], A::P(ticket), r[1], r[2], r[3], at(tokens, 1), r[5], r[6], r[7], at(eids, k), at(ew, k)];
-            self.g.launch("gate_route_dec", ((self.cfg.n_expert / 4) as u32, 1, 1), 256, 0, &args)?;
+        let (xn, tokens, eids, ew) = (wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr);
+        let (ticket, per) = if n == 1 { (wk.hcd_ticket.ptr + 4, 1) } else { (wk.hcd_rows.ptr + 8, wk.hcd_rows.bytes / 16) };
+        let rlog = wk.rlog.ptr;
+        let mut r0 = 0;
+        while r0 < n {
+            let m = per.max(1).min(n - r0);
+            let at = |p: u64, floats: usize| A::P(p + (r0 * floats * 4) as u64);
+            let args = [A::P(gate_inp.ptr), at(xn, e), A::I(e as i32), at(rlog, ne), A::P(ticket), r[1], r[2], r[3], at(tokens, 1), r[5], r[6], r[7], at(eids, k), at(ew, k)];
+            self.g.launch("gate_route_dec", ((ne / 4) as u32, m as u32, 1), 256, 0, &args)?;
+            r0 += m;
         }
         Ok(())
     }

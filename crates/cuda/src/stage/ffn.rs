@@ -5,21 +5,13 @@ use crate::gpu::SIDE_STREAMS;
 use crate::matvec::{grouped_direct, launch_moe_gemm, launch_dq, launch_mvq8, launch_mvq8_ks, launch_mvq8_shared, launch_q8k, mvq_ks, q8_ok};
 
 impl CudaOps {
-    /// The FFN sub-layer's entry (xn and the int8 copies the expert products take). Decode: the entry
-    /// kernel can also take the gate logits and route the token (`hc_entry_dec`).
+    /// The FFN sub-layer's entry (xn and the int8 copies the expert products take).
     pub(super) fn ffn_entry(&mut self, li: usize, n: usize) -> Result<()> {
-        let cfg = &self.cfg;
-        let k = cfg.n_expert_used;
         let l = &self.layers[li];
         let (hc_fn, hsc, hba, fnw) = (l.hc_ffn.fn_, l.hc_ffn.scale, l.hc_ffn.base, l.ffn_norm);
         let q8k_exp = [&l.gate_exps, &l.up_exps, &l.down_exps].iter().all(|m| q8_ok(m));
         let has_shared = l.shared.is_some();
-        let gi = l.gate_inp;
-        if (self.decode_mode && n == 1 || self.exact) && gi.ty == GgmlType::F16 && !gi.split && cfg.n_expert <= 256 && k <= 16 {
-            self.entry_route = Some(li);
-        }
-        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp, routed: false });
-        self.entry_route = None;
+        let xc = self.hc_pre(hc_fn, hsc, hba, fnw, n, XnCopies { q80: has_shared, q8k: q8k_exp });
         self.ls = LayerStep { xc: xc?, ..LayerStep::default() };
         Ok(())
     }
@@ -43,15 +35,13 @@ impl CudaOps {
         Ok(())
     }
 
-    /// Gate logits and routing, unless the entry kernel routed the token: decode in one launch where
-    /// the shapes allow (`gate_route_dec`, the last block routes), else the products then `route`.
+    /// Gate logits and routing: decode and exact rows in one launch where the shapes allow
+    /// (`gate_route_dec`, the last block of a row routes it; on the main lane while the shared expert
+    /// runs on lane 1), else the products then `route`.
     pub(super) fn route(&mut self, li: usize, s: Step) -> Result<()> {
         let (e, ne, k) = (self.cfg.n_embd, self.cfg.n_expert, self.cfg.n_expert_used);
         if ne > 1024 || k > 16 {
             return Err("router supports up to 1024 experts and 16 per token".into());
-        }
-        if self.ls.xc.routed {
-            return Ok(());
         }
         let gate_inp = self.layers[li].gate_inp;
         let dec_route = gate_inp.ty == GgmlType::F16 && !gate_inp.split && ne <= 256 && ne % 4 == 0 && e % 16 == 0;

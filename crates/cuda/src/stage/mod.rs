@@ -217,7 +217,7 @@ struct Work {
     /// Block records of the fused decode sub-layer entry (`hc_entry_dec`; a row's each for exact
     /// rows).
     hcd_part: DBuf,
-    /// Per row of an exact-rows entry: its barrier count and flag, and its router ticket (4 ints).
+    /// Per row of an exact-rows step: its entry's barrier count and flag, its router's ticket (4 ints).
     hcd_rows: DBuf,
     hcd_ticket: DBuf,
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
@@ -254,8 +254,7 @@ pub(crate) fn hc_entry_part_floats(e: usize, nm: usize) -> usize {
 }
 
 /// What an `hc_entry_dec` launch does beside the entry itself: the weights of the sub-layer, the int8
-/// copies of xn it writes (values, scales; 0: none), its barrier, the layer it routes (and the
-/// router's ticket), and the exit it applies first.
+/// copies of xn it writes (values, scales; 0: none), its barrier, and the exit it applies first.
 struct Entry {
     hc_fn: DM,
     scale: u64,
@@ -263,8 +262,6 @@ struct Entry {
     norm: u64,
     copies: [u64; 4],
     bar: u64,
-    route: Option<usize>,
-    route_ticket: u64,
     exit: Option<PendingExit>,
 }
 
@@ -273,8 +270,6 @@ struct Entry {
 struct XnCopies {
     q80: bool,
     q8k: bool,
-    /// The entry kernel also routed the token (eids / ew written).
-    routed: bool,
 }
 
 /// Counters of what the device did since the last reset.
@@ -362,9 +357,6 @@ pub struct CudaOps {
     pend: Option<PendingExit>,
     /// Rows the pending exit covers (exact rows: one per row; decode: 1).
     pend_rows: usize,
-    /// The router arguments the next decode entry kernel takes (set by the FFN sub-layer for
-    /// `hc_entry_dec`, which then also computes the gate logits and routes the token).
-    entry_route: Option<usize>,
     /// What the current layer's ops hand on.
     ls: LayerStep,
     /// The step in progress is a decode step: the position is read from `dpos` on the device, so one
