@@ -4,7 +4,8 @@
 #   1. this build's ds4-cuda device tests, then the engine's CUDA MTP and batch tests
 #      (engine-*-tests, when carried), while the model and its MTP file are synthesized;
 #   2. decode t/s at ctx $CTX (default 4096; one prompt chunk, $GEN tokens), base and this build
-#      interleaved, $ROUNDS rounds (default "1 2 3") -> $OUT/decode_ab.csv;
+#      interleaved, $ROUNDS rounds (default "1 2 3"), this build once per environment setting in
+#      $VARIANTS (default X=1: none; e.g. "X=1 DS4_X_SWITCH=1" for a measuring switch) -> $OUT/decode_ab.csv;
 #   3. unless NO_MTP=1, both builds' MTP verify-step costs (mtp_step_costs, median of 7);
 #   4. unless NO_BATCH=1, both builds' aggregate decode at --concurrency $STREAMS (default 8).
 # FLASH picks the model (default: full Flash on a card over 100 GB, flash:12 on an 80 GB one).
@@ -26,15 +27,20 @@ done
 el "tests done"; pack
 wait $SP; tail -1 $OUT/synth.log; el "synth done"
 cat README.md README.md README.md > /tmp/prompt.txt
-# tag, binary, extra flags: one ds4-bench run at ctx $C; its CSV row (after the tag) into $OUT/decode_ab.csv.
+# tag, binary, extra flags: one ds4-bench run at ctx $C (environment $ENVV, e.g. a measuring switch); its
+# CSV row (after the tag) into $OUT/decode_ab.csv.
 run() {
   local tag=$1 bin=$2; shift 2
-  timeout 150 $bin -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start $C --ctx-max $C --gen-tokens ${GR:-$G} \
+  env ${ENVV:-X=1} timeout 150 $bin -m $M --prompt-file /tmp/prompt.txt --backend cuda --ctx-start $C --ctx-max $C --gen-tokens ${GR:-$G} \
     --prefill-chunk $C --mem-limit-gb 200 --csv /tmp/run.csv "$@" > $OUT/run_$tag.log 2>&1
   echo "$tag,$(tail -n +2 /tmp/run.csv 2>/dev/null | head -1)" | tee -a $OUT/decode_ab.csv; rm -f /tmp/run.csv
 }
 echo "tag,ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes" > $OUT/decode_ab.csv
-for r in ${ROUNDS:-1 2 3}; do run base_$r $B/base-bench; run new_$r $B/ds4-bench; pack; done
+for r in ${ROUNDS:-1 2 3}; do
+  run base_$r $B/base-bench
+  for v in ${VARIANTS:-X=1}; do ENVV=$v run new_${v%%=*}_$r $B/ds4-bench; done
+  pack
+done
 el "decode A/B done"
 if [ -z "${NO_MTP:-}" ]; then
   for b in base-mtp_step_costs mtp_step_costs; do
