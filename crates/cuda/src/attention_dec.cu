@@ -35,29 +35,6 @@ __device__ __forceinline__ const float* attn_row(int c, int nraw, int pos, int s
     return comp + (u64)r * d;
 }
 
-// Warp sums of NV values at once (NV a power of two <= 32) by halving exchanges: on return v[0] of
-// lane l holds the total of value l / (32 / NV). NV - 1 + log2(32 / NV) shuffles instead of 5 NV.
-// Step N (N values left): lanes with bit 16 N / NV set keep the upper half, the others the lower,
-// each adding the partner's copy of the half it keeps (compile-time indices: v stays in registers).
-template <int NV, int N> __device__ __forceinline__ void warp_sum_split_step(float* v, int lane) {
-    if constexpr (N > 1) {
-        constexpr int off = 16 * N / NV;
-        bool hi = lane & off;
-#pragma unroll
-        for (int i = 0; i < N / 2; i++) {
-            float a = v[i], b = v[i + N / 2];
-            float send = hi ? a : b, keep = hi ? b : a;
-            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-        warp_sum_split_step<NV, N / 2>(v, lane);
-    }
-}
-template <int NV> __device__ __forceinline__ void warp_sum_split(float* v) {
-    warp_sum_split_step<NV, NV>(v, threadIdx.x & 31);
-#pragma unroll
-    for (int off = 16 / NV; off > 0; off >>= 1) v[0] += __shfl_xor_sync(0xffffffffu, v[0], off);
-}
-
 // Rotation of one pair, as norm_rope_qat.
 __device__ __forceinline__ void rope_pair(float& a, float& b, float cf, float sf) {
     float x0 = a, x1 = b;
@@ -193,7 +170,7 @@ __device__ __forceinline__ void attn_dec_impl(const float* __restrict__ q, const
                 }
             }
             // Value 4 ci + hh ends in lanes 2 (4 ci + hh), + 1; rows past the chunk's candidates (zeros) score -inf.
-            warp_sum_split<16>(s);
+            s[0] = warp_sum_scatter<16>(s);
             int ci = lane >> 3, hh = (lane >> 1) & 3, c = 4 * cq + ci;
             if ((lane & 1) == 0) sc[(4 * hq + hh) * ADEC_CH + c] = c < ncv ? s[0] * scale : -INFINITY;
         }

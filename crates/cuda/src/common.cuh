@@ -40,6 +40,39 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+// send = m ? lo : hi and keep the other, in inline PTX: a select on the array elements themselves is
+// compiled to an indexed load, which puts the array in local memory.
+__device__ __forceinline__ void pick(float lo, float hi, u32 m, float& send, float& keep) {
+    asm("{\n\t.reg .pred p;\n\tsetp.ne.u32 p, %4, 0;\n\tselp.f32 %0, %2, %3, p;\n\tselp.f32 %1, %3, %2, p;\n\t}"
+        : "=f"(send), "=f"(keep) : "f"(lo), "f"(hi), "r"(m));
+}
+// One butterfly step over the first 2H values: a lane keeps the half of them its partner (lane ^ O)
+// does not keep and adds the partner's copy of that half (H shuffles).
+template <int O, int H> __device__ __forceinline__ void halve(float* a, int lane) {
+    u32 m = lane & O ? ~0u : 0u;
+#pragma unroll
+    for (int i = 0; i < H; i++) {
+        float send, keep;
+        pick(a[i], a[i + H], m, send, keep);
+        a[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+// Warp sums of N (32 or 16) values at once: lane l ends with the warp's sum of a[l * N / 32]
+// (N - 1 shuffles, plus one for N = 16, instead of N x 5). The same sums in every lane order as one
+// tree a value would give in its own lanes.
+template <int N> __device__ __forceinline__ float warp_sum_scatter(float* a) {
+    int lane = threadIdx.x & 31;
+    halve<16, N / 2>(a, lane);
+    halve<8, N / 4>(a, lane);
+    halve<4, N / 8>(a, lane);
+    halve<2, N / 16>(a, lane);
+    if constexpr (N == 32) {
+        halve<1, 1>(a, lane);
+        return a[0];
+    } else {
+        return a[0] + __shfl_xor_sync(0xffffffffu, a[0], 1);
+    }
+}
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

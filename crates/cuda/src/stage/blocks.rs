@@ -219,8 +219,7 @@ impl CudaOps {
         let (q80, d80) = if made.q80 { self.wk.q8_xn.pair() } else { (0, 0) };
         let (q8k, d8k) = if made.q8k { self.wk.q8k_xn.pair() } else { (0, 0) };
         let exit = self.pend.take();
-        // hcd_ticket: the router's ticket (int 1, gate_route_dec), the entry's barrier (ints 2, 3).
-        let entry = Entry { hc_fn, scale, base, norm, copies: [q80, d80, q8k, d8k], bar: self.wk.hcd_ticket.ptr + 8, exit };
+        let entry = Entry { hc_fn, scale, base, norm, copies: [q80, d80, q8k, d8k], bar: self.wk.hcd_bar.ptr, exit };
         let all = self.entry_args(&entry, 0);
         self.g.launch("hc_entry_dec", ((e / 256) as u32, 1, 1), 256, 0, &all)?;
         self.hc_comb_side(scale, base, made)

@@ -430,8 +430,8 @@ impl CudaOps {
             hcd_part: f(brows * hc_entry_part_floats(e, cfg.hc_mix()))?,
             // hc_entry_dec's barrier count and flag, gate_route_dec's ticket, of each row of an exact-rows launch.
             hcd_rows: g.alloc_zeroed(brows * 16)?,
-            // (Unused), gate_route_dec's ticket, hc_entry_dec's barrier count and flag.
-            hcd_ticket: g.alloc_zeroed(16)?,
+            // The decode entry's (hc_entry_dec) barrier count and flag.
+            hcd_bar: g.alloc_zeroed(8)?,
             // Undo copies: per layer a ring row and each frontier's rows (or two whole frontiers) per row.
             jobs: g.alloc(jobs_cap * 24)?,
             jobs_cap,

@@ -71,15 +71,15 @@ impl CudaOps {
     }
 
     /// Gate logits and routing of `n` rows through `gate_route_dec`, a grid row per token (each row
-    /// routed as a one-token launch routes it). Decode's one row takes the entry's ticket word; rows
-    /// take the third int of their `hcd_rows` record (free: the entries' barriers use the first two).
+    /// routed as a one-token launch routes it); row r's ticket is the third int of `hcd_rows` record r
+    /// (the exact-rows entries' barriers use the first two).
     pub(super) fn route_rows(&mut self, li: usize, n: usize) -> Result<()> {
         let (e, k, ne) = (self.cfg.n_embd, self.cfg.n_expert_used, self.cfg.n_expert);
         let gate_inp = self.layers[li].gate_inp;
         let r = self.route_args(li);
         let wk = &self.wk;
         let (xn, tokens, eids, ew) = (wk.xn.ptr, wk.tokens.ptr, wk.eids.ptr, wk.ew.ptr);
-        let (ticket, per) = if n == 1 { (wk.hcd_ticket.ptr + 4, 1) } else { (wk.hcd_rows.ptr + 8, wk.hcd_rows.bytes / 16) };
+        let (ticket, per) = (wk.hcd_rows.ptr + 8, wk.hcd_rows.bytes / 16);
         let rlog = wk.rlog.ptr;
         let mut r0 = 0;
         while r0 < n {

@@ -219,7 +219,8 @@ struct Work {
     hcd_part: DBuf,
     /// Per row of an exact-rows step: its entry's barrier count and flag, its router's ticket (4 ints).
     hcd_rows: DBuf,
-    hcd_ticket: DBuf,
+    /// The decode entry's barrier count and flag.
+    hcd_bar: DBuf,
     /// Tile list of the grouped expert GEMM (`gptr_cap` tiles of 4 ints).
     gptrs: DBuf,
     gptr_cap: usize,
