@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
-use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, HcDims, HcPre, MatVec, Product};
+use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, HcDims, HcPre, MatVec, MatVecI8, Product, QuantizeQ8};
 use ds4_wgpu::shaders::{expert_shape, matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
@@ -69,6 +69,8 @@ fn run() -> R<()> {
         let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
         mat_vecs(&gpu, name, GgmlType::Q8_0, rows, cols, &x, &y, iters, copies, &shapes)?;
     }
+    // The Q8_0 products against int8 activations (the CPU's Fast path), and the quantization.
+    int8_mat_vecs(&gpu, &q8[..6], &x, iters)?;
     // The same bytes as out_b in F16 (aligned 16-byte loads, no block decode): what the products
     // reach when a row's loads are simplest.
     mat_vecs(&gpu, "f16_ref", GgmlType::F16, 4096, 4096, &x, &y, iters, 18, &shapes)?;
@@ -112,6 +114,28 @@ fn prefill_tiles(gpu: &Gpu, cfg: &ds4_model::config::Config, iters: usize) -> R<
         let us = time(gpu, Step { ntok: ntok as u32, pos: 0 }, (iters / 20).max(3), |e, _| op.encode(e))?;
         let flop = 2.0 * (ntok * rows * cols) as f64;
         println!("tile_{tag}_{name},{ntok}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), flop / us / 1e6);
+    }
+    Ok(())
+}
+
+/// The Q8_0 mat-vecs of `shapes` against int8 activations (`MatVecI8`, rows `name_i8`), and the
+/// activation row's quantization alone (`quantize_q8_0`, Flash's width).
+fn int8_mat_vecs(gpu: &Gpu, shapes: &[(&str, usize, usize)], x: &GpuBuffer, iters: usize) -> R<()> {
+    let max_cols = shapes.iter().map(|s| s.2).max().unwrap_or(32);
+    let xq = GpuBuffer::new(gpu, "xq", max_cols / 4).map_err(es)?;
+    let xd = GpuBuffer::new(gpu, "xd", max_cols / 32).map_err(es)?;
+    let y = GpuBuffer::new(gpu, "y i8", shapes.iter().map(|s| s.1).max().unwrap_or(1)).map_err(es)?;
+    let q = QuantizeQ8::new(gpu, x, max_cols, &xq, &xd, max_cols, 1).map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| q.encode(e))?;
+    println!("quantize_q8_0,{max_cols},{us:.2},");
+    gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).map_err(es)?;
+    for &(name, rows, cols) in shapes {
+        let copies = ROTATE_BYTES.div_ceil(rows * cols * 34 / 32).clamp(1, 64);
+        let w = ds4_quant::random_valid_blocks(GgmlType::Q8_0, 7, rows * cols / 32);
+        let ts: Vec<ResidentTensor> = (0..copies).map(|i| ResidentTensor::upload(gpu, &format!("{name}_i8{i}"), GgmlType::Q8_0, &w, rows, cols)).collect::<Result<_, _>>().map_err(es)?;
+        let ops: Vec<MatVecI8> = ts.iter().map(|t| MatVecI8::new(gpu, t, &xq, &xd, &y)).collect::<Result<_, _>>().map_err(es)?;
+        let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % ops.len()].encode(e))?;
+        println!("{name}_i8,Q8_0x{rows}x{cols},{us:.2},{:.1}", (rows * cols * 34 / 32) as f64 / us / 1e3);
     }
     Ok(())
 }

@@ -8,6 +8,9 @@ use ds4_quant::GgmlType;
 const MATVEC_COMMON: &str = include_str!("shaders/matvec_common.wgsl");
 const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
+const MATVEC_I8_MAIN: &str = include_str!("shaders/matvec_i8_main.wgsl");
+/// Activation rows to Q8_0 blocks (the CPU's Fast-path quantization).
+pub const QUANTIZE_Q8_0: &str = include_str!("shaders/quantize_q8_0.wgsl");
 const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
 const MATMUL_TILE_FNS: &str = include_str!("shaders/matmul_tile.wgsl");
 const MATMUL_COOP_TILE_FNS: &str = include_str!("shaders/matmul_coop_tile.wgsl");
@@ -213,6 +216,16 @@ fn unpack_source(f16: F16Unpack) -> &'static str {
 pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) -> Option<String> {
     let dot = dot_source(ty)?;
     Some(format!("{}{MATVEC_COMMON}\n{}\n{dot}\n{SEG_REDUCE}\n{MATVEC_MAIN}", shape_consts(shape, tb), unpack_source(f16)))
+}
+
+/// The one-token Q8_0 mat-vec against Q8_0 activations (`dot4I8Packed`; matvec_i8_main.wgsl).
+pub fn matvec_i8_source(shape: MatVecShape, f16: F16Unpack) -> String {
+    format!("{}{}\n{SEG_REDUCE}\n{MATVEC_I8_MAIN}", shape_consts(shape, 1), unpack_source(f16))
+}
+
+/// The pipeline-cache key of a `matvec_i8_source` module.
+pub fn matvec_i8_key(shape: MatVecShape, f16: F16Unpack) -> String {
+    format!("matvec_i8_s{}_r{}_{f16:?}", shape.seg, shape.rows_per_thread)
 }
 
 /// Rows and tokens of a tiled product's workgroup (matmul_main.wgsl), and the fewest tokens a step
@@ -474,6 +487,8 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("embed", embed_source()),
         ("hc_pre", hc_pre_source(4, 4096)),
         ("hc_head", hc_head_source(4, 4096)),
+        ("quantize_q8_0", QUANTIZE_Q8_0.to_string()),
+        ("matvec_i8", matvec_i8_source(MatVecShape { seg: 32, rows_per_thread: 4 }, F16Unpack::Bits)),
         ("hc_post", HC_POST.to_string()),
         ("route", ROUTE.to_string()),
         ("moe_swiglu", MOE_SWIGLU.to_string()),

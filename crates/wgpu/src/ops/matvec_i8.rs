@@ -1,0 +1,108 @@
+//! Q8_0 products against int8 activations, the CPU's `Precision::Fast` path on the GPU: activation
+//! rows quantized to Q8_0 blocks as `ds4_quant::quantize_row_q8_0` makes them (`QuantizeQ8`), then
+//! each block's integer dot by `dot4I8Packed` (`MatVecI8`). A building block measured against the f32
+//! activation mat-vec (`MatVec`) in `wgpu_kernel_bench`; not yet taken by the stage.
+use std::sync::Arc;
+
+use super::{check_tokens, grid, u32_of};
+use crate::buffer::GpuBuffer;
+use crate::encoder::Encoder;
+use crate::error::WgpuError;
+use crate::gpu::Gpu;
+use crate::resident::ResidentTensor;
+use crate::shaders::{matvec_i8_key, matvec_i8_source, matvec_shape, F16Unpack, MatVecShape, QUANTIZE_Q8_0};
+use ds4_quant::GgmlType;
+
+fn bad(what: &str, reason: String) -> WgpuError {
+    WgpuError::BadShape { what: what.into(), reason }
+}
+
+/// `xq` (packed signed bytes, cols / 4 words a row) and `xd` (f16-rounded block scales, cols / 32
+/// a row) from max_tokens activation rows of `cols` floats in `x` (rows `x_stride` floats apart).
+pub struct QuantizeQ8 {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    bind: wgpu::BindGroup,
+    blocks: u32,
+    max_tokens: u32,
+}
+
+impl QuantizeQ8 {
+    pub fn new(gpu: &Gpu, x: &GpuBuffer, x_stride: usize, xq: &GpuBuffer, xd: &GpuBuffer, cols: usize, max_tokens: u32) -> Result<Self, WgpuError> {
+        let m = max_tokens as usize;
+        if cols == 0 || !cols.is_multiple_of(32) || x_stride < cols || max_tokens == 0 {
+            return Err(bad("q8_0 quantize", format!("{cols} columns (a multiple of 32), rows of {x_stride}, {max_tokens} tokens")));
+        }
+        if x.len() < (m - 1) * x_stride + cols || xq.len() < m * cols / 4 || xd.len() < m * cols / 32 {
+            return Err(bad("q8_0 quantize", format!("buffers too small for {m} rows of {cols}")));
+        }
+        let pipeline = gpu.pipeline("quantize_q8_0", || Ok(QUANTIZE_Q8_0.to_string()))?;
+        let params: [u32; 4] = [u32_of("columns", cols)?, u32_of("row stride", x_stride)?, 0, 0];
+        let uni = gpu.uniform("q8_0 quantize", bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group("q8_0 quantize", &pipeline, &[&x.buffer, &xq.buffer, &xd.buffer, &uni, &gpu.step])?;
+        Ok(Self { pipeline, bind, blocks: u32_of("blocks", cols / 32)?, max_tokens })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        let ntok = enc.step().ntok;
+        check_tokens("q8_0 quantize", ntok, self.max_tokens)?;
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind, &[]);
+        pass.dispatch_workgroups(self.blocks.div_ceil(64), ntok.max(1), 1);
+        Ok(())
+    }
+}
+
+struct Part {
+    bind: wgpu::BindGroup,
+    wg: (u32, u32),
+}
+
+/// y = W x for one token: Q8_0 `w` against the Q8_0 activation row (`xq`, `xd`) of `QuantizeQ8`.
+pub struct MatVecI8 {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    parts: Vec<Part>,
+    pub shape: MatVecShape,
+}
+
+impl MatVecI8 {
+    pub fn new(gpu: &Gpu, w: &ResidentTensor, xq: &GpuBuffer, xd: &GpuBuffer, y: &GpuBuffer) -> Result<Self, WgpuError> {
+        Self::with_shape(gpu, w, xq, xd, y, matvec_shape(w.ty, w.rows, w.cols))
+    }
+
+    /// As `new`, with the workgroup shape given (benchmarks compare shapes).
+    pub fn with_shape(gpu: &Gpu, w: &ResidentTensor, xq: &GpuBuffer, xd: &GpuBuffer, y: &GpuBuffer, shape: MatVecShape) -> Result<Self, WgpuError> {
+        if w.ty != GgmlType::Q8_0 || !w.cols.is_multiple_of(32) {
+            return Err(bad(&w.name, format!("{} x {} {}: the int8 mat-vec takes Q8_0", w.rows, w.cols, w.ty.name())));
+        }
+        if xq.len() < w.cols / 4 || xd.len() < w.cols / 32 || y.len() < w.rows {
+            return Err(bad(&w.name, "activation or output buffers too small".into()));
+        }
+        let f16 = if gpu.caps().f16_in_f32 { F16Unpack::Native } else { F16Unpack::Bits };
+        let key = matvec_i8_key(shape, f16);
+        let pipeline = gpu.pipeline(&key, || Ok(matvec_i8_source(shape, f16)))?;
+        let (cols, row_bytes) = (u32_of("columns", w.cols)?, u32_of("row bytes", w.row_bytes)?);
+        let mut parts = Vec::with_capacity(w.parts.len());
+        for (i, part) in w.parts.iter().enumerate() {
+            let rows = u32_of("rows", part.rows)?;
+            let wg = grid(rows.div_ceil(shape.rows()));
+            // The mat-vec `Params` layout.
+            let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, 0, u32_of("weight offset", part.byte_offset as usize)?, 0, 0, 0, 0];
+            let label = format!("{} i8#{i}", w.name);
+            let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
+            parts.push(Part { bind: gpu.bind_group(&label, &pipeline, &[&part.buffer, &xq.buffer, &y.buffer, &uni, &xd.buffer])?, wg });
+        }
+        Ok(Self { pipeline, parts, shape })
+    }
+
+    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
+        check_tokens("int8 mat-vec", enc.step().ntok, 1)?;
+        let pass = enc.pass();
+        pass.set_pipeline(&self.pipeline);
+        for p in &self.parts {
+            pass.set_bind_group(0, &p.bind, &[]);
+            pass.dispatch_workgroups(p.wg.0, p.wg.1, 1);
+        }
+        Ok(())
+    }
+}
