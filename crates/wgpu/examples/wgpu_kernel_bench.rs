@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
-use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, HcDims, HcPre, MatVec, MatVecI8, Product, QuantizeQ8};
+use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, ExpertMatVecI8, HcDims, HcPre, MatVec, MatVecI8, Product, QuantizeQ8, QuantizeQ8K};
 use ds4_wgpu::shaders::{expert_shape, matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
@@ -76,6 +76,7 @@ fn run() -> R<()> {
     mat_vecs(&gpu, "f16_ref", GgmlType::F16, 4096, 4096, &x, &y, iters, 18, &shapes)?;
     experts(&gpu, "exp_gate_iq2xxs", GgmlType::IQ2_XXS, cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;
     experts(&gpu, "exp_down_q2k", GgmlType::Q2_K, e, cfg.ff_exp, cfg.n_expert, cfg.n_expert_used, iters, &shapes)?;
+    int8_experts(&gpu, "exp_gate_iq2xxs_i8", cfg.ff_exp, e, cfg.n_expert, cfg.n_expert_used, iters)?;
     for ratio in [0usize, 4, 128] {
         attention(&gpu, &cfg, ratio, 4096, iters)?;
     }
@@ -137,6 +138,34 @@ fn int8_mat_vecs(gpu: &Gpu, shapes: &[(&str, usize, usize)], x: &GpuBuffer, iter
         let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % ops.len()].encode(e))?;
         println!("{name}_i8,Q8_0x{rows}x{cols},{us:.2},{:.1}", (rows * cols * 34 / 32) as f64 / us / 1e3);
     }
+    Ok(())
+}
+
+/// The routed experts' IQ2_XXS gate product against a Q8_K activation row (`ExpertMatVecI8`, the
+/// same rotating id sets as `experts`), and that row's quantization alone (`quantize_q8_k`).
+fn int8_experts(gpu: &Gpu, name: &str, rows: usize, cols: usize, n_expert: usize, k: usize, iters: usize) -> R<()> {
+    let ty = GgmlType::IQ2_XXS;
+    let w = ds4_quant::random_valid_blocks(ty, 11, n_expert * rows * cols / ty.block_elems());
+    let t = ResidentTensor::upload(gpu, name, ty, &w, n_expert * rows, cols).map_err(es)?;
+    drop(w);
+    let sets = 32usize;
+    let ids: Vec<u32> = (0..sets * k).map(|i| ((i * 37 + i / k * 11) % n_expert) as u32).collect();
+    let id_bufs: Vec<GpuBuffer> = ids.chunks(k).map(|c| {
+        let b = GpuBuffer::new(gpu, "ids", k)?;
+        b.write_u32(gpu, c)?;
+        Ok(b)
+    }).collect::<Result<_, WgpuError>>().map_err(es)?;
+    let x = GpuBuffer::from_slice(gpu, "x", &vec![0.01f32; cols]).map_err(es)?;
+    let (xq, xd) = (GpuBuffer::new(gpu, "xq", cols / 4).map_err(es)?, GpuBuffer::new(gpu, "xd", cols / 256).map_err(es)?);
+    let y = GpuBuffer::new(gpu, "y", k * rows).map_err(es)?;
+    let q = QuantizeQ8K::new(gpu, &x, cols, &xq, &xd, cols, 1).map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| q.encode(e))?;
+    println!("quantize_q8_k,{cols},{us:.2},");
+    gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).map_err(es)?;
+    let ops: Vec<ExpertMatVecI8> = id_bufs.iter().map(|ib| ExpertMatVecI8::new(gpu, &t, n_expert, ib, &xq, &xd, &y, k)).collect::<Result<_, _>>().map_err(es)?;
+    let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, i| ops[i % sets].encode(e))?;
+    let bytes = (k * rows * cols / ty.block_elems() * ty.block_bytes()) as f64;
+    println!("{name},{k}x{}x{rows}x{cols},{us:.2},{:.1}", ty.name(), bytes / us / 1e3);
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 mod common;
 
 use ds4_quant::{GgmlType, MatRef, Precision};
-use ds4_wgpu::ops::{MatVecI8, QuantizeQ8};
+use ds4_wgpu::ops::{ExpertMatVecI8, MatVecI8, QuantizeQ8, QuantizeQ8K};
 use ds4_wgpu::{GpuBuffer, ResidentTensor, Step};
 
 const ROWS: usize = 70;
@@ -122,4 +122,108 @@ fn int8_matvec_matches_cpu_fast_path() {
     assert!(f32_path > 10.0, "the bound does not tell the quantized product from the f32 one ({f32_path})");
     // One token only.
     assert!(gpu.run(Step { ntok: 2, pos: 0 }, |e| mv.encode(e)).is_err());
+}
+
+const K_COLS: usize = 256 * 5;
+
+/// Q8_K activation rows: normals, with block 1 zero, block 2 tiny, block 3 large, and in block 4 two
+/// values of the largest magnitude with opposite signs (the first, -3, must set the scale).
+fn k_activations() -> Vec<f32> {
+    let mut x = common::normals(21, K_COLS);
+    x[256..512].fill(0.0);
+    x[512..768].iter_mut().for_each(|v| *v *= 1e-30);
+    x[768..1024].iter_mut().for_each(|v| *v *= 1e4);
+    x[1024..1280].iter_mut().for_each(|v| *v = v.clamp(-2.5, 2.5));
+    x[1034] = -3.0;
+    x[1200] = 3.0;
+    x
+}
+
+fn cpu_q8k(x: &[f32]) -> Vec<u8> {
+    let bytes = GgmlType::Q8_K.row_bytes(x.len()).unwrap();
+    let mut out = vec![0u8; bytes];
+    ds4_quant::quantize_row_q8_k(x, &mut out);
+    out
+}
+
+#[test]
+fn quantize_q8_k_equals_cpu_bytes() {
+    let Some(gpu) = common::gpu(common::opts(false, None)) else { return };
+    let x = k_activations();
+    let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
+    let (xq, xd) = (GpuBuffer::new(&gpu, "xq", K_COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", K_COLS / 256).unwrap());
+    let q = QuantizeQ8K::new(&gpu, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
+    gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).unwrap();
+    let (gq, gd) = (xq.read(&gpu, K_COLS / 4).unwrap(), xd.read(&gpu, K_COLS / 256).unwrap());
+    let want = cpu_q8k(&x);
+    let bb = want.len() / (K_COLS / 256);
+    let (mut bad_q, mut bad_d) = (0, 0);
+    for (b, blk) in want.chunks_exact(bb).enumerate() {
+        // d within one ulp: 1 / iscale is refined by an fma step, exact where fma is fused (GPUs);
+        // lavapipe's is not, and there block 4's d came out one ulp high.
+        let cpu_d = f32::from_le_bytes([blk[0], blk[1], blk[2], blk[3]]);
+        if (gd[b].to_bits() as i64 - cpu_d.to_bits() as i64).abs() > 1 {
+            bad_d += 1;
+        }
+        for k in 0..64 {
+            if gq[b * 64 + k].to_bits() != u32::from_le_bytes([blk[4 + 4 * k], blk[5 + 4 * k], blk[6 + 4 * k], blk[7 + 4 * k]]) {
+                bad_q += 1;
+            }
+        }
+    }
+    assert_eq!((bad_q, bad_d), (0, 0), "quantized words differing from the CPU's / scales more than an ulp off");
+    // Block 4's scale comes from its first largest value, -3: that value maps to -127.
+    assert_eq!(want[4 * bb + 4 + 10] as i8, -127);
+}
+
+#[test]
+fn int8_expert_products_match_cpu_fast_path() {
+    let (ne, r, k) = (4usize, 48usize, 3usize);
+    let row_bytes = GgmlType::IQ2_XXS.row_bytes(K_COLS).unwrap() as u64;
+    // 40 rows a binding: experts straddle parts.
+    let Some(gpu) = common::gpu(common::opts(false, Some(row_bytes * 40 + 4))) else { return };
+    let w = ds4_quant::random_valid_blocks(GgmlType::IQ2_XXS, 9, ne * r * K_COLS / 256);
+    let t = ResidentTensor::upload(&gpu, "exps", GgmlType::IQ2_XXS, &w, ne * r, K_COLS).unwrap();
+    assert!(t.parts.len() > 2);
+    let ids = [2u32, 0, 3];
+    let idb = GpuBuffer::new(&gpu, "ids", k).unwrap();
+    idb.write_u32(&gpu, &ids).unwrap();
+    let x = k_activations();
+    let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
+    let (xq, xd, y) = (GpuBuffer::new(&gpu, "xq", K_COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", K_COLS / 256).unwrap(), GpuBuffer::new(&gpu, "y", k * r).unwrap());
+    let q = QuantizeQ8K::new(&gpu, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
+    let mv = ExpertMatVecI8::new(&gpu, &t, ne, &idb, &xq, &xd, &y, k).unwrap();
+    gpu.run(Step { ntok: 1, pos: 0 }, |e| {
+        q.encode(e)?;
+        mv.encode(e)
+    })
+    .unwrap();
+    let got = y.read(&gpu, k * r).unwrap();
+    // Reference: the dequantized IQ2_XXS rows against the dequantized Q8_K row, in f64 (the same
+    // integers times the same scales as the integer dots).
+    let mut xa = vec![0f32; K_COLS];
+    ds4_quant::dequantize(GgmlType::Q8_K, &cpu_q8k(&x), &mut xa).unwrap();
+    let rb = row_bytes as usize;
+    let (mut worst, mut worst_lib, mut f32_path) = (0f64, 0f64, 0f64);
+    for (s, &id) in ids.iter().enumerate() {
+        let ew = &w[id as usize * r * rb..(id as usize + 1) * r * rb];
+        let mut deq = vec![0f32; r * K_COLS];
+        ds4_quant::dequantize(GgmlType::IQ2_XXS, ew, &mut deq).unwrap();
+        let mut lib = vec![0f32; r];
+        ds4_quant::matvec(&MatRef::new(GgmlType::IQ2_XXS, ew, r, K_COLS).unwrap(), &x, &mut lib, Precision::Fast);
+        for row in 0..r {
+            let wr = &deq[row * K_COLS..(row + 1) * K_COLS];
+            let want: f64 = wr.iter().zip(&xa).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let mag: f64 = wr.iter().zip(&xa).map(|(&a, &b)| (a as f64 * b as f64).abs()).sum();
+            let unq: f64 = wr.iter().zip(&x).map(|(&a, &b)| a as f64 * b as f64).sum();
+            let bound = 2e-7 * mag;
+            worst = common::worse(worst, (got[s * r + row] as f64 - want).abs() / bound);
+            worst_lib = common::worse(worst_lib, (lib[row] as f64 - want).abs() / bound);
+            f32_path = common::worse(f32_path, (unq - want).abs() / bound);
+        }
+    }
+    eprintln!("int8 expert products: {worst:.4} of the bound (library Fast path {worst_lib:.4}; unquantized activations {f32_path:.1})");
+    assert!(worst_lib <= 1.0, "the library's Fast path disagrees with the reference");
+    assert!(worst <= 1.0, "int8 expert products off the reference: {worst} x the bound");
+    assert!(f32_path > 10.0, "the bound does not tell the quantized product from the f32 one ({f32_path})");
 }
