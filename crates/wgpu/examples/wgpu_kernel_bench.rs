@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use ds4_model::rope::Rope as CpuRope;
 use ds4_quant::GgmlType;
-use ds4_wgpu::ops::{Attention, AttentionBuffers, AttentionShape, ExpertMatVec, ExpertMatVecI8, HcDims, HcPre, MatVec, MatVecI8, Product, QuantizeQ8, QuantizeQ8K};
+use ds4_wgpu::ops::{ActBlocks, Attention, AttentionBuffers, AttentionShape, ExpertMatVec, ExpertMatVecI8, HcDims, HcPre, MatVec, MatVecI8, Product, QuantizeQ8};
 use ds4_wgpu::shaders::{expert_shape, matvec_shape, matvec_shapes, MatVecShape};
 use ds4_wgpu::{Encoder, Gpu, GpuBuffer, GpuOptions, ResidentTensor, Step, WgpuError};
 
@@ -126,7 +126,7 @@ fn int8_mat_vecs(gpu: &Gpu, shapes: &[(&str, usize, usize)], x: &GpuBuffer, iter
     let xq = GpuBuffer::new(gpu, "xq", max_cols / 4).map_err(es)?;
     let xd = GpuBuffer::new(gpu, "xd", max_cols / 32).map_err(es)?;
     let y = GpuBuffer::new(gpu, "y i8", shapes.iter().map(|s| s.1).max().unwrap_or(1)).map_err(es)?;
-    let q = QuantizeQ8::new(gpu, x, max_cols, &xq, &xd, max_cols, 1).map_err(es)?;
+    let q = QuantizeQ8::new(gpu, ActBlocks::Q8_0, x, max_cols, &xq, &xd, max_cols, 1).map_err(es)?;
     let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| q.encode(e))?;
     println!("quantize_q8_0,{max_cols},{us:.2},");
     gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).map_err(es)?;
@@ -148,17 +148,12 @@ fn int8_experts(gpu: &Gpu, name: &str, rows: usize, cols: usize, n_expert: usize
     let w = ds4_quant::random_valid_blocks(ty, 11, n_expert * rows * cols / ty.block_elems());
     let t = ResidentTensor::upload(gpu, name, ty, &w, n_expert * rows, cols).map_err(es)?;
     drop(w);
-    let sets = 32usize;
-    let ids: Vec<u32> = (0..sets * k).map(|i| ((i * 37 + i / k * 11) % n_expert) as u32).collect();
-    let id_bufs: Vec<GpuBuffer> = ids.chunks(k).map(|c| {
-        let b = GpuBuffer::new(gpu, "ids", k)?;
-        b.write_u32(gpu, c)?;
-        Ok(b)
-    }).collect::<Result<_, WgpuError>>().map_err(es)?;
+    let id_bufs = id_sets(gpu, n_expert, k)?;
+    let sets = id_bufs.len();
     let x = GpuBuffer::from_slice(gpu, "x", &vec![0.01f32; cols]).map_err(es)?;
     let (xq, xd) = (GpuBuffer::new(gpu, "xq", cols / 4).map_err(es)?, GpuBuffer::new(gpu, "xd", cols / 256).map_err(es)?);
     let y = GpuBuffer::new(gpu, "y", k * rows).map_err(es)?;
-    let q = QuantizeQ8K::new(gpu, &x, cols, &xq, &xd, cols, 1).map_err(es)?;
+    let q = QuantizeQ8::new(gpu, ActBlocks::Q8_K, &x, cols, &xq, &xd, cols, 1).map_err(es)?;
     let us = time(gpu, Step { ntok: 1, pos: 0 }, iters, |e, _| q.encode(e))?;
     println!("quantize_q8_k,{cols},{us:.2},");
     gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).map_err(es)?;
@@ -196,20 +191,27 @@ fn mat_vecs(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, x: &G
     mat_vecs_on(gpu, name, &ts, x, y, iters, sweep)
 }
 
+/// Rotating sets of k expert ids: every dispatch picks other experts (as consecutive layers would).
+fn id_sets(gpu: &Gpu, n_expert: usize, k: usize) -> R<Vec<GpuBuffer>> {
+    let ids: Vec<u32> = (0..32 * k).map(|i| ((i * 37 + i / k * 11) % n_expert) as u32).collect();
+    ids.chunks(k)
+        .map(|c| {
+            let b = GpuBuffer::new(gpu, "ids", k)?;
+            b.write_u32(gpu, c)?;
+            Ok(b)
+        })
+        .collect::<Result<_, WgpuError>>()
+        .map_err(es)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn experts(gpu: &Gpu, name: &str, ty: GgmlType, rows: usize, cols: usize, n_expert: usize, k: usize, iters: usize, sweep: &[MatVecShape]) -> R<()> {
     let nb = n_expert * rows * cols / ty.block_elems();
     let w = ds4_quant::random_valid_blocks(ty, 11, nb);
     let t = ResidentTensor::upload(gpu, name, ty, &w, n_expert * rows, cols).map_err(es)?;
     drop(w);
-    // Rotating id sets: every dispatch picks other experts (as consecutive layers would).
-    let sets = 32usize;
-    let ids: Vec<u32> = (0..sets * k).map(|i| ((i * 37 + i / k * 11) % n_expert) as u32).collect();
-    let id_bufs: Vec<GpuBuffer> = ids.chunks(k).map(|c| {
-        let b = GpuBuffer::new(gpu, "ids", k)?;
-        b.write_u32(gpu, c)?;
-        Ok(b)
-    }).collect::<Result<_, WgpuError>>().map_err(es)?;
+    let id_bufs = id_sets(gpu, n_expert, k)?;
+    let sets = id_bufs.len();
     let x = GpuBuffer::from_slice(gpu, "x", &vec![0.01f32; k * cols]).map_err(es)?;
     let y = GpuBuffer::new(gpu, "y", k * rows).map_err(es)?;
     let bytes = (k * rows * cols / ty.block_elems() * ty.block_bytes()) as f64;

@@ -10,10 +10,9 @@ const MATVEC_MAIN: &str = include_str!("shaders/matvec_main.wgsl");
 const MATMUL_MAIN: &str = include_str!("shaders/matmul_main.wgsl");
 const MATVEC_I8_MAIN: &str = include_str!("shaders/matvec_i8_main.wgsl");
 const EXPERT_I8_MAIN: &str = include_str!("shaders/matvec_expert_i8_main.wgsl");
-/// Activation rows to Q8_K blocks (the CPU's Fast-path quantization for K-quants and IQ2_XXS).
-pub const QUANTIZE_Q8_K: &str = include_str!("shaders/quantize_q8_k.wgsl");
-/// Activation rows to Q8_0 blocks (the CPU's Fast-path quantization).
-pub const QUANTIZE_Q8_0: &str = include_str!("shaders/quantize_q8_0.wgsl");
+const QUANTIZE_Q8_K: &str = include_str!("shaders/quantize_q8_k.wgsl");
+const QUANTIZE_COMMON: &str = include_str!("shaders/quantize_common.wgsl");
+const QUANTIZE_Q8_0: &str = include_str!("shaders/quantize_q8_0.wgsl");
 const MATMUL_EXPERT_MAIN: &str = include_str!("shaders/matmul_expert_main.wgsl");
 const MATMUL_TILE_FNS: &str = include_str!("shaders/matmul_tile.wgsl");
 const MATMUL_COOP_TILE_FNS: &str = include_str!("shaders/matmul_coop_tile.wgsl");
@@ -221,17 +220,26 @@ pub fn matvec_source(ty: GgmlType, tb: u32, shape: MatVecShape, f16: F16Unpack) 
     Some(format!("{}{MATVEC_COMMON}\n{}\n{dot}\n{SEG_REDUCE}\n{MATVEC_MAIN}", shape_consts(shape, tb), unpack_source(f16)))
 }
 
+/// The activation quantizer to Q8_0 (`k_blocks` false) or Q8_K blocks (the CPU's Fast-path rows).
+pub fn quantize_source(k_blocks: bool) -> String {
+    format!("{QUANTIZE_COMMON}\n{}", if k_blocks { QUANTIZE_Q8_K } else { QUANTIZE_Q8_0 })
+}
+
+/// The mat-vec's shared part with its activations read as packed signed bytes (`x`: vec4<u32>).
+fn matvec_common_i8() -> String {
+    MATVEC_COMMON.replace("var<storage, read> x: array<vec4<f32>>;", "var<storage, read> x: array<vec4<u32>>;")
+}
+
 /// The one-token Q8_0 mat-vec against Q8_0 activations (`dot4I8Packed`; matvec_i8_main.wgsl).
 pub fn matvec_i8_source(shape: MatVecShape, f16: F16Unpack) -> String {
-    format!("{}{}\n{SEG_REDUCE}\n{MATVEC_I8_MAIN}", shape_consts(shape, 1), unpack_source(f16))
+    format!("{}{}\n{}\n{SEG_REDUCE}\n{MATVEC_I8_MAIN}", shape_consts(shape, 1), matvec_common_i8(), unpack_source(f16))
 }
 
 /// The per-slot routed-expert product of IQ2_XXS weights against Q8_K activations (matvec_expert_i8_main.wgsl):
 /// the mat-vec's shared part with its activations read as packed bytes, the grid table at binding 8.
 pub fn expert_i8_source(shape: MatVecShape, f16: F16Unpack) -> String {
-    let common = MATVEC_COMMON.replace("var<storage, read> x: array<vec4<f32>>;", "var<storage, read> x: array<vec4<u32>>;");
     let grid = IQ2_GRID.replace("@binding(5)", "@binding(8)");
-    format!("{}{common}\n{}\n{grid}\n{SEG_REDUCE}\n{EXPERT_I8_MAIN}", shape_consts(shape, 1), unpack_source(f16))
+    format!("{}{}\n{}\n{grid}\n{SEG_REDUCE}\n{EXPERT_I8_MAIN}", shape_consts(shape, 1), matvec_common_i8(), unpack_source(f16))
 }
 
 /// The pipeline-cache key of an `expert_i8_source` module.
@@ -503,8 +511,8 @@ pub fn all_modules() -> Vec<ModuleSource> {
         ("embed", embed_source()),
         ("hc_pre", hc_pre_source(4, 4096)),
         ("hc_head", hc_head_source(4, 4096)),
-        ("quantize_q8_0", QUANTIZE_Q8_0.to_string()),
-        ("quantize_q8_k", QUANTIZE_Q8_K.to_string()),
+        ("quantize_q8_0", quantize_source(false)),
+        ("quantize_q8_k", quantize_source(true)),
         ("expert_i8", expert_i8_source(MatVecShape { seg: 64, rows_per_thread: 1 }, F16Unpack::Bits)),
         ("matvec_i8", matvec_i8_source(MatVecShape { seg: 32, rows_per_thread: 4 }, F16Unpack::Bits)),
         ("hc_post", HC_POST.to_string()),

@@ -8,7 +8,7 @@
 mod common;
 
 use ds4_quant::{GgmlType, MatRef, Precision};
-use ds4_wgpu::ops::{ExpertMatVecI8, MatVecI8, QuantizeQ8, QuantizeQ8K};
+use ds4_wgpu::ops::{ActBlocks, ExpertMatVecI8, MatVecI8, QuantizeQ8};
 use ds4_wgpu::{GpuBuffer, ResidentTensor, Step};
 
 const ROWS: usize = 70;
@@ -43,7 +43,7 @@ fn quantize_equals_cpu_bytes() {
     let x = activations(ntok);
     let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
     let (xq, xd) = (GpuBuffer::new(&gpu, "xq", ntok * COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", ntok * COLS / 32).unwrap());
-    let q = QuantizeQ8::new(&gpu, &xb, COLS, &xq, &xd, COLS, 3).unwrap();
+    let q = QuantizeQ8::new(&gpu, ActBlocks::Q8_0, &xb, COLS, &xq, &xd, COLS, 3).unwrap();
     gpu.run(Step { ntok: ntok as u32, pos: 0 }, |e| q.encode(e)).unwrap();
     let (gq, gd) = (xq.read(&gpu, ntok * COLS / 4).unwrap(), xd.read(&gpu, ntok * COLS / 32).unwrap());
     let want = cpu_q8(&x);
@@ -95,7 +95,7 @@ fn int8_matvec_matches_cpu_fast_path() {
     let x = activations(2);
     let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
     let (xq, xd, y) = (GpuBuffer::new(&gpu, "xq", 2 * COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", 2 * COLS / 32).unwrap(), GpuBuffer::new(&gpu, "y", ROWS).unwrap());
-    let q = QuantizeQ8::new(&gpu, &xb, COLS, &xq, &xd, COLS, 2).unwrap();
+    let q = QuantizeQ8::new(&gpu, ActBlocks::Q8_0, &xb, COLS, &xq, &xd, COLS, 2).unwrap();
     let mv = MatVecI8::new(&gpu, &t, &xq, &xd, &y).unwrap();
     gpu.run(Step { ntok: 1, pos: 0 }, |e| {
         q.encode(e)?;
@@ -152,7 +152,7 @@ fn quantize_q8_k_equals_cpu_bytes() {
     let x = k_activations();
     let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
     let (xq, xd) = (GpuBuffer::new(&gpu, "xq", K_COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", K_COLS / 256).unwrap());
-    let q = QuantizeQ8K::new(&gpu, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
+    let q = QuantizeQ8::new(&gpu, ActBlocks::Q8_K, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
     gpu.run(Step { ntok: 1, pos: 0 }, |e| q.encode(e)).unwrap();
     let (gq, gd) = (xq.read(&gpu, K_COLS / 4).unwrap(), xd.read(&gpu, K_COLS / 256).unwrap());
     let want = cpu_q8k(&x);
@@ -191,7 +191,7 @@ fn int8_expert_products_match_cpu_fast_path() {
     let x = k_activations();
     let xb = GpuBuffer::from_slice(&gpu, "x", &x).unwrap();
     let (xq, xd, y) = (GpuBuffer::new(&gpu, "xq", K_COLS / 4).unwrap(), GpuBuffer::new(&gpu, "xd", K_COLS / 256).unwrap(), GpuBuffer::new(&gpu, "y", k * r).unwrap());
-    let q = QuantizeQ8K::new(&gpu, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
+    let q = QuantizeQ8::new(&gpu, ActBlocks::Q8_K, &xb, K_COLS, &xq, &xd, K_COLS, 1).unwrap();
     let mv = ExpertMatVecI8::new(&gpu, &t, ne, &idb, &xq, &xd, &y, k).unwrap();
     gpu.run(Step { ntok: 1, pos: 0 }, |e| {
         q.encode(e)?;

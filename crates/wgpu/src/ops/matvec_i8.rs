@@ -1,7 +1,7 @@
 //! Q8_0 products against int8 activations, the CPU's `Precision::Fast` path on the GPU: activation
 //! rows quantized to Q8_0 blocks as `ds4_quant::quantize_row_q8_0` makes them (`QuantizeQ8`), then
 //! each block's integer dot by `dot4I8Packed` (`MatVecI8`); and the routed experts' IQ2_XXS products
-//! against Q8_K rows (`QuantizeQ8K`, `ExpertMatVecI8`). Building blocks measured against the f32
+//! against Q8_K rows (`ActBlocks::Q8_K`, `ExpertMatVecI8`). Building blocks measured against the f32
 //! activation products (`MatVec`, `ExpertMatVec`) in `wgpu_kernel_bench`; not yet taken by the stage.
 use std::sync::Arc;
 
@@ -11,45 +11,67 @@ use crate::encoder::Encoder;
 use crate::error::WgpuError;
 use crate::gpu::Gpu;
 use crate::resident::ResidentTensor;
-use crate::shaders::{expert_i8_key, expert_i8_source, expert_shape, matvec_i8_key, matvec_i8_source, matvec_shape, F16Unpack, MatVecShape, QUANTIZE_Q8_0, QUANTIZE_Q8_K};
+use crate::shaders::{expert_i8_key, expert_i8_source, expert_shape, matvec_i8_key, matvec_i8_source, matvec_shape, quantize_source, F16Unpack, MatVecShape};
 use ds4_quant::GgmlType;
 
 fn bad(what: &str, reason: String) -> WgpuError {
     WgpuError::BadShape { what: what.into(), reason }
 }
 
-/// `xq` (packed signed bytes, cols / 4 words a row) and `xd` (f16-rounded block scales, cols / 32
-/// a row) from max_tokens activation rows of `cols` floats in `x` (rows `x_stride` floats apart).
+/// The activation blocks a quantizer writes: Q8_0 (32 values, f16-rounded scale, as
+/// `ds4_quant::quantize_row_q8_0`) or Q8_K (256 values, f32 scale, as `quantize_row_q8_k`, no bsums).
+#[allow(non_camel_case_types)] // the GGUF type names
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActBlocks {
+    Q8_0,
+    Q8_K,
+}
+
+impl ActBlocks {
+    fn values(self) -> usize {
+        match self {
+            Self::Q8_0 => 32,
+            Self::Q8_K => 256,
+        }
+    }
+}
+
+/// `xq` (packed signed bytes, cols / 4 words a row) and `xd` (one scale a block) from max_tokens
+/// activation rows of `cols` floats in `x` (rows `x_stride` floats apart).
 pub struct QuantizeQ8 {
     pipeline: Arc<wgpu::ComputePipeline>,
     bind: wgpu::BindGroup,
-    blocks: u32,
+    /// Workgroups along x: a Q8_0 thread or a Q8_K workgroup takes a block.
+    groups: u32,
     max_tokens: u32,
 }
 
 impl QuantizeQ8 {
-    pub fn new(gpu: &Gpu, x: &GpuBuffer, x_stride: usize, xq: &GpuBuffer, xd: &GpuBuffer, cols: usize, max_tokens: u32) -> Result<Self, WgpuError> {
-        let m = max_tokens as usize;
-        if cols == 0 || !cols.is_multiple_of(32) || x_stride < cols || max_tokens == 0 {
-            return Err(bad("q8_0 quantize", format!("{cols} columns (a multiple of 32), rows of {x_stride}, {max_tokens} tokens")));
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(gpu: &Gpu, kind: ActBlocks, x: &GpuBuffer, x_stride: usize, xq: &GpuBuffer, xd: &GpuBuffer, cols: usize, max_tokens: u32) -> Result<Self, WgpuError> {
+        let (m, bv, what) = (max_tokens as usize, kind.values(), format!("{kind:?} quantize"));
+        if cols == 0 || !cols.is_multiple_of(bv) || x_stride < cols || max_tokens == 0 {
+            return Err(bad(&what, format!("{cols} columns (a multiple of {bv}), rows of {x_stride}, {max_tokens} tokens")));
         }
-        if x.len() < (m - 1) * x_stride + cols || xq.len() < m * cols / 4 || xd.len() < m * cols / 32 {
-            return Err(bad("q8_0 quantize", format!("buffers too small for {m} rows of {cols}")));
+        if x.len() < (m - 1) * x_stride + cols || xq.len() < m * cols / 4 || xd.len() < m * cols / bv {
+            return Err(bad(&what, format!("buffers too small for {m} rows of {cols}")));
         }
-        let pipeline = gpu.pipeline("quantize_q8_0", || Ok(QUANTIZE_Q8_0.to_string()))?;
+        let k_blocks = kind == ActBlocks::Q8_K;
+        let pipeline = gpu.pipeline(if k_blocks { "quantize_q8_k" } else { "quantize_q8_0" }, || Ok(quantize_source(k_blocks)))?;
         let params: [u32; 4] = [u32_of("columns", cols)?, u32_of("row stride", x_stride)?, 0, 0];
-        let uni = gpu.uniform("q8_0 quantize", bytemuck::cast_slice(&params))?;
-        let bind = gpu.bind_group("q8_0 quantize", &pipeline, &[&x.buffer, &xq.buffer, &xd.buffer, &uni, &gpu.step])?;
-        Ok(Self { pipeline, bind, blocks: u32_of("blocks", cols / 32)?, max_tokens })
+        let uni = gpu.uniform(&what, bytemuck::cast_slice(&params))?;
+        let bind = gpu.bind_group(&what, &pipeline, &[&x.buffer, &xq.buffer, &xd.buffer, &uni, &gpu.step])?;
+        let blocks = u32_of("blocks", cols / bv)?;
+        Ok(Self { pipeline, bind, groups: if k_blocks { blocks } else { blocks.div_ceil(64) }, max_tokens })
     }
 
     pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
         let ntok = enc.step().ntok;
-        check_tokens("q8_0 quantize", ntok, self.max_tokens)?;
+        check_tokens("activation quantize", ntok, self.max_tokens)?;
         let pass = enc.pass();
         pass.set_pipeline(&self.pipeline);
         pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.blocks.div_ceil(64), ntok.max(1), 1);
+        pass.dispatch_workgroups(self.groups, ntok.max(1), 1);
         Ok(())
     }
 }
@@ -91,7 +113,7 @@ impl MatVecI8 {
             let params: [u32; 12] = [rows, cols, row_bytes, u32_of("row", part.row0)?, wg.0, cols / 4, 0, u32_of("weight offset", part.byte_offset as usize)?, 0, 0, 0, 0];
             let label = format!("{} i8#{i}", w.name);
             let uni = gpu.uniform(&label, bytemuck::cast_slice(&params))?;
-            parts.push(Part { bind: gpu.bind_group(&label, &pipeline, &[&part.buffer, &xq.buffer, &y.buffer, &uni, &xd.buffer])?, wg });
+            parts.push(Part { bind: gpu.bind_group(&label, &pipeline, &[&part.buffer, &xq.buffer, &y.buffer, &uni, &gpu.step, &xd.buffer])?, wg });
         }
         Ok(Self { pipeline, parts, shape })
     }
@@ -108,43 +130,7 @@ impl MatVecI8 {
     }
 }
 
-/// `xq` (packed signed bytes, cols / 4 words a row) and `xd` (one f32 scale a 256-value block) from
-/// max_tokens activation rows of `cols` floats in `x`, as `ds4_quant::quantize_row_q8_k` (no bsums).
-pub struct QuantizeQ8K {
-    pipeline: Arc<wgpu::ComputePipeline>,
-    bind: wgpu::BindGroup,
-    blocks: u32,
-    max_tokens: u32,
-}
-
-impl QuantizeQ8K {
-    pub fn new(gpu: &Gpu, x: &GpuBuffer, x_stride: usize, xq: &GpuBuffer, xd: &GpuBuffer, cols: usize, max_tokens: u32) -> Result<Self, WgpuError> {
-        let m = max_tokens as usize;
-        if cols == 0 || !cols.is_multiple_of(256) || x_stride < cols || max_tokens == 0 {
-            return Err(bad("q8_k quantize", format!("{cols} columns (a multiple of 256), rows of {x_stride}, {max_tokens} tokens")));
-        }
-        if x.len() < (m - 1) * x_stride + cols || xq.len() < m * cols / 4 || xd.len() < m * cols / 256 {
-            return Err(bad("q8_k quantize", format!("buffers too small for {m} rows of {cols}")));
-        }
-        let pipeline = gpu.pipeline("quantize_q8_k", || Ok(QUANTIZE_Q8_K.to_string()))?;
-        let params: [u32; 4] = [u32_of("columns", cols)?, u32_of("row stride", x_stride)?, 0, 0];
-        let uni = gpu.uniform("q8_k quantize", bytemuck::cast_slice(&params))?;
-        let bind = gpu.bind_group("q8_k quantize", &pipeline, &[&x.buffer, &xq.buffer, &xd.buffer, &uni, &gpu.step])?;
-        Ok(Self { pipeline, bind, blocks: u32_of("blocks", cols / 256)?, max_tokens })
-    }
-
-    pub fn encode(&self, enc: &mut Encoder) -> Result<(), WgpuError> {
-        let ntok = enc.step().ntok;
-        check_tokens("q8_k quantize", ntok, self.max_tokens)?;
-        let pass = enc.pass();
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind, &[]);
-        pass.dispatch_workgroups(self.blocks, ntok.max(1), 1);
-        Ok(())
-    }
-}
-
-/// The routed experts' IQ2_XXS products of one token against its Q8_K row (`QuantizeQ8K`):
+/// The routed experts' IQ2_XXS products of one token against its Q8_K row (`QuantizeQ8`, `ActBlocks::Q8_K`):
 /// y[slot] = W_{ids[slot]} . x for the k slots, over a stacked expert tensor (an expert may straddle
 /// binding parts: one dispatch per part), as `ExpertMatVec::new` for gate / up.
 pub struct ExpertMatVecI8 {

@@ -25,7 +25,7 @@ pub use kv_row::{KvRow, KvRowSpec, RowNorm, RowPos, RowQat, KV_ROW_MAX_DIM};
 pub use embed::Embed;
 pub use hc::{HcDims, HcHead, HcPost, HcPre, HeadRows, MAX_HC};
 pub use matvec::{MatVec, Product};
-pub use matvec_i8::{ExpertMatVecI8, MatVecI8, QuantizeQ8, QuantizeQ8K};
+pub use matvec_i8::{ActBlocks, ExpertMatVecI8, MatVecI8, QuantizeQ8};
 pub use moe::{ExpertGroups, ExpertMatVec, Experts, Moe, MoeScratch};
 pub use norm::RmsNorm;
 pub use rope::Rope;

@@ -1,27 +1,9 @@
 // y[t][y_off + row] = W[row] . x[t] for Q8_0 weights against Q8_0 activations (quantize_q8_0.wgsl:
-// packed signed bytes `xq`, block scales `xd`), the CPU's Precision::Fast product: each block's
+// packed signed bytes `x`, block scales `xd`), the CPU's Precision::Fast product: each block's
 // integer dot by dot4I8Packed (exact), times d_w * d_x. Workgroup and reduction as matvec_main.wgsl
 // (SEG threads a row, R rows a thread sharing a unit's activation words), one token (TB = 1).
-// The mat-vec `Params` (matvec_common.wgsl's layout: the host fills both alike).
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_bytes: u32,
-    y_off: u32,
-    wg_x: u32,
-    x_stride4: u32,
-    y_stride: u32,
-    w_off: u32,
-    x_off4: u32,
-    group_rows: u32,
-    group_x4: u32,
-    pad2: u32,
-}
-@group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<uniform> p: Params;
-@group(0) @binding(4) var<storage, read> xd: array<f32>;
+// Bindings 0-4 and `Params`: matvec_common.wgsl, its activations `x` read as packed bytes.
+@group(0) @binding(5) var<storage, read> xd: array<f32>;
 
 const RW: u32 = (WG / SEG) * R;
 
@@ -43,13 +25,13 @@ fn dot_block(rb: u32, u: u32, x0: vec4<u32>, x1: vec4<u32>) -> f32 {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let row0 = (wid.x + wid.y * p.wg_x) * RW;
-    if (row0 >= p.rows) { return; }
+    if (row0 >= p.rows || step.ntok == 0u) { return; }
     let r0 = row0 + (lid / SEG) * R;
     var acc: array<f32, NS>;
     let nb = p.cols / 32u;
     for (var u = lid % SEG; u < nb; u += SEG) {
-        let x0 = xq[2u * u];
-        let x1 = xq[2u * u + 1u];
+        let x0 = x[2u * u];
+        let x1 = x[2u * u + 1u];
         let dx = xd[u];
         for (var r = 0u; r < R; r++) {
             let row = r0 + r;

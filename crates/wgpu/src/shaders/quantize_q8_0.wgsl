@@ -3,14 +3,7 @@
 // f16 rounding (round to nearest even, in integer code: WGSL leaves pack2x16float's rounding open).
 // Thread = one block: xq gets its 8 words of packed signed bytes, xd the f16-rounded d as f32.
 // Grid (blocks / 64 rounded up, tokens).
-struct QParams { cols: u32, x_stride: u32, pad0: u32, pad1: u32 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> xq: array<u32>;  // tokens x cols / 4
-@group(0) @binding(2) var<storage, read_write> xd: array<f32>;  // tokens x cols / 32
-@group(0) @binding(3) var<uniform> qp: QParams;
-@group(0) @binding(4) var<uniform> step: Step;
+// (Bindings: quantize_common.wgsl; xd holds one scale a block of 32.)
 
 // v rounded to the nearest f16 (ties to even), as an f32; f16 subnormals kept, overflow to inf.
 fn f16_round(v: f32) -> f32 {

@@ -5,14 +5,7 @@
 // fma is fused, as on GPUs; Vulkan allows 2.5 ulp for a division; lavapipe's fma is not fused and
 // can leave d an ulp off). Workgroup (block, token) of 64 threads, 4 values each: xq gets the block's 64
 // words of packed signed bytes, xd its d. (No bsums: the IQ2_XXS product does not take them.)
-struct QParams { cols: u32, x_stride: u32, pad0: u32, pad1: u32 }
-struct Step { ntok: u32, pos: u32, pad0: u32, pad1: u32 }
-
-@group(0) @binding(0) var<storage, read> x: array<f32>;
-@group(0) @binding(1) var<storage, read_write> xq: array<u32>;  // tokens x cols / 4
-@group(0) @binding(2) var<storage, read_write> xd: array<f32>;  // tokens x cols / 256
-@group(0) @binding(3) var<uniform> qp: QParams;
-@group(0) @binding(4) var<uniform> step: Step;
+// (Bindings: quantize_common.wgsl; xd holds one scale a block of 256.)
 
 var<workgroup> best: array<vec2<f32>, 64>;  // (|v|, v) of the largest magnitude so far
 var<workgroup> best_i: array<u32, 64>;      // its index in the block
