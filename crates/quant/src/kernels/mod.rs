@@ -7,6 +7,8 @@ pub mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// Instruction-set level of a kernel table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -17,6 +19,9 @@ pub enum Isa {
     /// AVX-512 F/BW/VL/DQ/VNNI/VBMI/BITALG + GFNI (plus the AVX2 set): Ice Lake / Zen 4 and later.
     /// CPUs with AVX-512 but without VBMI/GFNI (Skylake-X, Cascade Lake) use the AVX2 table.
     Avx512,
+    /// NEON + dotprod (aarch64): Apple M1 and later, Neoverse N1 / V1 / V2 (Grace, Graviton 2+).
+    /// aarch64 CPUs without dotprod (Cortex-A72 and older) use the scalar table.
+    Neon,
 }
 
 impl Isa {
@@ -42,20 +47,32 @@ impl Isa {
                     && is_x86_feature_detected!("gfni")
                     && is_x86_feature_detected!("avx512bitalg")
             }
-            #[cfg(not(target_arch = "x86_64"))]
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => std::arch::is_aarch64_feature_detected!("dotprod"),
+            #[allow(unreachable_patterns)]
             _ => false,
         }
     }
-    pub fn all() -> [Isa; 3] {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512]
+    pub fn all() -> [Isa; 4] {
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Neon]
+    }
+    /// The SIMD levels of this machine's architecture (whether or not this CPU has them).
+    pub fn simd_of_arch() -> &'static [Isa] {
+        if cfg!(target_arch = "x86_64") {
+            &[Isa::Avx2, Isa::Avx512]
+        } else if cfg!(target_arch = "aarch64") {
+            &[Isa::Neon]
+        } else {
+            &[]
+        }
     }
 }
 
-/// Best ISA level of this machine (detected once). `DS4_QUANT_ISA=scalar|avx2|avx512` caps it.
+/// Best ISA level of this machine (detected once). `DS4_QUANT_ISA=scalar|avx2` caps it.
 pub fn detect_isa() -> Isa {
     static ISA: OnceLock<Isa> = OnceLock::new();
     *ISA.get_or_init(|| {
-        let best = [Isa::Avx512, Isa::Avx2].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar);
+        let best = [Isa::Avx512, Isa::Avx2, Isa::Neon].into_iter().find(|i| i.available()).unwrap_or(Isa::Scalar);
         match std::env::var("DS4_QUANT_ISA").ok().as_deref() {
             Some("scalar") => Isa::Scalar,
             Some("avx2") if Isa::Avx2.available() => Isa::Avx2,
@@ -103,6 +120,18 @@ static AVX2: Kernels = Kernels {
     bf16: avx2::dot_bf16,
 };
 
+#[cfg(target_arch = "aarch64")]
+static NEON: Kernels = Kernels {
+    isa: Isa::Neon,
+    q8_0: neon::dot_q8_0_q8_0,
+    q2_k: neon::dot_q2_k_q8_k,
+    q4_k: neon::dot_q4_k_q8_k,
+    iq2_xxs: neon::dot_iq2_xxs_q8_k,
+    f32: neon::dot_f32,
+    f16: neon::dot_f16,
+    bf16: neon::dot_bf16,
+};
+
 #[cfg(target_arch = "x86_64")]
 static AVX512: Kernels = Kernels {
     isa: Isa::Avx512,
@@ -127,6 +156,8 @@ impl Kernels {
             Isa::Avx2 => Some(&AVX2),
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => Some(&AVX512),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => Some(&NEON),
             #[allow(unreachable_patterns)]
             _ => None,
         }
@@ -245,7 +276,8 @@ mod tests {
                 }
             }
         }
-        if std::env::var("DS4_REQUIRE_SIMD").is_ok() {
+        // Only AVX-512 has a transposed kernel.
+        if std::env::var("DS4_REQUIRE_SIMD").is_ok() && cfg!(target_arch = "x86_64") {
             assert!(tested > 0, "no transposed IQ2_XXS kernel tested");
         }
     }
