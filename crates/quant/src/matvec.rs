@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::blocks::*;
-use crate::kernels::{self, DotF, DotQ, Kernels};
+use crate::kernels::{self, DotF, DotQ, DotQ4, Kernels};
 use crate::quantize::{quantize_row_q8_0, quantize_row_q8_k};
 use crate::{dequantize, GgmlType, MatRef, Precision};
 
@@ -47,6 +47,7 @@ struct Dotter<'a, 'x> {
     cols: usize,
     /// Kernel for quantized activations / for f32 activations (the one matching `act`).
     q: DotQ,
+    q4: Option<DotQ4>,
     f: DotF,
 }
 
@@ -58,12 +59,18 @@ impl<'a, 'x> Dotter<'a, 'x> {
             GgmlType::Q4_K => k.q4_k,
             _ => kernels::iq2_xxs_transposed(k).unwrap_or(k.iq2_xxs),
         };
+        // The transposed IQ2_XXS layout has no four-row form.
+        let q4 = match ty {
+            GgmlType::Q8_0 => k.q8_0_x4,
+            GgmlType::IQ2_XXS if kernels::iq2_xxs_transposed(k).is_none() => k.iq2_xxs_x4,
+            _ => None,
+        };
         let f = match ty {
             GgmlType::F32 => k.f32,
             GgmlType::F16 => k.f16,
             _ => k.bf16,
         };
-        Dotter { act, cols, q, f }
+        Dotter { act, cols, q, q4, f }
     }
 
     #[inline]
@@ -71,6 +78,23 @@ impl<'a, 'x> Dotter<'a, 'x> {
         match self.act {
             Act::F32(x) => (self.f)(w, &x[t * self.cols..(t + 1) * self.cols]),
             Act::Quant(buf, stride) => (self.q)(w, &buf[t * stride..(t + 1) * stride]),
+        }
+    }
+
+    /// Row `w` against activation rows t0.. of the batch into `out` (one value per row), four at a
+    /// time where the kernel table has a four-row form (the same bits as one at a time).
+    #[inline]
+    fn dot_rows(&self, w: &[u8], t0: usize, out: &mut [f32]) {
+        let mut t = 0;
+        if let (Some(q4), Act::Quant(buf, stride)) = (self.q4, self.act) {
+            while t + 4 <= out.len() {
+                let s = (t0 + t) * stride;
+                out[t..t + 4].copy_from_slice(&q4(w, &buf[s..s + 4 * stride], *stride));
+                t += 4;
+            }
+        }
+        for (i, o) in out.iter_mut().enumerate().skip(t) {
+            *o = self.dot(w, t0 + i);
         }
     }
 }
@@ -163,10 +187,7 @@ pub fn matmul(w: &MatRef, x: &[f32], n: usize, y: &mut [f32], p: Precision) {
             Some(act) => {
                 let d = Dotter::new(k, w.ty, act, w.cols);
                 for r in r0..r1 {
-                    let row = w.row(r);
-                    for t in 0..n {
-                        out[(r - r0) * n + t] = d.dot(row, t);
-                    }
+                    d.dot_rows(w.row(r), 0, &mut out[(r - r0) * n..(r - r0 + 1) * n]);
                 }
             }
         }

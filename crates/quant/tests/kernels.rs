@@ -117,3 +117,37 @@ fn simd_kernels_match_scalar() {
         assert_eq!(tested, Isa::simd_of_arch().len(), "expected every SIMD kernel table of this architecture");
     }
 }
+
+/// The four-row kernels (prefill, batches) give each row exactly the one-row kernel's bits, rows
+/// `stride` bytes apart with a gap between them (a kernel reading at the row length instead of the
+/// stride, or mixing rows, fails), odd block counts included (NEON's Q8_0 takes blocks four at a time).
+#[test]
+fn four_row_kernels_equal_one_row_kernels() {
+    let mut tested = 0;
+    for isa in Isa::all() {
+        let Some(k) = Kernels::for_isa(isa) else { continue };
+        for (ty, four) in [(GgmlType::Q8_0, k.q8_0_x4), (GgmlType::IQ2_XXS, k.iq2_xxs_x4)] {
+            let Some(four) = four else { continue };
+            tested += 1;
+            let blocks: &[usize] = if ty == GgmlType::Q8_0 { &[1, 3, 4, 5, 7, 129] } else { &[1, 3, 16] };
+            for &nb in blocks {
+                let cols = nb * ty.block_elems();
+                let w = random_valid_blocks(ty, 11 + nb as u64, nb);
+                let rows: Vec<Vec<u8>> = (0..4).map(|t| quant_act(ty, &randn(500 + 10 * nb as u64 + t, cols))).collect();
+                let stride = rows[0].len() + 37;
+                let mut a = vec![0xA5u8; 4 * stride];
+                for (t, r) in rows.iter().enumerate() {
+                    a[t * stride..t * stride + r.len()].copy_from_slice(r);
+                }
+                let got = four(&w, &a, stride);
+                for t in 0..4 {
+                    let want = qdot(k, ty)(&w, &rows[t]);
+                    assert_eq!(got[t].to_bits(), want.to_bits(), "{isa:?} {ty:?} blocks={nb} row {t}: {} vs {want}", got[t]);
+                }
+            }
+        }
+    }
+    if std::env::var("DS4_REQUIRE_SIMD").is_ok() && !Isa::simd_of_arch().is_empty() {
+        assert!(tested >= 2, "no four-row kernels tested");
+    }
+}

@@ -39,29 +39,44 @@ pub(crate) fn hsum256(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// Signed 8-bit dot of 32 pairs as 8 i32 lanes (ggml's sign/maddubs trick).
+/// The f16 at `b[o..o + 2]` as f32 by F16C (exact, as `f16_at_fast`), read as a whole 16-byte vector
+/// (`b` must hold 16 bytes from `o`): a fresh register, where a 2-byte insert would merge into
+/// whatever register the compiler picks (the accumulator, making each block wait for the last).
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-pub(crate) fn dot_i8x32(w: __m256i, a: __m256i) -> __m256i {
-    let aw = _mm256_sign_epi8(w, w);
-    let sa = _mm256_sign_epi8(a, w);
-    _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1))
+#[target_feature(enable = "avx2,f16c")]
+fn h2f(b: &[u8], o: usize) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(ld128(a16(b, o))))
 }
 
+/// Q8_0 row `w` against N activation rows (`a` at 0, stride, 2 stride, ...): each row's sums in
+/// the single-row order, so row t of N equals the N = 1 result bit for bit.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
     let pfd = super::kpf();
-    for (bw, ba) in w.chunks_exact(Q8_0_BYTES).zip(a.chunks_exact(Q8_0_BYTES)) {
+    let row = w.len() / Q8_0_BYTES * Q8_0_BYTES;
+    assert!(N == 0 || a.len() >= (N - 1) * stride + row, "activation rows shorter than the weight row");
+    for (b, bw) in w.chunks_exact(Q8_0_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
         }
-
-        let s = dot_i8x32(ld256(a32(bw, 2)), ld256(a32(ba, 2)));
-        let d = _mm256_set1_ps(f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+        let wv = ld256(a32(bw, 2));
+        let aw = _mm256_sign_epi8(wv, wv);
+        let dw = h2f(bw, 0);
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let o = t * stride + b * Q8_0_BYTES;
+            // SAFETY: o + Q8_0_BYTES <= (N - 1) * stride + row <= a.len() (asserted above).
+            let ba = unsafe { a.get_unchecked(o..o + Q8_0_BYTES) };
+            let sa = _mm256_sign_epi8(ld256(a32(ba, 2)), wv);
+            let s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1));
+            *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(ba, 0)), _mm256_cvtepi32_ps(s), *acc);
+        }
     }
-    hsum256(acc)
+    let mut out = [0f32; N];
+    for (o, v) in out.iter_mut().zip(acc) {
+        *o = hsum256(v);
+    }
+    out
 }
 
 /// Shuffle masks picking i16 scale 2j (low lane) and 2j+1 (high lane) from a duplicated
@@ -174,18 +189,25 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
     hsum256(acc) - hsum256(accm)
 }
 
+/// IQ2_XXS row `w` against N Q8_K activation rows (as `q8_0_n`): the grid and sign vectors of a
+/// group are built once for the N rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
+fn iq2_xxs_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
     let pfd = super::kpf();
-    for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+    let row = w.len() / IQ2_XXS_BYTES * Q8_K_BYTES;
+    assert!(N == 0 || a.len() >= (N - 1) * stride + row, "activation rows shorter than the weight row");
+    for (b, bw) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
             super::pf_at(bw, pfd + 64);
         }
-
-        let d = f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125;
-        let mut isum = _mm256_setzero_si256();
+        let ba: [&[u8]; N] = core::array::from_fn(|t| {
+            let o = t * stride + b * Q8_K_BYTES;
+            // SAFETY: o + Q8_K_BYTES <= (N - 1) * stride + row <= a.len() (asserted above).
+            unsafe { a.get_unchecked(o..o + Q8_K_BYTES) }
+        });
+        let mut isum = [_mm256_setzero_si256(); N];
         for g in 0..8 {
             let a0 = u32_at(bw, 2 + 8 * g);
             let a1 = u32_at(bw, 6 + 8 * g);
@@ -201,14 +223,24 @@ fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
                 IQ2_SIGN_MASKS[((a1 >> 7) & 127) as usize] as i64,
                 IQ2_SIGN_MASKS[(a1 & 127) as usize] as i64,
             );
-            let q8 = _mm256_sign_epi8(ld256(a32(ba, 4 + 32 * g)), signs);
-            let p = _mm256_maddubs_epi16(grid, q8);
-            let ls = (2 * (a1 >> 28) + 1) as i16;
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16(ls)));
+            let ls = _mm256_set1_epi16((2 * (a1 >> 28) + 1) as i16);
+            for (t, isum) in isum.iter_mut().enumerate() {
+                let q8 = _mm256_sign_epi8(ld256(a32(ba[t], 4 + 32 * g)), signs);
+                let p = _mm256_maddubs_epi16(grid, q8);
+                *isum = _mm256_add_epi32(*isum, _mm256_madd_epi16(p, ls));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        let dw = h2f(bw, 0);
+        for t in 0..N {
+            let d = dw * f32_at(ba[t], 0) * 0.125;
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
     }
-    hsum256(acc)
+    let mut out = [0f32; N];
+    for (o, v) in out.iter_mut().zip(acc) {
+        *o = hsum256(v);
+    }
+    out
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -305,10 +337,26 @@ macro_rules! entry {
         }
     };
 }
-entry!(dot_q8_0_q8_0, q8_0_impl, [u8]);
 entry!(dot_q2_k_q8_k, q2_k_impl, [u8]);
 entry!(dot_q4_k_q8_k, q4_k_impl, [u8]);
-entry!(dot_iq2_xxs_q8_k, iq2_xxs_impl, [u8]);
 entry!(dot_f32, f32_impl, [f32]);
 entry!(dot_f16, f16_impl, [f32]);
 entry!(dot_bf16, bf16_impl, [f32]);
+
+// The N-row kernels: one entry for one row (the table's single-row kernel) and one for four rows.
+macro_rules! entry_n {
+    ($one:ident, $four:ident, $imp:ident) => {
+        pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
+            debug_assert!(crate::kernels::Isa::Avx2.available());
+            // SAFETY: this function is only handed out after avx2+fma+f16c were detected at runtime.
+            unsafe { $imp::<1>(w, a, 0)[0] }
+        }
+        pub(crate) fn $four(w: &[u8], a: &[u8], stride: usize) -> [f32; 4] {
+            debug_assert!(crate::kernels::Isa::Avx2.available());
+            // SAFETY: as above.
+            unsafe { $imp::<4>(w, a, stride) }
+        }
+    };
+}
+entry_n!(dot_q8_0_q8_0, dot4_q8_0_q8_0, q8_0_n);
+entry_n!(dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_n);

@@ -83,6 +83,10 @@ pub fn detect_isa() -> Isa {
 
 pub type DotQ = fn(&[u8], &[u8]) -> f32;
 pub type DotF = fn(&[u8], &[f32]) -> f32;
+/// One weight row against four activation rows at `a[0..]`, `a[stride..]`, `a[2 * stride..]`,
+/// `a[3 * stride..]`: the weight blocks are unpacked once for the four. Row t's result equals the
+/// same table's one-row kernel on that row bit for bit (same operations in the same order).
+pub type DotQ4 = fn(&[u8], &[u8], usize) -> [f32; 4];
 
 /// One ISA's set of dot-product kernels. Quantized kernels take (weight row bytes, activation
 /// row bytes); the activation is Q8_0 for Q8_0 weights and Q8_K for Q2_K/Q4_K/IQ2_XXS.
@@ -95,6 +99,9 @@ pub struct Kernels {
     pub f32: DotF,
     pub f16: DotF,
     pub bf16: DotF,
+    /// Four-row forms (prefill and batches), where the table has one.
+    pub q8_0_x4: Option<DotQ4>,
+    pub iq2_xxs_x4: Option<DotQ4>,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -106,6 +113,8 @@ static SCALAR: Kernels = Kernels {
     f32: scalar::dot_f32,
     f16: scalar::dot_f16,
     bf16: scalar::dot_bf16,
+    q8_0_x4: None,
+    iq2_xxs_x4: None,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -118,6 +127,8 @@ static AVX2: Kernels = Kernels {
     f32: avx2::dot_f32,
     f16: avx2::dot_f16,
     bf16: avx2::dot_bf16,
+    q8_0_x4: Some(avx2::dot4_q8_0_q8_0),
+    iq2_xxs_x4: Some(avx2::dot4_iq2_xxs_q8_k),
 };
 
 #[cfg(target_arch = "aarch64")]
@@ -130,6 +141,8 @@ static NEON: Kernels = Kernels {
     f32: neon::dot_f32,
     f16: neon::dot_f16,
     bf16: neon::dot_bf16,
+    q8_0_x4: Some(neon::dot4_q8_0_q8_0),
+    iq2_xxs_x4: Some(neon::dot4_iq2_xxs_q8_k),
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -142,6 +155,8 @@ static AVX512: Kernels = Kernels {
     f32: avx512::dot_f32,
     f16: avx512::dot_f16,
     bf16: avx512::dot_bf16,
+    q8_0_x4: None,
+    iq2_xxs_x4: None,
 };
 
 impl Kernels {

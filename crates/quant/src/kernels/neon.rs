@@ -72,31 +72,44 @@ fn f16x4(h: [u16; 4]) -> float32x4_t {
     f
 }
 
+/// Q8_0 row `w` against N activation rows (`a` at 0, stride, 2 stride, ...): each row's sums in
+/// the single-row order, so row t of N equals the N = 1 result bit for bit. Four blocks at a time:
+/// their integer sums in one vector (pairwise adds), their scales converted together, one
+/// multiply-add; the weights and their scales are loaded once for the N rows.
 #[target_feature(enable = "dotprod")]
-fn q8_0_impl(w: &[u8], a: &[u8]) -> f32 {
+fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     const QUAD: usize = 4 * Q8_0_BYTES;
-    let mut acc = vdupq_n_f32(0.0);
-    let (wq, wt) = w.split_at(w.len() / QUAD * QUAD);
-    let (aq, at) = a.split_at(wq.len().min(a.len()));
-    // Four blocks at a time: their integer sums in one vector (pairwise adds), their scales
-    // converted together, one multiply-add.
-    for (bw, ba) in wq.chunks_exact(QUAD).zip(aq.chunks_exact(QUAD)) {
-        let mut s = [vdupq_n_s32(0); 4];
-        for (b, sb) in s.iter_mut().enumerate() {
-            let o = b * Q8_0_BYTES;
-            *sb = dot32(ld16(bw, o + 2), ld16(bw, o + 18), ba, o + 2);
+    let nb = w.len() / Q8_0_BYTES;
+    let nq = nb / 4;
+    let scales = |x: &[u8]| [0, 1, 2, 3].map(|b| u16_at(x, b * Q8_0_BYTES));
+    let mut acc = [vdupq_n_f32(0.0); N];
+    for q in 0..nq {
+        let bw = &w[q * QUAD..][..QUAD];
+        let wv = [0, 1, 2, 3].map(|b| [ld16(bw, b * Q8_0_BYTES + 2), ld16(bw, b * Q8_0_BYTES + 18)]);
+        let dw = f16x4(scales(bw));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let ba = &a[t * stride + q * QUAD..][..QUAD];
+            let mut s = [vdupq_n_s32(0); 4];
+            for (b, sb) in s.iter_mut().enumerate() {
+                *sb = dot32(wv[b][0], wv[b][1], ba, b * Q8_0_BYTES + 2);
+            }
+            let s = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
+            let d = vmulq_f32(dw, f16x4(scales(ba)));
+            *acc = vfmaq_f32(*acc, vcvtq_f32_s32(s), d);
         }
-        let s = vpaddq_s32(vpaddq_s32(s[0], s[1]), vpaddq_s32(s[2], s[3]));
-        let h = |x: &[u8]| [0, 1, 2, 3].map(|b| u16_at(x, b * Q8_0_BYTES));
-        let d = vmulq_f32(f16x4(h(bw)), f16x4(h(ba)));
-        acc = vfmaq_f32(acc, vcvtq_f32_s32(s), d);
     }
-    let mut sum = vaddvq_f32(acc);
-    for (bw, ba) in wt.chunks_exact(Q8_0_BYTES).zip(at.chunks_exact(Q8_0_BYTES)) {
-        let s = vaddvq_s32(dot32(ld16(bw, 2), ld16(bw, 18), ba, 2));
-        sum += s as f32 * (f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
+    let mut out = [0f32; N];
+    for (t, o) in out.iter_mut().enumerate() {
+        let mut sum = vaddvq_f32(acc[t]);
+        for b in 4 * nq..nb {
+            let bw = &w[b * Q8_0_BYTES..][..Q8_0_BYTES];
+            let ba = &a[t * stride + b * Q8_0_BYTES..][..Q8_0_BYTES];
+            let s = vaddvq_s32(dot32(ld16(bw, 2), ld16(bw, 18), ba, 2));
+            sum += s as f32 * (f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
+        }
+        *o = sum;
     }
-    sum
+    out
 }
 
 /// The Q8_K activation block's 16 bsums, pairwise: element k is bsum[2k] + bsum[2k + 1].
@@ -198,21 +211,29 @@ fn iq2_pair(i0: u32, i1: u32, s0: u32, s1: u32) -> int8x16_t {
     vmulq_s8(g, s)
 }
 
+/// IQ2_XXS row `w` against N Q8_K activation rows (as `q8_0_n`): a group's signed grid points are
+/// built once for the N rows.
 #[target_feature(enable = "dotprod")]
-fn iq2_xxs_impl(w: &[u8], a: &[u8]) -> f32 {
-    let mut sum = 0f32;
-    for (bw, ba) in w.chunks_exact(IQ2_XXS_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
-        let q8 = &ba[4..4 + QK_K];
-        let d = f16_at_fast(bw, 0) * f32_at(ba, 0) * 0.125;
-        let mut iv = vdupq_n_s32(0);
+fn iq2_xxs_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
+    let mut sum = [0f32; N];
+    for (b, bw) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
+        let ba: [&[u8]; N] = core::array::from_fn(|t| &a[t * stride + b * Q8_K_BYTES..][..Q8_K_BYTES]);
+        let mut iv = [vdupq_n_s32(0); N];
         for g in 0..8 {
             let a0 = u32_at(bw, 2 + 8 * g);
             let a1 = u32_at(bw, 6 + 8 * g);
             let w0 = iq2_pair(a0 & 255, (a0 >> 8) & 255, a1 & 127, (a1 >> 7) & 127);
             let w1 = iq2_pair((a0 >> 16) & 255, a0 >> 24, (a1 >> 14) & 127, (a1 >> 21) & 127);
-            iv = vmlaq_n_s32(iv, dot32(w0, w1, q8, 32 * g), (2 * (a1 >> 28) + 1) as i32);
+            let ls = (2 * (a1 >> 28) + 1) as i32;
+            for (t, iv) in iv.iter_mut().enumerate() {
+                *iv = vmlaq_n_s32(*iv, dot32(w0, w1, ba[t], 4 + 32 * g), ls);
+            }
         }
-        sum += d * vaddvq_s32(iv) as f32;
+        let dw = f16_at_fast(bw, 0);
+        for t in 0..N {
+            let d = dw * f32_at(ba[t], 0) * 0.125;
+            sum[t] += d * vaddvq_s32(iv[t]) as f32;
+        }
     }
     sum
 }
@@ -293,10 +314,26 @@ macro_rules! entry {
         }
     };
 }
-entry!(dot_q8_0_q8_0, q8_0_impl, [u8]);
 entry!(dot_q2_k_q8_k, q2_k_impl, [u8]);
 entry!(dot_q4_k_q8_k, q4_k_impl, [u8]);
-entry!(dot_iq2_xxs_q8_k, iq2_xxs_impl, [u8]);
 entry!(dot_f32, f32_impl, [f32]);
 entry!(dot_f16, f16_impl, [f32]);
 entry!(dot_bf16, bf16_impl, [f32]);
+
+// The N-row kernels: one entry for one row (the table's single-row kernel) and one for four rows.
+macro_rules! entry_n {
+    ($one:ident, $four:ident, $imp:ident) => {
+        pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
+            debug_assert!(crate::kernels::Isa::Neon.available());
+            // SAFETY: this function is only handed out after dotprod was detected at run time.
+            unsafe { $imp::<1>(w, a, 0)[0] }
+        }
+        pub(crate) fn $four(w: &[u8], a: &[u8], stride: usize) -> [f32; 4] {
+            debug_assert!(crate::kernels::Isa::Neon.available());
+            // SAFETY: as above.
+            unsafe { $imp::<4>(w, a, stride) }
+        }
+    };
+}
+entry_n!(dot_q8_0_q8_0, dot4_q8_0_q8_0, q8_0_n);
+entry_n!(dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_n);
