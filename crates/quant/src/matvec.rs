@@ -62,6 +62,8 @@ impl<'a, 'x> Dotter<'a, 'x> {
         // The transposed IQ2_XXS layout has no four-row form.
         let q4 = match ty {
             GgmlType::Q8_0 => k.q8_0_x4,
+            GgmlType::Q2_K => k.q2_k_x4,
+            GgmlType::Q4_K => k.q4_k_x4,
             GgmlType::IQ2_XXS if kernels::iq2_xxs_transposed(k).is_none() => k.iq2_xxs_x4,
             _ => None,
         };

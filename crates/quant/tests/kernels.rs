@@ -126,7 +126,7 @@ fn four_row_kernels_equal_one_row_kernels() {
     let mut tested = 0;
     for isa in Isa::all() {
         let Some(k) = Kernels::for_isa(isa) else { continue };
-        for (ty, four) in [(GgmlType::Q8_0, k.q8_0_x4), (GgmlType::IQ2_XXS, k.iq2_xxs_x4)] {
+        for (ty, four) in [(GgmlType::Q8_0, k.q8_0_x4), (GgmlType::Q2_K, k.q2_k_x4), (GgmlType::Q4_K, k.q4_k_x4), (GgmlType::IQ2_XXS, k.iq2_xxs_x4)] {
             let Some(four) = four else { continue };
             tested += 1;
             let blocks: &[usize] = if ty == GgmlType::Q8_0 { &[1, 3, 4, 5, 7, 129] } else { &[1, 3, 16] };
@@ -148,6 +148,6 @@ fn four_row_kernels_equal_one_row_kernels() {
         }
     }
     if std::env::var("DS4_REQUIRE_SIMD").is_ok() && !Isa::simd_of_arch().is_empty() {
-        assert!(tested >= 2, "no four-row kernels tested");
+        assert!(tested >= 4, "no four-row kernels tested");
     }
 }

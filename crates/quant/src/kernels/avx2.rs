@@ -54,8 +54,7 @@ fn h2f(b: &[u8], o: usize) -> f32 {
 fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let mut acc = [_mm256_setzero_ps(); N];
     let pfd = super::kpf();
-    let row = w.len() / Q8_0_BYTES * Q8_0_BYTES;
-    assert!(N == 0 || a.len() >= (N - 1) * stride + row, "activation rows shorter than the weight row");
+    check_rows::<N>(a, stride, w.len() / Q8_0_BYTES, Q8_0_BYTES);
     for (b, bw) in w.chunks_exact(Q8_0_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
@@ -63,10 +62,8 @@ fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
         let wv = ld256(a32(bw, 2));
         let aw = _mm256_sign_epi8(wv, wv);
         let dw = h2f(bw, 0);
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let o = t * stride + b * Q8_0_BYTES;
-            // SAFETY: o + Q8_0_BYTES <= (N - 1) * stride + row <= a.len() (asserted above).
-            let ba = unsafe { a.get_unchecked(o..o + Q8_0_BYTES) };
+        let ba = act_blocks::<N>(a, stride, b, Q8_0_BYTES);
+        for (acc, ba) in acc.iter_mut().zip(ba) {
             let sa = _mm256_sign_epi8(ld256(a32(ba, 2)), wv);
             let s = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sa), _mm256_set1_epi16(1));
             *acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * h2f(ba, 0)), _mm256_cvtepi32_ps(s), *acc);
@@ -92,30 +89,54 @@ fn q2k_scale_shuffle(j: usize) -> __m256i {
     )
 }
 
+/// The N activation blocks of block `b` (rows `stride` apart), unchecked: the caller asserted
+/// `a.len() >= (N - 1) * stride + blocks * bytes`.
+#[inline(always)]
+fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {
+    let mut ba: [&[u8]; N] = [&[]; N];
+    for (t, r) in ba.iter_mut().enumerate() {
+        let o = t * stride + b * bytes;
+        debug_assert!(o + bytes <= a.len());
+        // SAFETY: o + bytes <= (N - 1) * stride + blocks * bytes <= a.len() (the caller's assert).
+        *r = unsafe { a.get_unchecked(o..o + bytes) };
+    }
+    ba
+}
+
+/// Asserts that N activation rows of `blocks` blocks of `bytes`, `stride` apart, fit in `a`.
+#[inline(always)]
+fn check_rows<const N: usize>(a: &[u8], stride: usize, blocks: usize, bytes: usize) {
+    assert!(N == 0 || a.len() >= (N - 1) * stride + blocks * bytes, "activation rows shorter than the weight row");
+}
+
+/// Q2_K row `w` against N Q8_K activation rows (as `q8_0_n`): the 2-bit values and their scales are
+/// unpacked once for the N rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+fn q2_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut accm = [_mm256_setzero_ps(); N];
     let m3 = _mm256_set1_epi8(3);
     let m4 = _mm_set1_epi8(15);
     let shuf = [q2k_scale_shuffle(0), q2k_scale_shuffle(1), q2k_scale_shuffle(2), q2k_scale_shuffle(3)];
     let pfd = super::kpf();
-    for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+    check_rows::<N>(a, stride, w.len() / Q2_K_BYTES, Q8_K_BYTES);
+    for (b, bw) in w.chunks_exact(Q2_K_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
             super::pf_at(bw, pfd + 64);
         }
-
-        let da = f32_at(ba, 0);
-        let d = f16_at_fast(bw, 80) * da;
-        let dmin = f16_at_fast(bw, 82) * da;
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
+        let dw = f16_at_fast(bw, 80);
+        let mw = f16_at_fast(bw, 82);
         let sc = ld128(a16(bw, 0));
         let mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(sc), m4));
-        let bsums = ld256(a32(ba, 4 + QK_K));
-        let pm = _mm256_madd_epi16(mins, bsums);
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+        for t in 0..N {
+            let pm = _mm256_madd_epi16(mins, ld256(a32(ba[t], 4 + QK_K)));
+            let dmin = mw * f32_at(ba[t], 0);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm[t]);
+        }
         let sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, m4));
-        let mut isum = _mm256_setzero_si256();
+        let mut isum = [_mm256_setzero_si256(); N];
         for h in 0..2 {
             let sv = if h == 0 {
                 _mm256_permute2x128_si256::<0x00>(sc16, sc16)
@@ -123,70 +144,97 @@ fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
                 _mm256_permute2x128_si256::<0x11>(sc16, sc16)
             };
             let q = ld256(a32(bw, 16 + 32 * h));
+            let qv = [
+                _mm256_and_si256(q, m3),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(q), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(q), m3),
+                _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3),
+            ];
+            let sj = [
+                _mm256_shuffle_epi8(sv, shuf[0]),
+                _mm256_shuffle_epi8(sv, shuf[1]),
+                _mm256_shuffle_epi8(sv, shuf[2]),
+                _mm256_shuffle_epi8(sv, shuf[3]),
+            ];
             let q8 = 4 + 128 * h;
-            let q0 = _mm256_and_si256(q, m3);
-            let q1 = _mm256_and_si256(_mm256_srli_epi16::<2>(q), m3);
-            let q2 = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m3);
-            let q3 = _mm256_and_si256(_mm256_srli_epi16::<6>(q), m3);
-            let p0 = _mm256_maddubs_epi16(q0, ld256(a32(ba, q8)));
-            let p1 = _mm256_maddubs_epi16(q1, ld256(a32(ba, q8 + 32)));
-            let p2 = _mm256_maddubs_epi16(q2, ld256(a32(ba, q8 + 64)));
-            let p3 = _mm256_maddubs_epi16(q3, ld256(a32(ba, q8 + 96)));
-            let p0 = _mm256_madd_epi16(p0, _mm256_shuffle_epi8(sv, shuf[0]));
-            let p1 = _mm256_madd_epi16(p1, _mm256_shuffle_epi8(sv, shuf[1]));
-            let p2 = _mm256_madd_epi16(p2, _mm256_shuffle_epi8(sv, shuf[2]));
-            let p3 = _mm256_madd_epi16(p3, _mm256_shuffle_epi8(sv, shuf[3]));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+            for (t, isum) in isum.iter_mut().enumerate() {
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[0], ld256(a32(ba[t], q8))), sj[0]);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[1], ld256(a32(ba[t], q8 + 32))), sj[1]);
+                let p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[2], ld256(a32(ba[t], q8 + 64))), sj[2]);
+                let p3 = _mm256_madd_epi16(_mm256_maddubs_epi16(qv[3], ld256(a32(ba[t], q8 + 96))), sj[3]);
+                *isum = _mm256_add_epi32(*isum, _mm256_add_epi32(_mm256_add_epi32(p0, p1), _mm256_add_epi32(p2, p3)));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        for t in 0..N {
+            let d = dw * f32_at(ba[t], 0);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
     }
-    hsum256(acc) - hsum256(accm)
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum256(acc[t]) - hsum256(accm[t]);
+    }
+    out
 }
 
+/// Q4_K row `w` against N Q8_K activation rows (as `q8_0_n`): nibbles, scales and mins unpacked
+/// once for the N rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut accm = _mm256_setzero_ps();
+fn q4_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
+    let mut acc = [_mm256_setzero_ps(); N];
+    let mut accm = [_mm256_setzero_ps(); N];
     let m4 = _mm256_set1_epi8(15);
     let pfd = super::kpf();
-    for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
+    check_rows::<N>(a, stride, w.len() / Q4_K_BYTES, Q8_K_BYTES);
+    for (b, bw) in w.chunks_exact(Q4_K_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
             super::pf_at(bw, pfd + 64);
             super::pf_at(bw, pfd + 128);
         }
-
-        let da = f32_at(ba, 0);
-        let d = f16_at_fast(bw, 0) * da;
-        let dmin = f16_at_fast(bw, 2) * da;
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
+        let dw = f16_at_fast(bw, 0);
+        let mw = f16_at_fast(bw, 2);
         // 6-bit scales/mins unpacked with word ops: bytes 0..3 of `sc`/`mn` are sub-blocks 0..3.
         let u0 = u32_at(bw, 4);
         let u1 = u32_at(bw, 8);
         let u2 = u32_at(bw, 12);
         let sc = (u0 & 0x3f3f_3f3f) as u64 | ((((u2 & 0x0f0f_0f0f) | (((u0 >> 6) & 0x0303_0303) << 4)) as u64) << 32);
         let mn = (u1 & 0x3f3f_3f3f) as u64 | (((((u2 >> 4) & 0x0f0f_0f0f) | (((u1 >> 6) & 0x0303_0303) << 4)) as u64) << 32);
-        let bs = ld256(a32(ba, 4 + QK_K));
-        // Sum adjacent bsum pairs (the two 16-halves of each 32-sub-block) → 8 i16.
-        let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
         let m16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(mn as i64));
-        let pm = _mm256_castsi128_si256(_mm_madd_epi16(m16, bs8));
-        let pm = _mm256_inserti128_si256::<1>(pm, _mm_setzero_si128());
-        accm = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm);
+        for t in 0..N {
+            let bs = ld256(a32(ba[t], 4 + QK_K));
+            // Sum adjacent bsum pairs (the two 16-halves of each 32-sub-block) -> 8 i16.
+            let bs8 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+            let pm = _mm256_castsi128_si256(_mm_madd_epi16(m16, bs8));
+            let pm = _mm256_inserti128_si256::<1>(pm, _mm_setzero_si128());
+            let dmin = mw * f32_at(ba[t], 0);
+            accm[t] = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(pm), accm[t]);
+        }
         let sc = sc.to_le_bytes();
-        let mut isum = _mm256_setzero_si256();
+        let mut isum = [_mm256_setzero_si256(); N];
         for j in 0..4 {
             let q = ld256(a32(bw, 16 + 32 * j));
             let lo = _mm256_and_si256(q, m4);
             let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), m4);
-            let p0 = _mm256_maddubs_epi16(lo, ld256(a32(ba, 4 + 64 * j)));
-            let p1 = _mm256_maddubs_epi16(hi, ld256(a32(ba, 4 + 64 * j + 32)));
-            let p0 = _mm256_madd_epi16(p0, _mm256_set1_epi16(sc[2 * j] as i16));
-            let p1 = _mm256_madd_epi16(p1, _mm256_set1_epi16(sc[2 * j + 1] as i16));
-            isum = _mm256_add_epi32(isum, _mm256_add_epi32(p0, p1));
+            let s0 = _mm256_set1_epi16(sc[2 * j] as i16);
+            let s1 = _mm256_set1_epi16(sc[2 * j + 1] as i16);
+            for (t, isum) in isum.iter_mut().enumerate() {
+                let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ld256(a32(ba[t], 4 + 64 * j))), s0);
+                let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, ld256(a32(ba[t], 4 + 64 * j + 32))), s1);
+                *isum = _mm256_add_epi32(*isum, _mm256_add_epi32(p0, p1));
+            }
         }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum), acc);
+        for t in 0..N {
+            let d = dw * f32_at(ba[t], 0);
+            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
+        }
     }
-    hsum256(acc) - hsum256(accm)
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum256(acc[t]) - hsum256(accm[t]);
+    }
+    out
 }
 
 /// IQ2_XXS row `w` against N Q8_K activation rows (as `q8_0_n`): the grid and sign vectors of a
@@ -195,18 +243,13 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
 fn iq2_xxs_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let mut acc = [_mm256_setzero_ps(); N];
     let pfd = super::kpf();
-    let row = w.len() / IQ2_XXS_BYTES * Q8_K_BYTES;
-    assert!(N == 0 || a.len() >= (N - 1) * stride + row, "activation rows shorter than the weight row");
+    check_rows::<N>(a, stride, w.len() / IQ2_XXS_BYTES, Q8_K_BYTES);
     for (b, bw) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
         if pfd > 0 {
             super::pf_at(bw, pfd);
             super::pf_at(bw, pfd + 64);
         }
-        let ba: [&[u8]; N] = core::array::from_fn(|t| {
-            let o = t * stride + b * Q8_K_BYTES;
-            // SAFETY: o + Q8_K_BYTES <= (N - 1) * stride + row <= a.len() (asserted above).
-            unsafe { a.get_unchecked(o..o + Q8_K_BYTES) }
-        });
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
         let mut isum = [_mm256_setzero_si256(); N];
         for g in 0..8 {
             let a0 = u32_at(bw, 2 + 8 * g);
@@ -337,8 +380,6 @@ macro_rules! entry {
         }
     };
 }
-entry!(dot_q2_k_q8_k, q2_k_impl, [u8]);
-entry!(dot_q4_k_q8_k, q4_k_impl, [u8]);
 entry!(dot_f32, f32_impl, [f32]);
 entry!(dot_f16, f16_impl, [f32]);
 entry!(dot_bf16, bf16_impl, [f32]);
@@ -360,3 +401,5 @@ macro_rules! entry_n {
 }
 entry_n!(dot_q8_0_q8_0, dot4_q8_0_q8_0, q8_0_n);
 entry_n!(dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_n);
+entry_n!(dot_q2_k_q8_k, dot4_q2_k_q8_k, q2_k_n);
+entry_n!(dot_q4_k_q8_k, dot4_q4_k_q8_k, q4_k_n);

@@ -101,6 +101,8 @@ pub struct Kernels {
     pub bf16: DotF,
     /// Four-row forms (prefill and batches), where the table has one.
     pub q8_0_x4: Option<DotQ4>,
+    pub q2_k_x4: Option<DotQ4>,
+    pub q4_k_x4: Option<DotQ4>,
     pub iq2_xxs_x4: Option<DotQ4>,
 }
 
@@ -114,6 +116,8 @@ static SCALAR: Kernels = Kernels {
     f16: scalar::dot_f16,
     bf16: scalar::dot_bf16,
     q8_0_x4: None,
+    q2_k_x4: None,
+    q4_k_x4: None,
     iq2_xxs_x4: None,
 };
 
@@ -128,6 +132,8 @@ static AVX2: Kernels = Kernels {
     f16: avx2::dot_f16,
     bf16: avx2::dot_bf16,
     q8_0_x4: Some(avx2::dot4_q8_0_q8_0),
+    q2_k_x4: Some(avx2::dot4_q2_k_q8_k),
+    q4_k_x4: Some(avx2::dot4_q4_k_q8_k),
     iq2_xxs_x4: Some(avx2::dot4_iq2_xxs_q8_k),
 };
 
@@ -142,6 +148,8 @@ static NEON: Kernels = Kernels {
     f16: neon::dot_f16,
     bf16: neon::dot_bf16,
     q8_0_x4: Some(neon::dot4_q8_0_q8_0),
+    q2_k_x4: Some(neon::dot4_q2_k_q8_k),
+    q4_k_x4: Some(neon::dot4_q4_k_q8_k),
     iq2_xxs_x4: Some(neon::dot4_iq2_xxs_q8_k),
 };
 
@@ -156,6 +164,8 @@ static AVX512: Kernels = Kernels {
     f16: avx512::dot_f16,
     bf16: avx512::dot_bf16,
     q8_0_x4: None,
+    q2_k_x4: None,
+    q4_k_x4: None,
     iq2_xxs_x4: None,
 };
 

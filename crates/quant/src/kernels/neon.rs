@@ -120,59 +120,76 @@ fn q8k_bsums(ba: &[u8]) -> (int16x8_t, int16x8_t) {
     unsafe { (vld1q_s16(p.as_ptr() as *const i16), vld1q_s16(p.as_ptr().add(16) as *const i16)) }
 }
 
+/// The N activation blocks of block `b` (rows `stride` apart).
+#[inline(always)]
+fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {
+    let mut ba: [&[u8]; N] = [&[]; N];
+    for (t, r) in ba.iter_mut().enumerate() {
+        *r = &a[t * stride + b * bytes..][..bytes];
+    }
+    ba
+}
+
+/// Q2_K row `w` against N Q8_K activation rows (as `q8_0_n`): the 2-bit values and their scales are
+/// unpacked once for the N rows.
 #[target_feature(enable = "dotprod")]
-fn q2_k_impl(w: &[u8], a: &[u8]) -> f32 {
+fn q2_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let m3 = vdupq_n_u8(3);
-    let mut sum = 0f32;
-    for (bw, ba) in w.chunks_exact(Q2_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
-        let da = f32_at(ba, 0);
-        let q8 = &ba[4..4 + QK_K];
-        let d = f16_at_fast(bw, 80) * da;
-        let dmin = f16_at_fast(bw, 82) * da;
+    let mut sum = [0f32; N];
+    for (b, bw) in w.chunks_exact(Q2_K_BYTES).enumerate() {
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
+        let dw = f16_at_fast(bw, 80);
+        let mw = f16_at_fast(bw, 82);
         let sc = ld16u(bw, 0);
-        // Mins (high nibbles) times the 16 bsums.
+        // Mins (high nibbles), widened for the products with the 16 bsums.
         let mins = vshrq_n_u8::<4>(sc);
         let m0 = vreinterpretq_s16_u16(vmovl_u8(vget_low_u8(mins)));
         let m1 = vreinterpretq_s16_u16(vmovl_high_u8(mins));
-        let (b0, b1) = q8k_bsums(ba);
-        let pm = vmlal_high_s16(vmull_s16(vget_low_s16(m0), vget_low_s16(b0)), m0, b0);
-        let pm = vmlal_high_s16(vmlal_s16(pm, vget_low_s16(m1), vget_low_s16(b1)), m1, b1);
-        let summ = vaddvq_s32(pm);
-        // Scales (low nibbles) times each 16-value sub-block's dot.
-        let mut s = [0u8; 16];
+        // Scales (low nibbles) of each 16-value sub-block.
+        let mut s = [0i32; 16];
         for (k, v) in s.iter_mut().enumerate() {
-            *v = bw[k] & 15;
+            *v = (bw[k] & 15) as i32;
         }
-        let mut iv = vdupq_n_s32(0);
+        let mut iv = [vdupq_n_s32(0); N];
         for h in 0..2 {
             let mut q0 = ld16u(bw, 16 + 32 * h);
             let mut q1 = ld16u(bw, 16 + 32 * h + 16);
             for j in 0..4 {
                 let t0 = vreinterpretq_s8_u8(vandq_u8(q0, m3));
                 let t1 = vreinterpretq_s8_u8(vandq_u8(q1, m3));
-                let o = 128 * h + 32 * j;
-                let p0 = sdot(vdupq_n_s32(0), t0, ld16(q8, o));
-                let p1 = sdot(vdupq_n_s32(0), t1, ld16(q8, o + 16));
-                iv = vmlaq_n_s32(iv, p0, s[8 * h + 2 * j] as i32);
-                iv = vmlaq_n_s32(iv, p1, s[8 * h + 2 * j + 1] as i32);
+                let o = 4 + 128 * h + 32 * j;
+                for (t, iv) in iv.iter_mut().enumerate() {
+                    let p0 = sdot(vdupq_n_s32(0), t0, ld16(ba[t], o));
+                    let p1 = sdot(vdupq_n_s32(0), t1, ld16(ba[t], o + 16));
+                    *iv = vmlaq_n_s32(*iv, p0, s[8 * h + 2 * j]);
+                    *iv = vmlaq_n_s32(*iv, p1, s[8 * h + 2 * j + 1]);
+                }
                 q0 = vshrq_n_u8::<2>(q0);
                 q1 = vshrq_n_u8::<2>(q1);
             }
         }
-        sum += d * vaddvq_s32(iv) as f32 - dmin * summ as f32;
+        for t in 0..N {
+            let da = f32_at(ba[t], 0);
+            let (b0, b1) = q8k_bsums(ba[t]);
+            let pm = vmlal_high_s16(vmull_s16(vget_low_s16(m0), vget_low_s16(b0)), m0, b0);
+            let pm = vmlal_high_s16(vmlal_s16(pm, vget_low_s16(m1), vget_low_s16(b1)), m1, b1);
+            let summ = vaddvq_s32(pm);
+            sum[t] += dw * da * vaddvq_s32(iv[t]) as f32 - mw * da * summ as f32;
+        }
     }
     sum
 }
 
+/// Q4_K row `w` against N Q8_K activation rows (as `q8_0_n`): nibbles, scales and mins unpacked
+/// once for the N rows.
 #[target_feature(enable = "dotprod")]
-fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
+fn q4_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let m4 = vdupq_n_u8(15);
-    let mut sum = 0f32;
-    for (bw, ba) in w.chunks_exact(Q4_K_BYTES).zip(a.chunks_exact(Q8_K_BYTES)) {
-        let da = f32_at(ba, 0);
-        let q8 = &ba[4..4 + QK_K];
-        let d = f16_at_fast(bw, 0) * da;
-        let dmin = f16_at_fast(bw, 2) * da;
+    let mut sum = [0f32; N];
+    for (b, bw) in w.chunks_exact(Q4_K_BYTES).enumerate() {
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
+        let dw = f16_at_fast(bw, 0);
+        let mw = f16_at_fast(bw, 2);
         let scales = &bw[4..16];
         let mut sc = [0i32; 8];
         let mut mn = [0i16; 8];
@@ -181,22 +198,29 @@ fn q4_k_impl(w: &[u8], a: &[u8]) -> f32 {
             sc[j] = s as i32;
             mn[j] = m as i16;
         }
-        // Sub-block j's min times bsum[2j] + bsum[2j + 1].
-        let (b0, b1) = q8k_bsums(ba);
-        let bp = vpaddq_s16(b0, b1);
         // SAFETY: `mn` is 8 readable i16.
         let mv = unsafe { vld1q_s16(mn.as_ptr()) };
-        let summ = vaddvq_s32(vmlal_high_s16(vmull_s16(vget_low_s16(mv), vget_low_s16(bp)), mv, bp));
-        let mut iv = vdupq_n_s32(0);
+        let mut iv = [vdupq_n_s32(0); N];
         for j in 0..4 {
             let q0 = ld16u(bw, 16 + 32 * j);
             let q1 = ld16u(bw, 16 + 32 * j + 16);
-            let lo = dot32(vreinterpretq_s8_u8(vandq_u8(q0, m4)), vreinterpretq_s8_u8(vandq_u8(q1, m4)), q8, 64 * j);
-            let hi = dot32(vreinterpretq_s8_u8(vshrq_n_u8::<4>(q0)), vreinterpretq_s8_u8(vshrq_n_u8::<4>(q1)), q8, 64 * j + 32);
-            iv = vmlaq_n_s32(iv, lo, sc[2 * j]);
-            iv = vmlaq_n_s32(iv, hi, sc[2 * j + 1]);
+            let lo = [vreinterpretq_s8_u8(vandq_u8(q0, m4)), vreinterpretq_s8_u8(vandq_u8(q1, m4))];
+            let hi = [vreinterpretq_s8_u8(vshrq_n_u8::<4>(q0)), vreinterpretq_s8_u8(vshrq_n_u8::<4>(q1))];
+            for (t, iv) in iv.iter_mut().enumerate() {
+                let pl = dot32(lo[0], lo[1], ba[t], 4 + 64 * j);
+                let ph = dot32(hi[0], hi[1], ba[t], 4 + 64 * j + 32);
+                *iv = vmlaq_n_s32(*iv, pl, sc[2 * j]);
+                *iv = vmlaq_n_s32(*iv, ph, sc[2 * j + 1]);
+            }
         }
-        sum += d * vaddvq_s32(iv) as f32 - dmin * summ as f32;
+        for t in 0..N {
+            let da = f32_at(ba[t], 0);
+            // Sub-block j's min times bsum[2j] + bsum[2j + 1].
+            let (b0, b1) = q8k_bsums(ba[t]);
+            let bp = vpaddq_s16(b0, b1);
+            let summ = vaddvq_s32(vmlal_high_s16(vmull_s16(vget_low_s16(mv), vget_low_s16(bp)), mv, bp));
+            sum[t] += dw * da * vaddvq_s32(iv[t]) as f32 - mw * da * summ as f32;
+        }
     }
     sum
 }
@@ -217,7 +241,7 @@ fn iq2_pair(i0: u32, i1: u32, s0: u32, s1: u32) -> int8x16_t {
 fn iq2_xxs_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let mut sum = [0f32; N];
     for (b, bw) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
-        let ba: [&[u8]; N] = core::array::from_fn(|t| &a[t * stride + b * Q8_K_BYTES..][..Q8_K_BYTES]);
+        let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
         let mut iv = [vdupq_n_s32(0); N];
         for g in 0..8 {
             let a0 = u32_at(bw, 2 + 8 * g);
@@ -314,8 +338,6 @@ macro_rules! entry {
         }
     };
 }
-entry!(dot_q2_k_q8_k, q2_k_impl, [u8]);
-entry!(dot_q4_k_q8_k, q4_k_impl, [u8]);
 entry!(dot_f32, f32_impl, [f32]);
 entry!(dot_f16, f16_impl, [f32]);
 entry!(dot_bf16, bf16_impl, [f32]);
@@ -337,3 +359,5 @@ macro_rules! entry_n {
 }
 entry_n!(dot_q8_0_q8_0, dot4_q8_0_q8_0, q8_0_n);
 entry_n!(dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_n);
+entry_n!(dot_q2_k_q8_k, dot4_q2_k_q8_k, q2_k_n);
+entry_n!(dot_q4_k_q8_k, dot4_q4_k_q8_k, q4_k_n);
