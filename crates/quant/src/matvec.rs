@@ -4,7 +4,7 @@
 use rayon::prelude::*;
 
 use crate::blocks::*;
-use crate::kernels::{self, DotF, DotQ, DotQ4, Kernels};
+use crate::kernels::{self, DotF, DotQ, DotRows, Kernels, MAX_ROWS};
 use crate::quantize::{quantize_row_q8_0, quantize_row_q8_k};
 use crate::{dequantize, GgmlType, MatRef, Precision};
 
@@ -47,7 +47,7 @@ struct Dotter<'a, 'x> {
     cols: usize,
     /// Kernel for quantized activations / for f32 activations (the one matching `act`).
     q: DotQ,
-    q4: Option<DotQ4>,
+    rows: Option<DotRows>,
     f: DotF,
 }
 
@@ -59,12 +59,12 @@ impl<'a, 'x> Dotter<'a, 'x> {
             GgmlType::Q4_K => k.q4_k,
             _ => kernels::iq2_xxs_transposed(k).unwrap_or(k.iq2_xxs),
         };
-        // The transposed IQ2_XXS layout has no four-row form.
-        let q4 = match ty {
-            GgmlType::Q8_0 => k.q8_0_x4,
-            GgmlType::Q2_K => k.q2_k_x4,
-            GgmlType::Q4_K => k.q4_k_x4,
-            GgmlType::IQ2_XXS if kernels::iq2_xxs_transposed(k).is_none() => k.iq2_xxs_x4,
+        // The transposed IQ2_XXS layout has no several-row form.
+        let rows = match ty {
+            GgmlType::Q8_0 => k.q8_0_rows,
+            GgmlType::Q2_K => k.q2_k_rows,
+            GgmlType::Q4_K => k.q4_k_rows,
+            GgmlType::IQ2_XXS if kernels::iq2_xxs_transposed(k).is_none() => k.iq2_xxs_rows,
             _ => None,
         };
         let f = match ty {
@@ -72,7 +72,7 @@ impl<'a, 'x> Dotter<'a, 'x> {
             GgmlType::F16 => k.f16,
             _ => k.bf16,
         };
-        Dotter { act, cols, q, q4, f }
+        Dotter { act, cols, q, rows, f }
     }
 
     #[inline]
@@ -83,27 +83,26 @@ impl<'a, 'x> Dotter<'a, 'x> {
         }
     }
 
-    /// Row `w` against activation rows t0.. of the batch into `out` (one value per row), four at a
-    /// time where the kernel table has a four-row form (the same bits as one at a time).
+    /// Row `w` against activation rows t0.. of the batch into `out` (one value per row), up to
+    /// MAX_ROWS at a time where the kernel table has a several-row form (the same bits as one at a time).
     #[inline]
     fn dot_rows(&self, w: &[u8], t0: usize, out: &mut [f32]) {
-        let mut t = 0;
-        if let (Some(q4), Act::Quant(buf, stride)) = (self.q4, self.act) {
-            while t + 4 <= out.len() {
-                let s = (t0 + t) * stride;
-                out[t..t + 4].copy_from_slice(&q4(w, &buf[s..s + 4 * stride], *stride));
-                t += 4;
+        match (self.rows, self.act) {
+            (Some(rows), Act::Quant(buf, stride)) if out.len() > 1 => {
+                for (c, chunk) in out.chunks_mut(MAX_ROWS).enumerate() {
+                    let s = (t0 + c * MAX_ROWS) * stride;
+                    rows(w, &buf[s..s + chunk.len() * stride], *stride, chunk);
+                }
             }
-        }
-        for (i, o) in out.iter_mut().enumerate().skip(t) {
-            *o = self.dot(w, t0 + i);
+            _ => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    *o = self.dot(w, t0 + i);
+                }
+            }
         }
     }
 }
 
-/// Rows per rayon task: enough that a task streams ≥ ~256 KiB of weights (≥ 64 rows for rows
-/// up to 4 KiB), and about 4 tasks per thread so a thread slowed by other load can be helped
-/// by work stealing. Returns `rows` (a single task) for small matrices.
 fn rows_per_task(rows: usize, row_bytes: usize, n: usize) -> usize {
     let threads = rayon::current_num_threads().max(1);
     let work = rows * row_bytes * n.max(1);

@@ -118,16 +118,18 @@ fn simd_kernels_match_scalar() {
     }
 }
 
-/// The four-row kernels (prefill, batches) give each row exactly the one-row kernel's bits, rows
-/// `stride` bytes apart with a gap between them (a kernel reading at the row length instead of the
-/// stride, or mixing rows, fails), odd block counts included (NEON's Q8_0 takes blocks four at a time).
+/// The several-row kernels (prefill, batches, MTP verify rows) give each row exactly the one-row
+/// kernel's bits, for 1 to 4 rows `stride` bytes apart with a gap between them (a kernel reading at
+/// the row length instead of the stride, or mixing rows, fails), odd block counts included (NEON's
+/// Q8_0 takes blocks four at a time).
 #[test]
-fn four_row_kernels_equal_one_row_kernels() {
+fn row_kernels_equal_one_row_kernels() {
     let mut tested = 0;
     for isa in Isa::all() {
         let Some(k) = Kernels::for_isa(isa) else { continue };
-        for (ty, four) in [(GgmlType::Q8_0, k.q8_0_x4), (GgmlType::Q2_K, k.q2_k_x4), (GgmlType::Q4_K, k.q4_k_x4), (GgmlType::IQ2_XXS, k.iq2_xxs_x4)] {
-            let Some(four) = four else { continue };
+        let forms = [(GgmlType::Q8_0, k.q8_0_rows), (GgmlType::Q2_K, k.q2_k_rows), (GgmlType::Q4_K, k.q4_k_rows), (GgmlType::IQ2_XXS, k.iq2_xxs_rows)];
+        for (ty, rows_fn) in forms {
+            let Some(rows_fn) = rows_fn else { continue };
             tested += 1;
             let blocks: &[usize] = if ty == GgmlType::Q8_0 { &[1, 3, 4, 5, 7, 129] } else { &[1, 3, 16] };
             for &nb in blocks {
@@ -139,15 +141,18 @@ fn four_row_kernels_equal_one_row_kernels() {
                 for (t, r) in rows.iter().enumerate() {
                     a[t * stride..t * stride + r.len()].copy_from_slice(r);
                 }
-                let got = four(&w, &a, stride);
-                for t in 0..4 {
-                    let want = qdot(k, ty)(&w, &rows[t]);
-                    assert_eq!(got[t].to_bits(), want.to_bits(), "{isa:?} {ty:?} blocks={nb} row {t}: {} vs {want}", got[t]);
+                for n in 1..=ds4_quant::kernels::MAX_ROWS {
+                    let mut got = vec![f32::NAN; n];
+                    rows_fn(&w, &a[..(n - 1) * stride + rows[0].len()], stride, &mut got);
+                    for t in 0..n {
+                        let want = qdot(k, ty)(&w, &rows[t]);
+                        assert_eq!(got[t].to_bits(), want.to_bits(), "{isa:?} {ty:?} blocks={nb} {n} rows, row {t}: {} vs {want}", got[t]);
+                    }
                 }
             }
         }
     }
     if std::env::var("DS4_REQUIRE_SIMD").is_ok() && !Isa::simd_of_arch().is_empty() {
-        assert!(tested >= 4, "no four-row kernels tested");
+        assert!(tested >= 4, "no several-row kernels tested");
     }
 }

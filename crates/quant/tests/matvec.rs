@@ -53,7 +53,7 @@ fn matvec_fast_close_to_f64_and_exact_matches_f64() {
 #[test]
 fn matmul_equals_n_matvecs() {
     for ty in ALL {
-        for &(rows, cols, n) in &[(7usize, 256 * 3, 5usize), (33, 512, 1), (200, 1024, 9)] {
+        for &(rows, cols, n) in &[(7usize, 256 * 3, 5usize), (33, 512, 1), (200, 1024, 9), (19, 512, 3), (5, 256 * 2, 6), (11, 256, 2)] {
             let data = random_valid_blocks(ty, 42 + rows as u64, rows * cols / ty.block_elems());
             let w = MatRef::new(ty, &data, rows, cols).unwrap();
             let x = randn(7, n * cols);

@@ -83,10 +83,12 @@ pub fn detect_isa() -> Isa {
 
 pub type DotQ = fn(&[u8], &[u8]) -> f32;
 pub type DotF = fn(&[u8], &[f32]) -> f32;
-/// One weight row against four activation rows at `a[0..]`, `a[stride..]`, `a[2 * stride..]`,
-/// `a[3 * stride..]`: the weight blocks are unpacked once for the four. Row t's result equals the
-/// same table's one-row kernel on that row bit for bit (same operations in the same order).
-pub type DotQ4 = fn(&[u8], &[u8], usize) -> [f32; 4];
+/// One weight row against `out.len()` (1 to 4) activation rows at `a[0..]`, `a[stride..]`,
+/// `a[2 * stride..]`, ...: the weight blocks are unpacked once for all of them. Row t's result equals
+/// the same table's one-row kernel on that row bit for bit (same operations in the same order).
+pub type DotRows = fn(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]);
+/// Most activation rows a `DotRows` kernel takes at once.
+pub const MAX_ROWS: usize = 4;
 
 /// One ISA's set of dot-product kernels. Quantized kernels take (weight row bytes, activation
 /// row bytes); the activation is Q8_0 for Q8_0 weights and Q8_K for Q2_K/Q4_K/IQ2_XXS.
@@ -99,11 +101,11 @@ pub struct Kernels {
     pub f32: DotF,
     pub f16: DotF,
     pub bf16: DotF,
-    /// Four-row forms (prefill and batches), where the table has one.
-    pub q8_0_x4: Option<DotQ4>,
-    pub q2_k_x4: Option<DotQ4>,
-    pub q4_k_x4: Option<DotQ4>,
-    pub iq2_xxs_x4: Option<DotQ4>,
+    /// Several-row forms (prefill, batches, MTP verify rows), where the table has them.
+    pub q8_0_rows: Option<DotRows>,
+    pub q2_k_rows: Option<DotRows>,
+    pub q4_k_rows: Option<DotRows>,
+    pub iq2_xxs_rows: Option<DotRows>,
 }
 
 static SCALAR: Kernels = Kernels {
@@ -115,10 +117,10 @@ static SCALAR: Kernels = Kernels {
     f32: scalar::dot_f32,
     f16: scalar::dot_f16,
     bf16: scalar::dot_bf16,
-    q8_0_x4: None,
-    q2_k_x4: None,
-    q4_k_x4: None,
-    iq2_xxs_x4: None,
+    q8_0_rows: None,
+    q2_k_rows: None,
+    q4_k_rows: None,
+    iq2_xxs_rows: None,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -131,10 +133,10 @@ static AVX2: Kernels = Kernels {
     f32: avx2::dot_f32,
     f16: avx2::dot_f16,
     bf16: avx2::dot_bf16,
-    q8_0_x4: Some(avx2::dot4_q8_0_q8_0),
-    q2_k_x4: Some(avx2::dot4_q2_k_q8_k),
-    q4_k_x4: Some(avx2::dot4_q4_k_q8_k),
-    iq2_xxs_x4: Some(avx2::dot4_iq2_xxs_q8_k),
+    q8_0_rows: Some(avx2::rows_q8_0_q8_0),
+    q2_k_rows: Some(avx2::rows_q2_k_q8_k),
+    q4_k_rows: Some(avx2::rows_q4_k_q8_k),
+    iq2_xxs_rows: Some(avx2::rows_iq2_xxs_q8_k),
 };
 
 #[cfg(target_arch = "aarch64")]
@@ -147,10 +149,10 @@ static NEON: Kernels = Kernels {
     f32: neon::dot_f32,
     f16: neon::dot_f16,
     bf16: neon::dot_bf16,
-    q8_0_x4: Some(neon::dot4_q8_0_q8_0),
-    q2_k_x4: Some(neon::dot4_q2_k_q8_k),
-    q4_k_x4: Some(neon::dot4_q4_k_q8_k),
-    iq2_xxs_x4: Some(neon::dot4_iq2_xxs_q8_k),
+    q8_0_rows: Some(neon::rows_q8_0_q8_0),
+    q2_k_rows: Some(neon::rows_q2_k_q8_k),
+    q4_k_rows: Some(neon::rows_q4_k_q8_k),
+    iq2_xxs_rows: Some(neon::rows_iq2_xxs_q8_k),
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -163,10 +165,10 @@ static AVX512: Kernels = Kernels {
     f32: avx512::dot_f32,
     f16: avx512::dot_f16,
     bf16: avx512::dot_bf16,
-    q8_0_x4: None,
-    q2_k_x4: None,
-    q4_k_x4: None,
-    iq2_xxs_x4: None,
+    q8_0_rows: None,
+    q2_k_rows: None,
+    q4_k_rows: None,
+    iq2_xxs_rows: None,
 };
 
 impl Kernels {

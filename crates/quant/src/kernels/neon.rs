@@ -342,22 +342,30 @@ entry!(dot_f32, f32_impl, [f32]);
 entry!(dot_f16, f16_impl, [f32]);
 entry!(dot_bf16, bf16_impl, [f32]);
 
-// The N-row kernels: one entry for one row (the table's single-row kernel) and one for four rows.
+// The N-row kernels: one entry for one row (the table's single-row kernel) and one for 1 to 4.
 macro_rules! entry_n {
-    ($one:ident, $four:ident, $imp:ident) => {
+    ($one:ident, $rows:ident, $imp:ident) => {
         pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
             debug_assert!(crate::kernels::Isa::Neon.available());
-            // SAFETY: this function is only handed out after dotprod was detected at run time.
+            // SAFETY: this function is only handed out after the table's features were detected at run time.
             unsafe { $imp::<1>(w, a, 0)[0] }
         }
-        pub(crate) fn $four(w: &[u8], a: &[u8], stride: usize) -> [f32; 4] {
+        pub(crate) fn $rows(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
             debug_assert!(crate::kernels::Isa::Neon.available());
             // SAFETY: as above.
-            unsafe { $imp::<4>(w, a, stride) }
+            unsafe {
+                match out.len() {
+                    1 => out.copy_from_slice(&$imp::<1>(w, a, stride)),
+                    2 => out.copy_from_slice(&$imp::<2>(w, a, stride)),
+                    3 => out.copy_from_slice(&$imp::<3>(w, a, stride)),
+                    4 => out.copy_from_slice(&$imp::<4>(w, a, stride)),
+                    n => panic!("{n} rows: the row kernels take 1 to {}", crate::kernels::MAX_ROWS),
+                }
+            }
         }
     };
 }
-entry_n!(dot_q8_0_q8_0, dot4_q8_0_q8_0, q8_0_n);
-entry_n!(dot_iq2_xxs_q8_k, dot4_iq2_xxs_q8_k, iq2_xxs_n);
-entry_n!(dot_q2_k_q8_k, dot4_q2_k_q8_k, q2_k_n);
-entry_n!(dot_q4_k_q8_k, dot4_q4_k_q8_k, q4_k_n);
+entry_n!(dot_q8_0_q8_0, rows_q8_0_q8_0, q8_0_n);
+entry_n!(dot_iq2_xxs_q8_k, rows_iq2_xxs_q8_k, iq2_xxs_n);
+entry_n!(dot_q2_k_q8_k, rows_q2_k_q8_k, q2_k_n);
+entry_n!(dot_q4_k_q8_k, rows_q4_k_q8_k, q4_k_n);
