@@ -6,7 +6,7 @@ use core::arch::x86_64::*;
 
 use crate::blocks::*;
 use crate::iq2xxs_tables::IQ2XXS_GRID;
-use crate::kernels::IQ2_SIGN_MASKS;
+use crate::kernels::{act_blocks, check_rows, IQ2_SIGN_MASKS};
 
 #[inline(always)]
 pub(crate) fn ld256(p: &[u8; 32]) -> __m256i {
@@ -89,24 +89,15 @@ fn q2k_scale_shuffle(j: usize) -> __m256i {
     )
 }
 
-/// The N activation blocks of block `b` (rows `stride` apart), unchecked: the caller asserted
-/// `a.len() >= (N - 1) * stride + blocks * bytes`.
-#[inline(always)]
-fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {
-    let mut ba: [&[u8]; N] = [&[]; N];
-    for (t, r) in ba.iter_mut().enumerate() {
-        let o = t * stride + b * bytes;
-        debug_assert!(o + bytes <= a.len());
-        // SAFETY: o + bytes <= (N - 1) * stride + blocks * bytes <= a.len() (the caller's assert).
-        *r = unsafe { a.get_unchecked(o..o + bytes) };
+/// Per row: the horizontal sum of `acc` minus that of `accm` (the K-quants' scaled sums and mins).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn sums_minus_mins<const N: usize>(acc: &[__m256; N], accm: &[__m256; N]) -> [f32; N] {
+    let mut out = [0f32; N];
+    for t in 0..N {
+        out[t] = hsum256(acc[t]) - hsum256(accm[t]);
     }
-    ba
-}
-
-/// Asserts that N activation rows of `blocks` blocks of `bytes`, `stride` apart, fit in `a`.
-#[inline(always)]
-fn check_rows<const N: usize>(a: &[u8], stride: usize, blocks: usize, bytes: usize) {
-    assert!(N == 0 || a.len() >= (N - 1) * stride + blocks * bytes, "activation rows shorter than the weight row");
+    out
 }
 
 /// Q2_K row `w` against N Q8_K activation rows (as `q8_0_n`): the 2-bit values and their scales are
@@ -170,11 +161,7 @@ fn q2_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
         }
     }
-    let mut out = [0f32; N];
-    for t in 0..N {
-        out[t] = hsum256(acc[t]) - hsum256(accm[t]);
-    }
-    out
+    sums_minus_mins(&acc, &accm)
 }
 
 /// Q4_K row `w` against N Q8_K activation rows (as `q8_0_n`): nibbles, scales and mins unpacked
@@ -230,11 +217,7 @@ fn q4_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
             acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(isum[t]), acc[t]);
         }
     }
-    let mut out = [0f32; N];
-    for t in 0..N {
-        out[t] = hsum256(acc[t]) - hsum256(accm[t]);
-    }
-    out
+    sums_minus_mins(&acc, &accm)
 }
 
 /// IQ2_XXS row `w` against N Q8_K activation rows (as `q8_0_n`): the grid and sign vectors of a
@@ -369,45 +352,10 @@ macro_rules! half_dot {
 half_dot!(f16_impl, ld_f16x8, f16_at);
 half_dot!(bf16_impl, ld_bf16x8, bf16_at);
 
-// Safe entry points. They are only reachable through `Kernels::for_isa(Isa::Avx2)`, which
-// checks `is_x86_feature_detected!` for avx2, fma and f16c first.
-macro_rules! entry {
-    ($pub:ident, $imp:ident, $act:ty) => {
-        pub(crate) fn $pub(w: &[u8], a: &$act) -> f32 {
-            debug_assert!(crate::kernels::Isa::Avx2.available());
-            // SAFETY: this function is only handed out after avx2+fma+f16c were detected at runtime.
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-entry!(dot_f32, f32_impl, [f32]);
-entry!(dot_f16, f16_impl, [f32]);
-entry!(dot_bf16, bf16_impl, [f32]);
-
-// The N-row kernels: one entry for one row (the table's single-row kernel) and one for 1 to 4.
-macro_rules! entry_n {
-    ($one:ident, $rows:ident, $imp:ident) => {
-        pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
-            debug_assert!(crate::kernels::Isa::Avx2.available());
-            // SAFETY: this function is only handed out after the table's features were detected at run time.
-            unsafe { $imp::<1>(w, a, 0)[0] }
-        }
-        pub(crate) fn $rows(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
-            debug_assert!(crate::kernels::Isa::Avx2.available());
-            // SAFETY: as above.
-            unsafe {
-                match out.len() {
-                    1 => out.copy_from_slice(&$imp::<1>(w, a, stride)),
-                    2 => out.copy_from_slice(&$imp::<2>(w, a, stride)),
-                    3 => out.copy_from_slice(&$imp::<3>(w, a, stride)),
-                    4 => out.copy_from_slice(&$imp::<4>(w, a, stride)),
-                    n => panic!("{n} rows: the row kernels take 1 to {}", crate::kernels::MAX_ROWS),
-                }
-            }
-        }
-    };
-}
-entry_n!(dot_q8_0_q8_0, rows_q8_0_q8_0, q8_0_n);
-entry_n!(dot_iq2_xxs_q8_k, rows_iq2_xxs_q8_k, iq2_xxs_n);
-entry_n!(dot_q2_k_q8_k, rows_q2_k_q8_k, q2_k_n);
-entry_n!(dot_q4_k_q8_k, rows_q4_k_q8_k, q4_k_n);
+entry!(Avx2, dot_f32, f32_impl, [f32]);
+entry!(Avx2, dot_f16, f16_impl, [f32]);
+entry!(Avx2, dot_bf16, bf16_impl, [f32]);
+entry_n!(Avx2, dot_q8_0_q8_0, rows_q8_0_q8_0, q8_0_n);
+entry_n!(Avx2, dot_iq2_xxs_q8_k, rows_iq2_xxs_q8_k, iq2_xxs_n);
+entry_n!(Avx2, dot_q2_k_q8_k, rows_q2_k_q8_k, q2_k_n);
+entry_n!(Avx2, dot_q4_k_q8_k, rows_q4_k_q8_k, q4_k_n);

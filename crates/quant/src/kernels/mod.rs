@@ -2,6 +2,45 @@
 
 use std::sync::OnceLock;
 
+// Safe entry points of a SIMD table's kernels, defined before the ISA modules so they can use them.
+// Each is only handed out through `Kernels::for_isa($isa)`, which detects the table's CPU features
+// at run time first.
+#[allow(unused_macros)]
+macro_rules! entry {
+    ($isa:ident, $pub:ident, $imp:ident, $act:ty) => {
+        pub(crate) fn $pub(w: &[u8], a: &$act) -> f32 {
+            debug_assert!(crate::kernels::Isa::$isa.available());
+            // SAFETY: only handed out after the table's features were detected at run time.
+            unsafe { $imp(w, a) }
+        }
+    };
+}
+
+// The entries of an N-row kernel body: the table's one-row kernel and its 1-to-4-row form.
+#[allow(unused_macros)]
+macro_rules! entry_n {
+    ($isa:ident, $one:ident, $rows:ident, $imp:ident) => {
+        pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
+            debug_assert!(crate::kernels::Isa::$isa.available());
+            // SAFETY: only handed out after the table's features were detected at run time.
+            unsafe { $imp::<1>(w, a, 0)[0] }
+        }
+        pub(crate) fn $rows(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
+            debug_assert!(crate::kernels::Isa::$isa.available());
+            // SAFETY: as above.
+            unsafe {
+                match out.len() {
+                    1 => out.copy_from_slice(&$imp::<1>(w, a, stride)),
+                    2 => out.copy_from_slice(&$imp::<2>(w, a, stride)),
+                    3 => out.copy_from_slice(&$imp::<3>(w, a, stride)),
+                    4 => out.copy_from_slice(&$imp::<4>(w, a, stride)),
+                    n => panic!("{n} rows: the row kernels take 1 to {}", crate::kernels::MAX_ROWS),
+                }
+            }
+        }
+    };
+}
+
 pub mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -193,6 +232,29 @@ impl Kernels {
     pub fn best() -> &'static Kernels {
         Kernels::for_isa(detect_isa()).unwrap_or(&SCALAR)
     }
+}
+
+/// Asserts that N activation rows of `blocks` blocks of `bytes`, `stride` apart, fit in `a` (the
+/// N-row kernels then reach their blocks through `act_blocks` without further checks).
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn check_rows<const N: usize>(a: &[u8], stride: usize, blocks: usize, bytes: usize) {
+    assert!(N == 0 || a.len() >= (N - 1) * stride + blocks * bytes, "activation rows shorter than the weight row");
+}
+
+/// The N activation blocks of block `b` (rows `stride` apart), unchecked: the kernel called
+/// `check_rows` with the same stride, block size and at least b + 1 blocks.
+#[allow(dead_code)]
+#[inline(always)]
+pub(crate) fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {
+    let mut ba: [&[u8]; N] = [&[]; N];
+    for (t, r) in ba.iter_mut().enumerate() {
+        let o = t * stride + b * bytes;
+        debug_assert!(o + bytes <= a.len());
+        // SAFETY: o + bytes <= (N - 1) * stride + blocks * bytes <= a.len() (check_rows).
+        *r = unsafe { a.get_unchecked(o..o + bytes) };
+    }
+    ba
 }
 
 /// IQ2_XXS kernel of `k`'s ISA that takes its Q8_K activation in the row-transposed layout

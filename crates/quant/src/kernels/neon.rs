@@ -11,7 +11,7 @@ use core::arch::asm;
 
 use crate::blocks::*;
 use crate::iq2xxs_tables::IQ2XXS_GRID;
-use crate::kernels::IQ2_SIGN_MASKS;
+use crate::kernels::{act_blocks, check_rows, IQ2_SIGN_MASKS};
 
 /// 16 bytes of `s` at `o` as signed bytes.
 #[inline(always)]
@@ -82,13 +82,15 @@ fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let nb = w.len() / Q8_0_BYTES;
     let nq = nb / 4;
     let scales = |x: &[u8]| [0, 1, 2, 3].map(|b| u16_at(x, b * Q8_0_BYTES));
+    check_rows::<N>(a, stride, nq, QUAD);
+    check_rows::<N>(a, stride, nb, Q8_0_BYTES);
     let mut acc = [vdupq_n_f32(0.0); N];
     for q in 0..nq {
         let bw = &w[q * QUAD..][..QUAD];
         let wv = [0, 1, 2, 3].map(|b| [ld16(bw, b * Q8_0_BYTES + 2), ld16(bw, b * Q8_0_BYTES + 18)]);
         let dw = f16x4(scales(bw));
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let ba = &a[t * stride + q * QUAD..][..QUAD];
+        let bq = act_blocks::<N>(a, stride, q, QUAD);
+        for (acc, ba) in acc.iter_mut().zip(bq) {
             let mut s = [vdupq_n_s32(0); 4];
             for (b, sb) in s.iter_mut().enumerate() {
                 *sb = dot32(wv[b][0], wv[b][1], ba, b * Q8_0_BYTES + 2);
@@ -103,7 +105,7 @@ fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
         let mut sum = vaddvq_f32(acc[t]);
         for b in 4 * nq..nb {
             let bw = &w[b * Q8_0_BYTES..][..Q8_0_BYTES];
-            let ba = &a[t * stride + b * Q8_0_BYTES..][..Q8_0_BYTES];
+            let ba = act_blocks::<N>(a, stride, b, Q8_0_BYTES)[t];
             let s = vaddvq_s32(dot32(ld16(bw, 2), ld16(bw, 18), ba, 2));
             sum += s as f32 * (f16_at_fast(bw, 0) * f16_at_fast(ba, 0));
         }
@@ -120,22 +122,13 @@ fn q8k_bsums(ba: &[u8]) -> (int16x8_t, int16x8_t) {
     unsafe { (vld1q_s16(p.as_ptr() as *const i16), vld1q_s16(p.as_ptr().add(16) as *const i16)) }
 }
 
-/// The N activation blocks of block `b` (rows `stride` apart).
-#[inline(always)]
-fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {
-    let mut ba: [&[u8]; N] = [&[]; N];
-    for (t, r) in ba.iter_mut().enumerate() {
-        *r = &a[t * stride + b * bytes..][..bytes];
-    }
-    ba
-}
-
 /// Q2_K row `w` against N Q8_K activation rows (as `q8_0_n`): the 2-bit values and their scales are
 /// unpacked once for the N rows.
 #[target_feature(enable = "dotprod")]
 fn q2_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let m3 = vdupq_n_u8(3);
     let mut sum = [0f32; N];
+    check_rows::<N>(a, stride, w.len() / Q2_K_BYTES, Q8_K_BYTES);
     for (b, bw) in w.chunks_exact(Q2_K_BYTES).enumerate() {
         let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
         let dw = f16_at_fast(bw, 80);
@@ -186,6 +179,7 @@ fn q2_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
 fn q4_k_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let m4 = vdupq_n_u8(15);
     let mut sum = [0f32; N];
+    check_rows::<N>(a, stride, w.len() / Q4_K_BYTES, Q8_K_BYTES);
     for (b, bw) in w.chunks_exact(Q4_K_BYTES).enumerate() {
         let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
         let dw = f16_at_fast(bw, 0);
@@ -240,6 +234,7 @@ fn iq2_pair(i0: u32, i1: u32, s0: u32, s1: u32) -> int8x16_t {
 #[target_feature(enable = "dotprod")]
 fn iq2_xxs_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let mut sum = [0f32; N];
+    check_rows::<N>(a, stride, w.len() / IQ2_XXS_BYTES, Q8_K_BYTES);
     for (b, bw) in w.chunks_exact(IQ2_XXS_BYTES).enumerate() {
         let ba = act_blocks::<N>(a, stride, b, Q8_K_BYTES);
         let mut iv = [vdupq_n_s32(0); N];
@@ -327,45 +322,10 @@ float_dot!(f32_impl, ld_f32x8, 4, f32_at);
 float_dot!(f16_impl, ld_f16x8, 2, f16_at);
 float_dot!(bf16_impl, ld_bf16x8, 2, bf16_at);
 
-// Safe entry points. They are only reachable through `Kernels::for_isa(Isa::Neon)`, which checks
-// `is_aarch64_feature_detected!("dotprod")` first (NEON itself is part of every aarch64 target).
-macro_rules! entry {
-    ($pub:ident, $imp:ident, $act:ty) => {
-        pub(crate) fn $pub(w: &[u8], a: &$act) -> f32 {
-            debug_assert!(crate::kernels::Isa::Neon.available());
-            // SAFETY: this function is only handed out after dotprod was detected at run time.
-            unsafe { $imp(w, a) }
-        }
-    };
-}
-entry!(dot_f32, f32_impl, [f32]);
-entry!(dot_f16, f16_impl, [f32]);
-entry!(dot_bf16, bf16_impl, [f32]);
-
-// The N-row kernels: one entry for one row (the table's single-row kernel) and one for 1 to 4.
-macro_rules! entry_n {
-    ($one:ident, $rows:ident, $imp:ident) => {
-        pub(crate) fn $one(w: &[u8], a: &[u8]) -> f32 {
-            debug_assert!(crate::kernels::Isa::Neon.available());
-            // SAFETY: this function is only handed out after the table's features were detected at run time.
-            unsafe { $imp::<1>(w, a, 0)[0] }
-        }
-        pub(crate) fn $rows(w: &[u8], a: &[u8], stride: usize, out: &mut [f32]) {
-            debug_assert!(crate::kernels::Isa::Neon.available());
-            // SAFETY: as above.
-            unsafe {
-                match out.len() {
-                    1 => out.copy_from_slice(&$imp::<1>(w, a, stride)),
-                    2 => out.copy_from_slice(&$imp::<2>(w, a, stride)),
-                    3 => out.copy_from_slice(&$imp::<3>(w, a, stride)),
-                    4 => out.copy_from_slice(&$imp::<4>(w, a, stride)),
-                    n => panic!("{n} rows: the row kernels take 1 to {}", crate::kernels::MAX_ROWS),
-                }
-            }
-        }
-    };
-}
-entry_n!(dot_q8_0_q8_0, rows_q8_0_q8_0, q8_0_n);
-entry_n!(dot_iq2_xxs_q8_k, rows_iq2_xxs_q8_k, iq2_xxs_n);
-entry_n!(dot_q2_k_q8_k, rows_q2_k_q8_k, q2_k_n);
-entry_n!(dot_q4_k_q8_k, rows_q4_k_q8_k, q4_k_n);
+entry!(Neon, dot_f32, f32_impl, [f32]);
+entry!(Neon, dot_f16, f16_impl, [f32]);
+entry!(Neon, dot_bf16, bf16_impl, [f32]);
+entry_n!(Neon, dot_q8_0_q8_0, rows_q8_0_q8_0, q8_0_n);
+entry_n!(Neon, dot_iq2_xxs_q8_k, rows_iq2_xxs_q8_k, iq2_xxs_n);
+entry_n!(Neon, dot_q2_k_q8_k, rows_q2_k_q8_k, q2_k_n);
+entry_n!(Neon, dot_q4_k_q8_k, rows_q4_k_q8_k, q4_k_n);
