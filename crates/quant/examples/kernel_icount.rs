@@ -6,12 +6,15 @@
 //!   kernel_icount TYPE ISA REPS    (TYPE: q8_0 q2_k q4_k iq2_xxs f16; ISA: scalar avx2 avx512 neon)
 use ds4_quant::{quantize_row_q8_0, quantize_row_q8_k, random_valid_blocks, GgmlType, Isa, Kernels};
 
+fn usage() -> ! {
+    eprintln!("usage: kernel_icount q8_0|q2_k|q4_k|iq2_xxs|f16 scalar|avx2|avx512|neon REPS");
+    std::process::exit(2);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: kernel_icount q8_0|q2_k|q4_k|iq2_xxs|f16 scalar|avx2|avx512|neon REPS";
     if args.len() != 4 {
-        eprintln!("{usage}");
-        std::process::exit(2);
+        usage();
     }
     let ty = match args[1].as_str() {
         "q8_0" => GgmlType::Q8_0,
@@ -19,28 +22,19 @@ fn main() {
         "q4_k" => GgmlType::Q4_K,
         "iq2_xxs" => GgmlType::IQ2_XXS,
         "f16" => GgmlType::F16,
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        _ => usage(),
     };
     let isa = match args[2].as_str() {
         "scalar" => Isa::Scalar,
         "avx2" => Isa::Avx2,
         "avx512" => Isa::Avx512,
         "neon" => Isa::Neon,
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        _ => usage(),
     };
+    let reps: usize = args[3].parse().unwrap_or_else(|_| usage());
     let Some(k) = Kernels::for_isa(isa) else {
         eprintln!("{isa:?} kernels are not available on this CPU");
         std::process::exit(1);
-    };
-    let Ok(reps) = args[3].parse::<usize>() else {
-        eprintln!("{usage}");
-        std::process::exit(2);
     };
     let cols = 4096;
     let w = random_valid_blocks(ty, 5, cols / ty.block_elems());

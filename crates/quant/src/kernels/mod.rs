@@ -243,7 +243,7 @@ pub(crate) fn check_rows<const N: usize>(a: &[u8], stride: usize, blocks: usize,
 }
 
 /// The N activation blocks of block `b` (rows `stride` apart), unchecked: the kernel called
-/// `check_rows` with the same stride, block size and at least b + 1 blocks.
+/// `check_rows` with the same stride and at least (b + 1) * bytes bytes of blocks per row.
 #[allow(dead_code)]
 #[inline(always)]
 pub(crate) fn act_blocks<const N: usize>(a: &[u8], stride: usize, b: usize, bytes: usize) -> [&[u8]; N] {

@@ -82,7 +82,7 @@ fn q8_0_n<const N: usize>(w: &[u8], a: &[u8], stride: usize) -> [f32; N] {
     let nb = w.len() / Q8_0_BYTES;
     let nq = nb / 4;
     let scales = |x: &[u8]| [0, 1, 2, 3].map(|b| u16_at(x, b * Q8_0_BYTES));
-    check_rows::<N>(a, stride, nq, QUAD);
+    // Also covers the QUAD-sized blocks below (nq * QUAD <= nb * Q8_0_BYTES).
     check_rows::<N>(a, stride, nb, Q8_0_BYTES);
     let mut acc = [vdupq_n_f32(0.0); N];
     for q in 0..nq {
