@@ -5,6 +5,8 @@
 #    stage tests;
 #  - base-bench: ds4-bench of $BASE (required: the commit to compare against), the "before" of the
 #    Vulkan and prefill A/Bs, with base-kernel_bench and base-mtp_step_costs of the same build;
+#    (BASE_BINS=<dir> instead: that directory's base-* files, e.g. kept from an earlier build's
+#    /tmp/ds4-ab-bins/device-bin, and nothing of the base is built);
 #  - with WIP=<ref> only: wip-bench and wip-device-tests, this tree with the CUDA kernel files
 #    ($KERNELS) of that ref, the candidate of a CUDA kernel A/B. (The last one, the ldmatrix
 #    fragments and per-128 loads of d973a23^, measured no gain on an H200 on 2026-12-07 and was
@@ -19,7 +21,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
-: "${BASE:?set BASE to the commit to compare against}"
+: "${BASE:=}"; [ -n "$BASE" ] || [ -n "${BASE_BINS:-}" ] || { echo "set BASE to the commit to compare against (or BASE_BINS)"; exit 2; }
 WIP=${WIP:-}
 KERNELS="crates/cuda/src/attention_tc.cu crates/cuda/src/moe_gemm.cu crates/cuda/src/tensor_core.cuh"
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
@@ -49,7 +51,7 @@ other() {
   git worktree remove --force $wt
 }
 export -f bench_of test_exe; export S T
-other $BASE "" base-bench
+if [ -n "${BASE_BINS:-}" ]; then cp "$BASE_BINS"/base-* $S/; else other $BASE "" base-bench; fi
 [ -z "$WIP" ] || other HEAD $WIP wip-bench wip-device-tests
 # This tree last, so target/release holds its binaries afterwards.
 cargo build --release -p ds4-cli --features "cuda wgpu" --bin ds4-bench --bin ds4-gguf
