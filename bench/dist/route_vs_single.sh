@@ -10,7 +10,7 @@
 # format (--dist-prefill-bits N, decode at 32 bits). Each route run also appends a row to CSV (default
 # bench/results/dist/route_gpu.csv): stages,bits,prompt_tokens,single_prefill_tps,route_prefill_tps,
 # single_decode_tps,route_decode_tps,tokens_identical (RUN=label goes into OUT's name only).
-# (SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us; SPLIT2=L: two
+# (WFLAGS: extra worker flags, e.g. --debug for each request's eval time; SPIN=N: a last run with both sides busy-polling up to N us per hop, --dist-spin-us; SPLIT2=L: two
 # workers, SPLIT+1:L and L+1:output, a 3-stage route; PCHUNK_RUNS=0 skips the prefill-chunk runs)
 set -u
 B=${B:-target/release}
@@ -41,11 +41,11 @@ single single $CHUNK
 worker() { # log name, extra worker flags
   if [ -n "${SPLIT2:-}" ]; then
     $B/ds4 -m $M --role worker --layers $((SPLIT + 1)):$SPLIT2 --coordinator 127.0.0.1 $PORT --backend $BACKEND \
-      -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM "${@:2}" > $OUT/$1_a.log 2>&1 &
+      -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM ${WFLAGS:-} "${@:2}" > $OUT/$1_a.log 2>&1 &
     W2=$!
   fi
   $B/ds4 -m $M --role worker --layers $((${SPLIT2:-$SPLIT} + 1)):output --coordinator 127.0.0.1 $PORT --backend $BACKEND \
-    -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM "${@:2}" > $OUT/$1.log 2>&1 &
+    -c $((F + GEN + 64)) --prefill-chunk $CHUNK --mem-limit-gb $MEM ${WFLAGS:-} "${@:2}" > $OUT/$1.log 2>&1 &
   W="$! ${W2:-}"
 }
 # The workers serve every coordinator run below (they reconnect when a coordinator goes away).
