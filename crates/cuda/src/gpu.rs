@@ -540,54 +540,15 @@ impl Gpu {
     /// Copies host byte ranges to device pointers through two pinned staging buffers (parallel host
     /// copies, asynchronous DMA), reporting progress.
     pub fn upload(&self, items: &[(u64, &[u8])], mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        use rayon::prelude::*;
-        const STAGE: usize = 256 << 20;
         let total: u64 = items.iter().map(|x| x.1.len() as u64).sum();
-        let mut bufs = Vec::new();
-        let mut evs = Vec::new();
-        for _ in 0..2 {
-            // SAFETY: pinned host allocation, freed below.
-            let p = unsafe { drv::malloc_host(STAGE, 0) }.map_err(e("cuMemHostAlloc"))?;
-            bufs.push(p as usize);
-            evs.push(drv::event::create(dsys::CUevent_flags::CU_EVENT_DISABLE_TIMING).map_err(e("event"))?);
-        }
-        let mut used = [false; 2];
-        let mut which = 0usize;
+        let mut staging = crate::staging::HostStaging::new(256 << 20)?;
         let mut done = 0u64;
         for &(dst, src) in items {
             WEIGHT_UPLOADS.fetch_add(1, Ordering::Relaxed);
-            let mut off = 0usize;
-            while off < src.len() {
-                let len = STAGE.min(src.len() - off);
-                if used[which] {
-                    // SAFETY: event recorded on our stream after the previous copy from this buffer.
-                    unsafe { drv::event::synchronize(evs[which]) }.map_err(e("event sync"))?;
-                }
-                // SAFETY: the pinned buffer has STAGE bytes and no copy from it is in flight (waited above).
-                let stage = unsafe { std::slice::from_raw_parts_mut(bufs[which] as *mut u8, len) };
-                stage.par_chunks_mut(8 << 20).zip(src[off..off + len].par_chunks(8 << 20)).for_each(|(d, s)| d.copy_from_slice(s));
-                // SAFETY: dst+off has len bytes in the destination allocation; the source is pinned and stays
-                // untouched until the event below completes.
-                unsafe {
-                    dsys::cuMemcpyHtoDAsync_v2(dst + off as u64, bufs[which] as *const c_void, len, self.stream).result().map_err(e("cuMemcpyHtoDAsync"))?;
-                    drv::event::record(evs[which], self.stream).map_err(e("record"))?;
-                }
-                used[which] = true;
-                which ^= 1;
-                off += len;
-                done += len as u64;
-                progress(done, total);
-            }
+            staging.htod(self, dst, src, |d| progress(done + d as u64, total))?;
+            done += src.len() as u64;
         }
-        self.sync()?;
-        for (p, ev) in bufs.into_iter().zip(evs) {
-            // SAFETY: all copies finished (synchronised); freeing what we allocated.
-            unsafe {
-                let _ = drv::free_host(p as *mut c_void);
-                let _ = drv::event::destroy(ev);
-            }
-        }
-        Ok(())
+        self.sync()
     }
 }
 

@@ -68,6 +68,8 @@ pub mod nvrtc;
 #[cfg(feature = "cuda")]
 mod host_pin;
 #[cfg(feature = "cuda")]
+mod staging;
+#[cfg(feature = "cuda")]
 pub use host_pin::{integrated, WeightPlace};
 #[cfg(feature = "cuda")]
 mod matvec;
@@ -76,7 +78,7 @@ mod probe;
 #[cfg(feature = "cuda")]
 mod stage;
 #[cfg(feature = "cuda")]
-pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, matvec_fast_paths, shared_rows_q8_0_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
+pub use probe::{act_copy_checks, router_check, CopyCheck, attention_paths, bench_gemm, bench_matvec, bench_read, indexer_paths, matmul_paths, staging_round_trips, matvec_fast_paths, shared_rows_q8_0_paths, bench_matvec_fast, grouped_gemm_paths, AttnCase, decode_attention_path, DecodeAttnOut, greedy_row};
 #[cfg(feature = "cuda")]
 pub use stage::{CudaMtp, CudaMtpOps, CudaStage, CudaStats, GpuPlan, CUDA_MTP_STEP_PAIRS, EXACT_BATCH_ROWS};
 #[cfg(feature = "cuda")]

@@ -289,6 +289,35 @@ pub fn greedy_row(x: &[f32], blocks: u32, launches: usize) -> ds4_model::Result<
     .map_err(me)
 }
 
+/// Large copies through the pinned staging buffers (`staging.rs`) with slices of `slice` bytes: each
+/// of `sizes` bytes goes up by the staging path and comes back by the plain copy, and goes up by the
+/// plain copy and comes back by the staging path, twice with the same buffers (the second pass reuses
+/// buffers whose last DMA may still run). Whether every byte came back as it went, per size.
+pub fn staging_round_trips(sizes: &[usize], slice: usize) -> ds4_model::Result<Vec<bool>> {
+    (|| -> Result<Vec<bool>> {
+        let g = Gpu::new(&ds4_quant::iq2xxs_tables::IQ2XXS_GRID_CONST)?;
+        let mut st = crate::staging::HostStaging::new(slice)?;
+        let mut ok = Vec::new();
+        for pass in 0..2u8 {
+            for &n in sizes {
+                let src: Vec<u8> = (0..n).map(|i| (i as u32).wrapping_mul(2654435761).rotate_left(pass as u32 * 7) as u8).collect();
+                let d = g.alloc(n)?;
+                st.htod(&g, d.ptr, &src, |_| {})?;
+                let mut back = vec![0u8; n];
+                g.dtoh(&mut back, d.ptr)?;
+                let up = back == src;
+                let d2 = g.alloc(n)?;
+                g.htod(d2.ptr, &src)?;
+                let mut back2 = vec![0u8; n];
+                st.dtoh(&g, &mut back2, d2.ptr)?;
+                ok.push(up && back2 == src);
+            }
+        }
+        Ok(ok)
+    })()
+    .map_err(me)
+}
+
 /// Inputs of one prefill attention call for [`attention_paths`] (and, with n = 1 and the raw query, of
 /// [`decode_attention_path`]): `n` tokens at positions
 /// `pos0..pos0+n`, `nh` heads of `d` dims; the window's rows before `pos0` come from `ring`

@@ -775,6 +775,21 @@ fn fused_decode_router_matches_matvec_and_route() {
     }
 }
 
+/// The pinned staging path of a distributed stage's hidden rows: sizes under, at and over one slice,
+/// an odd tail, several slices with both buffers reused, and a second pass over the same buffers; every
+/// byte comes back both ways (up staged / down plain, up plain / down staged).
+#[test]
+fn staged_copies_round_trip() {
+    if !gpu_present() {
+        return;
+    }
+    let slice = 4 << 20;
+    let sizes = [1usize, 4095, slice, slice + 1, 3 * slice + 12345, 5 * slice];
+    let ok = ds4_cuda::staging_round_trips(&sizes, slice).unwrap();
+    println!("op staging round trips (slice {slice} B, sizes {sizes:?}, 2 passes): {ok:?}");
+    assert!(ok.iter().all(|&b| b), "a staged copy lost bytes: {ok:?}");
+}
+
 /// The greedy kernel: argmax with ties to the lowest index, NaN never chosen, and the log-softmax of
 /// the pick (f64 host reference) on a Flash-size vocabulary row and on edge rows; repeated launches
 /// reuse the buffer (the completion ticket resets itself).

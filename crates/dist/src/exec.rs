@@ -114,15 +114,19 @@ impl LocalStage {
     /// Bytes of one full prefill chunk's hidden rows at 32 bits: what a hop of this stage sends.
     pub fn chunk_hidden_bytes(&self) -> usize { self.engine.prefill_chunk.min(self.engine.ctx) * self.hc_dim() * 4 }
 
-    /// Touches, once at start, the host memory a GPU stage's hop of a full prefill chunk writes: the
-    /// downloaded hidden rows and the encoded frame's buffer. The first request otherwise pays their
-    /// page faults (Flash, 4096-token chunks: 2 x 256 MiB). A stage with the head sends no hidden rows.
+    /// Touches, once at start, the host memory a GPU stage's hops of a full prefill chunk write: the
+    /// downloaded hidden rows and the encoded frame's buffer (a stage without the head sends), and the
+    /// decoded rows of a 16- or 8-bit frame (a stage without the embedding receives). The first request
+    /// otherwise pays their page faults (Flash, 4096-token chunks: 256 MiB each).
     fn warm_hop_buffers(&mut self) {
-        if !self.engine.backend().is_gpu() || self.engine.stage.w.head.is_some() {
+        if !self.engine.backend().is_gpu() {
             return;
         }
         let n = self.engine.prefill_chunk.min(self.engine.ctx);
-        if self.engine.hidden(n).is_ok() {
+        if self.engine.stage.w.embed.is_none() {
+            self.scratch.resize(n * self.hc_dim(), 0.0);
+        }
+        if self.engine.stage.w.head.is_none() && self.engine.hidden(n).is_ok() {
             crate::wire::warm_pool(self.chunk_hidden_bytes());
         }
     }

@@ -583,6 +583,7 @@ impl CudaOps {
             batch_graphs: Vec::new(),
             capturing: false,
             host_time: host_time::HostTime::from_env(),
+            staging: None,
         })
     }
 

@@ -32,7 +32,7 @@ impl DeviceOps for CudaOps {
         Ok(())
     }
 
-    fn load_hidden(&mut self, h: &[f32]) -> R<()> { Ok(self.g.htod(self.wk.x.ptr, h)?) }
+    fn load_hidden(&mut self, h: &[f32]) -> R<()> { Ok(self.upload_hidden(h)?) }
 
     fn embed(&mut self, step: Step) -> R<()> {
         let em = self.embed.ok_or("stage without embedding")?;
@@ -106,7 +106,7 @@ impl DeviceOps for CudaOps {
         self.host_time.add_copy(t);
         Ok(())
     }
-    fn read_hidden(&mut self, dst: &mut [f32]) -> R<()> { Ok(self.g.dtoh(dst, self.wk.x.ptr)?) }
+    fn read_hidden(&mut self, dst: &mut [f32]) -> R<()> { Ok(self.download_hidden(dst)?) }
     fn read_top1(&mut self) -> R<(u32, f32)> {
         let mut top = [(0, 0.0)];
         self.read_top1_rows(&mut top)?;

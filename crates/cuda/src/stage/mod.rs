@@ -26,6 +26,7 @@ mod device_ops;
 mod exact_rows;
 mod ffn;
 mod graph;
+mod hidden_io;
 pub(super) mod host_time;
 mod kv_io;
 mod mtp;
@@ -372,6 +373,9 @@ pub struct CudaOps {
     /// The capture in progress has begun (`begin_record`).
     capturing: bool,
     host_time: host_time::HostTime,
+    /// Pinned buffers for hidden rows of a prefill chunk coming in or going out (a distributed
+    /// stage's hop), made at the first such copy.
+    staging: Option<crate::staging::HostStaging>,
     /// Last: dropped after every device buffer above.
     g: Gpu,
 }
