@@ -99,6 +99,10 @@ pub struct LocalStage {
     max_sessions: usize,
 }
 
+/// Tokens of a CUDA stage's warm-up forward: enough for the prefill kernels and the staging path
+/// (a Flash token's hidden rows are 64 KiB), a fraction of a full chunk's time at start.
+const WARM_TOKENS: usize = 1024;
+
 impl LocalStage {
     /// A CPU stage (batches of any size in one forward call).
     pub fn new(stage: Stage, ctx: usize) -> Self { Self::from_engine(Engine::from_stage(stage, ctx)) }
@@ -125,18 +129,20 @@ impl LocalStage {
         let n = self.engine.prefill_chunk.min(self.engine.ctx);
         if self.engine.stage.w.embed.is_none() {
             self.scratch.resize(n * self.hc_dim(), 0.0);
-            self.warm_forward(n);
+            if self.engine.backend() == Backend::Cuda {
+                self.warm_forward(n.min(WARM_TOKENS));
+            }
         }
         if self.engine.stage.w.head.is_none() && self.engine.hidden(n).is_ok() {
             crate::wire::warm_pool(self.chunk_hidden_bytes());
         }
     }
 
-    /// One throwaway forward of a full prefill chunk (zero hidden rows, on a state dropped after it) by
-    /// a stage that receives hidden rows: a worker is ready when it starts, and its first request does
-    /// not pay the GPU's first launches (kernels loaded at their first use, the libraries' first
-    /// calls) or the staging buffers' allocation (measured ~100 ms of a flash:12 half-model chunk on an
-    /// H100). A failure here is left to the first request to report.
+    /// One throwaway forward of `n` tokens (zero hidden rows, on a state dropped after it) by a CUDA
+    /// stage that receives hidden rows: a worker is ready when it starts, and its first request does
+    /// not pay the GPU's first launches (CUDA loads a kernel at its first use) or the staging buffers'
+    /// allocation (~100 ms of a flash:12 half-model chunk's eval on an H100). wgpu builds its
+    /// pipelines at load. A failure here is left to the first request to report.
     fn warm_forward(&mut self, n: usize) {
         let t0 = Instant::now();
         let mut kv = self.engine.new_kv();
