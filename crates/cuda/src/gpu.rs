@@ -19,7 +19,7 @@ pub static ALLOCS: AtomicU64 = AtomicU64::new(0);
 /// Host-to-device copies of weights (done once, at load).
 pub static WEIGHT_UPLOADS: AtomicU64 = AtomicU64::new(0);
 
-fn e<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> String + '_ {
+pub(crate) fn e<E: std::fmt::Debug>(what: &str) -> impl FnOnce(E) -> String + '_ {
     move |err| format!("{what}: {err:?}")
 }
 

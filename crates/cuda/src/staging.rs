@@ -2,7 +2,7 @@
 //! parallel while the DMA of the other runs. The driver's path for pageable memory copies on one
 //! thread through its own small buffers; at a distributed stage's prefill hop (a 4096-token Flash
 //! chunk: 256 MiB of hidden rows each way) that path cost tens of milliseconds a direction.
-use crate::gpu::{Gpu, Result};
+use crate::gpu::{e, Gpu, Result};
 use cudarc::driver::{result as drv, sys as dsys};
 use rayon::prelude::*;
 use std::ffi::c_void;
@@ -26,10 +26,6 @@ pub struct HostStaging {
 // SAFETY: the buffers and events belong to the owning stage's context, which every use binds to the
 // calling thread first; `&mut self` makes each use exclusive.
 unsafe impl Send for HostStaging {}
-
-fn e<E: std::fmt::Debug>(what: &'static str) -> impl FnOnce(E) -> String {
-    move |err| format!("{what}: {err:?}")
-}
 
 impl HostStaging {
     /// Two pinned buffers of `slice` bytes each (allocated in the current context).
